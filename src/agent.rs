@@ -1,0 +1,421 @@
+//! The in-process agent: glue between the hooks (interpose), the hot path (hotpath),
+//! the collector and the report writer. Everything here is safe Rust; the hooks call
+//! `record_*`, the lifecycle hooks call `start`, `finish`, the fork and dlclose steps.
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::collector::lock::SpinLock;
+use crate::collector::state::Collector;
+use crate::config::Config;
+use crate::hotpath::event::{Api, Event, EventKind};
+use crate::hotpath::ring::Ring;
+use crate::hotpath::{stacks, thread, unwind};
+use crate::report::build::{self, Reason, RunFacts};
+use crate::report::process::{self, ProcessInfo};
+use crate::report::symbolize::Symbolizer;
+use crate::report::writer;
+
+const OFF: u8 = 0;
+const ACTIVE: u8 = 1;
+const FINISHED: u8 = 2;
+
+static TRACKING: AtomicU8 = AtomicU8::new(OFF);
+static DEPTH: AtomicUsize = AtomicUsize::new(crate::config::DEFAULT_DEPTH);
+static RING: Ring = Ring::new();
+static STATE: SpinLock<Option<Collector>> = SpinLock::new(None);
+/// Below this ticket, an unwritten ring slot belongs to a thread lost in fork.
+static SKIP_BELOW: AtomicU64 = AtomicU64::new(0);
+static SNAPSHOT_REQUESTED: AtomicBool = AtomicBool::new(false);
+
+/// Everything the report writer needs; one lock so that reports are written one at a time.
+struct ReportSide {
+    config: Config,
+    process: ProcessInfo,
+    output_dir: PathBuf,
+    symbolizer: Symbolizer,
+    final_written: bool,
+    write_failed_once: bool,
+    host_tracking: String,
+}
+
+static REPORT: SpinLock<Option<ReportSide>> = SpinLock::new(None);
+
+pub fn stderr_line(line: &str) {
+    use std::io::Write;
+    let mut s = String::with_capacity(line.len() + 1);
+    s.push_str(line);
+    s.push('\n');
+    let _ = std::io::stderr().write_all(s.as_bytes());
+}
+
+#[inline(always)]
+pub fn active() -> bool {
+    TRACKING.load(Ordering::Relaxed) == ACTIVE
+}
+
+fn drain_into(c: &mut Collector, max: usize) -> usize {
+    let mut head = c.head;
+    let n = RING.drain(&mut head, max, SKIP_BELOW.load(Ordering::Relaxed), |e| match e {
+        Some(e) => c.apply(&e),
+        None => c.skipped_event(),
+    });
+    c.head = head;
+    n
+}
+
+/// Called by a producer that found the ring full.
+fn help_drain() {
+    if let Some(mut g) = STATE.try_lock() {
+        if let Some(c) = g.as_mut() {
+            drain_into(c, 4096);
+        }
+    } else if let Some(mut g) = STATE.parked_by_me() {
+        // This thread parked the lock for fork and is allocating inside fork.
+        if let Some(c) = g.as_mut() {
+            drain_into(c, 4096);
+        }
+        g.keep_parked();
+    }
+}
+
+#[inline(always)]
+fn publish(kind: EventKind, api: Api, stack: u32, addr: u64, size: u64) {
+    let ev = Event { kind, api, tid: thread::tid(), stack, addr, size };
+    RING.publish(&ev, help_drain);
+}
+
+fn disable_after_panic() {
+    TRACKING.store(FINISHED, Ordering::SeqCst);
+    RING.close();
+    stderr_line("leaktrace: internal error; tracking stopped, the program continues unchanged");
+}
+
+/// Runs `f` as a recording step of a hook: never twice on one thread at once, never on
+/// the library's own threads, and never letting a panic out.
+#[inline(always)]
+fn recording(f: impl FnOnce()) {
+    if !active() {
+        return;
+    }
+    let Some(_guard) = thread::HookGuard::enter() else { return };
+    if catch_unwind(AssertUnwindSafe(f)).is_err() {
+        disable_after_panic();
+    }
+}
+
+#[inline]
+pub fn record_alloc(addr: usize, size: usize, api: Api) {
+    recording(|| {
+        let stack = unwind::capture_stack_id(DEPTH.load(Ordering::Relaxed));
+        publish(EventKind::Alloc, api, stack, addr as u64, size as u64);
+    });
+}
+
+#[inline]
+pub fn record_free(addr: usize) {
+    recording(|| publish(EventKind::Free, Api::Malloc, 0, addr as u64, 0));
+}
+
+#[inline]
+pub fn record_realloc_release(addr: usize) {
+    recording(|| publish(EventKind::ReallocRelease, Api::Realloc, 0, addr as u64, 0));
+}
+
+/// The outcome of a realloc whose old block was released with `record_realloc_release`.
+#[inline]
+pub fn record_realloc_outcome(new_addr: usize, size: usize, api: Api, freed_without_new_block: bool) {
+    if new_addr != 0 {
+        record_alloc(new_addr, size, api);
+    } else if freed_without_new_block {
+        recording(|| publish(EventKind::ReallocFreed, api, 0, 0, 0));
+    } else {
+        recording(|| publish(EventKind::ReallocRestore, api, 0, 0, 0));
+    }
+}
+
+// ---- start -------------------------------------------------------------------------
+
+/// Initialises everything from the library constructor. Returns false when tracking
+/// stays off (disabled by configuration or unsupported platform).
+pub fn start(config: Config, host_tracking: String) -> bool {
+    thread::untracked(|| {
+        if config.disabled {
+            return false;
+        }
+        if !unwind::init() {
+            stderr_line("leaktrace: this C library has no _dl_find_object (glibc >= 2.35 needed); tracking is off");
+            return false;
+        }
+        let (output_dir, warning) = writer::choose_output_dir(config.output_dir.clone());
+        if let Some(w) = warning {
+            stderr_line(&w);
+        }
+        DEPTH.store(config.stack_depth, Ordering::Relaxed);
+        let process = ProcessInfo::current(None);
+        let symbolizer = Symbolizer::new(process.exe.clone());
+        *STATE.lock() = Some(Collector::new());
+        *REPORT.lock() = Some(ReportSide {
+            config,
+            process,
+            output_dir,
+            symbolizer,
+            final_written: false,
+            write_failed_once: false,
+            host_tracking,
+        });
+        TRACKING.store(ACTIVE, Ordering::SeqCst);
+        spawn_collector();
+        true
+    })
+}
+
+fn spawn_collector() {
+    let spawned = std::thread::Builder::new().name("leaktrace".into()).spawn(collector_main);
+    if let Err(e) = spawned {
+        stderr_line(&format!(
+            "leaktrace: cannot start the collector thread ({e}); events are drained by the program's threads instead"
+        ));
+    }
+}
+
+fn collector_main() {
+    thread::mark_internal();
+    let interval = REPORT.lock().as_ref().map(|r| r.config.interval_ms).unwrap_or(0);
+    let mut last_report = Instant::now();
+    let mut idle_sleep_us = 200u64;
+    while active() {
+        let drained = {
+            let mut g = STATE.lock();
+            g.as_mut().map(|c| drain_into(c, 1 << 16)).unwrap_or(0)
+        };
+        if SNAPSHOT_REQUESTED.swap(false, Ordering::AcqRel) {
+            write_report(Reason::Signal);
+        }
+        if interval > 0 && last_report.elapsed() >= Duration::from_millis(interval) {
+            write_report(Reason::Periodic);
+            last_report = Instant::now();
+        }
+        if drained == 0 {
+            std::thread::sleep(Duration::from_micros(idle_sleep_us));
+            idle_sleep_us = (idle_sleep_us * 2).min(5000);
+        } else {
+            idle_sleep_us = 200;
+        }
+    }
+}
+
+/// Called from the snapshot signal handler: only sets a flag.
+pub fn request_snapshot() {
+    SNAPSHOT_REQUESTED.store(true, Ordering::Release);
+}
+
+// ---- reports -----------------------------------------------------------------------
+
+fn lock_bounded<T>(lock: &'static SpinLock<T>, limit: Duration) -> Option<crate::collector::lock::Guard<'static, T>> {
+    let start = Instant::now();
+    loop {
+        if let Some(g) = lock.try_lock() {
+            return Some(g);
+        }
+        if start.elapsed() > limit {
+            return None;
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// Drains every event published so far (waiting briefly for slots being written).
+fn drain_everything(c: &mut Collector) {
+    let target = RING.tail();
+    let start = Instant::now();
+    while c.head < target {
+        if drain_into(c, usize::MAX) == 0 {
+            if start.elapsed() > Duration::from_millis(200) {
+                // A thread died between taking a ticket and writing it (killed by a
+                // signal mid-hook); do not hang on it.
+                break;
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+fn write_report(reason: Reason) {
+    let final_report = reason == Reason::Exit;
+    let Some(mut state) = lock_bounded(&STATE, Duration::from_secs(5)) else {
+        stderr_line("leaktrace: collector busy for 5 s; report skipped");
+        return;
+    };
+    let Some(c) = state.as_mut() else { return };
+    drain_everything(c);
+    let snapshot = c.snapshot();
+    drop(state);
+    let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(30)) else {
+        stderr_line("leaktrace: report writer busy for 30 s; report skipped");
+        return;
+    };
+    let Some(r) = report.as_mut() else { return };
+    if r.final_written {
+        return;
+    }
+    let groups = build::resolve_groups(&snapshot, &mut r.symbolizer);
+    let facts = RunFacts {
+        stack_depth: r.config.stack_depth,
+        interval_ms: r.config.interval_ms,
+        buffer_full_waits: RING.full_waits(),
+        stacks_interned: stacks::count().saturating_sub(1) as u64,
+        stack_table_overflows: stacks::overflows(),
+        host_tracking: r.host_tracking.clone(),
+    };
+    let json = build::report_json(&r.process, reason, process::unix_ms(), &snapshot.totals, &groups, &facts);
+    let bytes = serde_json::to_vec_pretty(&json).unwrap_or_default();
+    let mut path = r.process.report_path(&r.output_dir);
+    let mut result = writer::write_atomic(&path, &bytes);
+    if let Err(e) = &result {
+        let fallback = PathBuf::from("/tmp");
+        if !r.write_failed_once {
+            stderr_line(&format!(
+                "leaktrace: cannot write report {} ({e}); trying {}",
+                path.display(),
+                fallback.display()
+            ));
+        }
+        r.write_failed_once = true;
+        if r.output_dir != fallback {
+            r.output_dir = fallback;
+            path = r.process.report_path(&r.output_dir);
+            result = writer::write_atomic(&path, &bytes);
+            if let Err(e) = &result {
+                stderr_line(&format!("leaktrace: cannot write report {} either ({e})", path.display()));
+            }
+        }
+    }
+    if final_report {
+        r.final_written = true;
+        if r.config.summary {
+            let shown = result.is_ok().then(|| path.display().to_string());
+            let text = build::summary_text(r.process.pid, &snapshot.totals, &groups, r.config.summary_top, shown.as_deref());
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), text.as_bytes());
+        }
+    }
+}
+
+/// The final report: exactly once per process image, after the last event is drained.
+pub fn finish() {
+    let is_this_process = REPORT
+        .try_lock()
+        .map(|r| r.as_ref().map(|r| r.process.pid == std::process::id()).unwrap_or(false))
+        // Locked: a report is being written by this process (or we are inside fork).
+        .unwrap_or(true);
+    if !is_this_process {
+        // A vfork child (posix_spawn) sharing our memory: never finalise the parent's state.
+        return;
+    }
+    if TRACKING.compare_exchange(ACTIVE, FINISHED, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+        return;
+    }
+    thread::untracked(|| {
+        if catch_unwind(|| write_report(Reason::Exit)).is_err() {
+            stderr_line("leaktrace: internal error while writing the final report");
+        }
+    });
+    RING.close();
+}
+
+// ---- dlclose -----------------------------------------------------------------------
+
+/// Before a module may be unmapped: pin every stack seen so far to its module.
+pub fn before_dlclose() {
+    if !active() {
+        return;
+    }
+    thread::untracked(|| {
+        let _ = catch_unwind(|| {
+            if let Some(mut r) = lock_bounded(&REPORT, Duration::from_secs(30)) {
+                if let Some(r) = r.as_mut() {
+                    r.symbolizer.resolve_pending();
+                }
+            }
+        });
+    });
+}
+
+pub fn after_dlclose() {
+    unwind::bump_epoch();
+    thread::untracked(|| {
+        if let Some(mut r) = lock_bounded(&REPORT, Duration::from_secs(30)) {
+            if let Some(r) = r.as_mut() {
+                r.symbolizer.forget_address_cache();
+            }
+        }
+    });
+}
+
+// ---- fork --------------------------------------------------------------------------
+
+pub fn fork_prepare() {
+    STATE.lock_raw();
+}
+
+pub fn fork_parent() {
+    STATE.unlock_raw();
+}
+
+pub fn fork_child() {
+    thread::reset_after_fork();
+    unwind::forget_stack_bounds();
+    thread::untracked(|| {
+        let _ = catch_unwind(AssertUnwindSafe(fork_child_inner));
+    });
+    // Whatever happened above, the child must never inherit a held lock.
+    STATE.unlock_raw();
+    if active() {
+        let follow = REPORT.lock().as_ref().map(|r| r.config.follow_fork).unwrap_or(false);
+        if follow {
+            spawn_collector();
+        } else {
+            TRACKING.store(FINISHED, Ordering::SeqCst);
+            RING.close();
+        }
+    }
+}
+
+fn fork_child_inner() {
+    SKIP_BELOW.store(RING.tail(), Ordering::SeqCst);
+    if let Some(mut g) = STATE.parked_by_me() {
+        if let Some(c) = g.as_mut() {
+            drain_everything(c);
+            c.fork_boundary();
+        }
+        g.keep_parked();
+    }
+    // If a thread that does not exist here held the report side, its contents may be
+    // half-updated: take the lock over and start the symbolizer afresh, never running
+    // destructors on what it was mutating.
+    let was_free = REPORT.try_lock().map(drop).is_some();
+    if !was_free {
+        REPORT.unlock_raw();
+    }
+    let mut r = REPORT.lock();
+    if let Some(old) = r.take() {
+        let process = ProcessInfo::current(Some(old.process.pid));
+        let (symbolizer, config, output_dir, host_tracking) = if was_free {
+            (old.symbolizer, old.config, old.output_dir, old.host_tracking)
+        } else {
+            let kept = (Symbolizer::new(process.exe.clone()), old.config.clone(), old.output_dir.clone(), old.host_tracking.clone());
+            std::mem::forget(old);
+            kept
+        };
+        *r = Some(ReportSide {
+            config,
+            symbolizer,
+            process,
+            output_dir,
+            final_written: false,
+            write_failed_once: false,
+            host_tracking,
+        });
+    }
+}

@@ -1,0 +1,131 @@
+//! A small spin lock with an owner mark. The collector state needs a lock that:
+//! can be taken in a pthread_atfork `prepare` handler and released in `parent`/`child`
+//! (no guard object crosses those calls), never allocates, and lets the thread that
+//! parked it for fork drain the ring itself if the ring fills meanwhile.
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::hotpath::thread;
+
+pub struct SpinLock<T> {
+    owner: AtomicUsize,
+    value: UnsafeCell<T>,
+}
+
+// SAFETY: access to `value` is serialised by `owner` (acquire on lock, release on unlock).
+unsafe impl<T: Send> Sync for SpinLock<T> {}
+unsafe impl<T: Send> Send for SpinLock<T> {}
+
+pub struct Guard<'a, T> {
+    lock: &'a SpinLock<T>,
+}
+
+impl<T> SpinLock<T> {
+    pub const fn new(value: T) -> SpinLock<T> {
+        SpinLock { owner: AtomicUsize::new(0), value: UnsafeCell::new(value) }
+    }
+
+    pub fn try_lock(&self) -> Option<Guard<'_, T>> {
+        let me = thread::identity();
+        self.owner.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed).ok()?;
+        Some(Guard { lock: self })
+    }
+
+    pub fn lock(&self) -> Guard<'_, T> {
+        let mut spins = 0u32;
+        loop {
+            if let Some(g) = self.try_lock() {
+                return g;
+            }
+            spins += 1;
+            if spins < 100 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Takes the lock without a guard (fork `prepare`); pair with `unlock_raw`.
+    pub fn lock_raw(&self) {
+        std::mem::forget(self.lock());
+    }
+
+    /// Releases a lock taken with `lock_raw` by this same thread (fork `parent`/`child`).
+    pub fn unlock_raw(&self) {
+        self.owner.store(0, Ordering::Release);
+    }
+
+    /// The lock was parked by this very thread with `lock_raw` (inside fork): the state
+    /// is consistent and may be used without taking the lock again.
+    pub fn parked_by_me(&self) -> Option<Guard<'_, T>> {
+        if self.owner.load(Ordering::Acquire) == thread::identity() {
+            Some(Guard { lock: self })
+        } else {
+            None
+        }
+    }
+}
+
+impl<T> std::ops::Deref for Guard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: the guard proves exclusive ownership of the lock.
+        unsafe { &*self.lock.value.get() }
+    }
+}
+
+impl<T> std::ops::DerefMut for Guard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: the guard proves exclusive ownership of the lock.
+        unsafe { &mut *self.lock.value.get() }
+    }
+}
+
+impl<T> Guard<'_, T> {
+    /// Ends a guard obtained from `parked_by_me` without releasing the parked lock.
+    pub fn keep_parked(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl<T> Drop for Guard<'_, T> {
+    fn drop(&mut self) {
+        self.lock.owner.store(0, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_are_exact_under_contention() {
+        static L: SpinLock<u64> = SpinLock::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    for _ in 0..10_000 {
+                        *L.lock() += 1;
+                    }
+                });
+            }
+        });
+        assert_eq!(*L.lock(), 80_000);
+    }
+
+    #[test]
+    fn raw_lock_is_visible_to_its_owner_only() {
+        static L: SpinLock<u32> = SpinLock::new(1);
+        L.lock_raw();
+        assert!(L.try_lock().is_none());
+        let g = L.parked_by_me().unwrap();
+        assert_eq!(*g, 1);
+        g.keep_parked();
+        std::thread::scope(|s| {
+            s.spawn(|| assert!(L.parked_by_me().is_none() && L.try_lock().is_none()));
+        });
+        L.unlock_raw();
+        assert!(L.try_lock().is_some());
+    }
+}

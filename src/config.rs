@@ -1,0 +1,219 @@
+//! `LEAKTRACE_*` settings. Parsing is pure (it takes a lookup function) so it is unit
+//! tested; a malformed value yields one warning line and the default.
+use std::path::PathBuf;
+
+pub const DEFAULT_INTERVAL_MS: u64 = 10_000;
+pub const DEFAULT_DEPTH: usize = 64;
+pub const DEFAULT_SUMMARY_TOP: usize = 10;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// LEAKTRACE_OUTPUT: directory for reports (default: the working directory at start).
+    pub output_dir: Option<PathBuf>,
+    /// LEAKTRACE_INTERVAL_MS: periodic report period, 0 = off.
+    pub interval_ms: u64,
+    /// LEAKTRACE_STACK_DEPTH: frames kept per stack (1..=128).
+    pub stack_depth: usize,
+    /// LEAKTRACE_SUMMARY: print the human summary on stderr at exit.
+    pub summary: bool,
+    /// LEAKTRACE_SUMMARY_TOP: leak groups shown in that summary.
+    pub summary_top: usize,
+    /// LEAKTRACE_SNAPSHOT_SIGNAL: signal number that requests a snapshot, None = off.
+    pub snapshot_signal: Option<i32>,
+    /// LEAKTRACE_FOLLOW_FORK: keep tracking in forked children.
+    pub follow_fork: bool,
+    /// LEAKTRACE_DISABLE: pass everything through, record nothing.
+    pub disabled: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            output_dir: None,
+            interval_ms: DEFAULT_INTERVAL_MS,
+            stack_depth: DEFAULT_DEPTH,
+            summary: true,
+            summary_top: DEFAULT_SUMMARY_TOP,
+            snapshot_signal: Some(libc::SIGUSR2),
+            follow_fork: true,
+            disabled: false,
+        }
+    }
+}
+
+/// Every variable the library reads, for `--help`-like listings and the README.
+pub const VARIABLES: &[(&str, &str)] = &[
+    ("LEAKTRACE_OUTPUT", "directory for reports (default: working directory at start)"),
+    ("LEAKTRACE_INTERVAL_MS", "periodic report every N ms, 0 = off (default 10000)"),
+    ("LEAKTRACE_STACK_DEPTH", "frames per stack, 1..=128 (default 64)"),
+    ("LEAKTRACE_SUMMARY", "1/0: leak summary on stderr at exit (default 1)"),
+    ("LEAKTRACE_SUMMARY_TOP", "leak groups in that summary (default 10)"),
+    ("LEAKTRACE_SNAPSHOT_SIGNAL", "signal that asks for a snapshot: USR1, USR2, a number, or 0/off (default USR2)"),
+    ("LEAKTRACE_FOLLOW_FORK", "1/0: keep tracking in forked children (default 1)"),
+    ("LEAKTRACE_DISABLE", "1: record nothing, write nothing (default 0)"),
+];
+
+fn parse_bool(v: &str) -> Option<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Some(true),
+        "0" | "false" | "no" | "off" => Some(false),
+        _ => None,
+    }
+}
+
+fn parse_signal(v: &str) -> Option<Option<i32>> {
+    let t = v.trim().to_ascii_uppercase();
+    let t = t.strip_prefix("SIG").unwrap_or(&t);
+    match t {
+        "0" | "OFF" | "NONE" => Some(None),
+        "USR1" => Some(Some(libc::SIGUSR1)),
+        "USR2" => Some(Some(libc::SIGUSR2)),
+        "HUP" => Some(Some(libc::SIGHUP)),
+        "WINCH" => Some(Some(libc::SIGWINCH)),
+        _ => {
+            let n: i32 = t.parse().ok()?;
+            // Signals that cannot be caught, or that the program needs to die by, are refused.
+            let refused = [libc::SIGKILL, libc::SIGSTOP, libc::SIGSEGV, libc::SIGBUS, libc::SIGFPE, libc::SIGILL];
+            if (1..=64).contains(&n) && !refused.contains(&n) {
+                Some(Some(n))
+            } else {
+                None
+            }
+        }
+    }
+}
+
+impl Config {
+    /// Builds the configuration from `get` (normally the environment); each malformed
+    /// value is reported through `warn` once and replaced by its default.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>, mut warn: impl FnMut(String)) -> Config {
+        let mut c = Config::default();
+        let mut bad = |name: &str, value: &str, expected: &str, default: String| {
+            warn(format!("leaktrace: {name}={value:?} is not {expected}; using {default}"));
+        };
+        if let Some(v) = get("LEAKTRACE_OUTPUT") {
+            if v.trim().is_empty() {
+                bad("LEAKTRACE_OUTPUT", &v, "a directory", "the working directory".into());
+            } else {
+                c.output_dir = Some(PathBuf::from(v));
+            }
+        }
+        if let Some(v) = get("LEAKTRACE_INTERVAL_MS") {
+            match v.trim().parse::<u64>() {
+                Ok(n) if n <= 86_400_000 * 365 => c.interval_ms = n,
+                _ => bad("LEAKTRACE_INTERVAL_MS", &v, "a number of milliseconds (0 = off)", DEFAULT_INTERVAL_MS.to_string()),
+            }
+        }
+        if let Some(v) = get("LEAKTRACE_STACK_DEPTH") {
+            match v.trim().parse::<usize>() {
+                Ok(n) if (1..=crate::hotpath::unwind::MAX_DEPTH).contains(&n) => c.stack_depth = n,
+                _ => bad(
+                    "LEAKTRACE_STACK_DEPTH",
+                    &v,
+                    &format!("a depth between 1 and {}", crate::hotpath::unwind::MAX_DEPTH),
+                    DEFAULT_DEPTH.to_string(),
+                ),
+            }
+        }
+        if let Some(v) = get("LEAKTRACE_SUMMARY") {
+            match parse_bool(&v) {
+                Some(b) => c.summary = b,
+                None => bad("LEAKTRACE_SUMMARY", &v, "1 or 0", "1".into()),
+            }
+        }
+        if let Some(v) = get("LEAKTRACE_SUMMARY_TOP") {
+            match v.trim().parse::<usize>() {
+                Ok(n) if n <= 100_000 => c.summary_top = n,
+                _ => bad("LEAKTRACE_SUMMARY_TOP", &v, "a count", DEFAULT_SUMMARY_TOP.to_string()),
+            }
+        }
+        if let Some(v) = get("LEAKTRACE_SNAPSHOT_SIGNAL") {
+            match parse_signal(&v) {
+                Some(s) => c.snapshot_signal = s,
+                None => bad("LEAKTRACE_SNAPSHOT_SIGNAL", &v, "a catchable signal (USR1, USR2, a number, or off)", "USR2".into()),
+            }
+        }
+        if let Some(v) = get("LEAKTRACE_FOLLOW_FORK") {
+            match parse_bool(&v) {
+                Some(b) => c.follow_fork = b,
+                None => bad("LEAKTRACE_FOLLOW_FORK", &v, "1 or 0", "1".into()),
+            }
+        }
+        if let Some(v) = get("LEAKTRACE_DISABLE") {
+            match parse_bool(&v) {
+                Some(b) => c.disabled = b,
+                None => bad("LEAKTRACE_DISABLE", &v, "1 or 0", "0".into()),
+            }
+        }
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn parse(pairs: &[(&str, &str)]) -> (Config, Vec<String>) {
+        let env: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let mut warnings = Vec::new();
+        let c = Config::from_lookup(|k| env.get(k).cloned(), |w| warnings.push(w));
+        (c, warnings)
+    }
+
+    #[test]
+    fn defaults_without_variables() {
+        let (c, w) = parse(&[]);
+        assert_eq!(c, Config::default());
+        assert!(w.is_empty());
+    }
+
+    #[test]
+    fn good_values_are_taken() {
+        let (c, w) = parse(&[
+            ("LEAKTRACE_OUTPUT", "/tmp/x"),
+            ("LEAKTRACE_INTERVAL_MS", "0"),
+            ("LEAKTRACE_STACK_DEPTH", "16"),
+            ("LEAKTRACE_SUMMARY", "off"),
+            ("LEAKTRACE_SUMMARY_TOP", "3"),
+            ("LEAKTRACE_SNAPSHOT_SIGNAL", "SIGUSR1"),
+            ("LEAKTRACE_FOLLOW_FORK", "0"),
+        ]);
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(c.output_dir, Some(PathBuf::from("/tmp/x")));
+        assert_eq!(c.interval_ms, 0);
+        assert_eq!(c.stack_depth, 16);
+        assert!(!c.summary);
+        assert_eq!(c.summary_top, 3);
+        assert_eq!(c.snapshot_signal, Some(libc::SIGUSR1));
+        assert!(!c.follow_fork);
+    }
+
+    #[test]
+    fn malformed_values_warn_once_each_and_fall_back() {
+        let (c, w) = parse(&[
+            ("LEAKTRACE_OUTPUT", " "),
+            ("LEAKTRACE_INTERVAL_MS", "-5"),
+            ("LEAKTRACE_STACK_DEPTH", "100000"),
+            ("LEAKTRACE_SUMMARY", "maybe"),
+            ("LEAKTRACE_SUMMARY_TOP", "x"),
+            ("LEAKTRACE_SNAPSHOT_SIGNAL", "9"),
+            ("LEAKTRACE_FOLLOW_FORK", ""),
+            ("LEAKTRACE_DISABLE", "\u{1F600}"),
+        ]);
+        assert_eq!(w.len(), 8, "{w:#?}");
+        assert!(w.iter().all(|l| l.starts_with("leaktrace: LEAKTRACE_") && !l.contains('\n')));
+        let mut expected = Config::default();
+        expected.output_dir = None;
+        assert_eq!(c, expected);
+    }
+
+    #[test]
+    fn signal_names_and_numbers() {
+        assert_eq!(parse_signal("usr2"), Some(Some(libc::SIGUSR2)));
+        assert_eq!(parse_signal("off"), Some(None));
+        assert_eq!(parse_signal("10"), Some(Some(10)));
+        assert_eq!(parse_signal("65"), None);
+        assert_eq!(parse_signal("SIGSEGV"), None);
+    }
+}

@@ -1,0 +1,112 @@
+//! Per-thread state of the hot path: the reentrancy guard, the "internal thread" mark,
+//! the cached kernel thread id and the stack bounds used by the unwinder.
+//!
+//! Every field is a `Cell` of a plain type with a `const` initialiser and no destructor,
+//! so the `thread_local!` below compiles to a bare TLS slot: touching it never allocates
+//! and never registers a destructor (which would call malloc and recurse).
+use std::cell::Cell;
+
+pub struct ThreadState {
+    /// Set while this thread runs inside a hook: nested allocations (made by the
+    /// unwinder, by glibc on our behalf, ...) go straight to the real allocator.
+    busy: Cell<bool>,
+    /// Set for the library's own threads (the collector): nothing they do is tracked.
+    internal: Cell<bool>,
+    tid: Cell<u32>,
+    pub(crate) stack_lo: Cell<usize>,
+    pub(crate) stack_hi: Cell<usize>,
+    /// Per-thread unwind memo (see `hotpath::unwind`), 0 when none.
+    pub(crate) memo: Cell<usize>,
+    /// Set once the thread's pthread-key destructor has run: no new memo after it.
+    pub(crate) exiting: Cell<bool>,
+}
+
+thread_local! {
+    static STATE: ThreadState = const {
+        ThreadState {
+            busy: Cell::new(false),
+            internal: Cell::new(false),
+            tid: Cell::new(0),
+            stack_lo: Cell::new(0),
+            stack_hi: Cell::new(0),
+            memo: Cell::new(0),
+            exiting: Cell::new(false),
+        }
+    };
+}
+
+pub fn with<R>(f: impl FnOnce(&ThreadState) -> R) -> R {
+    STATE.with(f)
+}
+
+/// Held while a hook records an event; dropping it re-arms tracking for this thread.
+pub struct HookGuard(());
+
+impl HookGuard {
+    /// Returns `None` when this thread must not record: it is already inside a hook,
+    /// or it is one of the library's own threads.
+    #[inline(always)]
+    pub fn enter() -> Option<HookGuard> {
+        STATE.with(|s| {
+            if s.busy.get() || s.internal.get() {
+                None
+            } else {
+                s.busy.set(true);
+                Some(HookGuard(()))
+            }
+        })
+    }
+}
+
+impl Drop for HookGuard {
+    #[inline(always)]
+    fn drop(&mut self) {
+        STATE.with(|s| s.busy.set(false));
+    }
+}
+
+/// Marks the calling thread as the library's own: none of its allocations are tracked.
+pub fn mark_internal() {
+    STATE.with(|s| s.internal.set(true));
+}
+
+/// Runs `f` with tracking off for this thread, restoring the previous mark afterwards.
+pub fn untracked<R>(f: impl FnOnce() -> R) -> R {
+    let was = STATE.with(|s| s.internal.replace(true));
+    let r = f();
+    STATE.with(|s| s.internal.set(was));
+    r
+}
+
+pub fn is_busy_or_internal() -> bool {
+    STATE.with(|s| s.busy.get() || s.internal.get())
+}
+
+#[inline(always)]
+pub fn tid() -> u32 {
+    STATE.with(|s| {
+        let t = s.tid.get();
+        if t != 0 {
+            return t;
+        }
+        // SAFETY: gettid has no preconditions and cannot fail.
+        let t = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
+        s.tid.set(t);
+        t
+    })
+}
+
+/// An address unique to the calling thread while it lives, identical in a forked
+/// child for the thread that called fork (unlike the kernel tid).
+pub fn identity() -> usize {
+    STATE.with(|s| s as *const ThreadState as usize)
+}
+
+/// In a forked child the calling thread has a new kernel id and a new stack mapping
+/// owner; cached values from the parent are dropped.
+pub fn reset_after_fork() {
+    STATE.with(|s| {
+        s.tid.set(0);
+        s.busy.set(false);
+    });
+}

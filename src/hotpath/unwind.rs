@@ -1,0 +1,609 @@
+//! Stack capture on the hot path: raw return addresses, no symbolization.
+//!
+//! Code built without frame pointers (distro binaries, `-O2`) can only be unwound with
+//! its DWARF call-frame information (`.eh_frame`). Interpreting CFI for every frame of
+//! every allocation is what makes libunwind/libgcc-based tracers slow, so this unwinder
+//! keeps two caches:
+//!
+//! 1. a process-wide, lock-free **rule cache**: return address -> compact x86-64 rule
+//!    (CFA = RSP/RBP + k, return address at CFA-8, RBP saved at CFA+j or unchanged),
+//!    computed once per address with gimli from the module's `.eh_frame_hdr`, which
+//!    glibc's lock-free `_dl_find_object` hands us;
+//! 2. a per-thread **memo** of recent unwinds: an unwind is a pure function of the start
+//!    registers and the stack words it reads, so if the stack pointer is the same and
+//!    every word read last time still holds the same value, the result is the same stack
+//!    id and nothing needs to be unwound or hashed again (the common case of a loop that
+//!    allocates at the bottom of a deep call chain).
+//!
+//! Every memory read is bounds-checked against the thread's own stack, so a wrong rule
+//! (say, after 65536 dlclose epochs wrap) can produce a wrong stack but never a fault.
+//! Frames the compact rule cannot express (signal trampolines, DWARF expressions) end
+//! the stack there.
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+use gimli::{BaseAddresses, CfaRule, EhFrame, EhFrameHdr, NativeEndian, Pointer, RegisterRule, UnwindContext, UnwindSection, X86_64};
+
+use super::{stacks, thread};
+
+/// Upper bound on the configurable depth; keeps the hook's stack use small (~4 KiB).
+pub const MAX_DEPTH: usize = 128;
+
+#[repr(C)]
+struct DlFindObject {
+    flags: u64,
+    map_start: *mut c_void,
+    map_end: *mut c_void,
+    link_map: *mut LinkMap,
+    eh_frame: *mut c_void,
+    reserved: [u64; 7],
+}
+
+/// The public head of glibc's `struct link_map` (<link.h>).
+#[repr(C)]
+struct LinkMap {
+    l_addr: usize,
+    l_name: *const c_char,
+}
+
+type FindObjectFn = unsafe extern "C" fn(*mut c_void, *mut DlFindObject) -> c_int;
+
+static FIND_OBJECT: AtomicUsize = AtomicUsize::new(0);
+static OWN_START: AtomicU64 = AtomicU64::new(0);
+static OWN_END: AtomicU64 = AtomicU64::new(0);
+/// Bumped after each dlclose: addresses may now belong to another module.
+static EPOCH: AtomicU32 = AtomicU32::new(0);
+static MEMO_KEY: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// A loaded module found by address.
+#[derive(Clone, Copy, Debug)]
+pub struct ObjectInfo {
+    pub map_start: u64,
+    pub map_end: u64,
+    /// Load bias (`l_addr`): file virtual address = runtime address - base.
+    pub base: u64,
+    /// NUL-terminated path as the loader knows it ("" for the main program).
+    pub name: *const c_char,
+    eh_frame_hdr: u64,
+}
+
+/// Resolves `_dl_find_object` and the library's own address range. Called once from
+/// the constructor (it may allocate through `dlsym`).
+pub fn init() -> bool {
+    // SAFETY: dlsym with a valid NUL-terminated name; RTLD_DEFAULT is a valid handle.
+    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_dl_find_object".as_ptr()) };
+    if f.is_null() {
+        return false;
+    }
+    FIND_OBJECT.store(f as usize, Ordering::Release);
+    // In unit tests the "library" is the test binary itself: skip nothing there.
+    #[cfg(not(test))]
+    if let Some(own) = find_object(capture_stack_id as *const () as u64) {
+        OWN_START.store(own.map_start, Ordering::Relaxed);
+        OWN_END.store(own.map_end, Ordering::Relaxed);
+    }
+    let mut key: libc::pthread_key_t = 0;
+    // SAFETY: valid out pointer; the destructor is an extern "C" fn that never unwinds.
+    if unsafe { libc::pthread_key_create(&mut key, Some(memo_destructor)) } == 0 {
+        MEMO_KEY.store(key as usize, Ordering::Release);
+    }
+    true
+}
+
+pub fn available() -> bool {
+    FIND_OBJECT.load(Ordering::Acquire) != 0
+}
+
+pub fn epoch() -> u32 {
+    EPOCH.load(Ordering::Acquire)
+}
+
+pub fn bump_epoch() {
+    EPOCH.fetch_add(1, Ordering::AcqRel);
+}
+
+pub fn is_own_address(ip: u64) -> bool {
+    ip >= OWN_START.load(Ordering::Relaxed) && ip < OWN_END.load(Ordering::Relaxed)
+}
+
+/// Finds the module containing `addr` without taking any loader lock.
+pub fn find_object(addr: u64) -> Option<ObjectInfo> {
+    let f = FIND_OBJECT.load(Ordering::Acquire);
+    if f == 0 {
+        return None;
+    }
+    // SAFETY: `f` was returned by dlsym for `_dl_find_object`, whose C signature is
+    // `int (void *, struct dl_find_object *)`.
+    let f: FindObjectFn = unsafe { std::mem::transmute::<usize, FindObjectFn>(f) };
+    let mut out = std::mem::MaybeUninit::<DlFindObject>::zeroed();
+    // SAFETY: out points to a writable dl_find_object; glibc fills it or returns -1.
+    if unsafe { f(addr as *mut c_void, out.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: initialised by the successful call (and zeroed before).
+    let out = unsafe { out.assume_init() };
+    let (base, name) = if out.link_map.is_null() {
+        (0, std::ptr::null())
+    } else {
+        // SAFETY: glibc returns a live link_map for the object containing addr.
+        unsafe { ((*out.link_map).l_addr, (*out.link_map).l_name) }
+    };
+    Some(ObjectInfo {
+        map_start: out.map_start as u64,
+        map_end: out.map_end as u64,
+        base: base as u64,
+        name,
+        eh_frame_hdr: out.eh_frame as u64,
+    })
+}
+
+/// A module as the report needs it: path, load bias and mapped range.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModuleOf {
+    /// Empty for the main program (the loader does not name it).
+    pub path: String,
+    pub base: u64,
+    pub start: u64,
+    pub end: u64,
+}
+
+/// Which loaded module holds `ip` (off the hot path: used by the symbolizer).
+pub fn module_of(ip: u64) -> Option<ModuleOf> {
+    let o = find_object(ip)?;
+    let path = if o.name.is_null() {
+        String::new()
+    } else {
+        // SAFETY: l_name is a NUL-terminated string owned by the loader, valid while the
+        // module is loaded (it is: `ip` was just found inside it).
+        unsafe { std::ffi::CStr::from_ptr(o.name) }.to_string_lossy().into_owned()
+    };
+    Some(ModuleOf { path, base: o.base, start: o.map_start, end: o.map_end })
+}
+
+// ---- compact rules -------------------------------------------------------------------
+
+const VALID: u64 = 1;
+const CFA_RBP: u64 = 1 << 1;
+const RBP_SAVED: u64 = 1 << 2;
+const OUTERMOST: u64 = 1 << 3;
+const UNSUPPORTED: u64 = 1 << 4;
+
+fn pack_i24(v: i64) -> Option<u64> {
+    if (-(1 << 23)..(1 << 23)).contains(&v) {
+        Some((v as u64) & 0xff_ffff)
+    } else {
+        None
+    }
+}
+
+fn unpack_i24(bits: u64) -> i64 {
+    (((bits & 0xff_ffff) << 40) as i64) >> 40
+}
+
+fn compute_rule(lookup_ip: u64) -> u64 {
+    compute_rule_inner(lookup_ip).unwrap_or(VALID | UNSUPPORTED)
+}
+
+fn compute_rule_inner(lookup_ip: u64) -> Option<u64> {
+    let obj = find_object(lookup_ip)?;
+    if obj.eh_frame_hdr == 0 || obj.eh_frame_hdr >= obj.map_end {
+        return None;
+    }
+    // SAFETY: the PT_GNU_EH_FRAME segment lies inside the object's mapping, which stays
+    // mapped while code from it is on our stack; gimli only reads the header, the
+    // search table, and the FDE/CIE it points at.
+    let hdr = unsafe {
+        std::slice::from_raw_parts(obj.eh_frame_hdr as *const u8, (obj.map_end - obj.eh_frame_hdr) as usize)
+    };
+    let bases = BaseAddresses::default().set_eh_frame_hdr(obj.eh_frame_hdr);
+    let parsed = EhFrameHdr::new(hdr, NativeEndian).parse(&bases, 8).ok()?;
+    let eh_frame_addr = match parsed.eh_frame_ptr() {
+        Pointer::Direct(a) => a,
+        Pointer::Indirect(_) => return None,
+    };
+    if eh_frame_addr >= obj.map_end || eh_frame_addr < obj.map_start {
+        return None;
+    }
+    // SAFETY: as above, `.eh_frame` is inside the object's mapping.
+    let eh = unsafe {
+        std::slice::from_raw_parts(eh_frame_addr as *const u8, (obj.map_end - eh_frame_addr) as usize)
+    };
+    let eh_frame = EhFrame::new(eh, NativeEndian);
+    let bases = bases.set_eh_frame(eh_frame_addr);
+    let table = parsed.table()?;
+    let mut ctx = UnwindContext::new();
+    let row = table
+        .unwind_info_for_address(&eh_frame, &bases, &mut ctx, lookup_ip, |s, b, o| s.cie_from_offset(b, o))
+        .ok()?;
+    let mut rule = VALID;
+    match row.register(X86_64::RA) {
+        Some(RegisterRule::Undefined) => return Some(VALID | OUTERMOST),
+        Some(RegisterRule::Offset(-8)) => {}
+        _ => return None,
+    }
+    match row.cfa() {
+        CfaRule::RegisterAndOffset { register, offset } => {
+            if *register == X86_64::RBP {
+                rule |= CFA_RBP;
+            } else if *register != X86_64::RSP {
+                return None;
+            }
+            rule |= pack_i24(*offset)? << 8;
+        }
+        CfaRule::Expression(_) => return None,
+    }
+    match row.register(X86_64::RBP) {
+        None | Some(RegisterRule::Undefined) | Some(RegisterRule::SameValue) => {}
+        Some(RegisterRule::Offset(off)) => rule |= RBP_SAVED | (pack_i24(off)? << 32),
+        _ => return None,
+    }
+    Some(rule)
+}
+
+// ---- rule cache ----------------------------------------------------------------------
+
+const RULE_SLOTS: usize = 1 << 18;
+const RULE_PROBES: usize = 16;
+
+struct RuleEntry {
+    key: AtomicU64,
+    rule: AtomicU64,
+}
+
+static RULES: AtomicPtr<RuleEntry> = AtomicPtr::new(std::ptr::null_mut());
+static RULES_USED: AtomicUsize = AtomicUsize::new(0);
+
+fn rule_table() -> Option<&'static [RuleEntry]> {
+    let mut p = RULES.load(Ordering::Acquire);
+    if p.is_null() {
+        // SAFETY: anonymous mapping, result checked.
+        let m = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                RULE_SLOTS * std::mem::size_of::<RuleEntry>(),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if m == libc::MAP_FAILED {
+            return None;
+        }
+        match RULES.compare_exchange(std::ptr::null_mut(), m as *mut RuleEntry, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => p = m as *mut RuleEntry,
+            Err(winner) => {
+                // SAFETY: our mapping was never shared.
+                unsafe { libc::munmap(m, RULE_SLOTS * std::mem::size_of::<RuleEntry>()) };
+                p = winner;
+            }
+        }
+    }
+    // SAFETY: the mapping holds RULE_SLOTS zero-initialised entries and lives forever.
+    Some(unsafe { std::slice::from_raw_parts(p, RULE_SLOTS) })
+}
+
+#[inline]
+fn rule_for(lookup_ip: u64, epoch: u32) -> u64 {
+    let key = lookup_ip ^ ((epoch as u64 & 0xffff) << 48) ^ (1 << 63);
+    let Some(table) = rule_table() else { return compute_rule(lookup_ip) };
+    let mut i = (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 46) as usize & (RULE_SLOTS - 1);
+    for _ in 0..RULE_PROBES {
+        let e = &table[i];
+        let k = e.key.load(Ordering::Acquire);
+        if k == key {
+            let r = e.rule.load(Ordering::Acquire);
+            if r != 0 {
+                return r;
+            }
+            return compute_rule(lookup_ip);
+        }
+        if k == 0 {
+            let r = compute_rule(lookup_ip);
+            if RULES_USED.load(Ordering::Relaxed) < RULE_SLOTS * 3 / 4
+                && e.key.compare_exchange(0, key, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+            {
+                RULES_USED.fetch_add(1, Ordering::Relaxed);
+                e.rule.store(r, Ordering::Release);
+            }
+            return r;
+        }
+        i = (i + 1) & (RULE_SLOTS - 1);
+    }
+    compute_rule(lookup_ip)
+}
+
+// ---- per-thread memo -----------------------------------------------------------------
+
+const MEMO_ENTRIES: usize = 4;
+const MEMO_READS: usize = 160;
+
+struct MemoEntry {
+    sp: u64,
+    bp: u64,
+    bp_used: bool,
+    epoch: u32,
+    stack_id: u32,
+    nreads: u32,
+    reads: [(u64, u64); MEMO_READS],
+}
+
+struct Memo {
+    next: usize,
+    entries: [MemoEntry; MEMO_ENTRIES],
+}
+
+extern "C" fn memo_destructor(p: *mut c_void) {
+    thread::with(|s| {
+        s.memo.set(0);
+        s.exiting.set(true);
+    });
+    if !p.is_null() {
+        // SAFETY: p is the mapping made in `memo_for_thread` for this thread only.
+        unsafe { libc::munmap(p, std::mem::size_of::<Memo>()) };
+    }
+}
+
+fn memo_for_thread() -> Option<&'static mut Memo> {
+    let existing = thread::with(|s| if s.exiting.get() { usize::MAX } else { s.memo.get() });
+    if existing == usize::MAX {
+        return None;
+    }
+    if existing != 0 {
+        // SAFETY: the memo is owned by this thread alone; hooks do not nest (guard).
+        return Some(unsafe { &mut *(existing as *mut Memo) });
+    }
+    let key = MEMO_KEY.load(Ordering::Acquire);
+    if key == usize::MAX {
+        return None;
+    }
+    // SAFETY: anonymous mapping; zeroed memory is a valid empty Memo (nreads = 0, sp = 0).
+    let m = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            std::mem::size_of::<Memo>(),
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if m == libc::MAP_FAILED {
+        return None;
+    }
+    // SAFETY: key was created by pthread_key_create; setspecific does not allocate for
+    // the first 32 keys and otherwise only through calloc, which our guard forwards.
+    unsafe { libc::pthread_setspecific(key as libc::pthread_key_t, m) };
+    thread::with(|s| s.memo.set(m as usize));
+    // SAFETY: fresh mapping owned by this thread.
+    Some(unsafe { &mut *(m as *mut Memo) })
+}
+
+fn stack_bounds() -> Option<(u64, u64)> {
+    let (lo, hi) = thread::with(|s| (s.stack_lo.get(), s.stack_hi.get()));
+    if hi != 0 {
+        return Some((lo as u64, hi as u64));
+    }
+    let mut attr = std::mem::MaybeUninit::<libc::pthread_attr_t>::uninit();
+    // SAFETY: standard pthread attribute query of the calling thread; attr is destroyed.
+    unsafe {
+        if libc::pthread_getattr_np(libc::pthread_self(), attr.as_mut_ptr()) != 0 {
+            return None;
+        }
+        let mut addr: *mut c_void = std::ptr::null_mut();
+        let mut size: usize = 0;
+        let rc = libc::pthread_attr_getstack(attr.as_ptr(), &mut addr, &mut size);
+        libc::pthread_attr_destroy(attr.as_mut_ptr());
+        if rc != 0 || size == 0 {
+            return None;
+        }
+        let lo = addr as usize;
+        let hi = lo + size;
+        thread::with(|s| {
+            s.stack_lo.set(lo);
+            s.stack_hi.set(hi);
+        });
+        Some((lo as u64, hi as u64))
+    }
+}
+
+/// Forgets cached stack bounds (a forked child's stack mapping is the same, but a
+/// thread reusing a TLS block after fork may not be).
+pub fn forget_stack_bounds() {
+    thread::with(|s| {
+        s.stack_lo.set(0);
+        s.stack_hi.set(0);
+    });
+}
+
+// ---- capture -------------------------------------------------------------------------
+
+#[inline(always)]
+fn registers() -> (u64, u64, u64) {
+    let ip: u64;
+    let sp: u64;
+    let bp: u64;
+    // SAFETY: reads three registers; no memory access, no stack change.
+    unsafe {
+        std::arch::asm!(
+            "lea {ip}, [rip]",
+            "mov {sp}, rsp",
+            "mov {bp}, rbp",
+            ip = out(reg) ip,
+            sp = out(reg) sp,
+            bp = out(reg) bp,
+            options(nomem, nostack, preserves_flags)
+        );
+    }
+    (ip, sp, bp)
+}
+
+struct Reads {
+    n: usize,
+    overflow: bool,
+    list: [(u64, u64); MEMO_READS],
+}
+
+impl Reads {
+    #[inline(always)]
+    fn push(&mut self, addr: u64, val: u64) {
+        if self.n < MEMO_READS {
+            self.list[self.n] = (addr, val);
+            self.n += 1;
+        } else {
+            self.overflow = true;
+        }
+    }
+}
+
+/// Captures the caller's stack (the library's own frames skipped) and returns its
+/// interned id; 0 when no stack could be taken.
+#[inline(never)]
+pub fn capture_stack_id(depth: usize) -> u32 {
+    let (ip0, sp0, bp0) = registers();
+    if !available() {
+        return 0;
+    }
+    let Some((lo, hi)) = stack_bounds() else { return 0 };
+    if sp0 < lo || sp0 >= hi {
+        // Running on an alternate signal stack or a user-made stack: bounds unknown.
+        return 0;
+    }
+    let epoch = epoch();
+    let mut memo = memo_for_thread();
+    if let Some(m) = memo.as_deref_mut() {
+        'entries: for e in m.entries.iter() {
+            if e.sp != sp0 || e.epoch != epoch || e.nreads == 0 || (e.bp_used && e.bp != bp0) {
+                continue;
+            }
+            for &(addr, val) in &e.reads[..e.nreads as usize] {
+                // SAFETY: addr was bounds-checked against this thread's stack when it was
+                // recorded, and it lies above the same stack pointer, so it is mapped.
+                if unsafe { std::ptr::read(addr as *const u64) } != val {
+                    continue 'entries;
+                }
+            }
+            return e.stack_id;
+        }
+    }
+
+    let depth = depth.clamp(1, MAX_DEPTH);
+    let mut frames = [0u64; MAX_DEPTH];
+    let mut reads = Reads { n: 0, overflow: false, list: [(0, 0); MEMO_READS] };
+    let mut n = 0usize;
+    let (mut ip, mut sp, mut bp) = (ip0, sp0, bp0);
+    let mut bp_initial = true;
+    let mut bp_used = false;
+    let mut first = true;
+    let mut skipping = true;
+    let read = |addr: u64| -> Option<u64> {
+        if addr < sp0 || addr.checked_add(8)? > hi || addr % 8 != 0 {
+            return None;
+        }
+        // SAFETY: [sp0, hi) is the live part of this thread's own stack.
+        Some(unsafe { std::ptr::read(addr as *const u64) })
+    };
+    // Bounded: a stack has at most (hi - sp0) / 8 frames; also capped at 4 * MAX_DEPTH
+    // steps so a long run of our own frames cannot loop.
+    for _ in 0..(4 * MAX_DEPTH) {
+        let lookup = if first { ip } else { ip.wrapping_sub(1) };
+        let rule = rule_for(lookup, epoch);
+        if rule & (UNSUPPORTED | OUTERMOST) != 0 {
+            break;
+        }
+        let off = unpack_i24(rule >> 8);
+        let cfa = if rule & CFA_RBP != 0 {
+            if bp_initial {
+                bp_used = true;
+            }
+            bp.wrapping_add(off as u64)
+        } else {
+            sp.wrapping_add(off as u64)
+        };
+        if cfa <= sp || cfa > hi {
+            break;
+        }
+        let Some(ra) = read(cfa - 8) else { break };
+        reads.push(cfa - 8, ra);
+        if rule & RBP_SAVED != 0 {
+            let addr = cfa.wrapping_add(unpack_i24(rule >> 32) as u64);
+            let Some(v) = read(addr) else { break };
+            reads.push(addr, v);
+            bp = v;
+            bp_initial = false;
+        }
+        sp = cfa;
+        ip = ra;
+        first = false;
+        if ra == 0 {
+            break;
+        }
+        if skipping && is_own_address(ra) {
+            continue;
+        }
+        skipping = false;
+        frames[n] = ra;
+        n += 1;
+        if n == depth {
+            break;
+        }
+    }
+    let id = stacks::intern(epoch, &frames[..n]);
+    if let Some(m) = memo {
+        if !reads.overflow && reads.n > 0 && id != 0 {
+            let slot = m.next % MEMO_ENTRIES;
+            m.next = m.next.wrapping_add(1);
+            let e = &mut m.entries[slot];
+            e.sp = sp0;
+            e.bp = bp0;
+            e.bp_used = bp_used;
+            e.epoch = epoch;
+            e.stack_id = id;
+            e.nreads = reads.n as u32;
+            e.reads[..reads.n].copy_from_slice(&reads.list[..reads.n]);
+        }
+    }
+    id
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn i24_round_trips() {
+        for v in [-8_388_608i64, -16, -8, 0, 8, 16, 4096, 8_388_607] {
+            assert_eq!(unpack_i24(pack_i24(v).unwrap()), v);
+        }
+        assert!(pack_i24(1 << 23).is_none());
+    }
+
+    #[inline(never)]
+    fn level3() -> u32 {
+        capture_stack_id(64)
+    }
+    #[inline(never)]
+    fn level2() -> u32 {
+        std::hint::black_box(level3())
+    }
+    #[inline(never)]
+    fn level1() -> u32 {
+        std::hint::black_box(level2())
+    }
+
+    #[test]
+    fn captures_a_stack_and_memoises_it() {
+        assert!(init());
+        // One call site, twice: the second capture is answered by the memo.
+        let ids: Vec<u32> = (0..2).map(|_| level1()).collect();
+        let (a, b) = (ids[0], ids[1]);
+        assert_ne!(a, 0);
+        assert_eq!(a, b);
+        let frames = stacks::frames(a).unwrap();
+        // The test harness runs us below several frames of its own.
+        assert!(frames.len() >= 4, "only {} frames", frames.len());
+        // The caller's addresses are all inside this test binary or libc.
+        let me = find_object(level1 as *const () as u64).unwrap();
+        assert!(frames.iter().take(3).all(|ip| *ip >= me.map_start && *ip < me.map_end));
+    }
+}

@@ -1,0 +1,134 @@
+//! Process lifecycle: library constructor and destructor, `_exit`/`_Exit`, `dlclose`,
+//! fork handlers and the snapshot signal.
+use std::ffi::{c_int, c_void, CStr};
+
+use super::real;
+use crate::agent;
+use crate::config::Config;
+
+extern "C" fn on_load() {
+    // The constructor must never unwind into the dynamic loader.
+    let _ = std::panic::catch_unwind(|| {
+        real::ensure_resolved();
+        let config = Config::from_lookup(|k| std::env::var(k).ok(), |w| agent::stderr_line(&w));
+        if config.disabled {
+            return;
+        }
+        let host_tracking = host_tracking_state();
+        let signal = config.snapshot_signal;
+        if agent::start(config, host_tracking) {
+            // SAFETY: the three handlers are extern "C" functions that never unwind.
+            unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
+            if let Some(sig) = signal {
+                install_snapshot_signal(sig);
+            }
+        }
+    });
+}
+
+extern "C" fn on_unload() {
+    let _ = std::panic::catch_unwind(agent::finish);
+}
+
+#[used]
+#[link_section = ".init_array"]
+static CONSTRUCTOR: extern "C" fn() = on_load;
+
+#[used]
+#[link_section = ".fini_array"]
+static DESTRUCTOR: extern "C" fn() = on_unload;
+
+/// Whether the program's calls to `malloc` reach us: when another allocator is
+/// preloaded *before* this library, they bind to it and we see nothing.
+fn host_tracking_state() -> String {
+    // SAFETY: dlsym/dladdr with valid arguments; dli_fname is a loader-owned C string.
+    unsafe {
+        let bound = libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr());
+        let ours = super::malloc::malloc as *const c_void;
+        if bound.is_null() || bound as *const c_void == ours {
+            return "active".into();
+        }
+        let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+        let owner = if libc::dladdr(bound, info.as_mut_ptr()) != 0 && !(*info.as_ptr()).dli_fname.is_null() {
+            CStr::from_ptr((*info.as_ptr()).dli_fname).to_string_lossy().into_owned()
+        } else {
+            "another library".into()
+        };
+        let msg = format!(
+            "inactive: malloc is bound to {owner}, preloaded before leaktrace; put libleaktrace.so first in LD_PRELOAD"
+        );
+        agent::stderr_line(&format!("leaktrace: host allocations are not seen: {msg}"));
+        msg
+    }
+}
+
+extern "C" fn fork_prepare() {
+    agent::fork_prepare();
+}
+
+extern "C" fn fork_parent() {
+    agent::fork_parent();
+}
+
+extern "C" fn fork_child() {
+    agent::fork_child();
+}
+
+extern "C" fn on_snapshot_signal(_sig: c_int) {
+    // Async-signal-safe: one atomic store; the collector thread does the work.
+    agent::request_snapshot();
+}
+
+fn install_snapshot_signal(sig: c_int) {
+    // SAFETY: sigaction with valid pointers; we only install when the program left the
+    // signal at its default action, so its own handlers are never replaced.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 || old.sa_sigaction != libc::SIG_DFL {
+            return;
+        }
+        let mut act: libc::sigaction = std::mem::zeroed();
+        act.sa_sigaction = on_snapshot_signal as *const () as usize;
+        act.sa_flags = libc::SA_RESTART | libc::SA_ONSTACK;
+        libc::sigemptyset(&mut act.sa_mask);
+        libc::sigaction(sig, &act, std::ptr::null_mut());
+    }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn _exit(status: c_int) -> ! {
+    let _ = std::panic::catch_unwind(agent::finish);
+    match real::exit_now() {
+        // SAFETY: forwarding to the real _exit.
+        Some(f) => unsafe { f(status) },
+        // SAFETY: exit_group never returns.
+        None => unsafe {
+            libc::syscall(libc::SYS_exit_group, status);
+            std::hint::unreachable_unchecked()
+        },
+    }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
+    let _ = std::panic::catch_unwind(agent::finish);
+    match real::exit_now_c99() {
+        // SAFETY: forwarding to the real _Exit.
+        Some(f) => unsafe { f(status) },
+        // SAFETY: exit_group never returns.
+        None => unsafe {
+            libc::syscall(libc::SYS_exit_group, status);
+            std::hint::unreachable_unchecked()
+        },
+    }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> c_int {
+    let Some(f) = real::dlclose() else { return -1 };
+    let _ = std::panic::catch_unwind(agent::before_dlclose);
+    // SAFETY: forwarding the caller's handle to the real dlclose.
+    let rc = unsafe { f(handle) };
+    let _ = std::panic::catch_unwind(agent::after_dlclose);
+    rc
+}

@@ -1,0 +1,266 @@
+//! The malloc family. Allocations are recorded after the real call succeeded; frees are
+//! recorded before the real free runs (see `hotpath::ring` for why the order matters).
+use std::alloc::{GlobalAlloc, Layout};
+use std::ffi::{c_int, c_void};
+
+use super::real;
+use super::ErrnoGuard;
+use crate::agent;
+use crate::hotpath::event::Api;
+
+const MIN_ALIGN: usize = 16;
+
+#[inline(always)]
+fn track_alloc(p: *mut c_void, size: usize, api: Api) {
+    if !p.is_null() && agent::active() {
+        let _errno = ErrnoGuard::save();
+        agent::record_alloc(p as usize, size, api);
+    }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
+    let Some(f) = real::malloc() else { return real::arena_alloc(size, MIN_ALIGN) };
+    // SAFETY: forwarding the caller's arguments to the real malloc.
+    let p = unsafe { f(size) };
+    track_alloc(p, size, Api::Malloc);
+    p
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
+    let Some(f) = real::calloc() else {
+        return match n.checked_mul(size) {
+            Some(total) => real::arena_alloc(total, MIN_ALIGN),
+            None => std::ptr::null_mut(),
+        };
+    };
+    // SAFETY: forwarding the caller's arguments to the real calloc.
+    let p = unsafe { f(n, size) };
+    track_alloc(p, n.wrapping_mul(size), Api::Calloc);
+    p
+}
+
+#[inline(always)]
+fn track_free(p: *mut c_void) {
+    if agent::active() {
+        let _errno = ErrnoGuard::save();
+        agent::record_free(p as usize);
+    }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn free(p: *mut c_void) {
+    if p.is_null() || real::arena_owns(p) {
+        return;
+    }
+    track_free(p);
+    if let Some(f) = real::free() {
+        // SAFETY: p came from the real allocator (arena blocks were filtered above).
+        unsafe { f(p) };
+    }
+}
+
+/// realloc and reallocarray share this: the old block leaves the live set before the
+/// real call (another thread may get its address as soon as it is freed), and comes back
+/// if the call fails.
+#[inline(always)]
+unsafe fn realloc_common(p: *mut c_void, size: usize, api: Api, call: impl FnOnce() -> *mut c_void) -> *mut c_void {
+    if p.is_null() {
+        let q = call();
+        track_alloc(q, size, api);
+        return q;
+    }
+    if real::arena_owns(p) {
+        // A bootstrap block: move it to the real heap; the arena block is never reused.
+        // SAFETY: malloc is our hook above; it records the new block.
+        let q = unsafe { malloc(size) };
+        if !q.is_null() {
+            // SAFETY: both blocks are valid for the copied length.
+            unsafe { std::ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, size.min(real::arena_size(p))) };
+        }
+        return q;
+    }
+    let tracking = agent::active();
+    if tracking {
+        let _errno = ErrnoGuard::save();
+        agent::record_realloc_release(p as usize);
+    }
+    let q = call();
+    if tracking {
+        let _errno = ErrnoGuard::save();
+        // glibc's realloc(p, 0) frees p and returns NULL.
+        agent::record_realloc_outcome(q as usize, size, api, q.is_null() && size == 0);
+    }
+    q
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    let Some(f) = real::realloc() else {
+        return if p.is_null() { real::arena_alloc(size, MIN_ALIGN) } else { std::ptr::null_mut() };
+    };
+    // SAFETY: forwarding the caller's arguments to the real realloc.
+    unsafe { realloc_common(p, size, Api::Realloc, || f(p, size)) }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> *mut c_void {
+    let Some(f) = real::reallocarray() else {
+        // SAFETY: errno slot of this thread.
+        unsafe { *libc::__errno_location() = libc::ENOMEM };
+        return std::ptr::null_mut();
+    };
+    match n.checked_mul(size) {
+        // Overflow: the real call fails with ENOMEM and leaves p alone; nothing to record.
+        // SAFETY: forwarding the caller's arguments.
+        None => unsafe { f(p, n, size) },
+        // SAFETY: forwarding the caller's arguments to the real reallocarray.
+        Some(total) => unsafe { realloc_common(p, total, Api::Reallocarray, || f(p, n, size)) },
+    }
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> c_int {
+    let Some(f) = real::posix_memalign() else { return libc::ENOMEM };
+    // SAFETY: forwarding the caller's arguments to the real posix_memalign.
+    let rc = unsafe { f(out, align, size) };
+    if rc == 0 && !out.is_null() {
+        // SAFETY: on success the real function stored the block in *out.
+        track_alloc(unsafe { *out }, size, Api::PosixMemalign);
+    }
+    rc
+}
+
+macro_rules! aligned_hook {
+    ($name:ident, $api:expr) => {
+        #[cfg_attr(not(test), no_mangle)]
+        pub unsafe extern "C" fn $name(align: usize, size: usize) -> *mut c_void {
+            let Some(f) = real::$name() else {
+                return if real::resolving() { real::arena_alloc(size, align) } else { std::ptr::null_mut() };
+            };
+            // SAFETY: forwarding the caller's arguments to the real function.
+            let p = unsafe { f(align, size) };
+            track_alloc(p, size, $api);
+            p
+        }
+    };
+}
+
+aligned_hook!(aligned_alloc, Api::AlignedAlloc);
+aligned_hook!(memalign, Api::Memalign);
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
+    let Some(f) = real::valloc() else { return std::ptr::null_mut() };
+    // SAFETY: forwarding the caller's argument to the real valloc.
+    let p = unsafe { f(size) };
+    track_alloc(p, size, Api::Valloc);
+    p
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
+    let Some(f) = real::pvalloc() else { return std::ptr::null_mut() };
+    // SAFETY: forwarding the caller's argument to the real pvalloc.
+    let p = unsafe { f(size) };
+    track_alloc(p, size, Api::Pvalloc);
+    p
+}
+
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
+    if p.is_null() {
+        return 0;
+    }
+    if real::arena_owns(p) {
+        return real::arena_size(p);
+    }
+    match real::malloc_usable_size() {
+        // SAFETY: forwarding the caller's pointer to the real function.
+        Some(f) => unsafe { f(p) },
+        None => 0,
+    }
+}
+
+#[cfg(has_free_sized)]
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn free_sized(p: *mut c_void, size: usize) {
+    if p.is_null() || real::arena_owns(p) {
+        return;
+    }
+    track_free(p);
+    if let Some(f) = real::free_sized() {
+        // SAFETY: forwarding to the real free_sized.
+        unsafe { f(p, size) };
+    }
+}
+
+#[cfg(has_free_sized)]
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn free_aligned_sized(p: *mut c_void, align: usize, size: usize) {
+    if p.is_null() || real::arena_owns(p) {
+        return;
+    }
+    track_free(p);
+    if let Some(f) = real::free_aligned_sized() {
+        // SAFETY: forwarding to the real free_aligned_sized.
+        unsafe { f(p, align, size) };
+    }
+}
+
+/// The library's own Rust allocations go straight to the real allocator: they are
+/// never seen by the hooks, so they are never tracked and never recurse.
+pub struct RealAllocator;
+
+// SAFETY: blocks come from the real malloc family (or the never-freed bootstrap arena)
+// with at least the requested size and alignment, and are returned to the same family.
+unsafe impl GlobalAlloc for RealAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if layout.align() <= MIN_ALIGN {
+            match real::malloc() {
+                // SAFETY: plain allocation of layout.size() bytes.
+                Some(f) => unsafe { f(layout.size()) as *mut u8 },
+                None => real::arena_alloc(layout.size(), layout.align()) as *mut u8,
+            }
+        } else {
+            let mut out = std::ptr::null_mut();
+            match real::posix_memalign() {
+                // SAFETY: align is a power of two >= 16 (Layout guarantees), multiple of
+                // sizeof(void*).
+                Some(f) if unsafe { f(&mut out, layout.align(), layout.size()) } == 0 => out as *mut u8,
+                Some(_) => std::ptr::null_mut(),
+                None => real::arena_alloc(layout.size(), layout.align()) as *mut u8,
+            }
+        }
+    }
+
+    unsafe fn dealloc(&self, p: *mut u8, _layout: Layout) {
+        if real::arena_owns(p as *mut c_void) {
+            return;
+        }
+        if let Some(f) = real::free() {
+            // SAFETY: p came from the real allocator through `alloc`.
+            unsafe { f(p as *mut c_void) };
+        }
+    }
+
+    unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if layout.align() <= MIN_ALIGN && !real::arena_owns(p as *mut c_void) {
+            if let Some(f) = real::realloc() {
+                // SAFETY: p came from the real malloc; new_size is non-zero (GlobalAlloc contract).
+                return unsafe { f(p as *mut c_void, new_size) as *mut u8 };
+            }
+        }
+        // SAFETY: default strategy: allocate, copy, free.
+        unsafe {
+            let new_layout = Layout::from_size_align_unchecked(new_size, layout.align());
+            let q = self.alloc(new_layout);
+            if !q.is_null() {
+                std::ptr::copy_nonoverlapping(p, q, layout.size().min(new_size));
+                self.dealloc(p, layout);
+            }
+            q
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! The real allocator and the other functions we wrap, found with `dlsym(RTLD_NEXT)`.
+//!
+//! `dlsym` itself may call `calloc`/`malloc` (for its error buffer) before we know where
+//! the real ones are; those few early requests are served from a static bump arena.
+//! Arena blocks are never freed (freeing one is a no-op) and are recognised by address.
+use std::ffi::{c_int, c_void, CStr};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+pub type MallocFn = unsafe extern "C" fn(usize) -> *mut c_void;
+pub type CallocFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
+pub type ReallocFn = unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void;
+pub type ReallocarrayFn = unsafe extern "C" fn(*mut c_void, usize, usize) -> *mut c_void;
+pub type FreeFn = unsafe extern "C" fn(*mut c_void);
+pub type FreeSizedFn = unsafe extern "C" fn(*mut c_void, usize);
+pub type FreeAlignedSizedFn = unsafe extern "C" fn(*mut c_void, usize, usize);
+pub type PosixMemalignFn = unsafe extern "C" fn(*mut *mut c_void, usize, usize) -> c_int;
+pub type AlignedAllocFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
+pub type UsableSizeFn = unsafe extern "C" fn(*mut c_void) -> usize;
+pub type ExitFn = unsafe extern "C" fn(c_int) -> !;
+pub type DlcloseFn = unsafe extern "C" fn(*mut c_void) -> c_int;
+
+macro_rules! real_table {
+    ($($field:ident : $ty:ty = $name:literal),* $(,)?) => {
+        struct Table { $($field: AtomicUsize,)* }
+        static TABLE: Table = Table { $($field: AtomicUsize::new(0),)* };
+
+        fn resolve_all() {
+            $(
+                let p = lookup($name);
+                TABLE.$field.store(p, Ordering::Release);
+            )*
+        }
+
+        $(
+            #[inline(always)]
+            pub fn $field() -> Option<$ty> {
+                let mut p = TABLE.$field.load(Ordering::Acquire);
+                if p == 0 {
+                    ensure_resolved();
+                    p = TABLE.$field.load(Ordering::Acquire);
+                    if p == 0 {
+                        return None;
+                    }
+                }
+                // SAFETY: p is the address dlsym returned for the symbol of this exact
+                // C prototype.
+                Some(unsafe { std::mem::transmute::<usize, $ty>(p) })
+            }
+        )*
+    };
+}
+
+real_table! {
+    malloc: MallocFn = c"malloc",
+    calloc: CallocFn = c"calloc",
+    realloc: ReallocFn = c"realloc",
+    reallocarray: ReallocarrayFn = c"reallocarray",
+    free: FreeFn = c"free",
+    free_sized: FreeSizedFn = c"free_sized",
+    free_aligned_sized: FreeAlignedSizedFn = c"free_aligned_sized",
+    posix_memalign: PosixMemalignFn = c"posix_memalign",
+    aligned_alloc: AlignedAllocFn = c"aligned_alloc",
+    memalign: AlignedAllocFn = c"memalign",
+    valloc: MallocFn = c"valloc",
+    pvalloc: MallocFn = c"pvalloc",
+    malloc_usable_size: UsableSizeFn = c"malloc_usable_size",
+    exit_now: ExitFn = c"_exit",
+    exit_now_c99: ExitFn = c"_Exit",
+    dlclose: DlcloseFn = c"dlclose",
+}
+
+fn lookup(name: &CStr) -> usize {
+    // SAFETY: RTLD_NEXT with a NUL-terminated name; returns NULL when absent.
+    unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) as usize }
+}
+
+static RESOLVING: AtomicBool = AtomicBool::new(false);
+static RESOLVED: AtomicBool = AtomicBool::new(false);
+
+/// True while `dlsym` runs for us: allocation requests then go to the arena.
+pub fn resolving() -> bool {
+    RESOLVING.load(Ordering::Acquire)
+}
+
+#[cold]
+pub fn ensure_resolved() {
+    if RESOLVED.load(Ordering::Acquire) {
+        return;
+    }
+    if RESOLVING.swap(true, Ordering::AcqRel) {
+        // Another resolution is in flight (ours, recursively, or — before main, when
+        // there is only one thread — never another thread's for long).
+        return;
+    }
+    resolve_all();
+    RESOLVED.store(true, Ordering::Release);
+    RESOLVING.store(false, Ordering::Release);
+}
+
+// ---- bootstrap arena -----------------------------------------------------------------
+
+const ARENA_SIZE: usize = 256 * 1024;
+
+#[repr(C, align(64))]
+struct Arena([u8; ARENA_SIZE]);
+
+static mut ARENA: Arena = Arena([0; ARENA_SIZE]);
+static ARENA_USED: AtomicUsize = AtomicUsize::new(0);
+const HEADER: usize = 16;
+
+fn arena_base() -> usize {
+    // Only the address is taken; no reference to the mutable static is formed.
+    std::ptr::addr_of_mut!(ARENA) as usize
+}
+
+/// Serves an allocation before the real allocator is known. Zeroed (static memory never
+/// handed out twice). Returns NULL when the arena is exhausted.
+pub fn arena_alloc(size: usize, align: usize) -> *mut c_void {
+    let align = align.max(16);
+    let mut cur = ARENA_USED.load(Ordering::Relaxed);
+    loop {
+        let start = (arena_base() + cur + HEADER + align - 1) & !(align - 1);
+        let end = match start.checked_add(size) {
+            Some(e) => e,
+            None => return std::ptr::null_mut(),
+        };
+        if end > arena_base() + ARENA_SIZE {
+            return std::ptr::null_mut();
+        }
+        let new_used = end - arena_base();
+        match ARENA_USED.compare_exchange(cur, new_used, Ordering::AcqRel, Ordering::Relaxed) {
+            Ok(_) => {
+                // SAFETY: [start - 8, end) is inside the arena and ours alone.
+                unsafe { ((start - 8) as *mut usize).write(size) };
+                return start as *mut c_void;
+            }
+            Err(actual) => cur = actual,
+        }
+    }
+}
+
+pub fn arena_owns(p: *mut c_void) -> bool {
+    let a = p as usize;
+    a >= arena_base() && a < arena_base() + ARENA_SIZE
+}
+
+/// The requested size of an arena block.
+pub fn arena_size(p: *mut c_void) -> usize {
+    // SAFETY: p came from arena_alloc, which stored the size just below it.
+    unsafe { ((p as usize - 8) as *const usize).read() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arena_blocks_are_aligned_sized_and_owned() {
+        let a = arena_alloc(24, 16);
+        let b = arena_alloc(100, 64);
+        assert!(!a.is_null() && !b.is_null());
+        assert_eq!(b as usize % 64, 0);
+        assert!(arena_owns(a) && arena_owns(b));
+        assert_eq!(arena_size(a), 24);
+        assert_eq!(arena_size(b), 100);
+        assert!(arena_alloc(usize::MAX - 8, 16).is_null());
+        let x = 0u64;
+        assert!(!arena_owns(&x as *const u64 as *mut c_void));
+    }
+}

@@ -1,0 +1,20 @@
+//! leaktrace: an LD_PRELOAD memory-leak tracer.
+//!
+//! Layout (three stages kept apart, as in heaptrack):
+//! - `interpose/` — the ABI boundary: exported hooks, real-function lookup, lifecycle.
+//! - `hotpath/`   — what runs inside every allocation: thread guard, stack capture,
+//!                  stack interning, the lock-free event ring.
+//! - `collector/` — the background consumer's model: live set and per-stack totals.
+//! - `report/`    — symbolization, JSON and text rendering, atomic file writing.
+//! - `agent.rs`   — glue: starts the collector, drains, writes reports, handles fork.
+//! - `config.rs`  — `LEAKTRACE_*` variables.
+pub mod agent;
+pub mod collector;
+pub mod config;
+pub mod hotpath;
+pub mod interpose;
+pub mod report;
+
+#[cfg(not(test))]
+#[global_allocator]
+static ALLOCATOR: interpose::malloc::RealAllocator = interpose::malloc::RealAllocator;

@@ -1,0 +1,5 @@
+//! Off the hot path: symbolization, report rendering and atomic writing.
+pub mod build;
+pub mod process;
+pub mod symbolize;
+pub mod writer;

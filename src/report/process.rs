@@ -1,0 +1,106 @@
+//! Who this report is about: pid, parent, program, arguments, and a file name that no
+//! other process image can ever reuse (pid + start time in ns + random bits, so neither
+//! pid reuse nor exec under the same pid collides).
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+#[derive(Clone, Debug)]
+pub struct ProcessInfo {
+    pub pid: u32,
+    pub ppid: u32,
+    pub exe: String,
+    pub argv: Vec<String>,
+    pub started_unix_ms: u64,
+    /// Set in a child forked (without exec) from a tracked parent.
+    pub forked_from: Option<u32>,
+    pub file_name: String,
+}
+
+pub fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+fn unix_ns() -> u128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
+}
+
+fn random_u32() -> u32 {
+    let mut buf = [0u8; 4];
+    if std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut buf)).is_ok() {
+        return u32::from_ne_bytes(buf);
+    }
+    // No /dev/urandom (chroot): the clock's low bits still differ between images.
+    (unix_ns() as u32).rotate_left(13) ^ std::process::id()
+}
+
+pub fn sanitize_component(s: &str) -> String {
+    let cleaned: String = s
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' { c } else { '_' })
+        .take(40)
+        .collect();
+    if cleaned.is_empty() || cleaned.starts_with('.') {
+        format!("x{cleaned}")
+    } else {
+        cleaned
+    }
+}
+
+pub fn report_file_name(exe: &str, pid: u32) -> String {
+    let base = Path::new(exe).file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    format!("leaktrace.{}.{}.{:x}{:08x}.json", sanitize_component(&base), pid, unix_ns(), random_u32())
+}
+
+impl ProcessInfo {
+    pub fn current(forked_from: Option<u32>) -> ProcessInfo {
+        let pid = std::process::id();
+        let exe = std::fs::read_link("/proc/self/exe").map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
+        let argv = std::fs::read("/proc/self/cmdline")
+            .map(|raw| {
+                raw.split(|b| *b == 0)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| String::from_utf8_lossy(s).into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        ProcessInfo {
+            pid,
+            ppid: std::os::unix::process::parent_id(),
+            file_name: report_file_name(&exe, pid),
+            exe,
+            argv,
+            started_unix_ms: unix_ms(),
+            forked_from,
+        }
+    }
+
+    pub fn report_path(&self, dir: &Path) -> PathBuf {
+        dir.join(&self.file_name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_safe_and_unique() {
+        let a = report_file_name("/usr/bin/python3.11", 42);
+        let b = report_file_name("/usr/bin/python3.11", 42);
+        assert_ne!(a, b);
+        assert!(a.starts_with("leaktrace.python3.11.42."));
+        assert!(a.ends_with(".json"));
+        let weird = report_file_name("/x/../..evil name/\u{e9}", 1);
+        assert!(!weird.contains('/') && !weird.contains(' '));
+        assert_eq!(sanitize_component(""), "x");
+        assert_eq!(sanitize_component(".."), "x..");
+    }
+
+    #[test]
+    fn current_process_is_described() {
+        let p = ProcessInfo::current(None);
+        assert_eq!(p.pid, std::process::id());
+        assert!(!p.exe.is_empty());
+        assert!(!p.argv.is_empty());
+    }
+}

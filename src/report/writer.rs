@@ -1,0 +1,128 @@
+//! Atomic report files: a private temp file in the target directory (created with
+//! O_EXCL|O_NOFOLLOW, mode 0600), written whole, then renamed over the target. A reader
+//! sees the old report or the new one, never half a file; a planted symlink at either
+//! name is replaced, never followed.
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+pub fn write_atomic(target: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = target.parent().unwrap_or(Path::new("."));
+    let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{}.{}.{}.tmp", name, std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed)));
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.flush()?;
+        drop(f);
+        std::fs::rename(&tmp, target)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Whether reports can be created in `dir` (creating it if missing): a real probe file,
+/// because permission bits do not tell about read-only mounts or root.
+pub fn probe_dir(dir: &Path) -> Result<(), String> {
+    if !dir.exists() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create it ({e})"))?;
+    }
+    if !dir.is_dir() {
+        return Err("it is not a directory".into());
+    }
+    let probe = dir.join(format!(".leaktrace-probe.{}.{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed)));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&probe)
+        .map_err(|e| format!("cannot write there ({e})"))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
+/// Picks the first usable directory: the wanted one, then the working directory, then
+/// /tmp. Returns the directory and, if it is not the wanted one, the warning to print.
+pub fn choose_output_dir(wanted: Option<PathBuf>) -> (PathBuf, Option<String>) {
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/tmp"));
+    let first = wanted.clone().map(|w| if w.is_absolute() { w } else { cwd.join(w) }).unwrap_or_else(|| cwd.clone());
+    let why = match probe_dir(&first) {
+        Ok(()) => return (first, None),
+        Err(why) => why,
+    };
+    for fallback in [cwd, PathBuf::from("/tmp")] {
+        if fallback != first && probe_dir(&fallback).is_ok() {
+            let msg = format!(
+                "leaktrace: output directory {} is unusable: {why}; writing reports to {} instead (set LEAKTRACE_OUTPUT to a writable directory)",
+                first.display(),
+                fallback.display()
+            );
+            return (fallback, Some(msg));
+        }
+    }
+    let msg = format!(
+        "leaktrace: output directory {} is unusable: {why}, and neither the working directory nor /tmp is writable; reports will be attempted there anyway",
+        first.display()
+    );
+    (first, Some(msg))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn tmpdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("leaktrace-writer-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn writes_whole_private_file_and_replaces_it() {
+        let d = tmpdir("a");
+        let t = d.join("r.json");
+        write_atomic(&t, b"{\"a\":1}").unwrap();
+        write_atomic(&t, b"{\"a\":2}").unwrap();
+        assert_eq!(std::fs::read(&t).unwrap(), b"{\"a\":2}");
+        assert_eq!(std::fs::metadata(&t).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1, "no temp file left behind");
+    }
+
+    #[test]
+    fn planted_symlink_is_replaced_not_followed() {
+        let d = tmpdir("b");
+        let victim = d.join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        let t = d.join("r.json");
+        std::os::unix::fs::symlink(&victim, &t).unwrap();
+        write_atomic(&t, b"{}").unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        assert!(!std::fs::symlink_metadata(&t).unwrap().file_type().is_symlink());
+    }
+
+    #[test]
+    fn missing_dir_is_created_and_bad_dir_falls_back() {
+        let d = tmpdir("c");
+        let want = d.join("new/sub");
+        assert_eq!(choose_output_dir(Some(want.clone())), (want.clone(), None));
+        let file = d.join("plainfile");
+        std::fs::write(&file, b"").unwrap();
+        let (dir, warn) = choose_output_dir(Some(file.join("x")));
+        assert_ne!(dir, file.join("x"));
+        let warn = warn.unwrap();
+        assert!(warn.starts_with("leaktrace: output directory") && !warn.contains('\n'));
+    }
+}
