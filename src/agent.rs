@@ -172,16 +172,14 @@ pub fn start(config: Config, host_tracking: String) -> bool {
 }
 
 fn spawn_collector() {
-    let spawned = std::thread::Builder::new().name("leaktrace".into()).spawn(collector_main);
-    if let Err(e) = spawned {
+    if let Err(rc) = crate::interpose::lifecycle::spawn_internal_thread(collector_main) {
         stderr_line(&format!(
-            "leaktrace: cannot start the collector thread ({e}); events are drained by the program's threads instead"
+            "leaktrace: cannot start the collector thread (error {rc}); events are drained by the program's threads instead"
         ));
     }
 }
 
 fn collector_main() {
-    thread::mark_internal();
     let interval = REPORT.lock().as_ref().map(|r| r.config.interval_ms).unwrap_or(0);
     let mut last_report = Instant::now();
     let mut idle_sleep_us = 200u64;

@@ -132,3 +132,32 @@ pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> c_int {
     let _ = std::panic::catch_unwind(agent::after_dlclose);
     rc
 }
+
+extern "C" fn internal_thread_start(arg: *mut c_void) -> *mut c_void {
+    // Marked before anything else runs on this thread, so even the thread-local setup
+    // that std does on first use is untracked.
+    crate::hotpath::thread::mark_internal();
+    // SAFETY: arg is the fn pointer passed by `spawn_internal_thread`.
+    let f: fn() = unsafe { std::mem::transmute::<*mut c_void, fn()>(arg) };
+    let _ = std::panic::catch_unwind(f);
+    std::ptr::null_mut()
+}
+
+/// Starts one of the library's own threads with tracking off from its first instruction.
+pub fn spawn_internal_thread(f: fn()) -> Result<(), i32> {
+    // SAFETY: standard pthread_create of a detached thread; the start routine never
+    // unwinds (it catches panics) and receives a plain fn pointer.
+    unsafe {
+        let mut attr = std::mem::MaybeUninit::<libc::pthread_attr_t>::uninit();
+        libc::pthread_attr_init(attr.as_mut_ptr());
+        libc::pthread_attr_setdetachstate(attr.as_mut_ptr(), libc::PTHREAD_CREATE_DETACHED);
+        let mut tid: libc::pthread_t = 0;
+        let rc = libc::pthread_create(&mut tid, attr.as_ptr(), internal_thread_start, f as *mut c_void);
+        libc::pthread_attr_destroy(attr.as_mut_ptr());
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(rc)
+        }
+    }
+}

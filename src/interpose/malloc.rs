@@ -104,20 +104,21 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     unsafe { realloc_common(p, size, Api::Realloc, || f(p, size)) }
 }
 
+/// glibc's reallocarray is realloc behind an overflow check, and it calls realloc
+/// through the PLT — that is, our hook. Doing the check here and calling the real
+/// realloc directly records the block once, as `reallocarray`.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> *mut c_void {
-    let Some(f) = real::reallocarray() else {
+    let Some(total) = n.checked_mul(size) else {
         // SAFETY: errno slot of this thread.
         unsafe { *libc::__errno_location() = libc::ENOMEM };
         return std::ptr::null_mut();
     };
-    match n.checked_mul(size) {
-        // Overflow: the real call fails with ENOMEM and leaves p alone; nothing to record.
-        // SAFETY: forwarding the caller's arguments.
-        None => unsafe { f(p, n, size) },
-        // SAFETY: forwarding the caller's arguments to the real reallocarray.
-        Some(total) => unsafe { realloc_common(p, total, Api::Reallocarray, || f(p, n, size)) },
-    }
+    let Some(f) = real::realloc() else {
+        return if p.is_null() { real::arena_alloc(total, MIN_ALIGN) } else { std::ptr::null_mut() };
+    };
+    // SAFETY: forwarding to the real realloc with the checked product.
+    unsafe { realloc_common(p, total, Api::Reallocarray, || f(p, total)) }
 }
 
 #[cfg_attr(not(test), no_mangle)]

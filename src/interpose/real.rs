@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 pub type MallocFn = unsafe extern "C" fn(usize) -> *mut c_void;
 pub type CallocFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
 pub type ReallocFn = unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void;
-pub type ReallocarrayFn = unsafe extern "C" fn(*mut c_void, usize, usize) -> *mut c_void;
 pub type FreeFn = unsafe extern "C" fn(*mut c_void);
 pub type FreeSizedFn = unsafe extern "C" fn(*mut c_void, usize);
 pub type FreeAlignedSizedFn = unsafe extern "C" fn(*mut c_void, usize, usize);
@@ -54,7 +53,6 @@ real_table! {
     malloc: MallocFn = c"malloc",
     calloc: CallocFn = c"calloc",
     realloc: ReallocFn = c"realloc",
-    reallocarray: ReallocarrayFn = c"reallocarray",
     free: FreeFn = c"free",
     free_sized: FreeSizedFn = c"free_sized",
     free_aligned_sized: FreeAlignedSizedFn = c"free_aligned_sized",

@@ -1,0 +1,136 @@
+//! Shared helpers for the integration tests: build C/C++ fixtures, run them under the
+//! real preload library, and read the reports they produce.
+#![allow(dead_code)]
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde_json::Value;
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The library cargo built for this test run: target/<profile>/libleaktrace.so, found
+/// from the test binary's own path (target/<profile>/deps/<test>).
+pub fn lib_path() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().unwrap().parent().unwrap();
+    let lib = profile_dir.join("libleaktrace.so");
+    assert!(lib.exists(), "{} missing: run `cargo build` (cargo test builds it)", lib.display());
+    lib
+}
+
+fn scratch_root() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().join("test-scratch")
+}
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A fresh, empty directory for one test's reports.
+pub fn fresh_dir(tag: &str) -> PathBuf {
+    let d = scratch_root().join(format!("{tag}-{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed)));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Compiles `tests/fixtures/<name>` once per test process into the scratch directory.
+pub fn build_fixture(name: &str, extra: &[&str]) -> PathBuf {
+    let src = root().join("tests/fixtures").join(name);
+    let stem = Path::new(name).file_stem().unwrap().to_string_lossy().into_owned();
+    let tag = extra.join("_").replace(['/', '-', '.', '='], "");
+    let out_dir = scratch_root().join("bin");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let shared = extra.contains(&"-shared");
+    let out = out_dir.join(format!("{stem}{tag}-{}{}", std::process::id(), if shared { ".so" } else { "" }));
+    if out.exists() {
+        return out;
+    }
+    let cpp = name.ends_with(".cpp");
+    let compiler = if cpp { "c++" } else { "cc" };
+    // -O2 without frame pointers: the unwinder must cope with distro-style code.
+    let mut cmd = Command::new(compiler);
+    cmd.args(["-O2", "-g", "-fomit-frame-pointer", "-pthread"]).args(extra).arg(&src).arg("-o").arg(&out);
+    if !shared {
+        cmd.arg("-ldl");
+    }
+    let o = cmd.output().expect("C compiler (cc/c++) must be installed");
+    assert!(o.status.success(), "compiling {name} failed:\n{}", String::from_utf8_lossy(&o.stderr));
+    out
+}
+
+pub struct Run {
+    pub output: Output,
+    pub dir: PathBuf,
+}
+
+impl Run {
+    pub fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.output.stdout).into_owned()
+    }
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.output.stderr).into_owned()
+    }
+    pub fn code(&self) -> Option<i32> {
+        self.output.status.code()
+    }
+    pub fn reports(&self) -> Vec<Value> {
+        reports_in(&self.dir)
+    }
+    /// The one report of this run (fails if there are several).
+    pub fn report(&self) -> Value {
+        let mut r = self.reports();
+        assert_eq!(r.len(), 1, "expected exactly one report in {}; stderr:\n{}", self.dir.display(), self.stderr());
+        r.remove(0)
+    }
+}
+
+pub fn reports_in(dir: &Path) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut names: Vec<_> = std::fs::read_dir(dir).unwrap().filter_map(|e| e.ok()).map(|e| e.path()).collect();
+    names.sort();
+    for p in names {
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if name.starts_with("leaktrace.") && name.ends_with(".json") {
+            let text = std::fs::read_to_string(&p).unwrap();
+            out.push(serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name} is not JSON: {e}")));
+        }
+    }
+    out
+}
+
+/// Runs `cmd` under the library with reports going to a fresh directory.
+pub fn run_traced(mut cmd: Command, tag: &str) -> Run {
+    let dir = fresh_dir(tag);
+    cmd.env("LD_PRELOAD", lib_path()).env("LEAKTRACE_OUTPUT", &dir);
+    let output = cmd.output().unwrap();
+    Run { output, dir }
+}
+
+pub fn run_plain(mut cmd: Command) -> Output {
+    cmd.env_remove("LD_PRELOAD").output().unwrap()
+}
+
+/// Leak groups whose stack mentions `function` (as a demangled name prefix or exact).
+pub fn groups_with<'a>(report: &'a Value, function: &str) -> Vec<&'a Value> {
+    report["leaks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| {
+            g["stack"].as_array().unwrap().iter().any(|f| {
+                f["function"].as_str().map(|n| n == function || n.starts_with(&format!("{function}("))).unwrap_or(false)
+            })
+        })
+        .collect()
+}
+
+pub fn sum(groups: &[&Value], field: &str) -> u64 {
+    groups.iter().map(|g| g[field].as_u64().unwrap()).sum()
+}
+
+pub fn host(report: &Value, field: &str) -> u64 {
+    report["summary"]["host"][field].as_u64().unwrap_or_else(|| panic!("summary.host.{field} missing"))
+}

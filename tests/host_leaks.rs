@@ -1,0 +1,117 @@
+//! Real C and C++ programs under the real library: exact leaks per call site.
+mod common;
+use common::*;
+use std::process::Command;
+
+#[test]
+fn planted_leaks_are_reported_exactly_with_their_functions() {
+    let bin = build_fixture("leaks.c", &[]);
+    let run = run_traced(Command::new(&bin), "leaks");
+    assert_eq!(run.code(), Some(7), "exit status must be unchanged; stderr:\n{}", run.stderr());
+    assert_eq!(run.stdout(), "leaks fixture done\n");
+    let r = run.report();
+    assert_eq!(r["schema"], "leaktrace-report/1");
+    assert_eq!(r["reason"], "exit");
+    assert_eq!(r["exe"].as_str().unwrap(), bin.to_str().unwrap());
+
+    let expect = |func: &str, api: &str, bytes: u64, blocks: u64| {
+        let gs: Vec<_> = groups_with(&r, func).into_iter().filter(|g| g["api"] == api).collect();
+        assert_eq!((sum(&gs, "bytes"), sum(&gs, "blocks")), (bytes, blocks), "{func}/{api}: {gs:#?}");
+        for g in &gs {
+            assert_eq!(g["kind"], "host");
+            let top = &g["stack"][0];
+            assert_eq!(top["function"], func, "innermost frame of {func}: {top}");
+            assert!(top["file"].as_str().unwrap().ends_with("leaks.c"));
+            assert!(top["line"].as_u64().unwrap() > 0);
+            assert_eq!(top["module"].as_str().unwrap(), bin.to_str().unwrap());
+            assert!(top["offset"].as_u64().is_some());
+        }
+    };
+    expect("leak_malloc_64", "malloc", 192, 3);
+    expect("leak_calloc_160", "calloc", 160, 1);
+    expect("leak_realloc_300", "realloc", 300, 1);
+    expect("leak_memalign_trio", "posix_memalign", 256, 1);
+    expect("leak_memalign_trio", "aligned_alloc", 128, 1);
+    expect("leak_memalign_trio", "memalign", 512, 1);
+    // strdup allocates inside libc: the innermost frame is strdup, then ours.
+    let dup = groups_with(&r, "leak_strdup");
+    assert_eq!((sum(&dup, "bytes"), sum(&dup, "blocks")), (6, 1));
+    // Nothing from the churn that frees everything.
+    assert!(groups_with(&r, "churn_and_free").is_empty());
+    // Groups are sorted largest first.
+    let bytes: Vec<u64> = r["leaks"].as_array().unwrap().iter().map(|g| g["bytes"].as_u64().unwrap()).collect();
+    assert!(bytes.windows(2).all(|w| w[0] >= w[1]));
+    // Accounting is self-consistent.
+    assert_eq!(host(&r, "total_allocs") - host(&r, "total_frees"), host(&r, "live_blocks"));
+    let live_sum: u64 = bytes.iter().sum();
+    assert_eq!(live_sum, host(&r, "live_bytes"));
+    assert!(host(&r, "peak_live_bytes") >= host(&r, "live_bytes"));
+}
+
+#[test]
+fn the_exit_summary_reads_like_leak_sanitizer() {
+    let bin = build_fixture("leaks.c", &[]);
+    let run = run_traced(Command::new(&bin), "summary");
+    let err = run.stderr();
+    assert!(err.contains("==leaktrace: detected memory leaks"), "{err}");
+    assert!(err.contains("Leak of 512 byte(s) in 1 object(s) allocated from memalign (host):"), "{err}");
+    assert!(err.contains(" in leak_memalign_trio "), "{err}");
+    assert!(err.lines().any(|l| l.starts_with("SUMMARY: leaktrace: ") && l.ends_with(" allocation(s).")), "{err}");
+    let mut cmd = Command::new(&bin);
+    cmd.env("LEAKTRACE_SUMMARY", "0");
+    let quiet = run_traced(cmd, "quiet");
+    assert_eq!(quiet.stderr(), "", "LEAKTRACE_SUMMARY=0 silences it");
+    assert_eq!(quiet.reports().len(), 1);
+}
+
+#[test]
+fn a_program_that_frees_everything_has_no_leak_of_its_own() {
+    let bin = build_fixture("clean.c", &[]);
+    let run = run_traced(Command::new(&bin), "clean");
+    assert_eq!(run.code(), Some(0));
+    let r = run.report();
+    let own: Vec<_> = r["leaks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| g["stack"].as_array().unwrap().iter().any(|f| f["module"].as_str() == bin.to_str()))
+        .collect();
+    assert!(own.is_empty(), "{own:#?}");
+    assert!(host(&r, "total_allocs") >= 9000, "every entry point was seen");
+    assert_eq!(host(&r, "total_allocs") - host(&r, "total_frees"), host(&r, "live_blocks"));
+}
+
+#[test]
+fn cxx_new_reaches_malloc_and_static_destructors_are_not_leaks() {
+    let bin = build_fixture("cxx_leaks.cpp", &[]);
+    let run = run_traced(Command::new(&bin), "cxx");
+    assert_eq!(run.code(), Some(0));
+    assert_eq!(run.stdout(), "cxx fixture 1000\n");
+    let r = run.report();
+    let widget = groups_with(&r, "app::make_widget_leak");
+    assert_eq!((sum(&widget, "bytes"), sum(&widget, "blocks")), (24 + 400, 2), "{widget:#?}");
+    let array = groups_with(&r, "app::make_array_leak");
+    assert_eq!((sum(&array, "bytes"), sum(&array, "blocks")), (200, 1));
+    // new goes through libstdc++'s operator new into malloc.
+    let top = &array[0]["stack"][0];
+    assert!(top["function"].as_str().unwrap().starts_with("operator new"), "{top}");
+    assert!(top["module"].as_str().unwrap().contains("libstdc++"), "{top}");
+    assert_eq!(array[0]["api"], "malloc");
+    // The global map was destroyed at exit before the final report.
+    assert!(groups_with(&r, "main").iter().all(|g| g["stack"].as_array().unwrap().iter().all(|f| !f["function"]
+        .as_str()
+        .unwrap_or("")
+        .contains("_Rb_tree"))));
+}
+
+#[test]
+fn edge_cases_behave_exactly_as_without_the_library() {
+    let bin = build_fixture("edge.c", &[]);
+    let plain = run_plain(Command::new(&bin));
+    let traced = run_traced(Command::new(&bin), "edge");
+    assert!(plain.status.success());
+    assert_eq!(traced.stdout(), String::from_utf8_lossy(&plain.stdout), "stderr: {}", traced.stderr());
+    assert_eq!(traced.code(), plain.status.code());
+    let r = traced.report();
+    assert!(groups_with(&r, "main").is_empty(), "the edge fixture frees everything: {:#?}", r["leaks"]);
+}
