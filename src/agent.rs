@@ -21,8 +21,19 @@ const OFF: u8 = 0;
 const ACTIVE: u8 = 1;
 const FINISHED: u8 = 2;
 
-static TRACKING: AtomicU8 = AtomicU8::new(OFF);
-static DEPTH: AtomicUsize = AtomicUsize::new(crate::config::DEFAULT_DEPTH);
+/// Read on every hook call, written almost never: kept away from the ring's hot lines.
+#[repr(C, align(128))]
+struct ReadMostly {
+    tracking: AtomicU8,
+    depth: AtomicUsize,
+}
+
+static READ_MOSTLY: ReadMostly = ReadMostly {
+    tracking: AtomicU8::new(OFF),
+    depth: AtomicUsize::new(crate::config::DEFAULT_DEPTH),
+};
+static TRACKING: &AtomicU8 = &READ_MOSTLY.tracking;
+static DEPTH: &AtomicUsize = &READ_MOSTLY.depth;
 static RING: Ring = Ring::new();
 static STATE: SpinLock<Option<Collector>> = SpinLock::new(None);
 /// Below this ticket, an unwritten ring slot belongs to a thread lost in fork.

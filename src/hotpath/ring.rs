@@ -13,13 +13,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::event::Event;
 
-pub const RING_BITS: u32 = 18;
+pub const RING_BITS: u32 = 17;
 pub const RING_SIZE: u64 = 1 << RING_BITS;
 const MASK: u64 = RING_SIZE - 1;
 
 /// `seq` is relative to the slot index so that an all-zero ring is a valid empty ring:
 /// slot i is free for ticket t when `seq == t - i`, and holds t's event when
-/// `seq == t - i + 1`.
+/// `seq == t - i + 1`. One cache line per slot: neighbouring tickets usually belong to
+/// different threads, which must not write the same line.
+#[repr(C)]
 struct Slot {
     seq: AtomicU64,
     addr: AtomicU64,
@@ -35,9 +37,13 @@ const EMPTY_SLOT: Slot = Slot {
     meta: AtomicU64::new(0),
 };
 
+/// Keeps a hot atomic alone on its cache line.
+#[repr(C, align(128))]
+struct Padded<T>(T);
+
 pub struct Ring {
-    tail: AtomicU64,
-    full_waits: AtomicU64,
+    tail: Padded<AtomicU64>,
+    full_waits: Padded<AtomicU64>,
     /// Set once the final report is written: producers stop waiting for space.
     closed: AtomicBool,
     slots: [Slot; RING_SIZE as usize],
@@ -46,8 +52,8 @@ pub struct Ring {
 impl Ring {
     pub const fn new() -> Ring {
         Ring {
-            tail: AtomicU64::new(0),
-            full_waits: AtomicU64::new(0),
+            tail: Padded(AtomicU64::new(0)),
+            full_waits: Padded(AtomicU64::new(0)),
             closed: AtomicBool::new(false),
             slots: [EMPTY_SLOT; RING_SIZE as usize],
         }
@@ -57,11 +63,11 @@ impl Ring {
     /// drain the ring (it must not block indefinitely).
     #[inline]
     pub fn publish(&self, ev: &Event, mut help: impl FnMut()) {
-        let ticket = self.tail.fetch_add(1, Ordering::Relaxed);
+        let ticket = self.tail.0.fetch_add(1, Ordering::Relaxed);
         let slot = &self.slots[(ticket & MASK) as usize];
         let lap = ticket & !MASK;
         if slot.seq.load(Ordering::Acquire) != lap {
-            self.full_waits.fetch_add(1, Ordering::Relaxed);
+            self.full_waits.0.fetch_add(1, Ordering::Relaxed);
             let mut spins = 0u32;
             while slot.seq.load(Ordering::Acquire) != lap {
                 if self.closed.load(Ordering::Relaxed) {
@@ -83,11 +89,11 @@ impl Ring {
     }
 
     pub fn tail(&self) -> u64 {
-        self.tail.load(Ordering::Acquire)
+        self.tail.0.load(Ordering::Acquire)
     }
 
     pub fn full_waits(&self) -> u64 {
-        self.full_waits.load(Ordering::Relaxed)
+        self.full_waits.0.load(Ordering::Relaxed)
     }
 
     pub fn close(&self) {
@@ -196,7 +202,7 @@ mod tests {
         let ring = &RING;
         ring.publish(&ev(1), || {});
         // A ticket taken by a thread that never wrote it (it did not survive fork).
-        ring.tail.fetch_add(1, Ordering::Relaxed);
+        ring.tail.0.fetch_add(1, Ordering::Relaxed);
         ring.publish(&ev(3), || {});
         let mut head = 0;
         let mut seen = Vec::new();

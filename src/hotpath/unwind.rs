@@ -492,7 +492,17 @@ pub fn capture_stack_id(depth: usize) -> u32 {
     let mut reads = Reads { n: 0, overflow: false, list: [(0, 0); MEMO_READS] };
     let mut n = 0usize;
     let (mut ip, mut sp, mut bp) = (ip0, sp0, bp0);
-    let mut bp_initial = true;
+    // Where the current RBP value came from: the start registers, or a stack word. It
+    // only becomes part of the memo key if a later frame's CFA is computed from it
+    // (code without frame pointers uses RBP as a scratch register, and a saved scratch
+    // value must not make every memo lookup miss).
+    #[derive(Clone, Copy)]
+    enum BpSource {
+        StartRegister,
+        StackWord(u64, u64),
+        AlreadyKeyed,
+    }
+    let mut bp_source = BpSource::StartRegister;
     let mut bp_used = false;
     let mut first = true;
     let mut skipping = true;
@@ -503,8 +513,7 @@ pub fn capture_stack_id(depth: usize) -> u32 {
         // SAFETY: [sp0, hi) is the live part of this thread's own stack.
         Some(unsafe { std::ptr::read(addr as *const u64) })
     };
-    // Bounded: a stack has at most (hi - sp0) / 8 frames; also capped at 4 * MAX_DEPTH
-    // steps so a long run of our own frames cannot loop.
+    // Bounded: capped at 4 * MAX_DEPTH steps so a long run of our own frames cannot loop.
     for _ in 0..(4 * MAX_DEPTH) {
         let lookup = if first { ip } else { ip.wrapping_sub(1) };
         let rule = rule_for(lookup, epoch);
@@ -513,9 +522,15 @@ pub fn capture_stack_id(depth: usize) -> u32 {
         }
         let off = unpack_i24(rule >> 8);
         let cfa = if rule & CFA_RBP != 0 {
-            if bp_initial {
-                bp_used = true;
+            match bp_source {
+                BpSource::StartRegister => bp_used = true,
+                BpSource::StackWord(addr, val) => reads.push(addr, val),
+                BpSource::AlreadyKeyed => {}
             }
+            bp_source = match bp_source {
+                BpSource::StartRegister => BpSource::StartRegister,
+                _ => BpSource::AlreadyKeyed,
+            };
             bp.wrapping_add(off as u64)
         } else {
             sp.wrapping_add(off as u64)
@@ -528,9 +543,8 @@ pub fn capture_stack_id(depth: usize) -> u32 {
         if rule & RBP_SAVED != 0 {
             let addr = cfa.wrapping_add(unpack_i24(rule >> 32) as u64);
             let Some(v) = read(addr) else { break };
-            reads.push(addr, v);
             bp = v;
-            bp_initial = false;
+            bp_source = BpSource::StackWord(addr, v);
         }
         sp = cfa;
         ip = ra;

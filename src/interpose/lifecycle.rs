@@ -41,24 +41,33 @@ static DESTRUCTOR: extern "C" fn() = on_unload;
 /// Whether the program's calls to `malloc` reach us: when another allocator is
 /// preloaded *before* this library, they bind to it and we see nothing.
 fn host_tracking_state() -> String {
-    // SAFETY: dlsym/dladdr with valid arguments; dli_fname is a loader-owned C string.
-    unsafe {
-        let bound = libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr());
-        let ours = super::malloc::malloc as *const c_void;
-        if bound.is_null() || bound as *const c_void == ours {
-            return "active".into();
-        }
+    // Our own address of `malloc` cannot be taken directly: references from inside a
+    // shared object to its exported symbols are themselves interposed. Compare the
+    // owning modules instead, found with dladdr.
+    fn owner(addr: *const c_void) -> Option<(usize, String)> {
         let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
-        let owner = if libc::dladdr(bound, info.as_mut_ptr()) != 0 && !(*info.as_ptr()).dli_fname.is_null() {
-            CStr::from_ptr((*info.as_ptr()).dli_fname).to_string_lossy().into_owned()
-        } else {
-            "another library".into()
-        };
-        let msg = format!(
-            "inactive: malloc is bound to {owner}, preloaded before leaktrace; put libleaktrace.so first in LD_PRELOAD"
-        );
-        agent::stderr_line(&format!("leaktrace: host allocations are not seen: {msg}"));
-        msg
+        // SAFETY: dladdr fills info for any address; dli_fname is a loader-owned C string.
+        unsafe {
+            if libc::dladdr(addr, info.as_mut_ptr()) == 0 || (*info.as_ptr()).dli_fname.is_null() {
+                return None;
+            }
+            let i = &*info.as_ptr();
+            Some((i.dli_fbase as usize, CStr::from_ptr(i.dli_fname).to_string_lossy().into_owned()))
+        }
+    }
+    // SAFETY: dlsym with a valid handle and NUL-terminated name.
+    let bound = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) };
+    let ours = owner(host_tracking_state as *const () as *const c_void);
+    let theirs = owner(bound);
+    match (ours, theirs) {
+        (Some((our_base, _)), Some((their_base, their_name))) if our_base != their_base => {
+            let msg = format!(
+                "inactive: malloc is bound to {their_name}, preloaded before leaktrace; put libleaktrace.so first in LD_PRELOAD"
+            );
+            agent::stderr_line(&format!("leaktrace: host allocations are not seen: {msg}"));
+            msg
+        }
+        _ => "active".into(),
     }
 }
 

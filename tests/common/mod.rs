@@ -17,8 +17,26 @@ pub fn lib_path() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let profile_dir = exe.parent().unwrap().parent().unwrap();
     let lib = profile_dir.join("libleaktrace.so");
-    assert!(lib.exists(), "{} missing: run `cargo build` (cargo test builds it)", lib.display());
+    assert!(lib.exists(), "{} missing: run scripts/test.sh (cargo test alone does not build a cdylib)", lib.display());
+    // cargo test never rebuilds a cdylib that no test links: refuse to test a stale one.
+    let built = std::fs::metadata(&lib).unwrap().modified().unwrap();
+    let newest_source = newest_mtime(&root().join("src")).max(std::fs::metadata(root().join("Cargo.toml")).unwrap().modified().unwrap());
+    assert!(
+        built >= newest_source,
+        "{} is older than the sources: run scripts/test.sh (it builds the library before testing)",
+        lib.display()
+    );
     lib
+}
+
+fn newest_mtime(dir: &Path) -> std::time::SystemTime {
+    let mut newest = std::time::SystemTime::UNIX_EPOCH;
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        let t = if p.is_dir() { newest_mtime(&p) } else { e.metadata().unwrap().modified().unwrap() };
+        newest = newest.max(t);
+    }
+    newest
 }
 
 fn scratch_root() -> PathBuf {
@@ -133,4 +151,10 @@ pub fn sum(groups: &[&Value], field: &str) -> u64 {
 
 pub fn host(report: &Value, field: &str) -> u64 {
     report["summary"]["host"][field].as_u64().unwrap_or_else(|| panic!("summary.host.{field} missing"))
+}
+
+/// The real Python interpreter (not a shim script that would exec several processes).
+pub fn python() -> PathBuf {
+    let out = Command::new("python3").args(["-c", "import sys; print(sys.executable)"]).output().expect("python3 must be installed");
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }

@@ -1,0 +1,190 @@
+//! Real interpreters, other allocators, bad configuration and the exported symbol list.
+mod common;
+use common::*;
+use std::path::Path;
+use std::process::Command;
+
+const JEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
+
+#[test]
+fn python_runs_unchanged_and_gets_a_report() {
+    let script = "import json, collections\n\
+        data = [{'k': i, 'v': str(i) * 10} for i in range(20000)]\n\
+        c = collections.Counter(len(d['v']) for d in data)\n\
+        print(json.dumps(sorted(c.items())))\n\
+        import sys; sys.exit(3)\n";
+    let mut plain = Command::new(python());
+    plain.args(["-c", script]);
+    let plain = run_plain(plain);
+    let mut traced = Command::new(python());
+    traced.args(["-c", script]).env("PYTHONMALLOC", "malloc");
+    let run = run_traced(traced, "python");
+    assert_eq!(run.code(), Some(3));
+    assert_eq!(run.code(), plain.status.code());
+    assert_eq!(run.stdout(), String::from_utf8_lossy(&plain.stdout));
+    let r = run.report();
+    assert!(r["exe"].as_str().unwrap().contains("python"));
+    assert_eq!(r["argv"][1], "-c");
+    assert!(host(&r, "total_allocs") > 20000, "PYTHONMALLOC=malloc sends objects to malloc");
+    assert_eq!(host(&r, "total_allocs") - host(&r, "total_frees"), host(&r, "live_blocks"));
+    // Python's frames are symbolized from its own module.
+    let any_py_function = r["leaks"].as_array().unwrap().iter().any(|g| {
+        g["stack"].as_array().unwrap().iter().any(|f| f["function"].as_str().map(|n| n.starts_with("Py") || n.starts_with("_Py")).unwrap_or(false))
+    });
+    assert!(any_py_function, "python frames are named");
+}
+
+#[test]
+fn exec_d_children_inherit_the_library_and_get_their_own_report() {
+    let bin = build_fixture("leaks.c", &[]);
+    let script = format!("import subprocess, sys\nr = subprocess.run([{:?}])\nprint('child exit', r.returncode)\n", bin.to_str().unwrap());
+    let mut cmd = Command::new(python());
+    cmd.args(["-c", &script]);
+    let run = run_traced(cmd, "exec");
+    assert_eq!(run.stdout(), "leaks fixture done\nchild exit 7\n");
+    let reports = run.reports();
+    assert_eq!(reports.len(), 2, "python and the exec'd fixture");
+    let fixture = reports.iter().find(|r| r["exe"].as_str() == bin.to_str()).expect("fixture report");
+    assert_eq!(sum(&groups_with(fixture, "leak_malloc_64"), "bytes"), 192);
+}
+
+#[test]
+fn with_jemalloc_after_us_allocations_are_tracked_through_it() {
+    if !Path::new(JEMALLOC).exists() {
+        panic!("{JEMALLOC} missing: install Debian's libjemalloc2 (.ci/run does)");
+    }
+    let bin = build_fixture("leaks.c", &[]);
+    let dir = fresh_dir("jemalloc-after");
+    let out = Command::new(&bin)
+        .env("LD_PRELOAD", format!("{}:{JEMALLOC}", lib_path().display()))
+        .env("LEAKTRACE_OUTPUT", &dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(7));
+    let r = &reports_in(&dir)[0];
+    assert_eq!(r["diagnostics"]["host_tracking"], "active");
+    assert_eq!(sum(&groups_with(r, "leak_malloc_64"), "bytes"), 192);
+    assert_eq!(sum(&groups_with(r, "leak_memalign_trio"), "bytes"), 256 + 128 + 512);
+}
+
+#[test]
+fn with_jemalloc_before_us_the_program_runs_and_we_say_why_nothing_is_seen() {
+    if !Path::new(JEMALLOC).exists() {
+        panic!("{JEMALLOC} missing: install Debian's libjemalloc2 (.ci/run does)");
+    }
+    let bin = build_fixture("leaks.c", &[]);
+    let dir = fresh_dir("jemalloc-before");
+    let out = Command::new(&bin)
+        .env("LD_PRELOAD", format!("{JEMALLOC}:{}", lib_path().display()))
+        .env("LEAKTRACE_OUTPUT", &dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(7));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "leaks fixture done\n");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<_> = err.lines().filter(|l| l.contains("host allocations are not seen")).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(lines[0].contains("libjemalloc.so.2") && lines[0].contains("first in LD_PRELOAD"));
+    let r = &reports_in(&dir)[0];
+    assert!(r["diagnostics"]["host_tracking"].as_str().unwrap().starts_with("inactive"));
+}
+
+#[test]
+fn malformed_settings_get_one_line_each_and_the_program_runs_unchanged() {
+    let bin = build_fixture("leaks.c", &[]);
+    for (var, value) in [
+        ("LEAKTRACE_INTERVAL_MS", "abc"),
+        ("LEAKTRACE_INTERVAL_MS", "-1"),
+        ("LEAKTRACE_INTERVAL_MS", "99999999999999999999999"),
+        ("LEAKTRACE_STACK_DEPTH", ""),
+        ("LEAKTRACE_STACK_DEPTH", "0"),
+        ("LEAKTRACE_SUMMARY", "loud"),
+        ("LEAKTRACE_SNAPSHOT_SIGNAL", "KILL"),
+        ("LEAKTRACE_FOLLOW_FORK", "2"),
+    ] {
+        let mut cmd = Command::new(&bin);
+        cmd.env(var, value).env("LEAKTRACE_SUMMARY", if var == "LEAKTRACE_SUMMARY" { value } else { "0" });
+        let run = run_traced(cmd, "badenv");
+        assert_eq!(run.code(), Some(7), "{var}={value}");
+        assert_eq!(run.stdout(), "leaks fixture done\n");
+        let warnings: Vec<_> = run.stderr().lines().filter(|l| l.starts_with(&format!("leaktrace: {var}="))).map(str::to_owned).collect();
+        assert_eq!(warnings.len(), 1, "{var}={value:?}: {}", run.stderr());
+        assert_eq!(run.reports().len(), 1, "{var}={value:?}: defaults still produce a report");
+    }
+}
+
+#[test]
+fn unwritable_output_directory_falls_back_with_one_line() {
+    let bin = build_fixture("leaks.c", &[]);
+    let work = fresh_dir("fallback");
+    // A path under a regular file can never be created, even by root.
+    let blocker = work.join("file");
+    std::fs::write(&blocker, b"").unwrap();
+    let out = Command::new(&bin)
+        .current_dir(&work)
+        .env("LD_PRELOAD", lib_path())
+        .env("LEAKTRACE_OUTPUT", blocker.join("reports"))
+        .env("LEAKTRACE_SUMMARY", "0")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(7));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("is unusable") && err.contains(work.to_str().unwrap()), "{err}");
+    assert_eq!(reports_in(&work).len(), 1, "the report landed in the working directory");
+}
+
+#[test]
+fn missing_output_directory_is_created() {
+    let bin = build_fixture("leaks.c", &[]);
+    let work = fresh_dir("mkdir");
+    let target = work.join("a/b/c");
+    let out = Command::new(&bin)
+        .env("LD_PRELOAD", lib_path())
+        .env("LEAKTRACE_OUTPUT", &target)
+        .env("LEAKTRACE_SUMMARY", "0")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(7));
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+    let reports = reports_in(&target);
+    assert_eq!(reports.len(), 1);
+    let name = std::fs::read_dir(&target).unwrap().next().unwrap().unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(name.metadata().unwrap().permissions().mode() & 0o777, 0o600, "reports are private");
+}
+
+#[test]
+fn disabled_library_records_and_writes_nothing() {
+    let bin = build_fixture("leaks.c", &[]);
+    let mut cmd = Command::new(&bin);
+    cmd.env("LEAKTRACE_DISABLE", "1");
+    let run = run_traced(cmd, "disabled");
+    assert_eq!(run.code(), Some(7));
+    assert_eq!(run.stderr(), "");
+    assert!(run.reports().is_empty());
+}
+
+#[test]
+fn exported_symbols_are_exactly_the_documented_list() {
+    let out = Command::new("nm").args(["-D", "--defined-only"]).arg(lib_path()).output().expect("nm (binutils)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut exported: Vec<&str> = text
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let (_, kind, name) = (it.next()?, it.next()?, it.next()?);
+            (kind == "T" || kind == "W").then_some(name)
+        })
+        .filter(|n| !n.starts_with("rust_") && !n.starts_with("__rust") && !n.starts_with("_ZN"))
+        .collect();
+    exported.sort();
+    let documented = std::fs::read_to_string(root().join("src/interpose/mod.rs")).unwrap();
+    let list_start = documented.find("pub const EXPORTED: &[&str] = &[").unwrap();
+    let list_end = list_start + documented[list_start..].find("];").unwrap();
+    let mut expected: Vec<&str> = documented[list_start..list_end].split('"').skip(1).step_by(2).collect();
+    let optional = ["free_sized", "free_aligned_sized"];
+    exported.retain(|n| !optional.contains(n));
+    expected.sort();
+    assert_eq!(exported, expected);
+}

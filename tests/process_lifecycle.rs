@@ -1,0 +1,139 @@
+//! Threads, fork, exit paths, dlclose, signals and periodic reports under the library.
+mod common;
+use common::*;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+#[test]
+fn eight_threads_freeing_each_others_blocks_account_exactly() {
+    let bin = build_fixture("threads.c", &[]);
+    for round in 0..3 {
+        let run = run_traced(Command::new(&bin), "threads");
+        assert_eq!(run.code(), Some(0), "stderr:\n{}", run.stderr());
+        let out = run.stdout();
+        let r = run.report();
+        let leaks = groups_with(&r, "leak_from_thread");
+        assert_eq!((sum(&leaks, "blocks"), sum(&leaks, "bytes")), (8 * 5, 8 * 5 * 48), "round {round}: {leaks:#?}");
+        // The fixture's own count: allocs - frees = the 40 planted leaks.
+        let nums: Vec<i64> = out.trim().split(' ').map(|kv| kv.split('=').nth(1).unwrap().parse().unwrap()).collect();
+        assert_eq!(nums[0] - nums[1], 40, "{out}");
+        assert!(host(&r, "total_allocs") as i64 >= nums[0]);
+        assert_eq!(host(&r, "total_allocs") - host(&r, "total_frees"), host(&r, "live_blocks"));
+        // Nothing from the worker's churn survives: every cross-thread free was matched.
+        assert!(groups_with(&r, "worker").iter().all(|g| groups_with(&r, "leak_from_thread").contains(g)));
+    }
+}
+
+#[test]
+fn forked_child_gets_its_own_report_without_the_parents_leaks() {
+    let bin = build_fixture("fork.c", &[]);
+    let run = run_traced(Command::new(&bin), "fork");
+    assert_eq!(run.code(), Some(0));
+    assert_eq!(run.stdout(), "child status 0\n");
+    let reports = run.reports();
+    assert_eq!(reports.len(), 2, "one report per process: {reports:#?}");
+    let (parent, child): (Vec<_>, Vec<_>) = reports.iter().partition(|r| r["fork"]["forked_from_pid"].is_null());
+    let (parent, child) = (parent[0], child[0]);
+    assert_eq!(child["fork"]["forked_from_pid"], parent["pid"]);
+    assert_eq!(child["ppid"], parent["pid"]);
+    assert_eq!(child["reason"], "exit", "_exit in the child writes its final report");
+    // The child's own leak, and not the parent's.
+    assert_eq!(sum(&groups_with(child, "child_leak"), "bytes"), 2000);
+    assert!(groups_with(child, "parent_leak").is_empty());
+    // The parent's leak is counted as inherited, and the inherited block it freed too.
+    assert!(child["fork"]["inherited_live_bytes"].as_u64().unwrap() >= 1000);
+    assert_eq!(child["fork"]["inherited_frees"], 1);
+    assert_eq!(sum(&groups_with(parent, "parent_leak"), "bytes"), 1000);
+    assert!(groups_with(parent, "child_leak").is_empty());
+    assert!(groups_with(parent, "inherited_then_freed").is_empty());
+}
+
+#[test]
+fn a_dlclosed_plugin_is_still_symbolized() {
+    let plugin = build_fixture("plugin.c", &["-shared", "-fPIC"]);
+    let bin = build_fixture("dlclose_main.c", &[]);
+    let mut cmd = Command::new(&bin);
+    cmd.arg(&plugin);
+    let run = run_traced(cmd, "dlclose");
+    assert_eq!(run.code(), Some(0), "stderr:\n{}", run.stderr());
+    let r = run.report();
+    let g = groups_with(&r, "plugin_leak");
+    assert_eq!((sum(&g, "bytes"), sum(&g, "blocks")), (777, 1), "{:#?}", r["leaks"]);
+    let top = &g[0]["stack"][0];
+    assert_eq!(top["module"].as_str().unwrap(), plugin.to_str().unwrap());
+    assert!(top["file"].as_str().unwrap().ends_with("plugin.c"));
+}
+
+#[test]
+fn every_exit_path_writes_exactly_one_final_report() {
+    let src = "#include <stdlib.h>\n#include <unistd.h>\n#include <string.h>\n\
+        void *volatile s;\n__attribute__((noinline)) void leak_before_exit(void) { s = malloc(321); }\n\
+        int main(int c, char **v) { leak_before_exit();\n\
+          if (!strcmp(v[1], \"_exit\")) _exit(3);\n if (!strcmp(v[1], \"_Exit\")) _Exit(4);\n\
+          if (!strcmp(v[1], \"exit\")) exit(5);\n return 6; }\n";
+    let dir = fresh_dir("exitsrc");
+    let c = dir.join("exits.c");
+    std::fs::write(&c, src).unwrap();
+    let bin = dir.join("exits");
+    assert!(Command::new("cc").args(["-O2", "-g"]).arg(&c).arg("-o").arg(&bin).status().unwrap().success());
+    for (how, code) in [("_exit", 3), ("_Exit", 4), ("exit", 5), ("return", 6)] {
+        let mut cmd = Command::new(&bin);
+        cmd.arg(how);
+        let run = run_traced(cmd, "exits");
+        assert_eq!(run.code(), Some(code), "{how}");
+        let r = run.report();
+        assert_eq!(r["reason"], "exit", "{how}");
+        assert_eq!(sum(&groups_with(&r, "leak_before_exit"), "bytes"), 321, "{how}");
+        assert_eq!(run.stderr().matches("SUMMARY: leaktrace").count(), 1, "{how}: summary printed once");
+    }
+}
+
+fn wait_for_report(dir: &std::path::Path, reason: &str, limit: Duration) -> Option<serde_json::Value> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if let Some(r) = reports_in(dir).into_iter().find(|r| r["reason"] == reason) {
+            return Some(r);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+#[test]
+fn periodic_and_signal_snapshots_while_running() {
+    // python3 is a convenient long-running real program: it sleeps while we look.
+    let dir = fresh_dir("periodic");
+    let mut child = Command::new(python())
+        .args(["-c", "import time, os, signal\ntime.sleep(0.8)\nos.kill(os.getpid(), signal.SIGUSR2)\ntime.sleep(1.5)\nprint('ok')"])
+        .env("LD_PRELOAD", lib_path())
+        .env("LEAKTRACE_OUTPUT", &dir)
+        .env("LEAKTRACE_INTERVAL_MS", "100")
+        .env("LEAKTRACE_SUMMARY", "0")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let periodic = wait_for_report(&dir, "periodic", Duration::from_secs(5)).expect("a periodic report appears");
+    assert!(periodic["summary"]["host"]["total_allocs"].as_u64().unwrap() > 0);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
+    let reports = reports_in(&dir);
+    assert_eq!(reports.len(), 1, "periodic reports replace each other in one file per process");
+    assert_eq!(reports[0]["reason"], "exit");
+
+    // With periodic reports off, SIGUSR2 alone produces a snapshot.
+    let dir = fresh_dir("signal");
+    let child = Command::new(python())
+        .args(["-c", "import time, os, signal\nos.kill(os.getpid(), signal.SIGUSR2)\ntime.sleep(2)\nprint('still running')"])
+        .env("LD_PRELOAD", lib_path())
+        .env("LEAKTRACE_OUTPUT", &dir)
+        .env("LEAKTRACE_INTERVAL_MS", "0")
+        .env("LEAKTRACE_SUMMARY", "0")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let snap = wait_for_report(&dir, "signal", Duration::from_secs(5)).expect("SIGUSR2 asks for a snapshot");
+    assert_eq!(snap["schema"], "leaktrace-report/1");
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "still running\n", "the program was not stopped");
+}
