@@ -284,8 +284,26 @@ fn rule_table() -> Option<&'static [RuleEntry]> {
 }
 
 #[inline]
+fn rule_key(lookup_ip: u64, epoch: u32) -> u64 {
+    lookup_ip ^ ((epoch as u64 & 0xffff) << 48) ^ (1 << 63)
+}
+
+#[inline]
+fn rule_cached(lookup_ip: u64, epoch: u32, l1: Option<&mut [(u64, u64); L1_RULES]>) -> u64 {
+    let Some(l1) = l1 else { return rule_for(lookup_ip, epoch) };
+    let key = rule_key(lookup_ip, epoch);
+    let slot = &mut l1[(key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 54) as usize & (L1_RULES - 1)];
+    if slot.0 == key {
+        return slot.1;
+    }
+    let rule = rule_for(lookup_ip, epoch);
+    *slot = (key, rule);
+    rule
+}
+
+#[inline]
 fn rule_for(lookup_ip: u64, epoch: u32) -> u64 {
-    let key = lookup_ip ^ ((epoch as u64 & 0xffff) << 48) ^ (1 << 63);
+    let key = rule_key(lookup_ip, epoch);
     let Some(table) = rule_table() else { return compute_rule(lookup_ip) };
     let mut i = (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 46) as usize & (RULE_SLOTS - 1);
     for _ in 0..RULE_PROBES {
@@ -328,9 +346,15 @@ struct MemoEntry {
     reads: [(u64, u64); MEMO_READS],
 }
 
+const L1_RULES: usize = 1024;
+
 struct Memo {
     next: usize,
     entries: [MemoEntry; MEMO_ENTRIES],
+    /// Direct-mapped per-thread copy of hot rule-cache entries (key, rule): the shared
+    /// table is large and its lines are usually cold; the frames near `main` and the
+    /// program's allocation helpers repeat on every capture.
+    l1: [(u64, u64); L1_RULES],
 }
 
 extern "C" fn memo_destructor(p: *mut c_void) {
@@ -516,7 +540,7 @@ pub fn capture_stack_id(depth: usize) -> u32 {
     // Bounded: capped at 4 * MAX_DEPTH steps so a long run of our own frames cannot loop.
     for _ in 0..(4 * MAX_DEPTH) {
         let lookup = if first { ip } else { ip.wrapping_sub(1) };
-        let rule = rule_for(lookup, epoch);
+        let rule = rule_cached(lookup, epoch, memo.as_deref_mut().map(|m| &mut m.l1));
         if rule & (UNSUPPORTED | OUTERMOST) != 0 {
             break;
         }
