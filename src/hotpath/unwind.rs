@@ -333,7 +333,7 @@ fn rule_for(lookup_ip: u64, epoch: u32) -> u64 {
 
 // ---- per-thread memo -----------------------------------------------------------------
 
-const MEMO_ENTRIES: usize = 4;
+const MEMO_ENTRIES: usize = 16;
 const MEMO_READS: usize = 160;
 
 struct MemoEntry {
@@ -350,6 +350,8 @@ const L1_RULES: usize = 1024;
 
 struct Memo {
     next: usize,
+    /// `entries[i].sp`, kept together so a lookup scans one or two cache lines.
+    sps: [u64; MEMO_ENTRIES],
     entries: [MemoEntry; MEMO_ENTRIES],
     /// Direct-mapped per-thread copy of hot rule-cache entries (key, rule): the shared
     /// table is large and its lines are usually cold; the frames near `main` and the
@@ -462,20 +464,24 @@ fn registers() -> (u64, u64, u64) {
     (ip, sp, bp)
 }
 
-struct Reads {
+/// Records the stack words an unwind consumed straight into the memo entry it will
+/// become (no intermediate buffer, nothing zeroed per capture).
+struct Recorder<'a> {
+    entry: Option<&'a mut MemoEntry>,
     n: usize,
     overflow: bool,
-    list: [(u64, u64); MEMO_READS],
 }
 
-impl Reads {
+impl Recorder<'_> {
     #[inline(always)]
     fn push(&mut self, addr: u64, val: u64) {
-        if self.n < MEMO_READS {
-            self.list[self.n] = (addr, val);
-            self.n += 1;
-        } else {
-            self.overflow = true;
+        if let Some(e) = self.entry.as_deref_mut() {
+            if self.n < MEMO_READS {
+                e.reads[self.n] = (addr, val);
+                self.n += 1;
+            } else {
+                self.overflow = true;
+            }
         }
     }
 }
@@ -494,9 +500,13 @@ pub fn capture_stack_id(depth: usize) -> u32 {
         return 0;
     }
     let epoch = epoch();
-    let mut memo = memo_for_thread();
-    if let Some(m) = memo.as_deref_mut() {
-        'entries: for e in m.entries.iter() {
+    let memo = memo_for_thread();
+    if let Some(m) = memo.as_deref() {
+        'entries: for (i, sp) in m.sps.iter().enumerate() {
+            if *sp != sp0 {
+                continue;
+            }
+            let e = &m.entries[i];
             if e.sp != sp0 || e.epoch != epoch || e.nreads == 0 || (e.bp_used && e.bp != bp0) {
                 continue;
             }
@@ -512,8 +522,19 @@ pub fn capture_stack_id(depth: usize) -> u32 {
     }
 
     let depth = depth.clamp(1, MAX_DEPTH);
-    let mut frames = [0u64; MAX_DEPTH];
-    let mut reads = Reads { n: 0, overflow: false, list: [(0, 0); MEMO_READS] };
+    let mut frames = [std::mem::MaybeUninit::<u64>::uninit(); MAX_DEPTH];
+    let (mut l1, mut reads) = match memo {
+        Some(m) => {
+            let slot = m.next % MEMO_ENTRIES;
+            m.next = m.next.wrapping_add(1);
+            let e = &mut m.entries[slot];
+            // Invalid until the unwind completes.
+            e.nreads = 0;
+            m.sps[slot] = sp0;
+            (Some(&mut m.l1), Recorder { entry: Some(e), n: 0, overflow: false })
+        }
+        None => (None, Recorder { entry: None, n: 0, overflow: false }),
+    };
     let mut n = 0usize;
     let (mut ip, mut sp, mut bp) = (ip0, sp0, bp0);
     // Where the current RBP value came from: the start registers, or a stack word. It
@@ -540,7 +561,7 @@ pub fn capture_stack_id(depth: usize) -> u32 {
     // Bounded: capped at 4 * MAX_DEPTH steps so a long run of our own frames cannot loop.
     for _ in 0..(4 * MAX_DEPTH) {
         let lookup = if first { ip } else { ip.wrapping_sub(1) };
-        let rule = rule_cached(lookup, epoch, memo.as_deref_mut().map(|m| &mut m.l1));
+        let rule = rule_cached(lookup, epoch, l1.as_deref_mut());
         if rule & (UNSUPPORTED | OUTERMOST) != 0 {
             break;
         }
@@ -580,25 +601,23 @@ pub fn capture_stack_id(depth: usize) -> u32 {
             continue;
         }
         skipping = false;
-        frames[n] = ra;
+        frames[n].write(ra);
         n += 1;
         if n == depth {
             break;
         }
     }
-    let id = stacks::intern(epoch, &frames[..n]);
-    if let Some(m) = memo {
+    // SAFETY: frames[..n] were each written above (n only grows after a write).
+    let captured = unsafe { std::slice::from_raw_parts(frames.as_ptr() as *const u64, n) };
+    let id = stacks::intern(epoch, captured);
+    if let Some(e) = reads.entry {
         if !reads.overflow && reads.n > 0 && id != 0 {
-            let slot = m.next % MEMO_ENTRIES;
-            m.next = m.next.wrapping_add(1);
-            let e = &mut m.entries[slot];
             e.sp = sp0;
             e.bp = bp0;
             e.bp_used = bp_used;
             e.epoch = epoch;
             e.stack_id = id;
             e.nreads = reads.n as u32;
-            e.reads[..reads.n].copy_from_slice(&reads.list[..reads.n]);
         }
     }
     id
