@@ -3,7 +3,7 @@
 //! `record_*`, the lifecycle hooks call `start`, `finish`, the fork and dlclose steps.
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::collector::lock::SpinLock;
@@ -39,6 +39,8 @@ static STATE: SpinLock<Option<Collector>> = SpinLock::new(None);
 /// Below this ticket, an unwritten ring slot belongs to a thread lost in fork.
 static SKIP_BELOW: AtomicU64 = AtomicU64::new(0);
 static SNAPSHOT_REQUESTED: AtomicBool = AtomicBool::new(false);
+/// The process whose state this is; a vfork child sharing our memory has another pid.
+static OWNER_PID: AtomicU32 = AtomicU32::new(0);
 
 /// Everything the report writer needs; one lock so that reports are written one at a time.
 struct ReportSide {
@@ -176,6 +178,7 @@ pub fn start(config: Config, host_tracking: String) -> bool {
             write_failed_once: false,
             host_tracking,
         });
+        OWNER_PID.store(std::process::id(), Ordering::SeqCst);
         TRACKING.store(ACTIVE, Ordering::SeqCst);
         spawn_collector();
         true
@@ -313,12 +316,7 @@ fn write_report(reason: Reason) {
 
 /// The final report: exactly once per process image, after the last event is drained.
 pub fn finish() {
-    let is_this_process = REPORT
-        .try_lock()
-        .map(|r| r.as_ref().map(|r| r.process.pid == std::process::id()).unwrap_or(false))
-        // Locked: a report is being written by this process (or we are inside fork).
-        .unwrap_or(true);
-    if !is_this_process {
+    if OWNER_PID.load(Ordering::SeqCst) != std::process::id() {
         // A vfork child (posix_spawn) sharing our memory: never finalise the parent's state.
         return;
     }
@@ -373,6 +371,7 @@ pub fn fork_parent() {
 }
 
 pub fn fork_child() {
+    OWNER_PID.store(std::process::id(), Ordering::SeqCst);
     thread::reset_after_fork();
     unwind::forget_stack_bounds();
     thread::untracked(|| {

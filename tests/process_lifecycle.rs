@@ -137,3 +137,16 @@ fn periodic_and_signal_snapshots_while_running() {
     let out = child.wait_with_output().unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "still running\n", "the program was not stopped");
 }
+
+#[test]
+fn vfork_child_exiting_does_not_end_the_parents_tracking() {
+    let bin = build_fixture("spawn.c", &[]);
+    let run = run_traced(Command::new(&bin), "vfork");
+    assert_eq!(run.code(), Some(0));
+    assert_eq!(run.stdout(), "spawned\n");
+    let reports = run.reports();
+    let me = reports.iter().find(|r| r["exe"].as_str() == bin.to_str()).expect("the parent's report");
+    assert_eq!(sum(&groups_with(me, "leak_before"), "bytes"), 111);
+    assert_eq!(sum(&groups_with(me, "leak_after"), "bytes"), 222, "tracking continued after the vfork child's _exit");
+    assert_eq!(reports.iter().filter(|r| r["exe"].as_str() == bin.to_str()).count(), 1);
+}
