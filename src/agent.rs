@@ -3,14 +3,14 @@
 //! `record_*`, the lifecycle hooks call `start`, `finish`, the fork and dlclose steps.
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::collector::lock::SpinLock;
 use crate::collector::state::Collector;
 use crate::config::Config;
-use crate::hotpath::event::{Api, Event, EventKind};
-use crate::hotpath::ring::Ring;
+use crate::hotpath::event::{Api, EventKind};
+use crate::hotpath::channel::{self, DrainState};
 use crate::hotpath::{stacks, thread, unwind};
 use crate::report::build::{self, Reason, RunFacts};
 use crate::report::process::{self, ProcessInfo};
@@ -34,10 +34,13 @@ static READ_MOSTLY: ReadMostly = ReadMostly {
 };
 static TRACKING: &AtomicU8 = &READ_MOSTLY.tracking;
 static DEPTH: &AtomicUsize = &READ_MOSTLY.depth;
-static RING: Ring = Ring::new();
-static STATE: SpinLock<Option<Collector>> = SpinLock::new(None);
-/// Below this ticket, an unwritten ring slot belongs to a thread lost in fork.
-static SKIP_BELOW: AtomicU64 = AtomicU64::new(0);
+/// The consumer side: the collector's model and its position in the event order.
+struct Consumer {
+    model: Collector,
+    order: DrainState,
+}
+
+static STATE: SpinLock<Option<Consumer>> = SpinLock::new(None);
 static SNAPSHOT_REQUESTED: AtomicBool = AtomicBool::new(false);
 /// The process whose state this is; a vfork child sharing our memory has another pid.
 static OWNER_PID: AtomicU32 = AtomicU32::new(0);
@@ -68,26 +71,21 @@ pub fn active() -> bool {
     TRACKING.load(Ordering::Relaxed) == ACTIVE
 }
 
-fn drain_into(c: &mut Collector, max: usize) -> usize {
-    let mut head = c.head;
-    let n = RING.drain(&mut head, max, SKIP_BELOW.load(Ordering::Relaxed), |e| match e {
-        Some(e) => c.apply(&e),
-        None => c.skipped_event(),
-    });
-    c.head = head;
-    n
+fn drain_into(c: &mut Consumer, max: usize, force: bool) -> usize {
+    let Consumer { model, order } = c;
+    order.drain(max, force, |e| model.apply(&e))
 }
 
-/// Called by a producer that found the ring full.
+/// Called by a producer that found its ring full.
 fn help_drain() {
     if let Some(mut g) = STATE.try_lock() {
         if let Some(c) = g.as_mut() {
-            drain_into(c, 4096);
+            drain_into(c, 4096, false);
         }
     } else if let Some(mut g) = STATE.parked_by_me() {
         // This thread parked the lock for fork and is allocating inside fork.
         if let Some(c) = g.as_mut() {
-            drain_into(c, 4096);
+            drain_into(c, 4096, false);
         }
         g.keep_parked();
     }
@@ -95,13 +93,12 @@ fn help_drain() {
 
 #[inline(always)]
 fn publish(kind: EventKind, api: Api, stack: u32, addr: u64, size: u64) {
-    let ev = Event { kind, api, tid: thread::tid(), stack, addr, size };
-    RING.publish(&ev, help_drain);
+    channel::publish(kind, api, stack, addr, size, help_drain);
 }
 
 fn disable_after_panic() {
     TRACKING.store(FINISHED, Ordering::SeqCst);
-    RING.close();
+    channel::close();
     stderr_line("leaktrace: internal error; tracking stopped, the program continues unchanged");
 }
 
@@ -168,7 +165,8 @@ pub fn start(config: Config, host_tracking: String) -> bool {
         DEPTH.store(config.stack_depth, Ordering::Relaxed);
         let process = ProcessInfo::current(None);
         let symbolizer = Symbolizer::new(process.exe.clone());
-        *STATE.lock() = Some(Collector::new());
+        channel::init();
+        *STATE.lock() = Some(Consumer { model: Collector::new(), order: DrainState::default() });
         *REPORT.lock() = Some(ReportSide {
             config,
             process,
@@ -200,7 +198,7 @@ fn collector_main() {
     while active() {
         let drained = {
             let mut g = STATE.lock();
-            g.as_mut().map(|c| drain_into(c, 1 << 16)).unwrap_or(0)
+            g.as_mut().map(|c| drain_into(c, 1 << 16, false)).unwrap_or(0)
         };
         if SNAPSHOT_REQUESTED.swap(false, Ordering::AcqRel) {
             write_report(Reason::Signal);
@@ -238,19 +236,21 @@ fn lock_bounded<T>(lock: &'static SpinLock<T>, limit: Duration) -> Option<crate:
     }
 }
 
-/// Drains every event published so far (waiting briefly for slots being written).
-fn drain_everything(c: &mut Collector) {
-    let target = RING.tail();
+/// Drains every event published so far. Events still blocked after 200 ms wait for a
+/// ticket whose thread stopped mid-hook (killed, or stopped by a debugger): they are
+/// applied anyway rather than hanging the exit.
+fn drain_everything(c: &mut Consumer) {
     let start = Instant::now();
-    while c.head < target {
-        if drain_into(c, usize::MAX) == 0 {
-            if start.elapsed() > Duration::from_millis(200) {
-                // A thread died between taking a ticket and writing it (killed by a
-                // signal mid-hook); do not hang on it.
-                break;
-            }
-            std::thread::yield_now();
+    loop {
+        drain_into(c, usize::MAX, false);
+        if !c.order.pending() {
+            return;
         }
+        if start.elapsed() > Duration::from_millis(200) {
+            drain_into(c, usize::MAX, true);
+            return;
+        }
+        std::thread::yield_now();
     }
 }
 
@@ -262,7 +262,7 @@ fn write_report(reason: Reason) {
     };
     let Some(c) = state.as_mut() else { return };
     drain_everything(c);
-    let snapshot = c.snapshot();
+    let snapshot = c.model.snapshot();
     drop(state);
     let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(30)) else {
         stderr_line("leaktrace: report writer busy for 30 s; report skipped");
@@ -276,7 +276,7 @@ fn write_report(reason: Reason) {
     let facts = RunFacts {
         stack_depth: r.config.stack_depth,
         interval_ms: r.config.interval_ms,
-        buffer_full_waits: RING.full_waits(),
+        buffer_full_waits: channel::full_waits(),
         stacks_interned: stacks::count().saturating_sub(1) as u64,
         stack_table_overflows: stacks::overflows(),
         host_tracking: r.host_tracking.clone(),
@@ -328,7 +328,7 @@ pub fn finish() {
             stderr_line("leaktrace: internal error while writing the final report");
         }
     });
-    RING.close();
+    channel::close();
 }
 
 // ---- dlclose -----------------------------------------------------------------------
@@ -385,17 +385,20 @@ pub fn fork_child() {
             spawn_collector();
         } else {
             TRACKING.store(FINISHED, Ordering::SeqCst);
-            RING.close();
+            channel::close();
         }
     }
 }
 
 fn fork_child_inner() {
-    SKIP_BELOW.store(RING.tail(), Ordering::SeqCst);
     if let Some(mut g) = STATE.parked_by_me() {
         if let Some(c) = g.as_mut() {
-            drain_everything(c);
-            c.fork_boundary();
+            // The parent's events in causal order as far as they go, then the rest:
+            // tickets taken by threads that do not exist here will never arrive.
+            drain_into(c, usize::MAX, false);
+            c.order.after_fork_child();
+            drain_into(c, usize::MAX, true);
+            c.model.fork_boundary();
         }
         g.keep_parked();
     }

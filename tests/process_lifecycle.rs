@@ -19,6 +19,7 @@ fn eight_threads_freeing_each_others_blocks_account_exactly() {
         assert_eq!(nums[0] - nums[1], 40, "{out}");
         assert!(host(&r, "total_allocs") as i64 >= nums[0]);
         assert_eq!(host(&r, "total_allocs") - host(&r, "total_frees"), host(&r, "live_blocks"));
+        assert_eq!(r["diagnostics"]["unknown_frees"], 0, "no free was applied before its allocation");
         // Nothing from the worker's churn survives: every cross-thread free was matched.
         assert!(groups_with(&r, "worker").iter().all(|g| groups_with(&r, "leak_from_thread").contains(g)));
     }

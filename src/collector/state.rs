@@ -65,8 +65,6 @@ pub struct Totals {
     /// Frees of addresses never seen allocated (allocated before tracking started, or by
     /// the library itself): ignored.
     pub unknown_frees: u64,
-    /// Events lost to a thread that did not survive fork (counted in a child only).
-    pub skipped_events: u64,
     pub events: u64,
 }
 
@@ -91,8 +89,6 @@ pub struct Collector {
     /// Blocks between a realloc's release and its outcome, by thread.
     realloc_in_flight: FxMap<u32, (u64, LiveBlock)>,
     totals: Totals,
-    /// Next ring ticket to consume.
-    pub head: u64,
 }
 
 impl Collector {
@@ -189,10 +185,6 @@ impl Collector {
         }
     }
 
-    pub fn skipped_event(&mut self) {
-        self.totals.skipped_events += 1;
-    }
-
     /// Called in a forked child once the parent's events are consumed: everything live
     /// now belongs to the parent's history, not to the child.
     pub fn fork_boundary(&mut self) {
@@ -201,12 +193,10 @@ impl Collector {
         }
         // A realloc in flight in another thread of the parent will never complete here.
         self.realloc_in_flight.clear();
-        let skipped = self.totals.skipped_events;
         let events = self.totals.events;
         self.totals = Totals {
             inherited_live_bytes: self.live.values().map(|b| b.size).sum(),
             inherited_live_blocks: self.live.len() as u64,
-            skipped_events: skipped,
             events,
             ..Totals::default()
         };

@@ -68,6 +68,12 @@ pub enum EventKind {
 }
 
 impl EventKind {
+    /// Events about an address that another thread may touch next: they take a ticket
+    /// in the address's bucket (see `hotpath::channel`).
+    pub fn orders_by_address(self) -> bool {
+        matches!(self, EventKind::Alloc | EventKind::Free | EventKind::ReallocRelease)
+    }
+
     pub fn from_bits(b: u8) -> Option<EventKind> {
         Some(match b {
             1 => EventKind::Alloc,

@@ -1,7 +1,7 @@
 //! Code that runs inside every allocation call. Nothing here symbolizes, locks
 //! globally, or allocates on the common path.
+pub mod channel;
 pub mod event;
-pub mod ring;
 pub mod stacks;
 pub mod thread;
 pub mod unwind;

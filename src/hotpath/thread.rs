@@ -19,6 +19,8 @@ pub struct ThreadState {
     pub(crate) memo: Cell<usize>,
     /// Set once the thread's pthread-key destructor has run: no new memo after it.
     pub(crate) exiting: Cell<bool>,
+    /// This thread's event ring (see `hotpath::channel`), 0 until its first event.
+    pub(crate) ring: Cell<usize>,
 }
 
 thread_local! {
@@ -31,6 +33,7 @@ thread_local! {
             stack_hi: Cell::new(0),
             memo: Cell::new(0),
             exiting: Cell::new(false),
+            ring: Cell::new(0),
         }
     };
 }

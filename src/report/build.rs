@@ -167,7 +167,6 @@ pub fn report_json(
             "events": totals.events,
             "buffer_full_waits": facts.buffer_full_waits,
             "unknown_frees": totals.unknown_frees,
-            "skipped_events": totals.skipped_events,
             "stacks_interned": facts.stacks_interned,
             "stack_table_overflows": facts.stack_table_overflows,
         },
