@@ -209,7 +209,7 @@ fn collector_main() {
         }
         if drained == 0 {
             std::thread::sleep(Duration::from_micros(idle_sleep_us));
-            idle_sleep_us = (idle_sleep_us * 2).min(5000);
+            idle_sleep_us = (idle_sleep_us * 2).min(2000);
         } else {
             idle_sleep_us = 200;
         }

@@ -23,7 +23,7 @@ use super::event::{Api, Event, EventKind};
 use super::thread;
 
 pub const BUCKETS: usize = 256;
-const RING_SLOTS: u64 = 4096;
+const RING_SLOTS: u64 = 8192;
 
 #[repr(C, align(128))]
 struct Padded<T>(T);
@@ -56,7 +56,10 @@ struct ThreadRing {
     /// ring once it is drained and the thread is gone.
     retired: AtomicBool,
     next: *mut ThreadRing,
-    tail: Padded<AtomicU64>,
+    /// Producer-owned line: the write position, and the last consumer position the
+    /// producer saw (re-read only when the ring looks full, so the consumer's line is
+    /// not pulled over on every event).
+    tail: Padded<(AtomicU64, AtomicU64)>,
     head: Padded<AtomicU64>,
     slots: [Slot; RING_SLOTS as usize],
 }
@@ -156,11 +159,13 @@ fn my_ring() -> Option<&'static ThreadRing> {
 pub fn publish(kind: EventKind, api: Api, stack: u32, addr: u64, size: u64, mut help: impl FnMut()) {
     let Some(ring) = my_ring() else { return };
     let order = if kind.orders_by_address() { TICKETS[bucket_of(addr)].0.fetch_add(1, Ordering::SeqCst) } else { 0 };
-    let t = ring.tail.0.load(Ordering::Relaxed);
-    if t.wrapping_sub(ring.head.0.load(Ordering::Acquire)) >= RING_SLOTS {
+    let t = ring.tail.0 .0.load(Ordering::Relaxed);
+    if t.wrapping_sub(ring.tail.0 .1.load(Ordering::Relaxed)) >= RING_SLOTS
+        && t.wrapping_sub(refresh_head(ring)) >= RING_SLOTS
+    {
         FULL_WAITS.fetch_add(1, Ordering::Relaxed);
         let mut spins = 0u32;
-        while t.wrapping_sub(ring.head.0.load(Ordering::Acquire)) >= RING_SLOTS {
+        while t.wrapping_sub(refresh_head(ring)) >= RING_SLOTS {
             if CLOSED.load(Ordering::Relaxed) {
                 return;
             }
@@ -179,7 +184,14 @@ pub fn publish(kind: EventKind, api: Api, stack: u32, addr: u64, size: u64, mut 
     slot.size.store(size, Ordering::Relaxed);
     slot.meta.store(ev.pack_meta(), Ordering::Relaxed);
     slot.order.store(order, Ordering::Relaxed);
-    ring.tail.0.store(t + 1, Ordering::Release);
+    ring.tail.0 .0.store(t + 1, Ordering::Release);
+}
+
+#[inline(always)]
+fn refresh_head(ring: &ThreadRing) -> u64 {
+    let h = ring.head.0.load(Ordering::Acquire);
+    ring.tail.0 .1.store(h, Ordering::Relaxed);
+    h
 }
 
 pub fn full_waits() -> u64 {
@@ -225,7 +237,7 @@ impl DrainState {
                     return total + progress;
                 }
                 if ring.retired.load(Ordering::Acquire)
-                    && ring.head.0.load(Ordering::Acquire) == ring.tail.0.load(Ordering::Acquire)
+                    && ring.head.0.load(Ordering::Acquire) == ring.tail.0 .0.load(Ordering::Acquire)
                     && ring.owner.load(Ordering::Acquire) != 0
                     && thread_is_gone(ring.tid.load(Ordering::Acquire))
                 {
@@ -241,7 +253,7 @@ impl DrainState {
     }
 
     fn drain_ring(&mut self, ring: &ThreadRing, max: usize, force: bool, f: &mut impl FnMut(Event)) -> usize {
-        let tail = ring.tail.0.load(Ordering::Acquire);
+        let tail = ring.tail.0 .0.load(Ordering::Acquire);
         let mut head = ring.head.0.load(Ordering::Relaxed);
         let start = head;
         let tid = ring.tid.load(Ordering::Acquire);
@@ -266,14 +278,17 @@ impl DrainState {
             }
             f(ev);
             head += 1;
-            ring.head.0.store(head, Ordering::Release);
+            if head % 256 == 0 {
+                ring.head.0.store(head, Ordering::Release);
+            }
         }
+        ring.head.0.store(head, Ordering::Release);
         (head - start) as usize
     }
 
     /// Whether any ring still holds events.
     pub fn pending(&self) -> bool {
-        rings().any(|r| r.head.0.load(Ordering::Acquire) < r.tail.0.load(Ordering::Acquire))
+        rings().any(|r| r.head.0.load(Ordering::Acquire) < r.tail.0 .0.load(Ordering::Acquire))
     }
 
     /// In a forked child: only the calling thread exists. Every other ring's owner is
