@@ -151,3 +151,27 @@ fn vfork_child_exiting_does_not_end_the_parents_tracking() {
     assert_eq!(sum(&groups_with(me, "leak_after"), "bytes"), 222, "tracking continued after the vfork child's _exit");
     assert_eq!(reports.iter().filter(|r| r["exe"].as_str() == bin.to_str()).count(), 1);
 }
+
+#[test]
+fn sigkill_leaves_the_last_periodic_report_whole() {
+    let dir = fresh_dir("sigkill");
+    let mut child = Command::new(python())
+        .args(["-c", "import time\nkeep = []\nwhile True:\n    keep.append(bytearray(1000))\n    time.sleep(0.0005)\n"])
+        .env("LD_PRELOAD", lib_path())
+        .env("LEAKTRACE_OUTPUT", &dir)
+        .env("LEAKTRACE_INTERVAL_MS", "30")
+        .env("PYTHONMALLOC", "malloc")
+        .spawn()
+        .unwrap();
+    // Let several periodic reports replace each other, then kill mid-stream.
+    wait_for_report(&dir, "periodic", Duration::from_secs(10)).expect("periodic report");
+    std::thread::sleep(Duration::from_millis(500));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let names: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let reports: Vec<_> = names.iter().filter(|n| n.ends_with(".json") && n.starts_with("leaktrace.")).collect();
+    assert_eq!(reports.len(), 1, "{names:?}");
+    let r = &reports_in(&dir)[0];
+    assert_eq!(r["reason"], "periodic");
+    assert!(r["summary"]["host"]["live_bytes"].as_u64().unwrap() > 100_000, "the growing list is visible");
+}
