@@ -101,20 +101,8 @@ fn claim_ring() -> Option<&'static ThreadRing> {
     let ring = match rings().find(|r| r.owner.compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed).is_ok()) {
         Some(r) => r,
         None => {
-            // SAFETY: anonymous mapping; all-zero bytes are a valid empty ring.
-            let m = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    std::mem::size_of::<ThreadRing>(),
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            if m == libc::MAP_FAILED {
-                return None;
-            }
+            // All-zero bytes are a valid empty ring.
+            let m = super::mapping::map_zeroed(std::mem::size_of::<ThreadRing>())?;
             let r = m as *mut ThreadRing;
             // SAFETY: fresh mapping, not yet shared.
             unsafe { (*r).owner.store(me, Ordering::Relaxed) };

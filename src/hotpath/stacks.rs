@@ -37,24 +37,7 @@ unsafe impl Send for Tables {}
 
 static TABLES: AtomicPtr<Tables> = AtomicPtr::new(std::ptr::null_mut());
 
-fn map_anonymous(bytes: usize) -> Option<*mut u8> {
-    // SAFETY: an anonymous private mapping has no preconditions; failure is checked.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            bytes,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        None
-    } else {
-        Some(p as *mut u8)
-    }
-}
+use super::mapping::map_zeroed as map_anonymous;
 
 fn tables() -> Option<&'static Tables> {
     let t = TABLES.load(Ordering::Acquire);

@@ -256,25 +256,11 @@ static RULES_USED: AtomicUsize = AtomicUsize::new(0);
 fn rule_table() -> Option<&'static [RuleEntry]> {
     let mut p = RULES.load(Ordering::Acquire);
     if p.is_null() {
-        // SAFETY: anonymous mapping, result checked.
-        let m = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                RULE_SLOTS * std::mem::size_of::<RuleEntry>(),
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if m == libc::MAP_FAILED {
-            return None;
-        }
+        let m = super::mapping::map_zeroed(RULE_SLOTS * std::mem::size_of::<RuleEntry>())?;
         match RULES.compare_exchange(std::ptr::null_mut(), m as *mut RuleEntry, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => p = m as *mut RuleEntry,
             Err(winner) => {
-                // SAFETY: our mapping was never shared.
-                unsafe { libc::munmap(m, RULE_SLOTS * std::mem::size_of::<RuleEntry>()) };
+                super::mapping::unmap(m, RULE_SLOTS * std::mem::size_of::<RuleEntry>());
                 p = winner;
             }
         }
@@ -365,8 +351,8 @@ extern "C" fn memo_destructor(p: *mut c_void) {
         s.exiting.set(true);
     });
     if !p.is_null() {
-        // SAFETY: p is the mapping made in `memo_for_thread` for this thread only.
-        unsafe { libc::munmap(p, std::mem::size_of::<Memo>()) };
+        // p is the mapping made in `memo_for_thread` for this thread only.
+        super::mapping::unmap(p as *mut u8, std::mem::size_of::<Memo>());
     }
 }
 
@@ -383,20 +369,8 @@ fn memo_for_thread() -> Option<&'static mut Memo> {
     if key == usize::MAX {
         return None;
     }
-    // SAFETY: anonymous mapping; zeroed memory is a valid empty Memo (nreads = 0, sp = 0).
-    let m = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            std::mem::size_of::<Memo>(),
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if m == libc::MAP_FAILED {
-        return None;
-    }
+    // Zeroed memory is a valid empty Memo (nreads = 0, sp = 0).
+    let m = super::mapping::map_zeroed(std::mem::size_of::<Memo>())? as *mut std::ffi::c_void;
     // SAFETY: key was created by pthread_key_create; setspecific does not allocate for
     // the first 32 keys and otherwise only through calloc, which our guard forwards.
     unsafe { libc::pthread_setspecific(key as libc::pthread_key_t, m) };

@@ -104,11 +104,12 @@ fn install_snapshot_signal(sig: c_int) {
     }
 }
 
-#[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn _exit(status: c_int) -> ! {
+/// `_exit` and `_Exit` skip atexit handlers and destructors (PyTorch DataLoader workers
+/// end with `os._exit`): write the final report, then leave through the real function.
+fn final_report_then(real_exit: Option<real::ExitFn>, status: c_int) -> ! {
     let _ = std::panic::catch_unwind(agent::finish);
-    match real::exit_now() {
-        // SAFETY: forwarding to the real _exit.
+    match real_exit {
+        // SAFETY: forwarding to the real _exit/_Exit.
         Some(f) => unsafe { f(status) },
         // SAFETY: exit_group never returns.
         None => unsafe {
@@ -119,17 +120,13 @@ pub unsafe extern "C" fn _exit(status: c_int) -> ! {
 }
 
 #[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn _exit(status: c_int) -> ! {
+    final_report_then(real::exit_now(), status)
+}
+
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
-    let _ = std::panic::catch_unwind(agent::finish);
-    match real::exit_now_c99() {
-        // SAFETY: forwarding to the real _Exit.
-        Some(f) => unsafe { f(status) },
-        // SAFETY: exit_group never returns.
-        None => unsafe {
-            libc::syscall(libc::SYS_exit_group, status);
-            std::hint::unreachable_unchecked()
-        },
-    }
+    final_report_then(real::exit_now_c99(), status)
 }
 
 #[cfg_attr(not(test), no_mangle)]

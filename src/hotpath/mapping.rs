@@ -1,0 +1,25 @@
+//! Anonymous memory for the hot path's tables and rings: zero-filled, never touching
+//! the allocator the library interposes.
+
+/// Maps `bytes` of zeroed, private, read-write memory (reserved lazily: untouched pages
+/// cost nothing). Returns `None` when the kernel refuses.
+pub fn map_zeroed(bytes: usize) -> Option<*mut u8> {
+    // SAFETY: an anonymous private mapping has no preconditions; failure is checked.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    (p != libc::MAP_FAILED).then_some(p as *mut u8)
+}
+
+/// Returns a mapping made by `map_zeroed` that was never shared.
+pub fn unmap(p: *mut u8, bytes: usize) {
+    // SAFETY: callers pass a mapping of exactly `bytes` that no one else references.
+    unsafe { libc::munmap(p as *mut libc::c_void, bytes) };
+}
