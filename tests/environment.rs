@@ -188,3 +188,34 @@ fn exported_symbols_are_exactly_the_documented_list() {
     expected.sort();
     assert_eq!(exported, expected);
 }
+
+#[test]
+fn exec_under_the_same_pid_gets_a_second_report_file() {
+    let bin = build_fixture("leaks.c", &[]);
+    let script = format!("import os, time\ntime.sleep(0.4)\nos.execv({0:?}, [{0:?}])\n", bin.to_str().unwrap());
+    let mut cmd = Command::new(python());
+    cmd.args(["-c", &script]).env("LEAKTRACE_INTERVAL_MS", "50").env("LEAKTRACE_SUMMARY", "0");
+    let run = run_traced(cmd, "execv");
+    assert_eq!(run.code(), Some(7));
+    let reports = run.reports();
+    assert_eq!(reports.len(), 2, "python's last periodic report and the fixture's final one");
+    assert_eq!(reports[0]["pid"], reports[1]["pid"], "same pid across exec");
+    let reasons: Vec<&str> = reports.iter().map(|r| r["reason"].as_str().unwrap()).collect();
+    assert!(reasons.contains(&"periodic") && reasons.contains(&"exit"), "{reasons:?}");
+}
+
+#[test]
+fn stack_depth_is_configurable() {
+    let bin = build_fixture("leaks.c", &[]);
+    let mut cmd = Command::new(&bin);
+    cmd.env("LEAKTRACE_STACK_DEPTH", "2");
+    let run = run_traced(cmd, "depth");
+    let r = run.report();
+    assert_eq!(r["config"]["stack_depth"], 2);
+    for g in r["leaks"].as_array().unwrap() {
+        let mut ips: Vec<&str> = g["stack"].as_array().unwrap().iter().map(|f| f["ip"].as_str().unwrap()).collect();
+        ips.dedup();
+        assert!(ips.len() <= 2, "{g:#}");
+    }
+    assert_eq!(sum(&groups_with(&r, "leak_malloc_64"), "bytes"), 192);
+}
