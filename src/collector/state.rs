@@ -37,8 +37,8 @@ pub type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LiveBlock {
     pub size: u64,
-    pub stack: u32,
-    pub api: Api,
+    /// Index into `Collector::groups` (one per stack and api).
+    pub group: u32,
     /// Allocated by the parent before this (forked) process existed.
     pub inherited: bool,
 }
@@ -85,7 +85,9 @@ pub struct Snapshot {
 #[derive(Default)]
 pub struct Collector {
     live: FxMap<u64, LiveBlock>,
-    groups: FxMap<(u32, Api), GroupStats>,
+    /// Per (stack, api) statistics; a free finds its group by index, without hashing.
+    groups: Vec<(u32, Api, GroupStats)>,
+    group_index: FxMap<(u32, Api), u32>,
     /// Blocks between a realloc's release and its outcome, by thread.
     realloc_in_flight: FxMap<u32, (u64, LiveBlock)>,
     totals: Totals,
@@ -100,6 +102,15 @@ impl Collector {
         self.totals
     }
 
+    fn group_of(&mut self, stack: u32, api: Api) -> u32 {
+        let next = self.groups.len() as u32;
+        let idx = *self.group_index.entry((stack, api)).or_insert(next);
+        if idx == next {
+            self.groups.push((stack, api, GroupStats::default()));
+        }
+        idx
+    }
+
     fn add_live(&mut self, addr: u64, block: LiveBlock) {
         if let Some(old) = self.live.insert(addr, block) {
             // A free we never saw (made from an untracked context): forget the old block.
@@ -110,7 +121,7 @@ impl Collector {
             self.totals.inherited_live_blocks += 1;
             return;
         }
-        let g = self.groups.entry((block.stack, block.api)).or_default();
+        let g = &mut self.groups[block.group as usize].2;
         g.live_bytes += block.size;
         g.live_blocks += 1;
         g.peak_live_bytes = g.peak_live_bytes.max(g.live_bytes);
@@ -125,10 +136,9 @@ impl Collector {
             self.totals.inherited_live_blocks -= 1;
             return;
         }
-        if let Some(g) = self.groups.get_mut(&(block.stack, block.api)) {
-            g.live_bytes -= block.size;
-            g.live_blocks -= 1;
-        }
+        let g = &mut self.groups[block.group as usize].2;
+        g.live_bytes -= block.size;
+        g.live_blocks -= 1;
         self.totals.live_bytes -= block.size;
         self.totals.live_blocks -= 1;
     }
@@ -156,8 +166,9 @@ impl Collector {
                         self.count_free(&old);
                     }
                 }
-                let block = LiveBlock { size: ev.size, stack: ev.stack, api: ev.api, inherited: false };
-                let g = self.groups.entry((ev.stack, ev.api)).or_default();
+                let group = self.group_of(ev.stack, ev.api);
+                let block = LiveBlock { size: ev.size, group, inherited: false };
+                let g = &mut self.groups[group as usize].2;
                 g.total_allocs += 1;
                 g.total_bytes += ev.size;
                 self.totals.total_allocs += 1;
@@ -200,15 +211,18 @@ impl Collector {
             events,
             ..Totals::default()
         };
-        self.groups.clear();
+        // Keep the indices (inherited blocks still carry them); restart the statistics.
+        for g in self.groups.iter_mut() {
+            g.2 = GroupStats::default();
+        }
     }
 
     pub fn snapshot(&self) -> Snapshot {
         let mut groups: Vec<GroupSnapshot> = self
             .groups
             .iter()
-            .filter(|(_, s)| s.live_blocks > 0)
-            .map(|(&(stack, api), s)| GroupSnapshot { stack, api, stats: *s })
+            .filter(|(_, _, s)| s.live_blocks > 0)
+            .map(|&(stack, api, stats)| GroupSnapshot { stack, api, stats })
             .collect();
         groups.sort_by(|a, b| {
             b.stats
