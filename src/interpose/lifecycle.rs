@@ -1,5 +1,8 @@
 //! Process lifecycle: library constructor and destructor, `_exit`/`_Exit`, `dlclose`,
 //! fork handlers and the snapshot signal.
+// In unit-test builds the constructor is left out, and with it the code it reaches.
+#![cfg_attr(test, allow(dead_code))]
+
 use std::ffi::{c_int, c_void, CStr};
 
 use super::real;
@@ -30,10 +33,14 @@ extern "C" fn on_unload() {
     let _ = std::panic::catch_unwind(agent::finish);
 }
 
+// Not in unit-test binaries: there the agent must not start and consume the rings
+// that the tests drive themselves.
+#[cfg(not(test))]
 #[used]
 #[link_section = ".init_array"]
 static CONSTRUCTOR: extern "C" fn() = on_load;
 
+#[cfg(not(test))]
 #[used]
 #[link_section = ".fini_array"]
 static DESTRUCTOR: extern "C" fn() = on_unload;
@@ -125,6 +132,7 @@ pub unsafe extern "C" fn _exit(status: c_int) -> ! {
 }
 
 #[cfg_attr(not(test), no_mangle)]
+#[allow(non_snake_case)]
 pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
     final_report_then(real::exit_now_c99(), status)
 }
