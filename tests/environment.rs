@@ -192,7 +192,13 @@ fn exported_symbols_are_exactly_the_documented_list() {
 #[test]
 fn exec_under_the_same_pid_gets_a_second_report_file() {
     let bin = build_fixture("leaks.c", &[]);
-    let script = format!("import os, time\ntime.sleep(0.4)\nos.execv({0:?}, [{0:?}])\n", bin.to_str().unwrap());
+    // Exec only once this image's first periodic report is on disk.
+    let script = format!(
+        "import os, time, glob\nd = os.environ['LEAKTRACE_OUTPUT']\nt = time.time()\n\
+         while not glob.glob(d + '/leaktrace.*.json') and time.time() - t < 20: time.sleep(0.02)\n\
+         os.execv({0:?}, [{0:?}])\n",
+        bin.to_str().unwrap()
+    );
     let mut cmd = Command::new(python());
     cmd.args(["-c", &script]).env("LEAKTRACE_INTERVAL_MS", "50").env("LEAKTRACE_SUMMARY", "0");
     let run = run_traced(cmd, "execv");
