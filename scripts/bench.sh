@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Overhead benchmark (not a test). Prints, from one run of this script, the median wall
-# time of each command without the library, under leaktrace, and under heaptrack where
-# installed, and the ratios to the plain run.
+# time of each command without the library, under leaktrace, and under the peers that
+# are installed — heaptrack, LeakSanitizer (gcc's liblsan preloaded), jemalloc with
+# leak profiling of every allocation, valgrind memcheck — and the ratios to the plain run.
 #
-#   scripts/bench.sh [RUNS]      (default 5 runs per cell, interleaved)
+#   scripts/bench.sh [RUNS]      (default 5 runs per cell, interleaved; valgrind runs once)
+#
+# Peers come from Debian: apt-get install heaptrack liblsan0 libjemalloc2 valgrind
 #
 # Workloads:
 #   malloc-1t / malloc-2t  bench/malloc_bench.c: 2 M malloc/free pairs, 16..4096 B,
@@ -25,18 +28,30 @@ if command -v sqlite3 >/dev/null; then
     CMDS+=("sqlite3 :memory: -init bench/sqlite_workload.sql .quit")
 fi
 TOOLS=("plain" "leaktrace")
+LSAN=/usr/lib/x86_64-linux-gnu/liblsan.so.0
+JEMALLOC=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2
 if command -v heaptrack >/dev/null; then TOOLS+=("heaptrack"); fi
+if [ -e "$LSAN" ]; then TOOLS+=("lsan"); fi
+if [ -e "$JEMALLOC" ]; then TOOLS+=("jemalloc-prof"); fi
+if command -v valgrind >/dev/null; then TOOLS+=("valgrind"); fi
 
-run_once() { # tool, command... -> seconds on stdout
+run_once() { # tool, command... -> seconds on stdout, or "fail" when the command failed
     local tool=$1; shift
-    local start end
+    local start end rc=0
     start=$(date +%s%N)
+    set +e
     case $tool in
         plain) "$@" >/dev/null 2>&1 ;;
         leaktrace) LD_PRELOAD="$LIB" LEAKTRACE_OUTPUT="$WORK" LEAKTRACE_SUMMARY=0 "$@" >/dev/null 2>&1 ;;
         heaptrack) heaptrack -o "$WORK/ht" "$@" >/dev/null 2>&1; rm -f "$WORK"/ht* ;;
+        lsan) LD_PRELOAD="$LSAN" LSAN_OPTIONS=exitcode=0 "$@" >/dev/null 2>&1 ;;
+        jemalloc-prof) LD_PRELOAD="$JEMALLOC" MALLOC_CONF="prof:true,prof_leak:true,lg_prof_sample:0,prof_final:true,prof_prefix:$WORK/jeprof" "$@" >/dev/null 2>&1; rm -f "$WORK"/jeprof* ;;
+        valgrind) valgrind --leak-check=full --show-leak-kinds=all "$@" >/dev/null 2>&1 ;;
     esac
+    rc=$?
+    set -e
     end=$(date +%s%N)
+    if [ "$rc" -ne 0 ]; then echo fail; return; fi
     echo "scale=4; ($end - $start) / 1000000000" | bc
 }
 
@@ -46,6 +61,7 @@ declare -A SAMPLES
 for ((r = 0; r < RUNS; r++)); do
     for i in "${!NAMES[@]}"; do
         for tool in "${TOOLS[@]}"; do
+            if [ "$tool" = valgrind ] && [ "$r" -gt 0 ]; then continue; fi
             # shellcheck disable=SC2086
             t=$(run_once "$tool" ${CMDS[$i]})
             SAMPLES["$i,$tool"]+="$t "
@@ -54,19 +70,21 @@ for ((r = 0; r < RUNS; r++)); do
 done
 
 printf '%-12s' "workload"
-for tool in "${TOOLS[@]}"; do printf '%14s' "$tool"; done
+for tool in "${TOOLS[@]}"; do printf '%15s' "$tool"; done
 printf '\n'
 for i in "${!NAMES[@]}"; do
     base=$(echo "${SAMPLES["$i,plain"]}" | tr ' ' '\n' | grep . | median)
     printf '%-12s' "${NAMES[$i]}"
     for tool in "${TOOLS[@]}"; do
-        m=$(echo "${SAMPLES["$i,$tool"]}" | tr ' ' '\n' | grep . | median)
-        if [ "$tool" = plain ]; then
+        m=$(echo "${SAMPLES["$i,$tool"]}" | tr ' ' '\n' | grep . | { grep -v fail || true; } | median)
+        if [ -z "$m" ]; then
+            printf '%15s' "failed"
+        elif [ "$tool" = plain ]; then
             printf '%13ss' "$m"
         else
-            printf '%7ss %5sx' "$m" "$(echo "scale=2; $m / $base" | bc)"
+            printf '%8ss %5sx' "$m" "$(echo "scale=2; $m / $base" | bc)"
         fi
     done
     printf '\n'
 done
-echo "(median of $RUNS runs each; $(nproc) cores; $(uname -m))"
+echo "(median of $RUNS runs each, valgrind 1 run; $(nproc) cores; $(uname -m))"
