@@ -146,7 +146,6 @@ fn my_ring() -> Option<&'static ThreadRing> {
 #[inline]
 pub fn publish(kind: EventKind, api: Api, stack: u32, addr: u64, size: u64, mut help: impl FnMut()) {
     let Some(ring) = my_ring() else { return };
-    let order = if kind.orders_by_address() { TICKETS[bucket_of(addr)].0.fetch_add(1, Ordering::SeqCst) } else { 0 };
     let t = ring.tail.0 .0.load(Ordering::Relaxed);
     if t.wrapping_sub(ring.tail.0 .1.load(Ordering::Relaxed)) >= RING_SLOTS
         && t.wrapping_sub(refresh_head(ring)) >= RING_SLOTS
@@ -166,6 +165,9 @@ pub fn publish(kind: EventKind, api: Api, stack: u32, addr: u64, size: u64, mut 
             }
         }
     }
+    // The ticket is taken only once there is room: a producer waiting for space never
+    // holds a ticket that others must wait for.
+    let order = if kind.orders_by_address() { TICKETS[bucket_of(addr)].0.fetch_add(1, Ordering::SeqCst) } else { 0 };
     let slot = &ring.slots[(t % RING_SLOTS) as usize];
     let ev = Event { kind, api, tid: 0, stack, addr, size };
     slot.addr.store(addr, Ordering::Relaxed);
