@@ -175,3 +175,16 @@ fn sigkill_leaves_the_last_periodic_report_whole() {
     assert_eq!(r["reason"], "periodic");
     assert!(r["summary"]["host"]["live_bytes"].as_u64().unwrap() > 100_000, "the growing list is visible");
 }
+
+#[test]
+fn follow_fork_off_leaves_children_untracked() {
+    let bin = build_fixture("fork.c", &[]);
+    let mut cmd = Command::new(&bin);
+    cmd.env("LEAKTRACE_FOLLOW_FORK", "0");
+    let run = run_traced(cmd, "nofollow");
+    assert_eq!(run.code(), Some(0));
+    assert_eq!(run.stdout(), "child status 0\n");
+    let r = run.report();
+    assert!(r["fork"]["forked_from_pid"].is_null(), "only the parent reports");
+    assert_eq!(sum(&groups_with(&r, "parent_leak"), "bytes"), 1000);
+}
