@@ -15,6 +15,7 @@ use crate::hotpath::{stacks, thread, unwind};
 use crate::report::build::{self, Reason, RunFacts};
 use crate::report::process::{self, ProcessInfo};
 use crate::report::symbolize::Symbolizer;
+use crate::report::timeline::Timeline;
 use crate::report::writer;
 
 const OFF: u8 = 0;
@@ -54,6 +55,7 @@ struct ReportSide {
     final_written: bool,
     write_failed_once: bool,
     host_tracking: String,
+    timeline: Timeline,
 }
 
 static REPORT: SpinLock<Option<ReportSide>> = SpinLock::new(None);
@@ -175,6 +177,7 @@ pub fn start(config: Config, host_tracking: String) -> bool {
             final_written: false,
             write_failed_once: false,
             host_tracking,
+            timeline: Timeline::default(),
         });
         OWNER_PID.store(std::process::id(), Ordering::SeqCst);
         TRACKING.store(ACTIVE, Ordering::SeqCst);
@@ -261,7 +264,15 @@ fn write_report(reason: Reason) {
         return;
     };
     let Some(c) = state.as_mut() else { return };
-    drain_everything(c);
+    if final_report {
+        // Tracking has stopped: only events already in flight remain.
+        drain_everything(c);
+    } else {
+        // The program keeps allocating: take what is there now, never chase it (and
+        // never force the order while producers are live).
+        let backlog = c.order.backlog();
+        drain_into(c, backlog, false);
+    }
     let snapshot = c.model.snapshot();
     drop(state);
     let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(30)) else {
@@ -272,7 +283,10 @@ fn write_report(reason: Reason) {
     if r.final_written {
         return;
     }
+    let now = process::unix_ms();
+    r.timeline.record(now, &snapshot);
     let groups = build::resolve_groups(&snapshot, &mut r.symbolizer);
+    let timeline = build::timeline_out(&r.timeline, &groups, &mut r.symbolizer);
     let facts = RunFacts {
         stack_depth: r.config.stack_depth,
         interval_ms: r.config.interval_ms,
@@ -281,8 +295,7 @@ fn write_report(reason: Reason) {
         stack_table_overflows: stacks::overflows(),
         host_tracking: r.host_tracking.clone(),
     };
-    let json = build::report_json(&r.process, reason, process::unix_ms(), &snapshot.totals, &groups, &facts);
-    let bytes = serde_json::to_vec_pretty(&json).unwrap_or_default();
+    let bytes = build::report_bytes(&r.process, reason, now, &snapshot.totals, &groups, &facts, &timeline);
     let mut path = r.process.report_path(&r.output_dir);
     let mut result = writer::write_atomic(&path, &bytes);
     if let Err(e) = &result {
@@ -427,6 +440,7 @@ fn fork_child_inner() {
             final_written: false,
             write_failed_once: false,
             host_tracking,
+            timeline: Timeline::default(),
         });
     }
 }

@@ -276,6 +276,11 @@ impl DrainState {
         (head - start) as usize
     }
 
+    /// Events waiting in all rings right now.
+    pub fn backlog(&self) -> usize {
+        rings().map(|r| r.tail.0 .0.load(Ordering::Acquire).saturating_sub(r.head.0.load(Ordering::Acquire)) as usize).sum()
+    }
+
     /// Whether any ring still holds events.
     pub fn pending(&self) -> bool {
         rings().any(|r| r.head.0.load(Ordering::Acquire) < r.tail.0 .0.load(Ordering::Acquire))

@@ -1,9 +1,11 @@
 //! Turns a collector snapshot into the versioned JSON report and the LeakSanitizer-style
 //! text summary. Both render the same resolved groups.
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::json;
 
 use super::process::ProcessInfo;
 use super::symbolize::Symbolizer;
+use super::timeline::Timeline;
 use crate::collector::state::{Snapshot, Totals};
 
 pub const SCHEMA: &str = "leaktrace-report/1";
@@ -25,8 +27,13 @@ impl Reason {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+fn hex<S: serde::Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&format!("{v:#x}"))
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Frame {
+    #[serde(serialize_with = "hex")]
     pub ip: u64,
     pub module: Option<String>,
     pub offset: Option<u64>,
@@ -36,7 +43,7 @@ pub struct Frame {
     pub inlined: bool,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize)]
 pub struct Group {
     pub kind: &'static str,
     pub api: &'static str,
@@ -60,39 +67,45 @@ pub struct RunFacts {
     pub host_tracking: String,
 }
 
+/// The symbolized frames of an interned stack (innermost first, inlined frames expanded).
+pub fn resolve_stack(stack_id: u32, sym: &mut Symbolizer) -> Vec<Frame> {
+    let raw = sym.raw_stack(stack_id).to_vec();
+    let mut stack = Vec::with_capacity(raw.len());
+    for rf in raw {
+        let (module, offset) = match rf.module {
+            Some((m, off)) => (sym.module(m).map(|m| m.path.clone()), Some((m, off))),
+            None => (None, None),
+        };
+        let syms = match offset {
+            Some((m, off)) => sym.symbolize(m, off).to_vec(),
+            None => Vec::new(),
+        };
+        let off = offset.map(|(_, o)| o);
+        if syms.is_empty() {
+            stack.push(Frame { ip: rf.ip, module: module.clone(), offset: off, function: None, file: None, line: None, inlined: false });
+        }
+        for s in syms {
+            stack.push(Frame {
+                ip: rf.ip,
+                module: module.clone(),
+                offset: off,
+                function: s.function,
+                file: s.file,
+                line: s.line,
+                inlined: s.inlined,
+            });
+        }
+    }
+    stack
+}
+
 pub fn resolve_groups(snapshot: &Snapshot, sym: &mut Symbolizer) -> Vec<Group> {
     sym.resolve_pending();
     snapshot
         .groups
         .iter()
         .map(|g| {
-            let raw = sym.raw_stack(g.stack).to_vec();
-            let mut stack = Vec::with_capacity(raw.len());
-            for rf in raw {
-                let (module, offset) = match rf.module {
-                    Some((m, off)) => (sym.module(m).map(|m| m.path.clone()), Some((m, off))),
-                    None => (None, None),
-                };
-                let syms = match offset {
-                    Some((m, off)) => sym.symbolize(m, off).to_vec(),
-                    None => Vec::new(),
-                };
-                let off = offset.map(|(_, o)| o);
-                if syms.is_empty() {
-                    stack.push(Frame { ip: rf.ip, module: module.clone(), offset: off, function: None, file: None, line: None, inlined: false });
-                }
-                for s in syms {
-                    stack.push(Frame {
-                        ip: rf.ip,
-                        module: module.clone(),
-                        offset: off,
-                        function: s.function,
-                        file: s.file,
-                        line: s.line,
-                        inlined: s.inlined,
-                    });
-                }
-            }
+            let stack = resolve_stack(g.stack, sym);
             Group {
                 kind: "host",
                 api: g.api.name(),
@@ -108,80 +121,148 @@ pub fn resolve_groups(snapshot: &Snapshot, sym: &mut Symbolizer) -> Vec<Group> {
         .collect()
 }
 
-fn totals_json(t: &Totals) -> Value {
-    json!({
-        "live_bytes": t.live_bytes,
-        "live_blocks": t.live_blocks,
-        "total_allocs": t.total_allocs,
-        "total_frees": t.total_frees,
-        "peak_live_bytes": t.peak_live_bytes,
-    })
+#[derive(Serialize)]
+struct HostTotals {
+    live_bytes: u64,
+    live_blocks: u64,
+    total_allocs: u64,
+    total_frees: u64,
+    peak_live_bytes: u64,
 }
 
-fn frame_json(f: &Frame) -> Value {
-    json!({
-        "ip": format!("{:#x}", f.ip),
-        "module": f.module,
-        "offset": f.offset,
-        "function": f.function,
-        "file": f.file,
-        "line": f.line,
-        "inlined": f.inlined,
-    })
+#[derive(Serialize)]
+pub struct TimelinePoint {
+    unix_ms: u64,
+    live_bytes: u64,
+    live_blocks: u64,
 }
 
-pub fn report_json(
+#[derive(Serialize)]
+pub struct TimelineSeries {
+    kind: &'static str,
+    api: &'static str,
+    stack_id: u32,
+    /// Null when a leak group of the same report has this `stack_id` (and so the stack).
+    stack: Option<Vec<Frame>>,
+    bytes: Vec<u64>,
+}
+
+#[derive(Serialize)]
+pub struct TimelineOut {
+    points: Vec<TimelinePoint>,
+    series: Vec<TimelineSeries>,
+}
+
+/// The timeline; followed stacks that are not among `groups` are symbolized here.
+pub fn timeline_out(timeline: &Timeline, groups: &[Group], sym: &mut Symbolizer) -> TimelineOut {
+    sym.resolve_pending();
+    TimelineOut {
+        points: timeline
+            .points
+            .iter()
+            .map(|p| TimelinePoint { unix_ms: p.unix_ms, live_bytes: p.live_bytes, live_blocks: p.live_blocks })
+            .collect(),
+        series: timeline
+            .series
+            .iter()
+            .map(|s| TimelineSeries {
+                kind: "host",
+                api: s.api.name(),
+                stack_id: s.stack,
+                stack: (!groups.iter().any(|g| g.stack_id == s.stack)).then(|| resolve_stack(s.stack, sym)),
+                bytes: s.bytes.clone(),
+            })
+            .collect(),
+    }
+}
+
+/// Serialized straight to bytes from these borrowed views (no intermediate JSON tree:
+/// a Python process has thousands of groups of dozens of frames).
+#[derive(Serialize)]
+struct ReportOut<'a> {
+    schema: &'static str,
+    tool: serde_json::Value,
+    pid: u32,
+    ppid: u32,
+    exe: &'a str,
+    argv: &'a [String],
+    reason: &'static str,
+    started_unix_ms: u64,
+    written_unix_ms: u64,
+    fork: serde_json::Value,
+    config: serde_json::Value,
+    summary: SummaryOut,
+    diagnostics: DiagnosticsOut<'a>,
+    timeline: &'a TimelineOut,
+    leaks: &'a [Group],
+}
+
+#[derive(Serialize)]
+struct SummaryOut {
+    host: HostTotals,
+    leak_groups: usize,
+}
+
+#[derive(Serialize)]
+struct DiagnosticsOut<'a> {
+    host_tracking: &'a str,
+    events: u64,
+    buffer_full_waits: u64,
+    unknown_frees: u64,
+    stacks_interned: u64,
+    stack_table_overflows: u64,
+}
+
+/// The report as compact JSON bytes (a large process has thousands of frames; pretty
+/// printing tripled the file and the time to write it).
+pub fn report_bytes(
     process: &ProcessInfo,
     reason: Reason,
     written_unix_ms: u64,
     totals: &Totals,
     groups: &[Group],
     facts: &RunFacts,
-) -> Value {
-    json!({
-        "schema": SCHEMA,
-        "tool": { "name": "leaktrace", "version": env!("CARGO_PKG_VERSION") },
-        "pid": process.pid,
-        "ppid": process.ppid,
-        "exe": process.exe,
-        "argv": process.argv,
-        "reason": reason.name(),
-        "started_unix_ms": process.started_unix_ms,
-        "written_unix_ms": written_unix_ms,
-        "fork": {
+    timeline: &TimelineOut,
+) -> Vec<u8> {
+    let report = ReportOut {
+        schema: SCHEMA,
+        tool: json!({ "name": "leaktrace", "version": env!("CARGO_PKG_VERSION") }),
+        pid: process.pid,
+        ppid: process.ppid,
+        exe: &process.exe,
+        argv: &process.argv,
+        reason: reason.name(),
+        started_unix_ms: process.started_unix_ms,
+        written_unix_ms,
+        fork: json!({
             "forked_from_pid": process.forked_from,
             "inherited_live_bytes": totals.inherited_live_bytes,
             "inherited_live_blocks": totals.inherited_live_blocks,
             "inherited_frees": totals.inherited_frees,
+        }),
+        config: json!({ "stack_depth": facts.stack_depth, "interval_ms": facts.interval_ms }),
+        summary: SummaryOut {
+            host: HostTotals {
+                live_bytes: totals.live_bytes,
+                live_blocks: totals.live_blocks,
+                total_allocs: totals.total_allocs,
+                total_frees: totals.total_frees,
+                peak_live_bytes: totals.peak_live_bytes,
+            },
+            leak_groups: groups.len(),
         },
-        "config": {
-            "stack_depth": facts.stack_depth,
-            "interval_ms": facts.interval_ms,
+        diagnostics: DiagnosticsOut {
+            host_tracking: &facts.host_tracking,
+            events: totals.events,
+            buffer_full_waits: facts.buffer_full_waits,
+            unknown_frees: totals.unknown_frees,
+            stacks_interned: facts.stacks_interned,
+            stack_table_overflows: facts.stack_table_overflows,
         },
-        "summary": {
-            "host": totals_json(totals),
-            "leak_groups": groups.len(),
-        },
-        "diagnostics": {
-            "host_tracking": facts.host_tracking,
-            "events": totals.events,
-            "buffer_full_waits": facts.buffer_full_waits,
-            "unknown_frees": totals.unknown_frees,
-            "stacks_interned": facts.stacks_interned,
-            "stack_table_overflows": facts.stack_table_overflows,
-        },
-        "leaks": groups.iter().map(|g| json!({
-            "kind": g.kind,
-            "api": g.api,
-            "bytes": g.bytes,
-            "blocks": g.blocks,
-            "peak_bytes": g.peak_bytes,
-            "total_allocs": g.total_allocs,
-            "total_bytes": g.total_bytes,
-            "stack_id": g.stack_id,
-            "stack": g.stack.iter().map(frame_json).collect::<Vec<_>>(),
-        })).collect::<Vec<_>>(),
-    })
+        timeline,
+        leaks: groups,
+    };
+    serde_json::to_vec(&report).unwrap_or_default()
 }
 
 fn frame_text(i: usize, f: &Frame) -> String {
@@ -285,7 +366,11 @@ mod tests {
             file_name: "f.json".into(),
         };
         let t = Totals { live_bytes: 48, live_blocks: 3, total_allocs: 4, total_frees: 1, peak_live_bytes: 64, ..Default::default() };
-        let v = report_json(&p, Reason::Exit, 6, &t, &[group()], &RunFacts::default());
+        let empty = TimelineOut { points: vec![], series: vec![] };
+        let bytes = report_bytes(&p, Reason::Exit, 6, &t, &[group()], &RunFacts::default(), &empty);
+        let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+        assert_eq!(&keys[..3], &["schema", "tool", "pid"]);
         assert_eq!(v["schema"], "leaktrace-report/1");
         assert_eq!(v["reason"], "exit");
         for k in ["pid", "ppid", "exe", "argv", "started_unix_ms", "written_unix_ms"] {

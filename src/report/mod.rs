@@ -2,4 +2,5 @@
 pub mod build;
 pub mod process;
 pub mod symbolize;
+pub mod timeline;
 pub mod writer;

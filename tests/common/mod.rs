@@ -63,19 +63,27 @@ pub fn build_fixture(name: &str, extra: &[&str]) -> PathBuf {
     std::fs::create_dir_all(&out_dir).unwrap();
     let shared = extra.contains(&"-shared");
     let out = out_dir.join(format!("{stem}{tag}-{}{}", std::process::id(), if shared { ".so" } else { "" }));
+    // One build at a time: a second build renamed over a binary that a running test
+    // uses would turn its /proc/self/exe into "... (deleted)" and cost it its symbols.
+    static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = BUILD.lock().unwrap_or_else(|e| e.into_inner());
     if out.exists() {
         return out;
     }
     let cpp = name.ends_with(".cpp");
     let compiler = if cpp { "c++" } else { "cc" };
     // -O2 without frame pointers: the unwinder must cope with distro-style code.
+    // Tests run in parallel and may build the same fixture: compile to a private name
+    // and rename, so nobody ever runs a half-written binary.
+    let tmp = out.with_extension(format!("tmp{}", COUNTER.fetch_add(1, Ordering::Relaxed)));
     let mut cmd = Command::new(compiler);
-    cmd.args(["-O2", "-g", "-fomit-frame-pointer", "-pthread"]).args(extra).arg(&src).arg("-o").arg(&out);
+    cmd.args(["-O2", "-g", "-fomit-frame-pointer", "-pthread"]).args(extra).arg(&src).arg("-o").arg(&tmp);
     if !shared {
         cmd.arg("-ldl");
     }
     let o = cmd.output().expect("C compiler (cc/c++) must be installed");
     assert!(o.status.success(), "compiling {name} failed:\n{}", String::from_utf8_lossy(&o.stderr));
+    std::fs::rename(&tmp, &out).unwrap();
     out
 }
 

@@ -1,0 +1,115 @@
+//! Live memory over time, from every report written (periodic, snapshot, final): the
+//! process totals, and the live bytes of the stacks that were ever among the largest.
+//! The CLI's growth detection and HTML chart read it from the report.
+use crate::collector::state::Snapshot;
+use crate::hotpath::event::Api;
+
+/// Stacks followed at most; a stack joins when it is among the `JOIN_TOP` largest.
+const MAX_SERIES: usize = 64;
+const JOIN_TOP: usize = 16;
+/// Points kept; beyond, every other old point is dropped (the series stay aligned).
+const MAX_POINTS: usize = 1024;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Point {
+    pub unix_ms: u64,
+    pub live_bytes: u64,
+    pub live_blocks: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Series {
+    pub stack: u32,
+    pub api: Api,
+    /// Live bytes at each point (0 before the stack was followed, or when it had none).
+    pub bytes: Vec<u64>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Timeline {
+    pub points: Vec<Point>,
+    pub series: Vec<Series>,
+}
+
+impl Timeline {
+    pub fn record(&mut self, unix_ms: u64, snapshot: &Snapshot) {
+        if self.points.len() >= MAX_POINTS {
+            self.thin();
+        }
+        self.points.push(Point { unix_ms, live_bytes: snapshot.totals.live_bytes, live_blocks: snapshot.totals.live_blocks });
+        let n = self.points.len();
+        for s in self.series.iter_mut() {
+            let now = snapshot.groups.iter().find(|g| g.stack == s.stack && g.api == s.api).map(|g| g.stats.live_bytes);
+            s.bytes.push(now.unwrap_or(0));
+        }
+        // `snapshot.groups` is sorted largest first.
+        for g in snapshot.groups.iter().take(JOIN_TOP) {
+            if self.series.len() >= MAX_SERIES {
+                break;
+            }
+            if !self.series.iter().any(|s| s.stack == g.stack && s.api == g.api) {
+                let mut bytes = vec![0; n - 1];
+                bytes.push(g.stats.live_bytes);
+                self.series.push(Series { stack: g.stack, api: g.api, bytes });
+            }
+        }
+    }
+
+    fn thin(&mut self) {
+        fn keep_odd<T: Clone>(v: &[T]) -> Vec<T> {
+            // Keep the newest half at full resolution, every other point before it.
+            let half = v.len() / 2;
+            v[..half].iter().step_by(2).chain(v[half..].iter()).cloned().collect()
+        }
+        self.points = keep_odd(&self.points);
+        for s in self.series.iter_mut() {
+            s.bytes = keep_odd(&s.bytes);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collector::state::{GroupSnapshot, GroupStats, Totals};
+
+    fn snap(groups: &[(u32, u64)]) -> Snapshot {
+        let mut gs: Vec<GroupSnapshot> = groups
+            .iter()
+            .map(|&(stack, bytes)| GroupSnapshot {
+                stack,
+                api: Api::Malloc,
+                stats: GroupStats { live_bytes: bytes, live_blocks: 1, ..Default::default() },
+            })
+            .collect();
+        gs.sort_by(|a, b| b.stats.live_bytes.cmp(&a.stats.live_bytes));
+        let total = groups.iter().map(|g| g.1).sum();
+        Snapshot { totals: Totals { live_bytes: total, live_blocks: groups.len() as u64, ..Default::default() }, groups: gs }
+    }
+
+    #[test]
+    fn series_stay_aligned_with_points() {
+        let mut t = Timeline::default();
+        t.record(1, &snap(&[(1, 10)]));
+        t.record(2, &snap(&[(1, 20), (2, 5)]));
+        t.record(3, &snap(&[(2, 7)]));
+        assert_eq!(t.points.len(), 3);
+        assert_eq!(t.series.len(), 2);
+        assert_eq!(t.series[0].bytes, vec![10, 20, 0]);
+        assert_eq!(t.series[1].bytes, vec![0, 5, 7]);
+        assert_eq!(t.points[1].live_bytes, 25);
+    }
+
+    #[test]
+    fn long_runs_are_thinned_not_truncated() {
+        let mut t = Timeline::default();
+        for i in 0..(MAX_POINTS as u64 * 3) {
+            t.record(i, &snap(&[(1, i)]));
+        }
+        assert!(t.points.len() <= MAX_POINTS);
+        assert_eq!(t.points.first().unwrap().unix_ms, 0);
+        assert_eq!(t.points.last().unwrap().unix_ms, MAX_POINTS as u64 * 3 - 1);
+        assert_eq!(t.series[0].bytes.len(), t.points.len());
+        assert!(t.points.windows(2).all(|w| w[0].unix_ms < w[1].unix_ms));
+    }
+}
