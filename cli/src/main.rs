@@ -1,1 +1,254 @@
-fn main() {}
+//! `leaktrace`: run a program under libleaktrace.so, and read, compare and check the
+//! reports it writes. Exit codes follow LeakSanitizer: 23 when leaks remain under
+//! `--fail-on-leak`/`check`, 2 for usage and input errors, 127 when CMD is not found.
+mod analyze;
+mod diff;
+mod growth;
+mod model;
+mod render;
+mod run;
+mod suppress;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use analyze::{Analysis, Filters};
+
+const LEAK_EXIT: u8 = 23;
+
+#[derive(Parser)]
+#[command(
+    name = "leaktrace",
+    version,
+    about = "Find memory leaks in unmodified programs (LD_PRELOAD tracer with JSON reports)",
+    after_help = "Examples:\n  leaktrace run -- python3 train.py\n  leaktrace run --fail-on-leak --suppressions lsan.supp -- ./unit_tests\n  leaktrace report leaktrace-python3-20261121-101500/\n  leaktrace check --min-bytes 4096 reports/\n  leaktrace diff before/ after/"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run CMD under leaktrace, collect the reports of all its processes, print a summary.
+    #[command(after_help = "Example:\n  leaktrace run --interval-ms 1000 --fail-on-leak -- ./service --port 0\n\nExit status: CMD's own; 23 (see --exit-code) under --fail-on-leak when leaks remain\nafter suppressions and --min-bytes; 127 if CMD is not found; 2 on other errors.")]
+    Run(RunArgs),
+    /// Print the reports of a file or directory as text, JSON, or Markdown.
+    #[command(after_help = "Example:\n  leaktrace report --format markdown leaktrace-myprog-20261121-101500/ >> \"$GITHUB_STEP_SUMMARY\"")]
+    Report(ReportArgs),
+    /// Compare two runs: leak groups that are new, grew, shrank or went away.
+    #[command(after_help = "Example:\n  leaktrace diff runs/main/ runs/my-branch/\n\nGroups are matched by their symbolized stacks, not by addresses.")]
+    Diff(DiffArgs),
+    /// Exit with 23 if leaks remain after suppressions and the size threshold (for CI).
+    #[command(after_help = "Example:\n  leaktrace check --suppressions lsan.supp --min-bytes 1024 reports/\n\nSuppressions use LeakSanitizer's format: leak:PATTERN lines, '*' wildcard, '^'/'$' anchors,\nmatched against function, source file and module names; '#' starts a comment.")]
+    Check(CheckArgs),
+}
+
+#[derive(Args, Clone)]
+struct FilterArgs {
+    /// LeakSanitizer-style suppressions file (leak:PATTERN lines).
+    #[arg(long, value_name = "FILE")]
+    suppressions: Option<PathBuf>,
+    /// Ignore leak groups smaller than N bytes.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    min_bytes: u64,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Directory for the reports (default: ./leaktrace-<cmd>-<timestamp>/).
+    #[arg(long, short, value_name = "DIR")]
+    output: Option<PathBuf>,
+    /// Periodic report interval in milliseconds (0 = only at exit).
+    #[arg(long, value_name = "MS")]
+    interval_ms: Option<u64>,
+    /// Frames kept per stack (1-128).
+    #[arg(long, value_name = "N")]
+    depth: Option<usize>,
+    /// Exit with --exit-code when leaks remain.
+    #[arg(long)]
+    fail_on_leak: bool,
+    /// Exit status for --fail-on-leak.
+    #[arg(long, value_name = "N", default_value_t = LEAK_EXIT)]
+    exit_code: u8,
+    /// Summary format printed after the run.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
+    /// Leak groups shown per process.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    top: usize,
+    #[command(flatten)]
+    filters: FilterArgs,
+    /// The program and its arguments.
+    #[arg(required = true, last = true, value_name = "CMD")]
+    cmd: Vec<String>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    Text,
+    Json,
+    Markdown,
+}
+
+#[derive(Args)]
+struct ReportArgs {
+    /// A report file, or a directory of reports (one per process).
+    #[arg(value_name = "FILE|DIR")]
+    path: PathBuf,
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
+    /// Leak groups shown per process (text and markdown).
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    top: usize,
+    #[command(flatten)]
+    filters: FilterArgs,
+}
+
+#[derive(Args)]
+struct DiffArgs {
+    /// The earlier run: a report file or directory.
+    #[arg(value_name = "BASE")]
+    base: PathBuf,
+    /// The later run: a report file or directory.
+    #[arg(value_name = "NEW")]
+    new: PathBuf,
+    /// Changes shown.
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    top: usize,
+    /// Output format (text or json).
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
+    /// Exit with 23 when NEW has new or grown leak groups.
+    #[arg(long)]
+    fail_on_new: bool,
+}
+
+#[derive(Args)]
+struct CheckArgs {
+    /// A report file, or a directory of reports.
+    #[arg(value_name = "FILE|DIR")]
+    path: PathBuf,
+    #[command(flatten)]
+    filters: FilterArgs,
+    /// Also fail on stacks that grew steadily during the run.
+    #[arg(long)]
+    fail_on_growth: bool,
+    /// Exit status when leaks remain.
+    #[arg(long, value_name = "N", default_value_t = LEAK_EXIT)]
+    exit_code: u8,
+    /// Leak groups shown per process.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    top: usize,
+}
+
+struct Fail {
+    code: u8,
+    message: String,
+}
+
+fn usage(message: String) -> Fail {
+    Fail { code: 2, message }
+}
+
+fn filters(f: &FilterArgs) -> Result<Filters, Fail> {
+    let suppressions = match &f.suppressions {
+        Some(p) => Some(suppress::Suppressions::load(p).map_err(usage)?),
+        None => None,
+    };
+    Ok(Filters { suppressions, min_bytes: f.min_bytes, growth_min_bytes: growth::DEFAULT_MIN_BYTES })
+}
+
+fn render(a: &Analysis, format: Format, top: usize) -> String {
+    match format {
+        Format::Text => render::text(a, top),
+        Format::Json => render::json(a),
+        Format::Markdown => render::markdown(a, top),
+    }
+}
+
+fn cmd_report(args: &ReportArgs) -> Result<u8, Fail> {
+    let reports = model::load(&args.path).map_err(usage)?;
+    let a = analyze::analyze(&reports, &filters(&args.filters)?);
+    print!("{}", render(&a, args.format, args.top));
+    Ok(0)
+}
+
+fn cmd_check(args: &CheckArgs) -> Result<u8, Fail> {
+    let reports = model::load(&args.path).map_err(usage)?;
+    let a = analyze::analyze(&reports, &filters(&args.filters)?);
+    print!("{}", render::text(&a, args.top));
+    let failing = a.has_findings() || (args.fail_on_growth && a.growing() > 0);
+    Ok(if failing { args.exit_code } else { 0 })
+}
+
+fn cmd_diff(args: &DiffArgs) -> Result<u8, Fail> {
+    let base = model::load(&args.base).map_err(usage)?;
+    let new = model::load(&args.new).map_err(usage)?;
+    let changes = diff::diff(&base, &new);
+    match args.format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&changes).unwrap_or_default()),
+        _ => print!("{}", render::diff_text(&changes, args.top)),
+    }
+    let worse = changes.iter().any(|c| c.status == "new" || c.status == "grew");
+    Ok(if args.fail_on_new && worse { LEAK_EXIT } else { 0 })
+}
+
+fn cmd_run(args: &RunArgs) -> Result<u8, Fail> {
+    let lib = run::find_library().map_err(usage)?;
+    let filters = filters(&args.filters)?;
+    let output = args.output.clone().unwrap_or_else(|| run::default_output_dir(&args.cmd[0]));
+    // Absolute, because the program may change directory; the library creates it.
+    let output = if output.is_absolute() { output } else { std::env::current_dir().map(|d| d.join(&output)).unwrap_or(output) };
+    let settings = run::RunSettings {
+        output: output.clone(),
+        interval_ms: args.interval_ms,
+        depth: args.depth,
+        suppressions: args.filters.suppressions.clone(),
+    };
+    let code = match run::run(&lib, &args.cmd, &settings) {
+        run::Outcome::Exited(code) => code,
+        run::Outcome::NotFound(m) => return Err(Fail { code: 127, message: m }),
+        run::Outcome::Failed(m) => return Err(usage(m)),
+    };
+    let reports = match model::load(&output) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("leaktrace: {e}");
+            return Ok(code.clamp(0, 255) as u8);
+        }
+    };
+    let a = analyze::analyze(&reports, &filters);
+    eprint!("{}", render(&a, args.format, args.top));
+    eprintln!("leaktrace: reports in {}", output.display());
+    if code != 0 {
+        return Ok(code.clamp(0, 255) as u8);
+    }
+    Ok(if args.fail_on_leak && a.has_findings() { args.exit_code } else { 0 })
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    let result = match &cli.command {
+        Cmd::Run(a) => cmd_run(a),
+        Cmd::Report(a) => cmd_report(a),
+        Cmd::Diff(a) => cmd_diff(a),
+        Cmd::Check(a) => cmd_check(a),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(f) => {
+            eprintln!("leaktrace: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! What every output format shows: per process, the leak groups left after suppressions
+//! and the size threshold, the suppressed ones, and the stacks that grew during the run.
+use serde::Serialize;
+
+use crate::growth::{self, Growth};
+use crate::model::{Group, Report};
+use crate::suppress::Suppressions;
+
+#[derive(Clone, Debug, Default)]
+pub struct Filters {
+    pub suppressions: Option<Suppressions>,
+    /// Groups smaller than this are not reported.
+    pub min_bytes: u64,
+    /// Growth smaller than this is not reported.
+    pub growth_min_bytes: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ProcessAnalysis {
+    pub label: String,
+    pub pid: u32,
+    pub exe: String,
+    pub reason: String,
+    pub file: String,
+    pub forked_from_pid: Option<u32>,
+    pub leaked_bytes: u64,
+    pub leaked_blocks: u64,
+    pub suppressed_groups: usize,
+    pub suppressed_bytes: u64,
+    pub leaks: Vec<Group>,
+    pub growth: Vec<Growth>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Analysis {
+    pub schema: &'static str,
+    pub leaked_bytes: u64,
+    pub leaked_blocks: u64,
+    pub processes: Vec<ProcessAnalysis>,
+}
+
+impl Analysis {
+    pub fn has_findings(&self) -> bool {
+        self.processes.iter().any(|p| !p.leaks.is_empty())
+    }
+    pub fn growing(&self) -> usize {
+        self.processes.iter().map(|p| p.growth.len()).sum()
+    }
+}
+
+pub fn analyze(reports: &[Report], filters: &Filters) -> Analysis {
+    let processes: Vec<ProcessAnalysis> = reports
+        .iter()
+        .map(|r| {
+            let mut leaks = Vec::new();
+            let (mut suppressed_groups, mut suppressed_bytes) = (0, 0);
+            for g in &r.leaks {
+                if g.bytes < filters.min_bytes {
+                    continue;
+                }
+                if filters.suppressions.as_ref().and_then(|s| s.matching(g)).is_some() {
+                    suppressed_groups += 1;
+                    suppressed_bytes += g.bytes;
+                    continue;
+                }
+                leaks.push(g.clone());
+            }
+            let growth = growth::detect(r, filters.growth_min_bytes)
+                .into_iter()
+                .filter(|gr| {
+                    let as_group = Group { stack: gr.stack.clone(), ..Default::default() };
+                    filters.suppressions.as_ref().and_then(|s| s.matching(&as_group)).is_none()
+                })
+                .collect();
+            ProcessAnalysis {
+                label: r.label(),
+                pid: r.pid,
+                exe: r.exe.clone(),
+                reason: r.reason.clone(),
+                file: r.path.display().to_string(),
+                forked_from_pid: r.fork.forked_from_pid,
+                leaked_bytes: leaks.iter().map(|g| g.bytes).sum(),
+                leaked_blocks: leaks.iter().map(|g| g.blocks).sum(),
+                suppressed_groups,
+                suppressed_bytes,
+                leaks,
+                growth,
+            }
+        })
+        .collect();
+    Analysis {
+        schema: "leaktrace-analysis/1",
+        leaked_bytes: processes.iter().map(|p| p.leaked_bytes).sum(),
+        leaked_blocks: processes.iter().map(|p| p.leaked_blocks).sum(),
+        processes,
+    }
+}

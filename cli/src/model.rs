@@ -1,0 +1,210 @@
+//! Reading `leaktrace-report/1` files (see docs/report-format.md). Unknown fields are
+//! ignored; a missing file, bad JSON or another schema major version is an error that
+//! says what to do.
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub const SCHEMA_PREFIX: &str = "leaktrace-report/";
+pub const SCHEMA_MAJOR: &str = "1";
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct Frame {
+    #[serde(default)]
+    pub ip: String,
+    #[serde(default)]
+    pub module: Option<String>,
+    #[serde(default)]
+    pub offset: Option<u64>,
+    #[serde(default)]
+    pub function: Option<String>,
+    #[serde(default)]
+    pub file: Option<String>,
+    #[serde(default)]
+    pub line: Option<u32>,
+    #[serde(default)]
+    pub inlined: bool,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct Group {
+    pub kind: String,
+    pub api: String,
+    pub bytes: u64,
+    pub blocks: u64,
+    #[serde(default)]
+    pub peak_bytes: u64,
+    #[serde(default)]
+    pub total_allocs: u64,
+    #[serde(default)]
+    pub stack_id: u32,
+    #[serde(default)]
+    pub stack: Vec<Frame>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct HostTotals {
+    pub live_bytes: u64,
+    pub live_blocks: u64,
+    pub total_allocs: u64,
+    pub total_frees: u64,
+    pub peak_live_bytes: u64,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct Summary {
+    pub host: HostTotals,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct Point {
+    pub unix_ms: u64,
+    pub live_bytes: u64,
+    #[serde(default)]
+    pub live_blocks: u64,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct Series {
+    pub kind: String,
+    pub api: String,
+    pub stack_id: u32,
+    #[serde(default)]
+    pub stack: Option<Vec<Frame>>,
+    pub bytes: Vec<u64>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct Timeline {
+    #[serde(default)]
+    pub points: Vec<Point>,
+    #[serde(default)]
+    pub series: Vec<Series>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct Fork {
+    #[serde(default)]
+    pub forked_from_pid: Option<u32>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct Report {
+    pub schema: String,
+    pub pid: u32,
+    #[serde(default)]
+    pub ppid: u32,
+    #[serde(default)]
+    pub exe: String,
+    #[serde(default)]
+    pub argv: Vec<String>,
+    pub reason: String,
+    #[serde(default)]
+    pub started_unix_ms: u64,
+    #[serde(default)]
+    pub written_unix_ms: u64,
+    #[serde(default)]
+    pub fork: Fork,
+    pub summary: Summary,
+    #[serde(default)]
+    pub timeline: Timeline,
+    #[serde(default)]
+    pub leaks: Vec<Group>,
+    /// Where it was read from (not part of the file).
+    #[serde(skip)]
+    pub path: PathBuf,
+}
+
+impl Report {
+    /// A short name for the process: "python3 (pid 123)".
+    pub fn label(&self) -> String {
+        let name = Path::new(&self.exe).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "?".into());
+        format!("{name} (pid {})", self.pid)
+    }
+
+    /// The stack of a timeline series: its own, or that of the leak group it names.
+    pub fn series_stack<'a>(&'a self, s: &'a Series) -> &'a [Frame] {
+        match &s.stack {
+            Some(st) => st,
+            None => self.leaks.iter().find(|g| g.stack_id == s.stack_id).map(|g| g.stack.as_slice()).unwrap_or(&[]),
+        }
+    }
+}
+
+pub fn parse(text: &str, path: &Path) -> Result<Report, String> {
+    let value: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| format!("{} is not valid JSON ({e}); is it a leaktrace report?", path.display()))?;
+    let schema = value.get("schema").and_then(|s| s.as_str()).unwrap_or("");
+    let Some(major) = schema.strip_prefix(SCHEMA_PREFIX) else {
+        return Err(format!("{} is not a leaktrace report (no \"schema\": \"leaktrace-report/1\")", path.display()));
+    };
+    if major != SCHEMA_MAJOR {
+        return Err(format!(
+            "{} uses schema {schema}, which this leaktrace ({}) cannot read; use a leaktrace of that version",
+            path.display(),
+            env!("CARGO_PKG_VERSION")
+        ));
+    }
+    let mut report: Report = serde_json::from_value(value)
+        .map_err(|e| format!("{} is a damaged leaktrace report ({e})", path.display()))?;
+    report.path = path.to_path_buf();
+    Ok(report)
+}
+
+pub fn load_file(path: &Path) -> Result<Report, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {} ({e}); check the path", path.display()))?;
+    parse(&text, path)
+}
+
+/// A report file, or every `leaktrace.*.json` in a directory (sorted by start time).
+pub fn load(path: &Path) -> Result<Vec<Report>, String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot open {} ({e}); give a report file or a directory of reports", path.display()))?;
+    if !meta.is_dir() {
+        return Ok(vec![load_file(path)?]);
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+        .map_err(|e| format!("cannot list {} ({e})", path.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let n = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            n.starts_with("leaktrace.") && n.ends_with(".json")
+        })
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(format!("{} holds no leaktrace.*.json reports; was the program run under leaktrace?", path.display()));
+    }
+    let mut reports = files.iter().map(|f| load_file(f)).collect::<Result<Vec<_>, _>>()?;
+    reports.sort_by_key(|r| (r.started_unix_ms, r.pid));
+    Ok(reports)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_what_is_not_a_v1_report() {
+        let p = Path::new("x.json");
+        assert!(parse("{", p).unwrap_err().contains("not valid JSON"));
+        assert!(parse("{\"a\":1}", p).unwrap_err().contains("not a leaktrace report"));
+        assert!(parse("{\"schema\":\"leaktrace-report/2\"}", p).unwrap_err().contains("cannot read"));
+        assert!(parse("{\"schema\":\"leaktrace-report/1\"}", p).unwrap_err().contains("damaged"));
+        assert!(parse("[]", p).is_err());
+        assert!(parse("{\"schema\": 5}", p).is_err());
+    }
+
+    #[test]
+    fn reads_a_minimal_report_and_ignores_unknown_fields() {
+        let r = parse(
+            r#"{"schema":"leaktrace-report/1","pid":5,"reason":"exit","future":true,
+                "summary":{"host":{"live_bytes":1,"live_blocks":1,"total_allocs":1,"total_frees":0,"peak_live_bytes":1}},
+                "leaks":[{"kind":"host","api":"malloc","bytes":1,"blocks":1,"stack":[{"ip":"0x1","function":"f"}]}]}"#,
+            Path::new("r.json"),
+        )
+        .unwrap();
+        assert_eq!(r.pid, 5);
+        assert_eq!(r.leaks[0].stack[0].function.as_deref(), Some("f"));
+        assert!(r.timeline.points.is_empty());
+    }
+}

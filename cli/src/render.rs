@@ -1,0 +1,211 @@
+//! Text (LeakSanitizer style), Markdown (CI step summaries) and JSON renderings.
+use crate::analyze::Analysis;
+use crate::diff::Change;
+use crate::model::Frame;
+
+fn frame_line(i: usize, f: &Frame) -> String {
+    let mut s = format!("    #{i} {}", f.ip);
+    if let Some(func) = &f.function {
+        s.push_str(" in ");
+        s.push_str(func);
+    }
+    if let Some(file) = &f.file {
+        s.push(' ');
+        s.push_str(file);
+        if let Some(line) = f.line {
+            s.push_str(&format!(":{line}"));
+        }
+    }
+    match (&f.module, f.offset) {
+        (Some(m), Some(off)) => s.push_str(&format!(" ({m}+{off:#x})")),
+        (Some(m), None) => s.push_str(&format!(" ({m})")),
+        _ => {}
+    }
+    s
+}
+
+fn stack_text(out: &mut String, stack: &[Frame]) {
+    if stack.is_empty() {
+        out.push_str("    <no stack>\n");
+    }
+    for (i, f) in stack.iter().enumerate() {
+        out.push_str(&frame_line(i, f));
+        out.push('\n');
+    }
+}
+
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+pub fn text(a: &Analysis, top: usize) -> String {
+    let mut out = String::new();
+    for p in &a.processes {
+        out.push_str(&format!("==== {}: {} report {}\n", p.label, p.reason, p.file));
+        if p.leaks.is_empty() {
+            out.push_str("no leaks\n");
+        }
+        for g in p.leaks.iter().take(top) {
+            out.push_str(&format!("\nLeak of {} byte(s) in {} object(s) allocated from {} ({}):\n", g.bytes, g.blocks, g.api, g.kind));
+            stack_text(&mut out, &g.stack);
+        }
+        if p.leaks.len() > top {
+            out.push_str(&format!("\n... {} more leak group(s); --top N shows more\n", p.leaks.len() - top));
+        }
+        for gr in p.growth.iter().take(top) {
+            out.push_str(&format!(
+                "\nGrowing: {} byte(s) more over {} snapshots ({}/min) allocated from {} ({}):\n",
+                gr.grown_bytes,
+                gr.points,
+                human_bytes(gr.bytes_per_minute),
+                gr.api,
+                gr.kind
+            ));
+            stack_text(&mut out, &gr.stack);
+        }
+        let suppressed = if p.suppressed_groups > 0 {
+            format!(" ({} group(s), {} byte(s) suppressed)", p.suppressed_groups, p.suppressed_bytes)
+        } else {
+            String::new()
+        };
+        out.push_str(&format!(
+            "\nSUMMARY: leaktrace: {} byte(s) leaked in {} allocation(s){suppressed}.\n\n",
+            p.leaked_bytes, p.leaked_blocks
+        ));
+    }
+    out.push_str(&format!(
+        "TOTAL: {} byte(s) leaked in {} allocation(s) across {} process(es); {} growing stack(s).\n",
+        a.leaked_bytes,
+        a.leaked_blocks,
+        a.processes.len(),
+        a.growing()
+    ));
+    out
+}
+
+fn md_escape(s: &str) -> String {
+    s.replace('|', "\\|").replace('`', "'")
+}
+
+fn md_site(stack: &[Frame]) -> String {
+    let named: Vec<String> = stack
+        .iter()
+        .filter_map(|f| {
+            let func = f.function.as_ref()?;
+            let place = match (&f.file, f.line) {
+                (Some(file), Some(line)) => {
+                    let base = std::path::Path::new(file).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                    format!(" ({base}:{line})")
+                }
+                _ => String::new(),
+            };
+            Some(format!("`{}`{}", md_escape(func), md_escape(&place)))
+        })
+        .take(3)
+        .collect();
+    if named.is_empty() {
+        "(no symbols)".into()
+    } else {
+        named.join(" ← ")
+    }
+}
+
+pub fn markdown(a: &Analysis, top: usize) -> String {
+    let mut out = format!(
+        "### leaktrace: {} leaked in {} allocation(s) ({} process(es), {} growing stack(s))\n\n",
+        human_bytes(a.leaked_bytes),
+        a.leaked_blocks,
+        a.processes.len(),
+        a.growing()
+    );
+    out.push_str("| process | reason | leaked | allocations | groups | suppressed | growing |\n|---|---|---:|---:|---:|---:|---:|\n");
+    for p in &a.processes {
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} |\n",
+            md_escape(&p.label),
+            p.reason,
+            human_bytes(p.leaked_bytes),
+            p.leaked_blocks,
+            p.leaks.len(),
+            p.suppressed_groups,
+            p.growth.len()
+        ));
+    }
+    for p in &a.processes {
+        if p.leaks.is_empty() && p.growth.is_empty() {
+            continue;
+        }
+        out.push_str(&format!("\n#### {}\n\n", md_escape(&p.label)));
+        if !p.leaks.is_empty() {
+            out.push_str("| bytes | blocks | api | allocated at |\n|---:|---:|---|---|\n");
+            for g in p.leaks.iter().take(top) {
+                out.push_str(&format!("| {} | {} | {} | {} |\n", g.bytes, g.blocks, g.api, md_site(&g.stack)));
+            }
+            if p.leaks.len() > top {
+                out.push_str(&format!("\n{} more group(s) not shown.\n", p.leaks.len() - top));
+            }
+        }
+        if !p.growth.is_empty() {
+            out.push_str("\nGrowing during the run:\n\n| grew by | per minute | snapshots | api | allocated at |\n|---:|---:|---:|---|---|\n");
+            for gr in p.growth.iter().take(top) {
+                out.push_str(&format!(
+                    "| {} | {} | {} | {} | {} |\n",
+                    human_bytes(gr.grown_bytes),
+                    human_bytes(gr.bytes_per_minute),
+                    gr.points,
+                    gr.api,
+                    md_site(&gr.stack)
+                ));
+            }
+        }
+    }
+    out
+}
+
+pub fn json(a: &Analysis) -> String {
+    serde_json::to_string_pretty(a).unwrap_or_default() + "\n"
+}
+
+pub fn diff_text(changes: &[Change], top: usize) -> String {
+    let mut out = String::new();
+    if changes.is_empty() {
+        out.push_str("no differences in leak groups\n");
+        return out;
+    }
+    for c in changes.iter().take(top) {
+        out.push_str(&format!(
+            "\n{}: {} -> {} byte(s), {} -> {} object(s), {} ({}):\n",
+            c.status.to_uppercase(),
+            c.base_bytes,
+            c.new_bytes,
+            c.base_blocks,
+            c.new_blocks,
+            c.api,
+            c.kind
+        ));
+        stack_text(&mut out, &c.stack);
+    }
+    if changes.len() > top {
+        out.push_str(&format!("\n... {} more change(s); --top N shows more\n", changes.len() - top));
+    }
+    let count = |s: &str| changes.iter().filter(|c| c.status == s).count();
+    out.push_str(&format!(
+        "\nDIFF: {} new, {} grew, {} shrank, {} gone.\n",
+        count("new"),
+        count("grew"),
+        count("shrank"),
+        count("gone")
+    ));
+    out
+}

@@ -1,0 +1,130 @@
+//! `leaktrace run -- CMD`: the program runs with the user's terminal untouched (same
+//! process group, inherited stdio); the library is added to `LD_PRELOAD` in front of
+//! what was there; SIGTERM, SIGHUP and SIGQUIT — and SIGINT sent by a process rather
+//! than typed at the terminal, which already reached the program — are forwarded.
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+static CHILD: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn forward(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    let pid = CHILD.load(Ordering::Relaxed);
+    if pid <= 0 {
+        return;
+    }
+    // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
+    let code = if info.is_null() { libc::SI_USER } else { unsafe { (*info).si_code } };
+    // A terminal's ^C goes to the whole foreground group, the program included.
+    if sig == libc::SIGINT && code > 0 {
+        return;
+    }
+    // SAFETY: kill is async-signal-safe.
+    unsafe { libc::kill(pid, sig) };
+}
+
+fn install_forwarding() {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+        // SAFETY: a plain sigaction with an async-signal-safe SA_SIGINFO handler.
+        unsafe {
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = forward as *const () as usize;
+            act.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+            libc::sigemptyset(&mut act.sa_mask);
+            libc::sigaction(sig, &act, std::ptr::null_mut());
+        }
+    }
+}
+
+/// The preload library: `LEAKTRACE_LIB`, beside this executable, or in `../lib`.
+pub fn find_library() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("LEAKTRACE_LIB") {
+        let p = PathBuf::from(p);
+        return if p.is_file() { Ok(p) } else { Err(format!("LEAKTRACE_LIB={} is not a file; point it at libleaktrace.so", p.display())) };
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("cannot locate the leaktrace executable ({e}); set LEAKTRACE_LIB"))?;
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    for candidate in [dir.join("libleaktrace.so"), dir.join("../lib/libleaktrace.so")] {
+        if candidate.is_file() {
+            return Ok(candidate.canonicalize().unwrap_or(candidate));
+        }
+    }
+    Err(format!(
+        "libleaktrace.so not found beside {} or in ../lib; build it (cargo build --release) or set LEAKTRACE_LIB",
+        exe.display()
+    ))
+}
+
+pub struct RunSettings {
+    pub output: PathBuf,
+    pub interval_ms: Option<u64>,
+    pub depth: Option<usize>,
+    pub suppressions: Option<PathBuf>,
+}
+
+pub enum Outcome {
+    Exited(i32),
+    NotFound(String),
+    Failed(String),
+}
+
+/// Runs `cmd`; returns its exit code (128 + signal when killed, as shells report it).
+pub fn run(lib: &Path, cmd: &[String], s: &RunSettings) -> Outcome {
+    let preload = match std::env::var("LD_PRELOAD") {
+        Ok(existing) if !existing.trim().is_empty() => format!("{}:{existing}", lib.display()),
+        _ => lib.display().to_string(),
+    };
+    let mut c = Command::new(&cmd[0]);
+    c.args(&cmd[1..]).env("LD_PRELOAD", preload).env("LEAKTRACE_OUTPUT", &s.output).env("LEAKTRACE_SUMMARY", "0");
+    if let Some(ms) = s.interval_ms {
+        c.env("LEAKTRACE_INTERVAL_MS", ms.to_string());
+    }
+    if let Some(d) = s.depth {
+        c.env("LEAKTRACE_STACK_DEPTH", d.to_string());
+    }
+    if let Some(sup) = &s.suppressions {
+        c.env("LEAKTRACE_SUPPRESSIONS", sup);
+    }
+    install_forwarding();
+    let mut child = match c.spawn() {
+        Ok(child) => child,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Outcome::NotFound(format!("{}: command not found", cmd[0]));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            return Outcome::Failed(format!("{}: permission denied; is it executable?", cmd[0]));
+        }
+        Err(e) => return Outcome::Failed(format!("cannot start {} ({e})", cmd[0])),
+    };
+    CHILD.store(child.id() as i32, Ordering::Relaxed);
+    let status = loop {
+        match child.wait() {
+            Ok(st) => break st,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Outcome::Failed(format!("waiting for {} failed ({e})", cmd[0])),
+        }
+    };
+    CHILD.store(0, Ordering::Relaxed);
+    Outcome::Exited(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+}
+
+/// `./leaktrace-<cmd>-<YYYYmmdd-HHMMSS>` (local time), made unique if it exists.
+pub fn default_output_dir(cmd: &str) -> PathBuf {
+    let base = Path::new(cmd).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "cmd".into());
+    let base: String = base.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' { c } else { '_' }).collect();
+    // SAFETY: time/localtime_r with valid pointers.
+    let stamp = unsafe {
+        let t = libc::time(std::ptr::null_mut());
+        let mut tm: libc::tm = std::mem::zeroed();
+        libc::localtime_r(&t, &mut tm);
+        format!("{:04}{:02}{:02}-{:02}{:02}{:02}", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec)
+    };
+    let mut dir = PathBuf::from(format!("leaktrace-{base}-{stamp}"));
+    let mut n = 1;
+    while dir.exists() {
+        n += 1;
+        dir = PathBuf::from(format!("leaktrace-{base}-{stamp}-{n}"));
+    }
+    dir
+}
