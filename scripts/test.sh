@@ -4,5 +4,6 @@
 # cargo test alone never rebuilds a cdylib that no test links, hence the build first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --lib
-cargo test --release "$@"
+# The preload library, the leaktrace command and the shared crates.
+cargo build --release --workspace
+cargo test --release --workspace "$@"

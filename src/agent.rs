@@ -3,7 +3,7 @@
 //! `record_*`, the lifecycle hooks call `start`, `finish`, the fork and dlclose steps.
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::collector::lock::SpinLock;
@@ -21,6 +21,8 @@ use crate::report::writer;
 const OFF: u8 = 0;
 const ACTIVE: u8 = 1;
 const FINISHED: u8 = 2;
+/// The final report is being written (by whichever thread got there first).
+const FINISHING: u8 = 3;
 
 /// Read on every hook call, written almost never: kept away from the ring's hot lines.
 #[repr(C, align(128))]
@@ -43,6 +45,10 @@ struct Consumer {
 
 static STATE: SpinLock<Option<Consumer>> = SpinLock::new(None);
 static SNAPSHOT_REQUESTED: AtomicBool = AtomicBool::new(false);
+/// A termination signal to die by once the final report is written (0: none).
+static TERMINATING_SIGNAL: AtomicI32 = AtomicI32::new(0);
+/// Set while a collector thread runs in this process.
+static COLLECTOR_RUNNING: AtomicBool = AtomicBool::new(false);
 /// The process whose state this is; a vfork child sharing our memory has another pid.
 static OWNER_PID: AtomicU32 = AtomicU32::new(0);
 
@@ -56,6 +62,9 @@ struct ReportSide {
     write_failed_once: bool,
     host_tracking: String,
     timeline: Timeline,
+    suppressions: leaktrace_suppressions::Suppressions,
+    /// The signal ending the process, for the final report.
+    exit_signal: Option<i32>,
 }
 
 static REPORT: SpinLock<Option<ReportSide>> = SpinLock::new(None);
@@ -167,6 +176,13 @@ pub fn start(config: Config, host_tracking: String) -> bool {
         DEPTH.store(config.stack_depth, Ordering::Relaxed);
         let process = ProcessInfo::current(None);
         let symbolizer = Symbolizer::new(process.exe.clone());
+        let suppressions = match &config.suppressions {
+            Some(path) => leaktrace_suppressions::Suppressions::load(path).unwrap_or_else(|e| {
+                stderr_line(&format!("leaktrace: {e}; the exit summary is not filtered"));
+                Default::default()
+            }),
+            None => Default::default(),
+        };
         channel::init();
         *STATE.lock() = Some(Consumer { model: Collector::new(), order: DrainState::default() });
         *REPORT.lock() = Some(ReportSide {
@@ -178,6 +194,8 @@ pub fn start(config: Config, host_tracking: String) -> bool {
             write_failed_once: false,
             host_tracking,
             timeline: Timeline::default(),
+            suppressions,
+            exit_signal: None,
         });
         OWNER_PID.store(std::process::id(), Ordering::SeqCst);
         TRACKING.store(ACTIVE, Ordering::SeqCst);
@@ -195,10 +213,22 @@ fn spawn_collector() {
 }
 
 fn collector_main() {
+    COLLECTOR_RUNNING.store(true, Ordering::SeqCst);
     let interval = REPORT.lock().as_ref().map(|r| r.config.interval_ms).unwrap_or(0);
     let mut last_report = Instant::now();
     let mut idle_sleep_us = 200u64;
     while active() {
+        let sig = TERMINATING_SIGNAL.load(Ordering::Acquire);
+        if sig != 0 {
+            finish_as(sig);
+            // Another thread may be writing the final report (exit, _exit raced the
+            // signal): let it finish; the process usually ends on its own meanwhile.
+            let start = Instant::now();
+            while final_in_progress() && start.elapsed() < Duration::from_secs(60) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            crate::interpose::lifecycle::die_by_signal(sig);
+        }
         let drained = {
             let mut g = STATE.lock();
             g.as_mut().map(|c| drain_into(c, 1 << 16, false)).unwrap_or(0)
@@ -217,6 +247,21 @@ fn collector_main() {
             idle_sleep_us = 200;
         }
     }
+}
+
+/// Called from a termination signal handler (async-signal-safe). Returns false when the
+/// caller must die at once: tracking is off, no collector runs, or this is the second
+/// signal.
+pub fn request_final_on_signal(sig: i32) -> bool {
+    if final_in_progress() {
+        // The process is already ending (exit, _exit) and writing its last report: let it
+        // finish; it ends right after. Killing it now would lose the report.
+        return true;
+    }
+    if !active() || !COLLECTOR_RUNNING.load(Ordering::Acquire) || OWNER_PID.load(Ordering::Relaxed) == 0 {
+        return false;
+    }
+    TERMINATING_SIGNAL.compare_exchange(0, sig, Ordering::AcqRel, Ordering::Acquire).is_ok()
 }
 
 /// Called from the snapshot signal handler: only sets a flag.
@@ -294,6 +339,7 @@ fn write_report(reason: Reason) {
         stacks_interned: stacks::count().saturating_sub(1) as u64,
         stack_table_overflows: stacks::overflows(),
         host_tracking: r.host_tracking.clone(),
+        exit_signal: r.exit_signal,
     };
     let bytes = build::report_bytes(&r.process, reason, now, &snapshot.totals, &groups, &facts, &timeline);
     let mut path = r.process.report_path(&r.output_dir);
@@ -321,19 +367,41 @@ fn write_report(reason: Reason) {
         r.final_written = true;
         if r.config.summary {
             let shown = result.is_ok().then(|| path.display().to_string());
-            let text = build::summary_text(r.process.pid, &snapshot.totals, &groups, r.config.summary_top, shown.as_deref());
+            let (visible, suppressed) = build::apply_suppressions(&groups, &r.suppressions);
+            let text = build::summary_text(r.process.pid, &visible, suppressed, r.config.summary_top, shown.as_deref());
             let _ = std::io::Write::write_all(&mut std::io::stderr(), text.as_bytes());
         }
     }
 }
 
+/// The final report when the process is being ended by `sig`.
+fn finish_as(sig: i32) {
+    if let Some(mut r) = lock_bounded(&REPORT, Duration::from_secs(2)) {
+        if let Some(r) = r.as_mut() {
+            r.exit_signal = Some(sig);
+        }
+    }
+    finish();
+}
+
+fn final_in_progress() -> bool {
+    TRACKING.load(Ordering::Acquire) == FINISHING
+}
+
 /// The final report: exactly once per process image, after the last event is drained.
+/// A second caller (the process is ending through two paths at once: `exit` and a
+/// signal, or two threads) waits for the first to finish writing, so that no exit path
+/// ends the process in the middle of the report.
 pub fn finish() {
     if OWNER_PID.load(Ordering::SeqCst) != std::process::id() {
         // A vfork child (posix_spawn) sharing our memory: never finalise the parent's state.
         return;
     }
-    if TRACKING.compare_exchange(ACTIVE, FINISHED, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+    if TRACKING.compare_exchange(ACTIVE, FINISHING, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+        let start = Instant::now();
+        while final_in_progress() && start.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         return;
     }
     thread::untracked(|| {
@@ -342,6 +410,7 @@ pub fn finish() {
         }
     });
     channel::close();
+    TRACKING.store(FINISHED, Ordering::SeqCst);
 }
 
 // ---- dlclose -----------------------------------------------------------------------
@@ -385,6 +454,9 @@ pub fn fork_parent() {
 
 pub fn fork_child() {
     OWNER_PID.store(std::process::id(), Ordering::SeqCst);
+    // The parent's collector thread does not exist here; ours starts below.
+    COLLECTOR_RUNNING.store(false, Ordering::SeqCst);
+    TERMINATING_SIGNAL.store(0, Ordering::SeqCst);
     thread::reset_after_fork();
     unwind::forget_stack_bounds();
     thread::untracked(|| {
@@ -425,10 +497,16 @@ fn fork_child_inner() {
     let mut r = REPORT.lock();
     if let Some(old) = r.take() {
         let process = ProcessInfo::current(Some(old.process.pid));
-        let (symbolizer, config, output_dir, host_tracking) = if was_free {
-            (old.symbolizer, old.config, old.output_dir, old.host_tracking)
+        let (symbolizer, config, output_dir, host_tracking, suppressions) = if was_free {
+            (old.symbolizer, old.config, old.output_dir, old.host_tracking, old.suppressions)
         } else {
-            let kept = (Symbolizer::new(process.exe.clone()), old.config.clone(), old.output_dir.clone(), old.host_tracking.clone());
+            let kept = (
+                Symbolizer::new(process.exe.clone()),
+                old.config.clone(),
+                old.output_dir.clone(),
+                old.host_tracking.clone(),
+                old.suppressions.clone(),
+            );
             std::mem::forget(old);
             kept
         };
@@ -441,6 +519,8 @@ fn fork_child_inner() {
             write_failed_once: false,
             host_tracking,
             timeline: Timeline::default(),
+            suppressions,
+            exit_signal: None,
         });
     }
 }

@@ -24,6 +24,8 @@ pub struct Config {
     pub follow_fork: bool,
     /// LEAKTRACE_DISABLE: pass everything through, record nothing.
     pub disabled: bool,
+    /// LEAKTRACE_SUPPRESSIONS: LeakSanitizer-style file applied to the exit summary.
+    pub suppressions: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -37,6 +39,7 @@ impl Default for Config {
             snapshot_signal: Some(libc::SIGUSR2),
             follow_fork: true,
             disabled: false,
+            suppressions: None,
         }
     }
 }
@@ -51,6 +54,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("LEAKTRACE_SNAPSHOT_SIGNAL", "signal that asks for a snapshot: USR1, USR2, a number, or 0/off (default USR2)"),
     ("LEAKTRACE_FOLLOW_FORK", "1/0: keep tracking in forked children (default 1)"),
     ("LEAKTRACE_DISABLE", "1: record nothing, write nothing (default 0)"),
+    ("LEAKTRACE_SUPPRESSIONS", "LeakSanitizer-style suppressions file (leak:PATTERN) for the exit summary"),
 ];
 
 fn parse_bool(v: &str) -> Option<bool> {
@@ -137,6 +141,13 @@ impl Config {
             match parse_bool(&v) {
                 Some(b) => c.follow_fork = b,
                 None => bad("LEAKTRACE_FOLLOW_FORK", &v, "1 or 0", "1".into()),
+            }
+        }
+        if let Some(v) = get("LEAKTRACE_SUPPRESSIONS") {
+            if v.trim().is_empty() {
+                bad("LEAKTRACE_SUPPRESSIONS", &v, "a file", "no suppressions".into());
+            } else {
+                c.suppressions = Some(PathBuf::from(v));
             }
         }
         if let Some(v) = get("LEAKTRACE_DISABLE") {

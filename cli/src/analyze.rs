@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use crate::growth::{self, Growth};
 use crate::model::{Group, Report};
-use crate::suppress::Suppressions;
+use crate::suppress::{self, Suppressions};
 
 #[derive(Clone, Debug, Default)]
 pub struct Filters {
@@ -58,7 +58,7 @@ pub fn analyze(reports: &[Report], filters: &Filters) -> Analysis {
                 if g.bytes < filters.min_bytes {
                     continue;
                 }
-                if filters.suppressions.as_ref().and_then(|s| s.matching(g)).is_some() {
+                if filters.suppressions.as_ref().and_then(|s| suppress::matching(s, g)).is_some() {
                     suppressed_groups += 1;
                     suppressed_bytes += g.bytes;
                     continue;
@@ -69,7 +69,7 @@ pub fn analyze(reports: &[Report], filters: &Filters) -> Analysis {
                 .into_iter()
                 .filter(|gr| {
                     let as_group = Group { stack: gr.stack.clone(), ..Default::default() };
-                    filters.suppressions.as_ref().and_then(|s| s.matching(&as_group)).is_none()
+                    filters.suppressions.as_ref().and_then(|s| suppress::matching(s, &as_group)).is_none()
                 })
                 .collect();
             ProcessAnalysis {

@@ -170,15 +170,17 @@ fn render(a: &Analysis, format: Format, top: usize) -> String {
 }
 
 fn cmd_report(args: &ReportArgs) -> Result<u8, Fail> {
+    let filters = filters(&args.filters)?;
     let reports = model::load(&args.path).map_err(usage)?;
-    let a = analyze::analyze(&reports, &filters(&args.filters)?);
+    let a = analyze::analyze(&reports, &filters);
     print!("{}", render(&a, args.format, args.top));
     Ok(0)
 }
 
 fn cmd_check(args: &CheckArgs) -> Result<u8, Fail> {
+    let filters = filters(&args.filters)?;
     let reports = model::load(&args.path).map_err(usage)?;
-    let a = analyze::analyze(&reports, &filters(&args.filters)?);
+    let a = analyze::analyze(&reports, &filters);
     print!("{}", render::text(&a, args.top));
     let failing = a.has_findings() || (args.fail_on_growth && a.growing() > 0);
     Ok(if failing { args.exit_code } else { 0 })

@@ -87,6 +87,10 @@ pub fn run(lib: &Path, cmd: &[String], s: &RunSettings) -> Outcome {
         c.env("LEAKTRACE_SUPPRESSIONS", sup);
     }
     install_forwarding();
+    // Orphaned descendants (daemonized helpers, Python's resource tracker) are
+    // reparented to us, so the run can wait for them and collect their reports too.
+    // SAFETY: prctl with an integer argument.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     let mut child = match c.spawn() {
         Ok(child) => child,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -106,7 +110,31 @@ pub fn run(lib: &Path, cmd: &[String], s: &RunSettings) -> Outcome {
         }
     };
     CHILD.store(0, Ordering::Relaxed);
+    wait_for_descendants(std::time::Duration::from_secs(10));
     Outcome::Exited(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+}
+
+/// Reaps descendants that outlived CMD (they were reparented to us), for at most
+/// `limit`; one still running after that is reported and left alone.
+fn wait_for_descendants(limit: std::time::Duration) {
+    let start = std::time::Instant::now();
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid on any child, non-blocking.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        if pid > 0 {
+            continue;
+        }
+        // SAFETY: reading errno after a failed call.
+        if pid < 0 && unsafe { *libc::__errno_location() } == libc::ECHILD {
+            return;
+        }
+        if start.elapsed() > limit {
+            eprintln!("leaktrace: processes started by the command are still running after {}s; their reports may be missing", limit.as_secs());
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
 }
 
 /// `./leaktrace-<cmd>-<YYYYmmdd-HHMMSS>` (local time), made unique if it exists.

@@ -25,6 +25,7 @@ extern "C" fn on_load() {
             if let Some(sig) = signal {
                 install_snapshot_signal(sig);
             }
+            install_termination_signals(signal);
         }
     });
 }
@@ -108,6 +109,54 @@ fn install_snapshot_signal(sig: c_int) {
         act.sa_flags = libc::SA_RESTART | libc::SA_ONSTACK;
         libc::sigemptyset(&mut act.sa_mask);
         libc::sigaction(sig, &act, std::ptr::null_mut());
+    }
+}
+
+/// Termination signals the program leaves at their default action: the handler only
+/// records the signal; the collector thread writes the final report and then lets the
+/// signal kill the process as it would have (`die_by_signal`). A second signal, or one
+/// arriving when no collector runs, kills at once.
+fn install_termination_signals(snapshot: Option<c_int>) {
+    for sig in [libc::SIGTERM, libc::SIGHUP, libc::SIGINT] {
+        if Some(sig) == snapshot {
+            continue;
+        }
+        // SAFETY: as in install_snapshot_signal: only over the default action.
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 || old.sa_sigaction != libc::SIG_DFL {
+                continue;
+            }
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = on_termination_signal as *const () as usize;
+            act.sa_flags = libc::SA_RESTART | libc::SA_ONSTACK;
+            libc::sigemptyset(&mut act.sa_mask);
+            libc::sigaction(sig, &act, std::ptr::null_mut());
+        }
+    }
+}
+
+extern "C" fn on_termination_signal(sig: c_int) {
+    // Async-signal-safe: atomics, sigaction and raise only.
+    if !agent::request_final_on_signal(sig) {
+        die_by_signal(sig);
+    }
+}
+
+/// Restores the default action of `sig` and delivers it to the process.
+pub fn die_by_signal(sig: c_int) {
+    // SAFETY: sigaction, sigprocmask and kill are async-signal-safe; the default action
+    // of a termination signal ends the process.
+    unsafe {
+        let mut act: libc::sigaction = std::mem::zeroed();
+        act.sa_sigaction = libc::SIG_DFL;
+        libc::sigemptyset(&mut act.sa_mask);
+        libc::sigaction(sig, &act, std::ptr::null_mut());
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::kill(libc::getpid(), sig);
     }
 }
 

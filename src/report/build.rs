@@ -65,6 +65,7 @@ pub struct RunFacts {
     pub stacks_interned: u64,
     pub stack_table_overflows: u64,
     pub host_tracking: String,
+    pub exit_signal: Option<i32>,
 }
 
 /// The symbolized frames of an interned stack (innermost first, inlined frames expanded).
@@ -187,6 +188,9 @@ struct ReportOut<'a> {
     exe: &'a str,
     argv: &'a [String],
     reason: &'static str,
+    /// The signal that ended the process, when the final report was written for one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    exit_signal: Option<i32>,
     started_unix_ms: u64,
     written_unix_ms: u64,
     fork: serde_json::Value,
@@ -232,6 +236,7 @@ pub fn report_bytes(
         exe: &process.exe,
         argv: &process.argv,
         reason: reason.name(),
+        exit_signal: facts.exit_signal,
         started_unix_ms: process.started_unix_ms,
         written_unix_ms,
         fork: json!({
@@ -289,11 +294,30 @@ fn frame_text(i: usize, f: &Frame) -> String {
     s
 }
 
+/// Splits groups into those to show and the number suppressed (by function, file or
+/// module name of any frame).
+pub fn apply_suppressions<'a>(groups: &'a [Group], s: &leaktrace_suppressions::Suppressions) -> (Vec<&'a Group>, usize) {
+    let mut shown = Vec::new();
+    let mut suppressed = 0;
+    for g in groups {
+        let names = g.stack.iter().flat_map(|f| [f.function.as_deref(), f.file.as_deref(), f.module.as_deref()].into_iter().flatten());
+        if s.matching(names).is_some() {
+            suppressed += 1;
+        } else {
+            shown.push(g);
+        }
+    }
+    (shown, suppressed)
+}
+
 /// The exit summary in the shape LeakSanitizer users know.
-pub fn summary_text(pid: u32, totals: &Totals, groups: &[Group], top: usize, report: Option<&str>) -> String {
+pub fn summary_text(pid: u32, groups: &[&Group], suppressed: usize, top: usize, report: Option<&str>) -> String {
     let mut out = String::new();
+    let bytes: u64 = groups.iter().map(|g| g.bytes).sum();
+    let blocks: u64 = groups.iter().map(|g| g.blocks).sum();
+    let suppressed_note = if suppressed > 0 { format!(" ({suppressed} group(s) suppressed)") } else { String::new() };
     if groups.is_empty() {
-        out.push_str(&format!("=={pid}==leaktrace: no leaks found"));
+        out.push_str(&format!("=={pid}==leaktrace: no leaks found{suppressed_note}"));
     } else {
         out.push_str("=================================================================\n");
         out.push_str(&format!("=={pid}==leaktrace: detected memory leaks\n"));
@@ -313,10 +337,7 @@ pub fn summary_text(pid: u32, totals: &Totals, groups: &[Group], top: usize, rep
         if groups.len() > top {
             out.push_str(&format!("\n... {} more leak group(s) in the report\n", groups.len() - top));
         }
-        out.push_str(&format!(
-            "\nSUMMARY: leaktrace: {} byte(s) leaked in {} allocation(s).",
-            totals.live_bytes, totals.live_blocks
-        ));
+        out.push_str(&format!("\nSUMMARY: leaktrace: {bytes} byte(s) leaked in {blocks} allocation(s){suppressed_note}."));
     }
     if let Some(r) = report {
         out.push_str(&format!("\n=={pid}==leaktrace: report {r}"));
@@ -393,14 +414,17 @@ mod tests {
 
     #[test]
     fn summary_reads_like_lsan() {
-        let t = Totals { live_bytes: 48, live_blocks: 3, ..Default::default() };
-        let s = summary_text(10, &t, &[group()], 10, Some("/out/r.json"));
+        let g = group();
+        let s = summary_text(10, &[&g], 0, 10, Some("/out/r.json"));
         assert!(s.contains("==10==leaktrace: detected memory leaks"));
         assert!(s.contains("Leak of 48 byte(s) in 3 object(s) allocated from calloc (host):"));
         assert!(s.contains("    #0 0x1234 in leak_here /src/x.c:12 (/bin/x+0x234)"));
         assert!(s.contains("SUMMARY: leaktrace: 48 byte(s) leaked in 3 allocation(s)."));
         assert!(s.ends_with("==10==leaktrace: report /out/r.json\n"));
-        let none = summary_text(10, &Totals::default(), &[], 10, None);
+        let none = summary_text(10, &[], 0, 10, None);
         assert_eq!(none, "==10==leaktrace: no leaks found\n");
+        let (shown, n) = apply_suppressions(std::slice::from_ref(&g), &leaktrace_suppressions::Suppressions { patterns: vec!["leak_*".into()] });
+        assert_eq!((shown.len(), n), (0, 1));
+        assert_eq!(summary_text(10, &shown, n, 10, None), "==10==leaktrace: no leaks found (1 group(s) suppressed)\n");
     }
 }

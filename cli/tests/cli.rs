@@ -1,0 +1,222 @@
+//! The `leaktrace` command end to end, through the real binary and the real library
+//! (`scripts/test.sh` builds both first).
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde_json::Value;
+
+fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_leaktrace"))
+}
+
+fn manifest() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn scratch(tag: &str) -> PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let d = bin().parent().unwrap().join("cli-scratch").join(format!("{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn build(src: &Path, out_dir: &Path) -> PathBuf {
+    let out = out_dir.join(src.file_stem().unwrap());
+    let cc = if src.extension().unwrap() == "cpp" { "c++" } else { "cc" };
+    let o = Command::new(cc).args(["-O2", "-g"]).arg(src).arg("-o").arg(&out).output().expect("cc");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    out
+}
+
+fn leaktrace(args: &[&str], cwd: &Path) -> Output {
+    Command::new(bin()).args(args).current_dir(cwd).output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn reports(dir: &Path) -> Vec<Value> {
+    let mut v: Vec<Value> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().map(|x| x == "json").unwrap_or(false))
+        .map(|p| serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap())
+        .collect();
+    v.sort_by_key(|r| r["started_unix_ms"].as_u64());
+    v
+}
+
+#[test]
+fn golden_text_and_markdown() {
+    for (format, golden) in [("text", "sample-report.txt"), ("markdown", "sample-report.md")] {
+        let out = leaktrace(&["report", "--format", format, "tests/data/sample-report.json"], &manifest());
+        assert!(out.status.success());
+        let expected = std::fs::read_to_string(manifest().join("tests/data").join(golden)).unwrap();
+        assert_eq!(text(&out.stdout), expected, "{format}");
+    }
+    let out = leaktrace(&["report", "--format", "json", "tests/data/sample-report.json"], &manifest());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["schema"], "leaktrace-analysis/1");
+    assert_eq!(v["leaked_bytes"], 6336);
+}
+
+#[test]
+fn suppressions_hide_exactly_what_they_match() {
+    let out = leaktrace(&["report", "--suppressions", "tests/data/make_layer.supp", "tests/data/sample-report.json"], &manifest());
+    let t = text(&out.stdout);
+    assert!(!t.contains("make_layer"), "{t}");
+    assert!(t.contains("format_metrics") && t.contains("_IO_file_doallocate"));
+    assert!(t.contains("SUMMARY: leaktrace: 4736 byte(s) leaked in 11 allocation(s) (1 group(s), 1600 byte(s) suppressed)."), "{t}");
+    // check: the same file, the same verdict; nothing left -> 0.
+    let dir = scratch("supp");
+    std::fs::write(dir.join("all.supp"), "# everything\nleak:main\n").unwrap();
+    let report = manifest().join("tests/data/sample-report.json");
+    let out = leaktrace(&["check", "--suppressions", dir.join("all.supp").to_str().unwrap(), report.to_str().unwrap()], &dir);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    let out = leaktrace(&["check", report.to_str().unwrap()], &dir);
+    assert_eq!(out.status.code(), Some(23));
+    let out = leaktrace(&["check", "--min-bytes", "5000", report.to_str().unwrap()], &dir);
+    assert_eq!(out.status.code(), Some(0), "no group reaches 5000 bytes");
+}
+
+#[test]
+fn run_a_cxx_program_with_planted_leaks() {
+    let dir = scratch("cxx");
+    let prog = build(&manifest().join("../tests/fixtures/cxx_leaks.cpp"), &dir);
+    let out = leaktrace(&["run", "--output", "reports", "--fail-on-leak", "--", prog.to_str().unwrap()], &dir);
+    assert_eq!(out.status.code(), Some(23), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "cxx fixture 1000\n", "the program's output is untouched");
+    let err = text(&out.stderr);
+    assert!(err.contains("in app::make_widget_leak()") && err.contains("in app::make_array_leak()"), "{err}");
+    assert!(err.contains("TOTAL: "), "{err}");
+    assert_eq!(reports(&dir.join("reports")).len(), 1);
+    // Without --fail-on-leak the program's status is returned.
+    let leaks = build(&manifest().join("../tests/fixtures/leaks.c"), &dir);
+    let out = leaktrace(&["run", "--output", "r2", "--", leaks.to_str().unwrap()], &dir);
+    assert_eq!(out.status.code(), Some(7));
+    // Default output directory: ./leaktrace-<cmd>-<timestamp>/
+    let out = leaktrace(&["run", "--", leaks.to_str().unwrap()], &dir);
+    assert_eq!(out.status.code(), Some(7));
+    let made: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with("leaktrace-leaks-")).collect();
+    assert_eq!(made.len(), 1, "{made:?}");
+}
+
+fn python() -> String {
+    let out = Command::new("python3").args(["-c", "import sys; print(sys.executable)"]).output().unwrap();
+    text(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn python_multiprocessing_children_get_reports_fork_and_spawn() {
+    for method in ["fork", "spawn"] {
+        let dir = scratch(method);
+        let script = dir.join("mp.py");
+        std::fs::write(
+            &script,
+            format!(
+                "import ctypes, multiprocessing as mp\n\
+                 def work(i):\n    ctypes.CDLL(None).malloc(1234567)\n    return i\n\
+                 if __name__ == '__main__':\n    mp.set_start_method('{method}')\n\
+                 \x20   with mp.Pool(2) as p:\n        print(sorted(p.map(work, range(4))))\n"
+            ),
+        )
+        .unwrap();
+        let out = leaktrace(&["run", "--output", "r", "--", &python(), script.to_str().unwrap()], &dir);
+        assert_eq!(out.status.code(), Some(0), "{method}: {}", text(&out.stderr));
+        assert_eq!(text(&out.stdout), "[0, 1, 2, 3]\n");
+        let rs = reports(&dir.join("r"));
+        // Every pool worker has its own report (fork: forked from the parent; spawn: a
+        // fresh interpreter started with --multiprocessing-fork).
+        let workers: Vec<&Value> = rs
+            .iter()
+            .filter(|r| {
+                r["fork"]["forked_from_pid"] == rs[0]["pid"]
+                    || r["argv"].as_array().unwrap().iter().any(|a| a == "--multiprocessing-fork")
+            })
+            .collect();
+        assert_eq!(workers.len(), 2, "{method}: {} reports", rs.len());
+        // The four planted ctypes leaks are all there, in the workers that ran the tasks.
+        let planted: u64 = workers
+            .iter()
+            .flat_map(|w| w["leaks"].as_array().unwrap().iter())
+            .map(|g| g["bytes"].as_u64().unwrap())
+            .filter(|b| *b > 0 && b % 1234567 == 0)
+            .sum();
+        assert_eq!(planted, 4 * 1234567, "{method}");
+        assert!(text(&out.stderr).contains(&format!("across {} process(es)", rs.len())));
+    }
+}
+
+#[test]
+fn diff_before_and_after_a_planted_leak() {
+    let dir = scratch("diff");
+    let prog = build(&manifest().join("tests/fixtures/switch_leak.c"), &dir);
+    let p = prog.to_str().unwrap();
+    assert!(leaktrace(&["run", "--output", "base", "--", p], &dir).status.success());
+    assert!(leaktrace(&["run", "--output", "new", "--", p, "leak"], &dir).status.success());
+    let out = leaktrace(&["diff", "base", "new"], &dir);
+    let t = text(&out.stdout);
+    assert!(t.contains("NEW: 0 -> 4000 byte(s)") && t.contains("in extra_leak"), "{t}");
+    assert!(t.contains("DIFF: 1 new, 0 grew, 0 shrank, 0 gone."), "{t}");
+    assert!(!t.contains("always_leak"), "unchanged groups are not listed: {t}");
+    assert_eq!(leaktrace(&["diff", "--fail-on-new", "base", "new"], &dir).status.code(), Some(23));
+    let back = text(&leaktrace(&["diff", "new", "base"], &dir).stdout);
+    assert!(back.contains("GONE: 4000 -> 0 byte(s)"), "{back}");
+}
+
+#[test]
+fn growth_is_flagged_for_steady_growth_and_not_for_a_plateau() {
+    let dir = scratch("growth");
+    let prog = build(&manifest().join("tests/fixtures/grow.c"), &dir);
+    let p = prog.to_str().unwrap();
+    let out = leaktrace(&["run", "--interval-ms", "20", "--output", "grow-reports", "--", p], &dir);
+    assert!(out.status.success());
+    let r = &reports(&dir.join("grow-reports"))[0];
+    assert!(r["timeline"]["points"].as_array().unwrap().len() >= 30, "{} snapshots", r["timeline"]["points"]);
+    let t = text(&leaktrace(&["report", "grow-reports"], &dir).stdout);
+    assert!(t.contains("Growing: ") && t.contains("in grow_step"), "{t}");
+    assert!(t.contains("no leaks"), "everything was freed at exit: {t}");
+    let md = text(&leaktrace(&["report", "--format", "markdown", "grow-reports"], &dir).stdout);
+    assert!(md.contains("Growing during the run") && md.contains("`grow_step`"), "{md}");
+    let js: Value = serde_json::from_slice(&leaktrace(&["report", "--format", "json", "grow-reports"], &dir).stdout).unwrap();
+    assert_eq!(js["processes"][0]["growth"][0]["stack"][0]["function"], "grow_step");
+    assert_eq!(leaktrace(&["check", "--fail-on-growth", "grow-reports"], &dir).status.code(), Some(23));
+
+    assert!(leaktrace(&["run", "--interval-ms", "20", "--output", "flat", "--", p, "plateau"], &dir).status.success());
+    let t = text(&leaktrace(&["report", "flat"], &dir).stdout);
+    assert!(!t.contains("Growing: "), "{t}");
+    assert_eq!(leaktrace(&["check", "--fail-on-growth", "flat"], &dir).status.code(), Some(0));
+}
+
+#[test]
+fn errors_say_what_to_do_with_conventional_exit_codes() {
+    let dir = scratch("errors");
+    std::fs::write(dir.join("bad.json"), "{ not json").unwrap();
+    std::fs::write(dir.join("v9.json"), "{\"schema\": \"leaktrace-report/9\"}").unwrap();
+    std::fs::create_dir_all(dir.join("empty")).unwrap();
+    for (args, needle) in [
+        (vec!["report", "missing.json"], "cannot open missing.json"),
+        (vec!["report", "bad.json"], "is not valid JSON"),
+        (vec!["report", "v9.json"], "cannot read"),
+        (vec!["report", "empty"], "holds no leaktrace.*.json reports"),
+        (vec!["check", "--suppressions", "nope.supp", "bad.json"], "cannot read suppressions file nope.supp"),
+    ] {
+        let out = leaktrace(&args, &dir);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = text(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("leaktrace: ") && err.contains(needle), "{args:?}: {err}");
+    }
+    let out = leaktrace(&["run", "--", "no-such-command-xyz"], &dir);
+    assert_eq!(out.status.code(), Some(127));
+    assert!(text(&out.stderr).contains("no-such-command-xyz: command not found"));
+    assert_eq!(leaktrace(&["frobnicate"], &dir).status.code(), Some(2));
+    for sub in ["run", "report", "diff", "check"] {
+        let out = leaktrace(&[sub, "--help"], &dir);
+        assert!(out.status.success());
+        assert!(text(&out.stdout).contains("Example"), "{sub} --help has an example");
+    }
+}
