@@ -3,6 +3,7 @@
 //! `--fail-on-leak`/`check`, 2 for usage and input errors, 127 when CMD is not found.
 mod analyze;
 mod diff;
+mod flame;
 mod growth;
 mod model;
 mod render;
@@ -35,8 +36,8 @@ enum Cmd {
     /// Run CMD under leaktrace, collect the reports of all its processes, print a summary.
     #[command(after_help = "Example:\n  leaktrace run --interval-ms 1000 --fail-on-leak -- ./service --port 0\n\nExit status: CMD's own; 23 (see --exit-code) under --fail-on-leak when leaks remain\nafter suppressions and --min-bytes; 127 if CMD is not found; 2 on other errors.")]
     Run(RunArgs),
-    /// Print the reports of a file or directory as text, JSON, or Markdown.
-    #[command(after_help = "Example:\n  leaktrace report --format markdown leaktrace-myprog-20261121-101500/ >> \"$GITHUB_STEP_SUMMARY\"")]
+    /// Print the reports of a file or directory as text, JSON, Markdown or a flamegraph.
+    #[command(after_help = "Examples:\n  leaktrace report --format markdown leaktrace-myprog-20261121-101500/ >> \"$GITHUB_STEP_SUMMARY\"\n  leaktrace report --format flamegraph reports/ > leaks.svg")]
     Report(ReportArgs),
     /// Compare two runs: leak groups that are new, grew, shrank or went away.
     #[command(after_help = "Example:\n  leaktrace diff runs/main/ runs/my-branch/\n\nGroups are matched by their symbolized stacks, not by addresses.")]
@@ -91,6 +92,8 @@ enum Format {
     Text,
     Json,
     Markdown,
+    /// SVG flamegraph of outstanding bytes by stack.
+    Flamegraph,
 }
 
 #[derive(Args)]
@@ -161,19 +164,20 @@ fn filters(f: &FilterArgs) -> Result<Filters, Fail> {
     Ok(Filters { suppressions, min_bytes: f.min_bytes, growth_min_bytes: growth::DEFAULT_MIN_BYTES })
 }
 
-fn render(a: &Analysis, format: Format, top: usize) -> String {
-    match format {
+fn render(a: &Analysis, format: Format, top: usize) -> Result<String, Fail> {
+    Ok(match format {
         Format::Text => render::text(a, top),
         Format::Json => render::json(a),
         Format::Markdown => render::markdown(a, top),
-    }
+        Format::Flamegraph => flame::svg(a).map_err(|e| usage(format!("cannot draw the flamegraph ({e})")))?,
+    })
 }
 
 fn cmd_report(args: &ReportArgs) -> Result<u8, Fail> {
     let filters = filters(&args.filters)?;
     let reports = model::load(&args.path).map_err(usage)?;
     let a = analyze::analyze(&reports, &filters);
-    print!("{}", render(&a, args.format, args.top));
+    print!("{}", render(&a, args.format, args.top)?);
     Ok(0)
 }
 
@@ -223,7 +227,7 @@ fn cmd_run(args: &RunArgs) -> Result<u8, Fail> {
         }
     };
     let a = analyze::analyze(&reports, &filters);
-    eprint!("{}", render(&a, args.format, args.top));
+    eprint!("{}", render(&a, args.format, args.top)?);
     eprintln!("leaktrace: reports in {}", output.display());
     if code != 0 {
         return Ok(code.clamp(0, 255) as u8);
