@@ -5,6 +5,7 @@ mod analyze;
 mod diff;
 mod flame;
 mod growth;
+mod html;
 mod model;
 mod render;
 mod run;
@@ -37,7 +38,7 @@ enum Cmd {
     #[command(after_help = "Example:\n  leaktrace run --interval-ms 1000 --fail-on-leak -- ./service --port 0\n\nExit status: CMD's own; 23 (see --exit-code) under --fail-on-leak when leaks remain\nafter suppressions and --min-bytes; 127 if CMD is not found; 2 on other errors.")]
     Run(RunArgs),
     /// Print the reports of a file or directory as text, JSON, Markdown or a flamegraph.
-    #[command(after_help = "Examples:\n  leaktrace report --format markdown leaktrace-myprog-20261121-101500/ >> \"$GITHUB_STEP_SUMMARY\"\n  leaktrace report --format flamegraph reports/ > leaks.svg")]
+    #[command(after_help = "Examples:\n  leaktrace report --format markdown leaktrace-myprog-20261121-101500/ >> \"$GITHUB_STEP_SUMMARY\"\n  leaktrace report --format flamegraph reports/ > leaks.svg\n  leaktrace report --format html reports/ > leaks.html")]
     Report(ReportArgs),
     /// Compare two runs: leak groups that are new, grew, shrank or went away.
     #[command(after_help = "Example:\n  leaktrace diff runs/main/ runs/my-branch/\n\nGroups are matched by their symbolized stacks, not by addresses.")]
@@ -94,6 +95,8 @@ enum Format {
     Markdown,
     /// SVG flamegraph of outstanding bytes by stack.
     Flamegraph,
+    /// One self-contained HTML page: memory over time, growth, sortable leak table.
+    Html,
 }
 
 #[derive(Args)]
@@ -164,8 +167,9 @@ fn filters(f: &FilterArgs) -> Result<Filters, Fail> {
     Ok(Filters { suppressions, min_bytes: f.min_bytes, growth_min_bytes: growth::DEFAULT_MIN_BYTES })
 }
 
-fn render(a: &Analysis, format: Format, top: usize) -> Result<String, Fail> {
+fn render(a: &Analysis, reports: &[model::Report], format: Format, top: usize) -> Result<String, Fail> {
     Ok(match format {
+        Format::Html => html::page(a, reports),
         Format::Text => render::text(a, top),
         Format::Json => render::json(a),
         Format::Markdown => render::markdown(a, top),
@@ -177,7 +181,7 @@ fn cmd_report(args: &ReportArgs) -> Result<u8, Fail> {
     let filters = filters(&args.filters)?;
     let reports = model::load(&args.path).map_err(usage)?;
     let a = analyze::analyze(&reports, &filters);
-    print!("{}", render(&a, args.format, args.top)?);
+    print!("{}", render(&a, &reports, args.format, args.top)?);
     Ok(0)
 }
 
@@ -227,7 +231,7 @@ fn cmd_run(args: &RunArgs) -> Result<u8, Fail> {
         }
     };
     let a = analyze::analyze(&reports, &filters);
-    eprint!("{}", render(&a, args.format, args.top)?);
+    eprint!("{}", render(&a, &reports, args.format, args.top)?);
     eprintln!("leaktrace: reports in {}", output.display());
     if code != 0 {
         return Ok(code.clamp(0, 255) as u8);

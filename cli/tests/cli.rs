@@ -220,3 +220,60 @@ fn errors_say_what_to_do_with_conventional_exit_codes() {
         assert!(text(&out.stdout).contains("Example"), "{sub} --help has an example");
     }
 }
+
+fn chromium(args: &[&str], profile: &Path) -> Output {
+    let bin = ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .find(|b| Command::new(b).arg("--version").output().map(|o| o.status.success()).unwrap_or(false))
+        .expect("headless Chromium is needed for the HTML test: apt-get install chromium (.ci/run does)");
+    Command::new(bin)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run"])
+        .args(["--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn html_report_renders_in_headless_chromium_with_chart_and_sortable_table() {
+    let dir = scratch("html");
+    let prog = build(&manifest().join("tests/fixtures/grow.c"), &dir);
+    assert!(leaktrace(&["run", "--interval-ms", "20", "--output", "runs", "--", prog.to_str().unwrap()], &dir).status.success());
+    std::fs::copy(manifest().join("tests/data/sample-report.json"), dir.join("runs/leaktrace.sample.1.json")).unwrap();
+    let out = leaktrace(&["report", "--format", "html", "runs"], &dir);
+    assert!(out.status.success());
+    let page = dir.join("report.html");
+    std::fs::write(&page, &out.stdout).unwrap();
+    let url = format!("file://{}#sort=bytes-asc", page.display());
+    let dom = text(&chromium(&["--dump-dom", &url], &dir.join("profile-dom")).stdout);
+    // The chart of the grow run: the total and the growing stack as polylines.
+    assert!(dom.contains("<svg id=\"chart-") && dom.matches("<polyline").count() >= 2, "{dom}");
+    assert!(dom.contains("data-name=\"grow_step\""), "the growing stack is charted");
+    assert!(dom.contains("id=\"growth\"") && dom.contains("grow_step — grew"), "growth section");
+    // The table: three groups of the sample report, sorted ascending by the page's own
+    // script (URL #sort=bytes-asc), so the script ran in the browser.
+    let body = &dom[dom.find("<tbody>").unwrap()..dom.find("</tbody>").unwrap()];
+    let bytes: Vec<u64> = body
+        .split("<td class=\"num\" data-v=\"")
+        .skip(1)
+        .step_by(2)
+        .map(|s| s[..s.find('"').unwrap()].parse().unwrap())
+        .collect();
+    assert_eq!(bytes, vec![640, 1600, 4096], "{body}");
+    assert!(dom.contains("th class=\"num\" data-col=\"bytes\" data-dir=\"asc\""));
+    // And it paints: a screenshot of the page is a real image.
+    let shot = dir.join("shot.png");
+    chromium(&["--window-size=900,1000", &format!("--screenshot={}", shot.display()), &url], &dir.join("profile-shot"));
+    let png = std::fs::read(&shot).expect("screenshot written");
+    assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "{} bytes", png.len());
+}
+
+#[test]
+fn flamegraph_is_an_svg_of_the_leaking_stacks() {
+    let out = leaktrace(&["report", "--format", "flamegraph", "tests/data/sample-report.json"], &manifest());
+    assert!(out.status.success());
+    let svg = text(&out.stdout);
+    assert!(svg.contains("<svg") && svg.contains("make_layer") && svg.contains("format_metrics"));
+    assert!(svg.contains("6,336 bytes"), "the root holds all outstanding bytes");
+}

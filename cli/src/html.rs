@@ -1,0 +1,164 @@
+//! One self-contained HTML file: live memory over time from the periodic snapshots
+//! (inline SVG, one chart per process: the total and its largest stacks), stacks that
+//! grew, and a sortable table of every leak group with its stack. No external assets.
+use crate::analyze::Analysis;
+use crate::model::{Frame, Report};
+use crate::render::human_bytes;
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+fn frame_label(f: &Frame) -> String {
+    let mut s = f.function.clone().unwrap_or_else(|| match (&f.module, f.offset) {
+        (Some(m), Some(o)) => format!("{m}+{o:#x}"),
+        _ => f.ip.clone(),
+    });
+    if let (Some(file), Some(line)) = (&f.file, f.line) {
+        s.push_str(&format!(" ({file}:{line})"));
+    }
+    s
+}
+
+fn top_function(stack: &[Frame]) -> String {
+    stack.iter().find_map(|f| f.function.clone()).unwrap_or_else(|| "(no symbols)".into())
+}
+
+const COLORS: [&str; 8] = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
+
+/// An SVG line chart: total live bytes and up to 7 largest followed stacks.
+fn chart(report: &Report, idx: usize) -> String {
+    let points = &report.timeline.points;
+    if points.len() < 2 {
+        return format!("<p class=\"nochart\" id=\"chart-{idx}\">One snapshot only: run with --interval-ms to chart memory over time.</p>");
+    }
+    let (w, h, pad) = (760.0f64, 260.0f64, 40.0f64);
+    let t0 = points[0].unix_ms as f64;
+    let t1 = points[points.len() - 1].unix_ms as f64;
+    let span = (t1 - t0).max(1.0);
+    let max = points.iter().map(|p| p.live_bytes).max().unwrap_or(1).max(1) as f64;
+    let xy = |i: usize, v: u64| -> String {
+        let x = pad + (points[i].unix_ms as f64 - t0) / span * (w - 2.0 * pad);
+        let y = h - pad - (v as f64 / max) * (h - 2.0 * pad);
+        format!("{x:.1},{y:.1}")
+    };
+    let mut lines = Vec::new();
+    let total: Vec<String> = points.iter().enumerate().map(|(i, p)| xy(i, p.live_bytes)).collect();
+    lines.push(format!(
+        "<polyline class=\"series total\" data-name=\"total\" fill=\"none\" stroke=\"{}\" stroke-width=\"2.5\" points=\"{}\"/>",
+        COLORS[0],
+        total.join(" ")
+    ));
+    let mut series: Vec<&crate::model::Series> = report.timeline.series.iter().filter(|s| s.bytes.len() == points.len()).collect();
+    series.sort_by_key(|s| std::cmp::Reverse(s.bytes.iter().copied().max().unwrap_or(0)));
+    let mut legend = vec![format!("<li><span style=\"background:{}\"></span>total live bytes</li>", COLORS[0])];
+    for (k, s) in series.iter().take(COLORS.len() - 1).enumerate() {
+        let color = COLORS[k + 1];
+        let pts: Vec<String> = s.bytes.iter().enumerate().map(|(i, v)| xy(i, *v)).collect();
+        let name = top_function(report.series_stack(s));
+        lines.push(format!(
+            "<polyline class=\"series\" data-name=\"{}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\" points=\"{}\"/>",
+            esc(&name),
+            pts.join(" ")
+        ));
+        legend.push(format!("<li><span style=\"background:{color}\"></span>{} ({})</li>", esc(&name), s.api));
+    }
+    format!(
+        "<svg id=\"chart-{idx}\" class=\"chart\" viewBox=\"0 0 {w} {h}\" width=\"{w}\" height=\"{h}\" role=\"img\" aria-label=\"live memory over time\">\
+         <line x1=\"{pad}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\" stroke=\"#999\"/><line x1=\"{pad}\" y1=\"{pad}\" x2=\"{pad}\" y2=\"{b}\" stroke=\"#999\"/>\
+         <text x=\"{pad}\" y=\"{t}\" font-size=\"11\">{maxl}</text><text x=\"{pad}\" y=\"{bl}\" font-size=\"11\">0 s</text>\
+         <text x=\"{r}\" y=\"{bl}\" font-size=\"11\" text-anchor=\"end\">{secs:.1} s</text>{}</svg><ul class=\"legend\">{}</ul>",
+        lines.join(""),
+        legend.join(""),
+        b = h - pad,
+        r = w - pad,
+        t = pad - 8.0,
+        bl = h - pad + 16.0,
+        maxl = human_bytes(max as u64),
+        secs = span / 1000.0,
+    )
+}
+
+fn stack_html(stack: &[Frame]) -> String {
+    let items: Vec<String> = stack
+        .iter()
+        .map(|f| {
+            let module = f.module.as_deref().map(|m| format!(" <span class=\"mod\">{}</span>", esc(m))).unwrap_or_default();
+            format!("<li><code>{}</code>{module}</li>", esc(&frame_label(f)))
+        })
+        .collect();
+    format!("<ol class=\"stack\">{}</ol>", items.join(""))
+}
+
+const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:24px;color:#222}h1{font-size:20px}h2{font-size:16px;margin-top:28px}\
+table{border-collapse:collapse;width:100%}th,td{border-bottom:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}\
+th{cursor:pointer;background:#f4f4f4;user-select:none}th.num,td.num{text-align:right}th[data-dir=asc]::after{content:' \\25B2'}\
+th[data-dir=desc]::after{content:' \\25BC'}ol.stack{margin:4px 0 4px 18px;padding:0;font-size:12px}.mod{color:#888}\
+.legend{list-style:none;padding:0;font-size:12px}.legend li{display:inline-block;margin-right:14px}\
+.legend span{display:inline-block;width:10px;height:10px;margin-right:4px}summary{cursor:pointer}";
+
+/// Sorting by column; `#sort=<column>-<asc|desc>` in the URL sorts on load (used by tests).
+const SCRIPT: &str = "function sortBy(th,dir){const t=th.closest('table'),b=t.tBodies[0],i=th.cellIndex,num=th.classList.contains('num');\
+const rows=[...b.rows];rows.sort((x,y)=>{const a=x.cells[i].dataset.v??x.cells[i].textContent,c=y.cells[i].dataset.v??y.cells[i].textContent;\
+const r=num?(Number(a)-Number(c)):a.localeCompare(c);return dir==='asc'?r:-r});rows.forEach(r=>b.appendChild(r));\
+t.querySelectorAll('th').forEach(h=>h.removeAttribute('data-dir'));th.dataset.dir=dir}\
+document.querySelectorAll('#leaks th').forEach(th=>th.addEventListener('click',()=>sortBy(th,th.dataset.dir==='desc'?'asc':'desc')));\
+const m=location.hash.match(/sort=(\\w+)-(asc|desc)/);if(m){const th=document.querySelector('#leaks th[data-col='+m[1]+']');if(th)sortBy(th,m[2])}";
+
+pub fn page(a: &Analysis, reports: &[Report]) -> String {
+    let mut body = format!(
+        "<h1>leaktrace: {} leaked in {} allocation(s) across {} process(es)</h1>",
+        human_bytes(a.leaked_bytes),
+        a.leaked_blocks,
+        a.processes.len()
+    );
+    body.push_str("<h2>Live memory over time</h2>");
+    for (i, (p, r)) in a.processes.iter().zip(reports).enumerate() {
+        body.push_str(&format!("<h3>{}</h3>{}", esc(&p.label), chart(r, i)));
+    }
+    let growth: Vec<_> = a.processes.iter().flat_map(|p| p.growth.iter().map(move |g| (p, g))).collect();
+    body.push_str(&format!("<h2>Growing during the run ({})</h2>", growth.len()));
+    if growth.is_empty() {
+        body.push_str("<p>No stack grew steadily across the snapshots.</p>");
+    } else {
+        body.push_str("<ul id=\"growth\">");
+        for (p, g) in growth {
+            body.push_str(&format!(
+                "<li><details><summary>{} — grew {} over {} snapshots ({}/min), {}</summary>{}</details></li>",
+                esc(&top_function(&g.stack)),
+                human_bytes(g.grown_bytes),
+                g.points,
+                human_bytes(g.bytes_per_minute),
+                esc(&p.label),
+                stack_html(&g.stack)
+            ));
+        }
+        body.push_str("</ul>");
+    }
+    body.push_str(
+        "<h2>Leak groups</h2><table id=\"leaks\"><thead><tr><th data-col=\"process\">process</th>\
+         <th class=\"num\" data-col=\"bytes\">bytes</th><th class=\"num\" data-col=\"blocks\">blocks</th>\
+         <th data-col=\"api\">api</th><th data-col=\"site\">allocated at</th></tr></thead><tbody>",
+    );
+    for p in &a.processes {
+        for g in &p.leaks {
+            body.push_str(&format!(
+                "<tr><td>{}</td><td class=\"num\" data-v=\"{}\">{}</td><td class=\"num\" data-v=\"{}\">{}</td><td>{}</td>\
+                 <td><details><summary>{}</summary>{}</details></td></tr>",
+                esc(&p.label),
+                g.bytes,
+                g.bytes,
+                g.blocks,
+                g.blocks,
+                esc(&g.api),
+                esc(&top_function(&g.stack)),
+                stack_html(&g.stack)
+            ));
+        }
+    }
+    body.push_str("</tbody></table>");
+    format!(
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>leaktrace report</title><style>{STYLE}</style></head>\
+         <body>{body}<script>{SCRIPT}</script></body></html>\n"
+    )
+}
