@@ -225,3 +225,25 @@ fn stack_depth_is_configurable() {
     }
     assert_eq!(sum(&groups_with(&r, "leak_malloc_64"), "bytes"), 192);
 }
+
+#[test]
+fn suppressions_file_filters_the_exit_summary() {
+    let bin = build_fixture("leaks.c", &[]);
+    let dir = fresh_dir("supp-lib");
+    let supp = dir.join("lsan.supp");
+    std::fs::write(&supp, "# LeakSanitizer format\nleak:leak_memalign_trio\nleak:^leak_strdup$\n").unwrap();
+    let mut cmd = Command::new(&bin);
+    cmd.env("LEAKTRACE_SUPPRESSIONS", &supp);
+    let run = run_traced(cmd, "supp-lib");
+    let err = run.stderr();
+    assert!(!err.contains("leak_memalign_trio") && !err.contains("in leak_strdup"), "{err}");
+    assert!(err.contains("in leak_malloc_64"), "{err}");
+    assert!(err.contains("group(s) suppressed)."), "{err}");
+    // The report keeps everything: suppressions are a view, not data loss.
+    assert_eq!(sum(&groups_with(&run.report(), "leak_memalign_trio"), "bytes"), 896);
+    let mut bad = Command::new(&bin);
+    bad.env("LEAKTRACE_SUPPRESSIONS", dir.join("missing.supp"));
+    let run = run_traced(bad, "supp-missing");
+    assert_eq!(run.code(), Some(7));
+    assert_eq!(run.stderr().lines().filter(|l| l.contains("cannot read suppressions file")).count(), 1);
+}

@@ -16,15 +16,23 @@ fn frame_name(f: &Frame) -> String {
     name.replace(';', ":")
 }
 
-/// Collapsed stacks ("outer;...;inner bytes"), one line per leak group, per process.
+fn line(root: &str, stack: &[Frame], api: &str, weight: u64) -> String {
+    let mut frames: Vec<String> = stack.iter().rev().map(frame_name).collect();
+    frames.insert(0, root.replace(';', ":"));
+    frames.push(format!("[{api}]"));
+    format!("{} {weight}", frames.join(";"))
+}
+
+/// Collapsed stacks ("outer;...;inner bytes"), one line per leak group, per process;
+/// stacks that grew during the run are drawn under their own root, weighted by growth.
 pub fn collapsed(a: &Analysis) -> Vec<String> {
     let mut lines = Vec::new();
     for p in &a.processes {
         for g in &p.leaks {
-            let mut frames: Vec<String> = g.stack.iter().rev().map(frame_name).collect();
-            frames.insert(0, p.label.replace(';', ":"));
-            frames.push(format!("[{}]", g.api));
-            lines.push(format!("{} {}", frames.join(";"), g.bytes));
+            lines.push(line(&p.label, &g.stack, &g.api, g.bytes));
+        }
+        for g in &p.growth {
+            lines.push(line(&format!("grew during the run: {}", p.label), &g.stack, &g.api, g.grown_bytes));
         }
     }
     lines

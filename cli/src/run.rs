@@ -102,6 +102,7 @@ pub fn run(lib: &Path, cmd: &[String], s: &RunSettings) -> Outcome {
         Err(e) => return Outcome::Failed(format!("cannot start {} ({e})", cmd[0])),
     };
     CHILD.store(child.id() as i32, Ordering::Relaxed);
+    let progress = start_progress_line(&cmd[0], &s.output);
     let status = loop {
         match child.wait() {
             Ok(st) => break st,
@@ -111,7 +112,36 @@ pub fn run(lib: &Path, cmd: &[String], s: &RunSettings) -> Outcome {
     };
     CHILD.store(0, Ordering::Relaxed);
     wait_for_descendants(std::time::Duration::from_secs(10));
+    if let Some(stop) = progress {
+        stop.store(true, Ordering::Relaxed);
+        eprint!("\r\x1b[2K");
+    }
     Outcome::Exited(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+}
+
+/// Where stderr is a terminal: one line, rewritten each second, with the elapsed time
+/// and the reports written so far. Returns the flag that stops it.
+fn start_progress_line(cmd: &str, output: &Path) -> Option<std::sync::Arc<std::sync::atomic::AtomicBool>> {
+    // SAFETY: isatty on a file descriptor number.
+    if unsafe { libc::isatty(2) } != 1 {
+        return None;
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = stop.clone();
+    let name = Path::new(cmd).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let output = output.to_path_buf();
+    let start = std::time::Instant::now();
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        while !flag.load(Ordering::Relaxed) {
+            let reports = std::fs::read_dir(&output)
+                .map(|d| d.filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().ends_with(".json")).count())
+                .unwrap_or(0);
+            eprint!("\r\x1b[2Kleaktrace: {name} running for {}s, {reports} process report(s) so far", start.elapsed().as_secs());
+            std::thread::sleep(std::time::Duration::from_secs(1));
+        }
+    });
+    Some(stop)
 }
 
 /// Reaps descendants that outlived CMD (they were reparented to us), for at most

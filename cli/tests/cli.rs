@@ -277,3 +277,16 @@ fn flamegraph_is_an_svg_of_the_leaking_stacks() {
     assert!(svg.contains("<svg") && svg.contains("make_layer") && svg.contains("format_metrics"));
     assert!(svg.contains("6,336 bytes"), "the root holds all outstanding bytes");
 }
+
+#[test]
+fn a_progress_line_only_on_a_terminal() {
+    let dir = scratch("tty");
+    // `script` gives the command a pseudo-terminal, as an interactive shell would.
+    let cmd = format!("{} run --output r -- sleep 2.5", bin().display());
+    let out = Command::new("script").args(["-qec", &cmd, "/dev/null"]).current_dir(&dir).output().expect("script (bsdutils)");
+    assert!(out.status.success());
+    assert!(text(&out.stdout).contains("running for 1s") || text(&out.stdout).contains("running for 2s"), "{}", text(&out.stdout));
+    // Not on a pipe (every other test).
+    let out = leaktrace(&["run", "--output", "r2", "--", "true"], &dir);
+    assert!(!text(&out.stderr).contains("running for"));
+}
