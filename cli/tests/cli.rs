@@ -290,3 +290,26 @@ fn a_progress_line_only_on_a_terminal() {
     let out = leaktrace(&["run", "--output", "r2", "--", "true"], &dir);
     assert!(!text(&out.stderr).contains("running for"));
 }
+
+#[test]
+fn sigterm_to_run_reaches_the_program_and_its_report_is_collected() {
+    let dir = scratch("forward");
+    let src = dir.join("waiter.c");
+    std::fs::write(&src, "#include <stdlib.h>\n#include <unistd.h>\nvoid *volatile s;\nint main(void) { s = malloc(3333); for (;;) pause(); }\n").unwrap();
+    let prog = build(&src, &dir);
+    let child = Command::new(bin())
+        .args(["run", "--output", "r", "--", prog.to_str().unwrap()])
+        .current_dir(&dir)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(128 + libc::SIGTERM), "the program's fate, as a shell reports it");
+    let rs = reports(&dir.join("r"));
+    assert_eq!(rs.len(), 1);
+    assert_eq!(rs[0]["exit_signal"], libc::SIGTERM);
+    assert!(text(&out.stderr).contains("3333 byte(s) leaked"), "{}", text(&out.stderr));
+}
