@@ -62,9 +62,33 @@ struct ReportSide {
     write_failed_once: bool,
     host_tracking: String,
     timeline: Timeline,
-    suppressions: leaktrace_suppressions::Suppressions,
+    suppressions: leaktrace_common::Suppressions,
     /// The signal ending the process, for the final report.
     exit_signal: Option<i32>,
+}
+
+impl ReportSide {
+    fn new(
+        config: Config,
+        process: ProcessInfo,
+        output_dir: PathBuf,
+        symbolizer: Symbolizer,
+        host_tracking: String,
+        suppressions: leaktrace_common::Suppressions,
+    ) -> ReportSide {
+        ReportSide {
+            config,
+            process,
+            output_dir,
+            symbolizer,
+            final_written: false,
+            write_failed_once: false,
+            host_tracking,
+            timeline: Timeline::default(),
+            suppressions,
+            exit_signal: None,
+        }
+    }
 }
 
 static REPORT: SpinLock<Option<ReportSide>> = SpinLock::new(None);
@@ -177,7 +201,7 @@ pub fn start(config: Config, host_tracking: String) -> bool {
         let process = ProcessInfo::current(None);
         let symbolizer = Symbolizer::new(process.exe.clone());
         let suppressions = match &config.suppressions {
-            Some(path) => leaktrace_suppressions::Suppressions::load(path).unwrap_or_else(|e| {
+            Some(path) => leaktrace_common::Suppressions::load(path).unwrap_or_else(|e| {
                 stderr_line(&format!("leaktrace: {e}; the exit summary is not filtered"));
                 Default::default()
             }),
@@ -185,18 +209,7 @@ pub fn start(config: Config, host_tracking: String) -> bool {
         };
         channel::init();
         *STATE.lock() = Some(Consumer { model: Collector::new(), order: DrainState::default() });
-        *REPORT.lock() = Some(ReportSide {
-            config,
-            process,
-            output_dir,
-            symbolizer,
-            final_written: false,
-            write_failed_once: false,
-            host_tracking,
-            timeline: Timeline::default(),
-            suppressions,
-            exit_signal: None,
-        });
+        *REPORT.lock() = Some(ReportSide::new(config, process, output_dir, symbolizer, host_tracking, suppressions));
         OWNER_PID.store(std::process::id(), Ordering::SeqCst);
         TRACKING.store(ACTIVE, Ordering::SeqCst);
         spawn_collector();
@@ -510,17 +523,6 @@ fn fork_child_inner() {
             std::mem::forget(old);
             kept
         };
-        *r = Some(ReportSide {
-            config,
-            symbolizer,
-            process,
-            output_dir,
-            final_written: false,
-            write_failed_once: false,
-            host_tracking,
-            timeline: Timeline::default(),
-            suppressions,
-            exit_signal: None,
-        });
+        *r = Some(ReportSide::new(config, process, output_dir, symbolizer, host_tracking, suppressions));
     }
 }

@@ -4,24 +4,18 @@ use crate::diff::Change;
 use crate::model::Frame;
 
 fn frame_line(i: usize, f: &Frame) -> String {
-    let mut s = format!("    #{i} {}", f.ip);
-    if let Some(func) = &f.function {
-        s.push_str(" in ");
-        s.push_str(func);
-    }
-    if let Some(file) = &f.file {
-        s.push(' ');
-        s.push_str(file);
-        if let Some(line) = f.line {
-            s.push_str(&format!(":{line}"));
-        }
-    }
-    match (&f.module, f.offset) {
-        (Some(m), Some(off)) => s.push_str(&format!(" ({m}+{off:#x})")),
-        (Some(m), None) => s.push_str(&format!(" ({m})")),
-        _ => {}
-    }
-    s
+    leaktrace_common::frame_text::frame_line(
+        i,
+        &leaktrace_common::frame_text::FrameFields {
+            ip: &f.ip,
+            function: f.function.as_deref(),
+            file: f.file.as_deref(),
+            line: f.line,
+            module: f.module.as_deref(),
+            offset: f.offset,
+            inlined: f.inlined,
+        },
+    )
 }
 
 fn stack_text(out: &mut String, stack: &[Frame]) {

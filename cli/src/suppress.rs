@@ -1,7 +1,7 @@
 //! Suppressions applied to report groups (the matcher is shared with the library).
 use crate::model::Group;
 
-pub use leaktrace_suppressions::Suppressions;
+pub use leaktrace_common::Suppressions;
 
 /// Every function, file and module name of a group's stack.
 fn names(group: &Group) -> impl Iterator<Item = &str> + Clone {

@@ -271,32 +271,24 @@ pub fn report_bytes(
 }
 
 fn frame_text(i: usize, f: &Frame) -> String {
-    let mut s = format!("    #{i} {:#x}", f.ip);
-    if let Some(func) = &f.function {
-        s.push_str(" in ");
-        s.push_str(func);
-    }
-    if let Some(file) = &f.file {
-        s.push(' ');
-        s.push_str(file);
-        if let Some(line) = f.line {
-            s.push_str(&format!(":{line}"));
-        }
-    }
-    match (&f.module, f.offset) {
-        (Some(m), Some(off)) => s.push_str(&format!(" ({m}+{off:#x})")),
-        (Some(m), None) => s.push_str(&format!(" ({m})")),
-        _ => {}
-    }
-    if f.inlined {
-        s.push_str(" [inlined]");
-    }
-    s
+    let ip = format!("{:#x}", f.ip);
+    leaktrace_common::frame_text::frame_line(
+        i,
+        &leaktrace_common::frame_text::FrameFields {
+            ip: &ip,
+            function: f.function.as_deref(),
+            file: f.file.as_deref(),
+            line: f.line,
+            module: f.module.as_deref(),
+            offset: f.offset,
+            inlined: f.inlined,
+        },
+    )
 }
 
 /// Splits groups into those to show and the number suppressed (by function, file or
 /// module name of any frame).
-pub fn apply_suppressions<'a>(groups: &'a [Group], s: &leaktrace_suppressions::Suppressions) -> (Vec<&'a Group>, usize) {
+pub fn apply_suppressions<'a>(groups: &'a [Group], s: &leaktrace_common::Suppressions) -> (Vec<&'a Group>, usize) {
     let mut shown = Vec::new();
     let mut suppressed = 0;
     for g in groups {
@@ -423,7 +415,7 @@ mod tests {
         assert!(s.ends_with("==10==leaktrace: report /out/r.json\n"));
         let none = summary_text(10, &[], 0, 10, None);
         assert_eq!(none, "==10==leaktrace: no leaks found\n");
-        let (shown, n) = apply_suppressions(std::slice::from_ref(&g), &leaktrace_suppressions::Suppressions { patterns: vec!["leak_*".into()] });
+        let (shown, n) = apply_suppressions(std::slice::from_ref(&g), &leaktrace_common::Suppressions { patterns: vec!["leak_*".into()] });
         assert_eq!((shown.len(), n), (0, 1));
         assert_eq!(summary_text(10, &shown, n, 10, None), "==10==leaktrace: no leaks found (1 group(s) suppressed)\n");
     }

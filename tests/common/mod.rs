@@ -20,7 +20,7 @@ pub fn lib_path() -> PathBuf {
     assert!(lib.exists(), "{} missing: run scripts/test.sh (cargo test alone does not build a cdylib)", lib.display());
     // cargo test never rebuilds a cdylib that no test links: refuse to test a stale one.
     let built = std::fs::metadata(&lib).unwrap().modified().unwrap();
-    let newest_source = newest_mtime(&root().join("src")).max(newest_mtime(&root().join("suppressions/src")));
+    let newest_source = newest_mtime(&root().join("src")).max(newest_mtime(&root().join("common/src")));
     assert!(
         built >= newest_source,
         "{} is older than the sources: run scripts/test.sh (it builds the library before testing)",
