@@ -48,6 +48,11 @@ impl Analysis {
     }
 }
 
+/// Sums of counts read from files: a damaged file must not overflow them.
+pub fn sat_add(a: u64, b: u64) -> u64 {
+    a.saturating_add(b)
+}
+
 pub fn analyze(reports: &[Report], filters: &Filters) -> Analysis {
     let processes: Vec<ProcessAnalysis> = reports
         .iter()
@@ -60,7 +65,7 @@ pub fn analyze(reports: &[Report], filters: &Filters) -> Analysis {
                 }
                 if filters.suppressions.as_ref().and_then(|s| suppress::matching(s, g)).is_some() {
                     suppressed_groups += 1;
-                    suppressed_bytes += g.bytes;
+                    suppressed_bytes = sat_add(suppressed_bytes, g.bytes);
                     continue;
                 }
                 leaks.push(g.clone());
@@ -79,8 +84,8 @@ pub fn analyze(reports: &[Report], filters: &Filters) -> Analysis {
                 reason: r.reason.clone(),
                 file: r.path.display().to_string(),
                 forked_from_pid: r.fork.forked_from_pid,
-                leaked_bytes: leaks.iter().map(|g| g.bytes).sum(),
-                leaked_blocks: leaks.iter().map(|g| g.blocks).sum(),
+                leaked_bytes: leaks.iter().map(|g| g.bytes).fold(0, sat_add),
+                leaked_blocks: leaks.iter().map(|g| g.blocks).fold(0, sat_add),
                 suppressed_groups,
                 suppressed_bytes,
                 leaks,
@@ -90,8 +95,8 @@ pub fn analyze(reports: &[Report], filters: &Filters) -> Analysis {
         .collect();
     Analysis {
         schema: "leaktrace-analysis/1",
-        leaked_bytes: processes.iter().map(|p| p.leaked_bytes).sum(),
-        leaked_blocks: processes.iter().map(|p| p.leaked_blocks).sum(),
+        leaked_bytes: processes.iter().map(|p| p.leaked_bytes).fold(0, sat_add),
+        leaked_blocks: processes.iter().map(|p| p.leaked_blocks).fold(0, sat_add),
         processes,
     }
 }

@@ -41,8 +41,8 @@ fn collect(reports: &[Report]) -> BTreeMap<String, (Group, u64, u64)> {
     for r in reports {
         for g in &r.leaks {
             let e = m.entry(group_key(g)).or_insert_with(|| (g.clone(), 0, 0));
-            e.1 += g.bytes;
-            e.2 += g.blocks;
+            e.1 = e.1.saturating_add(g.bytes);
+            e.2 = e.2.saturating_add(g.blocks);
         }
     }
     m

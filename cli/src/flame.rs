@@ -12,13 +12,14 @@ fn frame_name(f: &Frame) -> String {
         }
         _ => f.ip.clone(),
     };
-    // ';' separates frames and a trailing number is the count in the collapsed format.
-    name.replace(';', ":")
+    // ';' separates frames, lines end records, and a trailing number is the count in the
+    // collapsed format.
+    name.replace(';', ":").replace(['\n', '\r'], " ")
 }
 
 fn line(root: &str, stack: &[Frame], api: &str, weight: u64) -> String {
     let mut frames: Vec<String> = stack.iter().rev().map(frame_name).collect();
-    frames.insert(0, root.replace(';', ":"));
+    frames.insert(0, root.replace(';', ":").replace(['\n', '\r'], " "));
     frames.push(format!("[{api}]"));
     format!("{} {weight}", frames.join(";"))
 }
@@ -26,13 +27,16 @@ fn line(root: &str, stack: &[Frame], api: &str, weight: u64) -> String {
 /// Collapsed stacks ("outer;...;inner bytes"), one line per leak group, per process;
 /// stacks that grew during the run are drawn under their own root, weighted by growth.
 pub fn collapsed(a: &Analysis) -> Vec<String> {
+    // inferno adds the weights up in u64: keep any total of a damaged report in range.
+    let n = a.processes.iter().map(|p| p.leaks.len() + p.growth.len()).sum::<usize>().max(1) as u64;
+    let cap = (u64::MAX >> 8) / n;
     let mut lines = Vec::new();
     for p in &a.processes {
         for g in &p.leaks {
-            lines.push(line(&p.label, &g.stack, &g.api, g.bytes));
+            lines.push(line(&p.label, &g.stack, &g.api, g.bytes.min(cap)));
         }
         for g in &p.growth {
-            lines.push(line(&format!("grew during the run: {}", p.label), &g.stack, &g.api, g.grown_bytes));
+            lines.push(line(&format!("grew during the run: {}", p.label), &g.stack, &g.api, g.grown_bytes.min(cap)));
         }
     }
     lines

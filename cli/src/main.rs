@@ -4,6 +4,8 @@
 mod analyze;
 mod diff;
 mod flame;
+#[cfg(test)]
+mod fuzz_tests;
 mod growth;
 mod html;
 mod model;
