@@ -14,6 +14,7 @@ pub mod config;
 pub mod hotpath;
 pub mod interpose;
 pub mod report;
+pub mod scan;
 
 #[cfg(not(test))]
 #[global_allocator]
