@@ -61,7 +61,7 @@ pub fn classify(blocks: &[Block], roots: &[(u64, u64)], mem: &dyn Memory) -> Vec
     let mut reached = vec![false; blocks.len()];
     let mut work: Vec<usize> = Vec::new();
 
-    let mut mark_from = |start: u64, len: u64, reached: &mut Vec<bool>, work: &mut Vec<usize>| {
+    let mark_from = |start: u64, len: u64, reached: &mut Vec<bool>, work: &mut Vec<usize>| {
         mem.words(start, len, &mut |w| {
             if let Some(i) = index.find(w) {
                 if !reached[i] {
