@@ -45,6 +45,7 @@ struct Consumer {
 
 static STATE: SpinLock<Option<Consumer>> = SpinLock::new(None);
 static SNAPSHOT_REQUESTED: AtomicBool = AtomicBool::new(false);
+static SCAN_AT_EXIT: AtomicBool = AtomicBool::new(false);
 /// A termination signal to die by once the final report is written (0: none).
 static TERMINATING_SIGNAL: AtomicI32 = AtomicI32::new(0);
 /// Set while a collector thread runs in this process.
@@ -208,6 +209,11 @@ pub fn start(config: Config, host_tracking: String) -> bool {
             None => Default::default(),
         };
         channel::init();
+        if config.scan {
+            SCAN_AT_EXIT.store(true, Ordering::Relaxed);
+            crate::scan::roots::record_main_tls();
+            crate::scan::roots::install();
+        }
         *STATE.lock() = Some(Consumer { model: Collector::new(), order: DrainState::default() });
         *REPORT.lock() = Some(ReportSide::new(config, process, output_dir, symbolizer, host_tracking, suppressions));
         OWNER_PID.store(std::process::id(), Ordering::SeqCst);
@@ -332,7 +338,10 @@ fn write_report(reason: Reason) {
         drain_into(c, backlog, false);
     }
     let snapshot = c.model.snapshot();
+    let live = (final_report && SCAN_AT_EXIT.load(Ordering::Relaxed)).then(|| c.model.live_blocks());
     drop(state);
+    // The scan stops the other threads: it runs holding none of our locks.
+    let scan = live.map(|live| reachability_scan(&live));
     let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(30)) else {
         stderr_line("leaktrace: report writer busy for 30 s; report skipped");
         return;
@@ -343,7 +352,12 @@ fn write_report(reason: Reason) {
     }
     let now = process::unix_ms();
     r.timeline.record(now, &snapshot);
-    let groups = build::resolve_groups(&snapshot, &mut r.symbolizer);
+    let mut groups = build::resolve_groups(&snapshot, &mut r.symbolizer);
+    if let Some((_, by_group, _)) = &scan {
+        for g in groups.iter_mut() {
+            g.reachability = Some(by_group.get(&(g.stack_id, g.api)).copied().unwrap_or_default());
+        }
+    }
     let timeline = build::timeline_out(&r.timeline, &groups, &mut r.symbolizer);
     let facts = RunFacts {
         stack_depth: r.config.stack_depth,
@@ -354,7 +368,8 @@ fn write_report(reason: Reason) {
         host_tracking: r.host_tracking.clone(),
         exit_signal: r.exit_signal,
     };
-    let bytes = build::report_bytes(&r.process, reason, now, &snapshot.totals, &groups, &facts, &timeline);
+    let scan_out = scan.as_ref().map(|(out, _, totals)| (out, *totals));
+    let bytes = build::report_bytes(&r.process, reason, now, &snapshot.totals, &groups, &facts, &timeline, scan_out);
     let mut path = r.process.report_path(&r.output_dir);
     let mut result = writer::write_atomic(&path, &bytes);
     if let Err(e) = &result {
@@ -399,6 +414,34 @@ fn finish_as(sig: i32) {
 
 fn final_in_progress() -> bool {
     TRACKING.load(Ordering::Acquire) == FINISHING
+}
+
+type ScanResult = (build::ScanOut, std::collections::HashMap<(u32, &'static str), build::Reachability>, build::Reachability);
+
+/// Classifies the outstanding blocks of this process image (inherited ones help keep
+/// others reachable but are not counted).
+fn reachability_scan(live: &[(u64, u64, u32, Api, bool)]) -> ScanResult {
+    let blocks: Vec<crate::scan::mark::Block> =
+        live.iter().map(|b| crate::scan::mark::Block { start: b.0, size: b.1 }).collect();
+    let (verdicts, info) = crate::scan::scan(&blocks);
+    let mut by_group: std::collections::HashMap<(u32, &'static str), build::Reachability> = Default::default();
+    let mut totals = build::Reachability::default();
+    for (b, v) in live.iter().zip(verdicts) {
+        if b.4 {
+            continue;
+        }
+        by_group.entry((b.2, b.3.name())).or_default().add(v, b.1);
+        totals.add(v, b.1);
+    }
+    let out = build::ScanOut {
+        ran: true,
+        duration_ms: info.duration_ms,
+        threads: info.threads,
+        threads_stopped: info.threads_stopped,
+        root_bytes: info.root_bytes,
+        heap_bytes: info.heap_bytes,
+    };
+    (out, by_group, totals)
 }
 
 /// The final report: exactly once per process image, after the last event is drained.

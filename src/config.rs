@@ -26,6 +26,8 @@ pub struct Config {
     pub disabled: bool,
     /// LEAKTRACE_SUPPRESSIONS: LeakSanitizer-style file applied to the exit summary.
     pub suppressions: Option<PathBuf>,
+    /// LEAKTRACE_SCAN: classify outstanding blocks as definite/indirect/reachable at exit.
+    pub scan: bool,
 }
 
 impl Default for Config {
@@ -40,6 +42,7 @@ impl Default for Config {
             follow_fork: true,
             disabled: false,
             suppressions: None,
+            scan: false,
         }
     }
 }
@@ -55,6 +58,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("LEAKTRACE_FOLLOW_FORK", "1/0: keep tracking in forked children (default 1)"),
     ("LEAKTRACE_DISABLE", "1: record nothing, write nothing (default 0)"),
     ("LEAKTRACE_SUPPRESSIONS", "LeakSanitizer-style suppressions file (leak:PATTERN) for the exit summary"),
+    ("LEAKTRACE_SCAN", "1: pointer scan at exit, definite/indirect/reachable (default 0, experimental)"),
 ];
 
 fn parse_bool(v: &str) -> Option<bool> {
@@ -148,6 +152,12 @@ impl Config {
                 bad("LEAKTRACE_SUPPRESSIONS", &v, "a file", "no suppressions".into());
             } else {
                 c.suppressions = Some(PathBuf::from(v));
+            }
+        }
+        if let Some(v) = get("LEAKTRACE_SCAN") {
+            match parse_bool(&v) {
+                Some(b) => c.scan = b,
+                None => bad("LEAKTRACE_SCAN", &v, "1 or 0", "0".into()),
             }
         }
         if let Some(v) = get("LEAKTRACE_DISABLE") {

@@ -217,6 +217,20 @@ impl Collector {
         }
     }
 
+    /// Every outstanding block `(address, size, stack, api, inherited)`, sorted by address.
+    pub fn live_blocks(&self) -> Vec<(u64, u64, u32, Api, bool)> {
+        let mut v: Vec<(u64, u64, u32, Api, bool)> = self
+            .live
+            .iter()
+            .map(|(&addr, b)| {
+                let (stack, api, _) = self.groups[b.group as usize];
+                (addr, b.size, stack, api, b.inherited)
+            })
+            .collect();
+        v.sort_unstable_by_key(|b| b.0);
+        v
+    }
+
     pub fn snapshot(&self) -> Snapshot {
         let mut groups: Vec<GroupSnapshot> = self
             .groups

@@ -31,6 +31,7 @@ extern "C" fn on_load() {
 }
 
 extern "C" fn on_unload() {
+    crate::scan::roots::mark_entry();
     let _ = std::panic::catch_unwind(agent::finish);
 }
 
@@ -162,7 +163,9 @@ pub fn die_by_signal(sig: c_int) {
 
 /// `_exit` and `_Exit` skip atexit handlers and destructors (PyTorch DataLoader workers
 /// end with `os._exit`): write the final report, then leave through the real function.
+#[inline(always)]
 fn final_report_then(real_exit: Option<real::ExitFn>, status: c_int) -> ! {
+    crate::scan::roots::mark_entry();
     let _ = std::panic::catch_unwind(agent::finish);
     match real_exit {
         // SAFETY: forwarding to the real _exit/_Exit.

@@ -43,6 +43,43 @@ pub struct Frame {
     pub inlined: bool,
 }
 
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Amount {
+    pub bytes: u64,
+    pub blocks: u64,
+}
+
+/// LeakSanitizer's classes of outstanding memory, from the pointer scan.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Reachability {
+    pub definite: Amount,
+    pub indirect: Amount,
+    pub reachable: Amount,
+}
+
+impl Reachability {
+    pub fn add(&mut self, verdict: crate::scan::mark::Verdict, bytes: u64) {
+        use crate::scan::mark::Verdict::*;
+        let a = match verdict {
+            Definite => &mut self.definite,
+            Indirect => &mut self.indirect,
+            Reachable => &mut self.reachable,
+        };
+        a.bytes += bytes;
+        a.blocks += 1;
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ScanOut {
+    pub ran: bool,
+    pub duration_ms: u64,
+    pub threads: usize,
+    pub threads_stopped: usize,
+    pub root_bytes: u64,
+    pub heap_bytes: u64,
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct Group {
     pub kind: &'static str,
@@ -53,6 +90,8 @@ pub struct Group {
     pub total_allocs: u64,
     pub total_bytes: u64,
     pub stack_id: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reachability: Option<Reachability>,
     pub stack: Vec<Frame>,
 }
 
@@ -116,6 +155,7 @@ pub fn resolve_groups(snapshot: &Snapshot, sym: &mut Symbolizer) -> Vec<Group> {
                 total_allocs: g.stats.total_allocs,
                 total_bytes: g.stats.total_bytes,
                 stack_id: g.stack,
+                reachability: None,
                 stack,
             }
         })
@@ -129,6 +169,8 @@ struct HostTotals {
     total_allocs: u64,
     total_frees: u64,
     peak_live_bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reachability: Option<Reachability>,
 }
 
 #[derive(Serialize)]
@@ -197,6 +239,8 @@ struct ReportOut<'a> {
     config: serde_json::Value,
     summary: SummaryOut,
     diagnostics: DiagnosticsOut<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    scan: Option<&'a ScanOut>,
     timeline: &'a TimelineOut,
     leaks: &'a [Group],
 }
@@ -227,6 +271,7 @@ pub fn report_bytes(
     groups: &[Group],
     facts: &RunFacts,
     timeline: &TimelineOut,
+    scan: Option<(&ScanOut, Reachability)>,
 ) -> Vec<u8> {
     let report = ReportOut {
         schema: SCHEMA,
@@ -253,6 +298,7 @@ pub fn report_bytes(
                 total_allocs: totals.total_allocs,
                 total_frees: totals.total_frees,
                 peak_live_bytes: totals.peak_live_bytes,
+                reachability: scan.map(|s| s.1),
             },
             leak_groups: groups.len(),
         },
@@ -264,6 +310,7 @@ pub fn report_bytes(
             stacks_interned: facts.stacks_interned,
             stack_table_overflows: facts.stack_table_overflows,
         },
+        scan: scan.map(|s| s.0),
         timeline,
         leaks: groups,
     };
@@ -302,34 +349,55 @@ pub fn apply_suppressions<'a>(groups: &'a [Group], s: &leaktrace_common::Suppres
     (shown, suppressed)
 }
 
-/// The exit summary in the shape LeakSanitizer users know.
+/// The exit summary in the shape LeakSanitizer users know. With a pointer scan, each
+/// group shows its direct (definite) and indirect parts and still-reachable memory is
+/// left out of the count.
 pub fn summary_text(pid: u32, groups: &[&Group], suppressed: usize, top: usize, report: Option<&str>) -> String {
     let mut out = String::new();
-    let bytes: u64 = groups.iter().map(|g| g.bytes).sum();
-    let blocks: u64 = groups.iter().map(|g| g.blocks).sum();
-    let suppressed_note = if suppressed > 0 { format!(" ({suppressed} group(s) suppressed)") } else { String::new() };
-    if groups.is_empty() {
-        out.push_str(&format!("=={pid}==leaktrace: no leaks found{suppressed_note}"));
+    let counted = |g: &Group| match g.reachability {
+        Some(r) => (r.definite.bytes + r.indirect.bytes, r.definite.blocks + r.indirect.blocks),
+        None => (g.bytes, g.blocks),
+    };
+    let leaking: Vec<&&Group> = groups.iter().filter(|g| counted(g).1 > 0).collect();
+    let bytes: u64 = leaking.iter().map(|g| counted(g).0).sum();
+    let blocks: u64 = leaking.iter().map(|g| counted(g).1).sum();
+    let reachable: u64 = groups.iter().filter_map(|g| g.reachability.map(|r| r.reachable.bytes)).sum();
+    let mut notes = Vec::new();
+    if suppressed > 0 {
+        notes.push(format!("{suppressed} group(s) suppressed"));
+    }
+    if reachable > 0 {
+        notes.push(format!("{reachable} byte(s) still reachable not counted"));
+    }
+    let note = if notes.is_empty() { String::new() } else { format!(" ({})", notes.join("; ")) };
+    if leaking.is_empty() {
+        out.push_str(&format!("=={pid}==leaktrace: no leaks found{note}"));
     } else {
         out.push_str("=================================================================\n");
         out.push_str(&format!("=={pid}==leaktrace: detected memory leaks\n"));
-        for g in groups.iter().take(top) {
-            out.push_str(&format!(
-                "\nLeak of {} byte(s) in {} object(s) allocated from {} ({}):\n",
-                g.bytes, g.blocks, g.api, g.kind
-            ));
-            for (i, f) in g.stack.iter().enumerate() {
-                out.push_str(&frame_text(i, f));
-                out.push('\n');
-            }
-            if g.stack.is_empty() {
-                out.push_str("    <no stack>\n");
+        for g in leaking.iter().take(top) {
+            let parts: Vec<(&str, Amount)> = match g.reachability {
+                Some(r) => [("Direct leak", r.definite), ("Indirect leak", r.indirect)].into_iter().filter(|p| p.1.blocks > 0).collect(),
+                None => vec![("Leak", Amount { bytes: g.bytes, blocks: g.blocks })],
+            };
+            for (label, a) in parts {
+                out.push_str(&format!(
+                    "\n{label} of {} byte(s) in {} object(s) allocated from {} ({}):\n",
+                    a.bytes, a.blocks, g.api, g.kind
+                ));
+                for (i, f) in g.stack.iter().enumerate() {
+                    out.push_str(&frame_text(i, f));
+                    out.push('\n');
+                }
+                if g.stack.is_empty() {
+                    out.push_str("    <no stack>\n");
+                }
             }
         }
-        if groups.len() > top {
-            out.push_str(&format!("\n... {} more leak group(s) in the report\n", groups.len() - top));
+        if leaking.len() > top {
+            out.push_str(&format!("\n... {} more leak group(s) in the report\n", leaking.len() - top));
         }
-        out.push_str(&format!("\nSUMMARY: leaktrace: {bytes} byte(s) leaked in {blocks} allocation(s){suppressed_note}."));
+        out.push_str(&format!("\nSUMMARY: leaktrace: {bytes} byte(s) leaked in {blocks} allocation(s){note}."));
     }
     if let Some(r) = report {
         out.push_str(&format!("\n=={pid}==leaktrace: report {r}"));
@@ -352,6 +420,7 @@ mod tests {
             total_allocs: 4,
             total_bytes: 64,
             stack_id: 7,
+            reachability: None,
             stack: vec![
                 Frame {
                     ip: 0x1234,
@@ -380,7 +449,7 @@ mod tests {
         };
         let t = Totals { live_bytes: 48, live_blocks: 3, total_allocs: 4, total_frees: 1, peak_live_bytes: 64, ..Default::default() };
         let empty = TimelineOut { points: vec![], series: vec![] };
-        let bytes = report_bytes(&p, Reason::Exit, 6, &t, &[group()], &RunFacts::default(), &empty);
+        let bytes = report_bytes(&p, Reason::Exit, 6, &t, &[group()], &RunFacts::default(), &empty, None);
         let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
         let keys: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();
         assert_eq!(&keys[..3], &["schema", "tool", "pid"]);

@@ -54,13 +54,31 @@ pub trait Memory {
     fn words(&self, start: u64, len: u64, visit: &mut dyn FnMut(u64)) -> bool;
 }
 
-/// Classifies every block given the root ranges `(start, len)`.
-pub fn classify(blocks: &[Block], roots: &[(u64, u64)], mem: &dyn Memory) -> Vec<Verdict> {
-    let index = BlockIndex::new(blocks);
-    let mut verdict = vec![Verdict::Definite; blocks.len()];
-    let mut reached = vec![false; blocks.len()];
-    let mut work: Vec<usize> = Vec::new();
+/// Working memory for `classify_into`, allocated before other threads are stopped
+/// (one of them may hold the allocator's lock).
+pub struct Scratch {
+    pub verdicts: Vec<Verdict>,
+    reached: Vec<bool>,
+    indirect: Vec<bool>,
+    work: Vec<usize>,
+}
 
+impl Scratch {
+    pub fn new(blocks: usize) -> Scratch {
+        Scratch {
+            verdicts: vec![Verdict::Definite; blocks],
+            reached: vec![false; blocks],
+            indirect: vec![false; blocks],
+            // Each block is pushed at most once: this never grows.
+            work: Vec::with_capacity(blocks),
+        }
+    }
+}
+
+/// Classifies every block given the root ranges `(start, len)`, without allocating.
+pub fn classify_into(blocks: &[Block], roots: &[(u64, u64)], mem: &dyn Memory, s: &mut Scratch) {
+    let index = BlockIndex::new(blocks);
+    let Scratch { verdicts, reached, indirect, work } = s;
     let mark_from = |start: u64, len: u64, reached: &mut Vec<bool>, work: &mut Vec<usize>| {
         mem.words(start, len, &mut |w| {
             if let Some(i) = index.find(w) {
@@ -72,13 +90,12 @@ pub fn classify(blocks: &[Block], roots: &[(u64, u64)], mem: &dyn Memory) -> Vec
         });
     };
     for &(start, len) in roots {
-        mark_from(start, len, &mut reached, &mut work);
+        mark_from(start, len, reached, work);
     }
     while let Some(i) = work.pop() {
-        mark_from(blocks[i].start, blocks[i].size, &mut reached, &mut work);
+        mark_from(blocks[i].start, blocks[i].size, reached, work);
     }
     // Every block a leaked block points to (other than itself) is an indirect leak.
-    let mut indirect = vec![false; blocks.len()];
     for (i, b) in blocks.iter().enumerate() {
         if reached[i] {
             continue;
@@ -92,7 +109,7 @@ pub fn classify(blocks: &[Block], roots: &[(u64, u64)], mem: &dyn Memory) -> Vec
         });
     }
     for i in 0..blocks.len() {
-        verdict[i] = if reached[i] {
+        verdicts[i] = if reached[i] {
             Verdict::Reachable
         } else if indirect[i] {
             Verdict::Indirect
@@ -100,7 +117,13 @@ pub fn classify(blocks: &[Block], roots: &[(u64, u64)], mem: &dyn Memory) -> Vec
             Verdict::Definite
         };
     }
-    verdict
+}
+
+/// Classifies every block given the root ranges `(start, len)`.
+pub fn classify(blocks: &[Block], roots: &[(u64, u64)], mem: &dyn Memory) -> Vec<Verdict> {
+    let mut s = Scratch::new(blocks.len());
+    classify_into(blocks, roots, mem, &mut s);
+    s.verdicts
 }
 
 #[cfg(test)]

@@ -1,0 +1,80 @@
+//! The pointer scan at exit (LEAKTRACE_SCAN=1) on a fixture with known answers, and the
+//! same verdicts as valgrind's memcheck on it.
+mod common;
+use common::*;
+use serde_json::Value;
+use std::process::Command;
+
+fn class(r: &Value, function: &str) -> (u64, u64, u64) {
+    let gs = groups_with(r, function);
+    assert!(!gs.is_empty(), "no group for {function}");
+    let get = |k: &str| gs.iter().map(|g| g["reachability"][k]["bytes"].as_u64().unwrap()).sum::<u64>();
+    (get("definite"), get("indirect"), get("reachable"))
+}
+
+fn check_fixture(r: &Value, thread: bool) {
+    assert_eq!(r["scan"]["ran"], true, "{:#}", r["scan"]);
+    assert_eq!(class(r, "keep_in_global"), (0, 0, 1001));
+    assert_eq!(class(r, "keep_in_tls"), (0, 0, 1002));
+    assert_eq!(class(r, "keep_list"), (0, 0, 3 * 1008), "3 nodes of 1008 bytes (1004 rounded up to the pointer alignment)");
+    assert_eq!(class(r, "keep_interior"), (0, 0, 1005));
+    assert_eq!(class(r, "leak_cycle"), (0, 2 * 1006, 0));
+    assert_eq!(class(r, "leak_dropped"), (1007, 0, 0));
+    assert_eq!(class(r, "make_child"), (0, 1008, 0));
+    let parent: Vec<_> = groups_with(r, "leak_parent").into_iter().filter(|g| g["stack"][0]["function"] == "leak_parent").collect();
+    assert_eq!(parent[0]["reachability"]["definite"]["bytes"], 1009);
+    if thread {
+        assert_eq!(class(r, "spin"), (0, 0, 1003), "a pointer only on another thread's stack");
+        assert!(r["scan"]["threads_stopped"].as_u64().unwrap() >= 2);
+    }
+}
+
+#[test]
+fn verdicts_match_the_known_answers() {
+    let bin = build_fixture("reach.c", &[]);
+    for thread in [false, true] {
+        let mut cmd = Command::new(&bin);
+        cmd.env("LEAKTRACE_SCAN", "1");
+        if thread {
+            cmd.arg("thread");
+        }
+        let run = run_traced(cmd, "reach");
+        assert_eq!(run.code(), Some(0), "{}", run.stderr());
+        check_fixture(&run.report(), thread);
+        let err = run.stderr();
+        assert!(err.contains("Direct leak of 1007 byte(s) in 1 object(s)"), "{err}");
+        assert!(err.contains("Indirect leak of 1006 byte(s) in 1 object(s)") && err.contains("Indirect leak of 1008 byte(s)"), "{err}");
+        assert!(!err.contains("keep_in_global"), "reachable memory is not listed as a leak: {err}");
+        assert!(err.contains("still reachable not counted"), "{err}");
+    }
+}
+
+fn valgrind_totals(bin: &std::path::Path) -> (u64, u64) {
+    let out = Command::new("valgrind")
+        .args(["--leak-check=full", "--show-leak-kinds=all"])
+        .arg(bin)
+        .arg("nocycle")
+        .output()
+        .expect("valgrind must be installed");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let num = |label: &str| -> u64 {
+        let label = format!("{label}:");
+        let line = err.lines().find(|l| l.contains(&label)).unwrap_or_else(|| panic!("{label} in {err}"));
+        let after = &line[line.find(&label).unwrap() + label.len()..];
+        after.trim().split(' ').next().unwrap().replace(',', "").parse().unwrap()
+    };
+    (num("definitely lost"), num("indirectly lost"))
+}
+
+#[test]
+fn same_definite_and_indirect_totals_as_valgrind() {
+    let bin = build_fixture("reach.c", &[]);
+    let mut cmd = Command::new(&bin);
+    cmd.env("LEAKTRACE_SCAN", "1").arg("nocycle");
+    let run = run_traced(cmd, "reach-vg");
+    let r = run.report();
+    let ours = &r["summary"]["host"]["reachability"];
+    let (vg_definite, vg_indirect) = valgrind_totals(&bin);
+    assert_eq!(ours["definite"]["bytes"].as_u64().unwrap(), vg_definite, "{ours:#}");
+    assert_eq!(ours["indirect"]["bytes"].as_u64().unwrap(), vg_indirect, "{ours:#}");
+}
