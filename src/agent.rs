@@ -338,7 +338,9 @@ fn write_report(reason: Reason) {
         drain_into(c, backlog, false);
     }
     let snapshot = c.model.snapshot();
-    let live = (final_report && SCAN_AT_EXIT.load(Ordering::Relaxed)).then(|| c.model.live_blocks());
+    // The scan runs for the final report and for snapshots asked with the signal.
+    let scan_now = (final_report || reason == Reason::Signal) && SCAN_AT_EXIT.load(Ordering::Relaxed);
+    let live = scan_now.then(|| c.model.live_blocks());
     drop(state);
     // The scan stops the other threads: it runs holding none of our locks.
     let scan = live.map(|live| reachability_scan(&live));

@@ -13,6 +13,8 @@ pub struct Filters {
     pub min_bytes: u64,
     /// Growth smaller than this is not reported.
     pub growth_min_bytes: u64,
+    /// Count memory the pointer scan found still reachable as leaked too.
+    pub include_reachable: bool,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -27,6 +29,9 @@ pub struct ProcessAnalysis {
     pub leaked_blocks: u64,
     pub suppressed_groups: usize,
     pub suppressed_bytes: u64,
+    /// Still reachable at exit according to the pointer scan (not counted as leaked).
+    pub reachable_bytes: u64,
+    pub reachable_groups: usize,
     pub leaks: Vec<Group>,
     pub growth: Vec<Growth>,
 }
@@ -59,7 +64,23 @@ pub fn analyze(reports: &[Report], filters: &Filters) -> Analysis {
         .map(|r| {
             let mut leaks = Vec::new();
             let (mut suppressed_groups, mut suppressed_bytes) = (0, 0);
+            let (mut reachable_groups, mut reachable_bytes) = (0, 0);
             for g in &r.leaks {
+                // With a pointer scan, what a root still reaches is not a leak (LSan).
+                let g = &match (g.reachability, filters.include_reachable) {
+                    (Some(reach), false) => {
+                        reachable_bytes = sat_add(reachable_bytes, reach.reachable.bytes);
+                        let mut counted = g.clone();
+                        counted.bytes = sat_add(reach.definite.bytes, reach.indirect.bytes);
+                        counted.blocks = sat_add(reach.definite.blocks, reach.indirect.blocks);
+                        if counted.blocks == 0 {
+                            reachable_groups += 1;
+                            continue;
+                        }
+                        counted
+                    }
+                    _ => g.clone(),
+                };
                 if g.bytes < filters.min_bytes {
                     continue;
                 }
@@ -88,6 +109,8 @@ pub fn analyze(reports: &[Report], filters: &Filters) -> Analysis {
                 leaked_blocks: leaks.iter().map(|g| g.blocks).fold(0, sat_add),
                 suppressed_groups,
                 suppressed_bytes,
+                reachable_bytes,
+                reachable_groups,
                 leaks,
                 growth,
             }

@@ -92,6 +92,8 @@ mod tests {
                 leaked_blocks: 1,
                 suppressed_groups: 0,
                 suppressed_bytes: 0,
+                reachable_bytes: 0,
+                reachable_groups: 0,
                 leaks: vec![g],
                 growth: vec![],
             }],

@@ -58,6 +58,9 @@ struct FilterArgs {
     /// Ignore leak groups smaller than N bytes.
     #[arg(long, value_name = "N", default_value_t = 0)]
     min_bytes: u64,
+    /// With a pointer scan (LEAKTRACE_SCAN=1), count still-reachable memory as leaked too.
+    #[arg(long)]
+    include_reachable: bool,
 }
 
 #[derive(Args)]
@@ -71,6 +74,9 @@ struct RunArgs {
     /// Frames kept per stack (1-128).
     #[arg(long, value_name = "N")]
     depth: Option<usize>,
+    /// Pointer scan at exit: definite, indirect and still-reachable memory told apart.
+    #[arg(long)]
+    scan: bool,
     /// Exit with --exit-code when leaks remain.
     #[arg(long)]
     fail_on_leak: bool,
@@ -166,7 +172,12 @@ fn filters(f: &FilterArgs) -> Result<Filters, Fail> {
         Some(p) => Some(suppress::Suppressions::load(p).map_err(usage)?),
         None => None,
     };
-    Ok(Filters { suppressions, min_bytes: f.min_bytes, growth_min_bytes: growth::DEFAULT_MIN_BYTES })
+    Ok(Filters {
+        suppressions,
+        min_bytes: f.min_bytes,
+        growth_min_bytes: growth::DEFAULT_MIN_BYTES,
+        include_reachable: f.include_reachable,
+    })
 }
 
 fn render(a: &Analysis, reports: &[model::Report], format: Format, top: usize) -> Result<String, Fail> {
@@ -218,6 +229,7 @@ fn cmd_run(args: &RunArgs) -> Result<u8, Fail> {
         output: output.clone(),
         interval_ms: args.interval_ms,
         depth: args.depth,
+        scan: args.scan,
         suppressions: args.filters.suppressions.clone(),
     };
     let code = match run::run(&lib, &args.cmd, &settings) {

@@ -26,6 +26,25 @@ pub struct Frame {
     pub inlined: bool,
 }
 
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct Amount {
+    #[serde(default)]
+    pub bytes: u64,
+    #[serde(default)]
+    pub blocks: u64,
+}
+
+/// From the library's pointer scan (LEAKTRACE_SCAN=1), when it ran.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct Reachability {
+    #[serde(default)]
+    pub definite: Amount,
+    #[serde(default)]
+    pub indirect: Amount,
+    #[serde(default)]
+    pub reachable: Amount,
+}
+
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 pub struct Group {
     pub kind: String,
@@ -38,6 +57,8 @@ pub struct Group {
     pub total_allocs: u64,
     #[serde(default)]
     pub stack_id: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reachability: Option<Reachability>,
     #[serde(default)]
     pub stack: Vec<Frame>,
 }

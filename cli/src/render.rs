@@ -68,11 +68,14 @@ pub fn text(a: &Analysis, top: usize) -> String {
             ));
             stack_text(&mut out, &gr.stack);
         }
-        let suppressed = if p.suppressed_groups > 0 {
-            format!(" ({} group(s), {} byte(s) suppressed)", p.suppressed_groups, p.suppressed_bytes)
-        } else {
-            String::new()
-        };
+        let mut notes = Vec::new();
+        if p.suppressed_groups > 0 {
+            notes.push(format!("{} group(s), {} byte(s) suppressed", p.suppressed_groups, p.suppressed_bytes));
+        }
+        if p.reachable_bytes > 0 {
+            notes.push(format!("{} byte(s) still reachable not counted; --include-reachable counts them", p.reachable_bytes));
+        }
+        let suppressed = if notes.is_empty() { String::new() } else { format!(" ({})", notes.join("; ")) };
         out.push_str(&format!(
             "\nSUMMARY: leaktrace: {} byte(s) leaked in {} allocation(s){suppressed}.\n\n",
             p.leaked_bytes, p.leaked_blocks

@@ -60,6 +60,7 @@ pub struct RunSettings {
     pub output: PathBuf,
     pub interval_ms: Option<u64>,
     pub depth: Option<usize>,
+    pub scan: bool,
     pub suppressions: Option<PathBuf>,
 }
 
@@ -82,6 +83,9 @@ pub fn run(lib: &Path, cmd: &[String], s: &RunSettings) -> Outcome {
     }
     if let Some(d) = s.depth {
         c.env("LEAKTRACE_STACK_DEPTH", d.to_string());
+    }
+    if s.scan {
+        c.env("LEAKTRACE_SCAN", "1");
     }
     if let Some(sup) = &s.suppressions {
         c.env("LEAKTRACE_SUPPRESSIONS", sup);

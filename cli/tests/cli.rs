@@ -313,3 +313,20 @@ fn sigterm_to_run_reaches_the_program_and_its_report_is_collected() {
     assert_eq!(rs[0]["exit_signal"], libc::SIGTERM);
     assert!(text(&out.stderr).contains("3333 byte(s) leaked"), "{}", text(&out.stderr));
 }
+
+#[test]
+fn with_a_pointer_scan_only_definite_and_indirect_count() {
+    let dir = scratch("scan");
+    let prog = build(&manifest().join("../tests/fixtures/reach.c"), &dir);
+    let out = leaktrace(&["run", "--scan", "--output", "r", "--", prog.to_str().unwrap()], &dir);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let js: Value = serde_json::from_slice(&leaktrace(&["report", "--format", "json", "r"], &dir).stdout).unwrap();
+    // definite 1007 + 1009, indirect 2 x 1006 + 1008; the five reachable groups are out.
+    assert_eq!(js["leaked_bytes"], 1007 + 1009 + 2 * 1006 + 1008);
+    assert_eq!(js["processes"][0]["reachable_groups"], 4);
+    let t = text(&leaktrace(&["check", "r"], &dir).stdout);
+    assert!(t.contains("still reachable not counted") && !t.contains("keep_in_global"), "{t}");
+    assert_eq!(leaktrace(&["check", "--suppressions", "/dev/null", "r"], &dir).status.code(), Some(23));
+    let all: Value = serde_json::from_slice(&leaktrace(&["report", "--include-reachable", "--format", "json", "r"], &dir).stdout).unwrap();
+    assert!(all["leaked_bytes"].as_u64().unwrap() > js["leaked_bytes"].as_u64().unwrap());
+}
