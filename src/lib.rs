@@ -3,9 +3,10 @@
 //! Layout (three stages kept apart, as in heaptrack):
 //! - `interpose/` — the ABI boundary: exported hooks, real-function lookup, lifecycle.
 //! - `hotpath/`   — what runs inside every allocation: thread guard, stack capture,
-//!                  stack interning, the lock-free event ring.
+//!   stack interning, the per-thread event rings.
 //! - `collector/` — the background consumer's model: live set and per-stack totals.
 //! - `report/`    — symbolization, JSON and text rendering, atomic file writing.
+//! - `scan/`      — the reachability scan (definite / indirect / reachable).
 //! - `agent.rs`   — glue: starts the collector, drains, writes reports, handles fork.
 //! - `config.rs`  — `LEAKTRACE_*` variables.
 pub mod agent;

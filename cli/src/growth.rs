@@ -77,7 +77,7 @@ pub fn detect(report: &Report, min_bytes: u64) -> Vec<Growth> {
             })
         })
         .collect();
-    found.sort_by(|a, b| b.grown_bytes.cmp(&a.grown_bytes));
+    found.sort_by_key(|g| std::cmp::Reverse(g.grown_bytes));
     found
 }
 

@@ -268,7 +268,7 @@ impl DrainState {
             }
             f(ev);
             head += 1;
-            if head % 256 == 0 {
+            if head.is_multiple_of(256) {
                 ring.head.0.store(head, Ordering::Release);
             }
         }

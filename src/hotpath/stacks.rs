@@ -80,7 +80,7 @@ fn init_tables() -> Option<&'static Tables> {
 pub fn hash_frames(epoch: u32, frames: &[u64]) -> u64 {
     let mut h: u64 = 0x9e37_79b9_7f4a_7c15 ^ epoch as u64;
     for &f in frames {
-        h = (h.rotate_left(5) ^ f).wrapping_mul(0x51_7cc1_b727_220a_95);
+        h = (h.rotate_left(5) ^ f).wrapping_mul(0x517c_c1b7_2722_0a95);
     }
     h ^= h >> 29;
     h | 1

@@ -526,7 +526,7 @@ pub fn capture_stack_id(depth: usize) -> u32 {
     let mut first = true;
     let mut skipping = true;
     let read = |addr: u64| -> Option<u64> {
-        if addr < sp0 || addr.checked_add(8)? > hi || addr % 8 != 0 {
+        if addr < sp0 || addr.checked_add(8)? > hi || !addr.is_multiple_of(8) {
             return None;
         }
         // SAFETY: [sp0, hi) is the live part of this thread's own stack.

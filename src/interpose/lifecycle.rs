@@ -2,6 +2,8 @@
 //! fork handlers and the snapshot signal.
 // In unit-test builds the constructor is left out, and with it the code it reaches.
 #![cfg_attr(test, allow(dead_code))]
+// C entry points (`_exit`, `dlclose`): their contract is the C library's.
+#![allow(clippy::missing_safety_doc)]
 
 use std::ffi::{c_int, c_void, CStr};
 

@@ -1,5 +1,9 @@
 //! The malloc family. Allocations are recorded after the real call succeeded; frees are
 //! recorded before the real free runs (see `hotpath::ring` for why the order matters).
+// The exported functions are C entry points: their safety contract is the C standard's
+// for the function of the same name, not something a Rust doc section can add to.
+#![allow(clippy::missing_safety_doc)]
+
 use std::alloc::{GlobalAlloc, Layout};
 use std::ffi::{c_int, c_void};
 

@@ -263,6 +263,7 @@ struct DiagnosticsOut<'a> {
 
 /// The report as compact JSON bytes (a large process has thousands of frames; pretty
 /// printing tripled the file and the time to write it).
+#[allow(clippy::too_many_arguments)]
 pub fn report_bytes(
     process: &ProcessInfo,
     reason: Reason,

@@ -82,7 +82,7 @@ mod tests {
                 stats: GroupStats { live_bytes: bytes, live_blocks: 1, ..Default::default() },
             })
             .collect();
-        gs.sort_by(|a, b| b.stats.live_bytes.cmp(&a.stats.live_bytes));
+        gs.sort_by_key(|g| std::cmp::Reverse(g.stats.live_bytes));
         let total = groups.iter().map(|g| g.1).sum();
         Snapshot { totals: Totals { live_bytes: total, live_blocks: groups.len() as u64, ..Default::default() }, groups: gs }
     }
