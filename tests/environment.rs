@@ -247,3 +247,51 @@ fn suppressions_file_filters_the_exit_summary() {
     assert_eq!(run.code(), Some(7));
     assert_eq!(run.stderr().lines().filter(|l| l.contains("cannot read suppressions file")).count(), 1);
 }
+
+#[test]
+fn a_full_output_disk_gets_one_line_and_the_report_lands_in_tmp() {
+    let bin = build_fixture("leaks.c", &[]);
+    let dir = fresh_dir("fulldisk");
+    let mnt = dir.join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    // A 64 KiB tmpfs (root is needed: .ci/run runs as root), filled to the brim.
+    let ok = Command::new("mount").args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"]).arg(&mnt).status().unwrap();
+    assert!(ok.success(), "mounting a tmpfs needs root");
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _guard = Unmount(mnt.clone());
+    let _ = Command::new("dd").arg("if=/dev/zero").arg(format!("of={}", mnt.join("fill").display())).args(["bs=4k", "count=100"]).output();
+    let out = Command::new(&bin)
+        .env("LD_PRELOAD", lib_path())
+        .env("LEAKTRACE_OUTPUT", &mnt)
+        .env("LEAKTRACE_SUMMARY", "0")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(7), "the program runs on unchanged");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "leaks fixture done\n");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("cannot write report") && err.contains("trying /tmp"), "{err}");
+    // Nothing half-written is left on the full disk; the report is whole in /tmp.
+    let names: Vec<String> = std::fs::read_dir(&mnt).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert_eq!(names, vec!["fill".to_string()], "{names:?}");
+    let fallback: Vec<_> = std::fs::read_dir("/tmp")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy().into_owned();
+            n.starts_with("leaktrace.leaks-") && n.ends_with(".json") && std::fs::metadata(p).unwrap().modified().unwrap().elapsed().unwrap().as_secs() < 60
+        })
+        .collect();
+    assert!(!fallback.is_empty(), "report written to /tmp");
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&fallback[0]).unwrap()).unwrap();
+    assert_eq!(r["reason"], "exit");
+    for f in fallback {
+        let _ = std::fs::remove_file(f);
+    }
+}
