@@ -220,3 +220,19 @@ fn sigterm_writes_the_final_report_then_terminates_as_before() {
     assert_eq!(r["exit_signal"], libc::SIGTERM);
     assert_eq!(sum(&groups_with(r, "leak_then_wait"), "bytes"), 2222);
 }
+
+#[test]
+fn dlopen_dlclose_churn_keeps_every_leak_named() {
+    let plugin = build_fixture("plugin.c", &["-shared", "-fPIC"]);
+    let bin = build_fixture("dlchurn.c", &[]);
+    let mut cmd = Command::new(&bin);
+    cmd.arg(&plugin);
+    let run = run_traced(cmd, "dlchurn");
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(run.stdout(), "plugin leaks 200\n");
+    let r = run.report();
+    // Every round's block, allocated from a module that was unloaded right after.
+    let g = groups_with(&r, "plugin_leak");
+    assert_eq!((sum(&g, "blocks"), sum(&g, "bytes")), (200, 200 * 777), "{:#}", r["leaks"]);
+    assert_eq!(host(&r, "total_allocs") - host(&r, "total_frees"), host(&r, "live_blocks"));
+}
