@@ -99,20 +99,31 @@ extern "C" fn on_snapshot_signal(_sig: c_int) {
     agent::request_snapshot();
 }
 
-fn install_snapshot_signal(sig: c_int) {
-    // SAFETY: sigaction with valid pointers; we only install when the program left the
-    // signal at its default action, so its own handlers are never replaced.
+/// Installs `handler` (an async-signal-safe `extern "C"` function) for `sig` only if the
+/// program left `sig` at its default action, so its own handlers are never replaced.
+/// `siginfo` selects the three-argument form. Returns whether it was installed.
+pub fn install_if_default(sig: c_int, handler: usize, siginfo: bool, block_all: bool) -> bool {
+    // SAFETY: sigaction with valid pointers; the handler address comes from an extern
+    // "C" fn of the matching arity.
     unsafe {
         let mut old: libc::sigaction = std::mem::zeroed();
         if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 || old.sa_sigaction != libc::SIG_DFL {
-            return;
+            return false;
         }
         let mut act: libc::sigaction = std::mem::zeroed();
-        act.sa_sigaction = on_snapshot_signal as *const () as usize;
-        act.sa_flags = libc::SA_RESTART | libc::SA_ONSTACK;
-        libc::sigemptyset(&mut act.sa_mask);
-        libc::sigaction(sig, &act, std::ptr::null_mut());
+        act.sa_sigaction = handler;
+        act.sa_flags = libc::SA_RESTART | libc::SA_ONSTACK | if siginfo { libc::SA_SIGINFO } else { 0 };
+        if block_all {
+            libc::sigfillset(&mut act.sa_mask);
+        } else {
+            libc::sigemptyset(&mut act.sa_mask);
+        }
+        libc::sigaction(sig, &act, std::ptr::null_mut()) == 0
     }
+}
+
+fn install_snapshot_signal(sig: c_int) {
+    install_if_default(sig, on_snapshot_signal as *const () as usize, false, false);
 }
 
 /// Termination signals the program leaves at their default action: the handler only
@@ -121,20 +132,8 @@ fn install_snapshot_signal(sig: c_int) {
 /// arriving when no collector runs, kills at once.
 fn install_termination_signals(snapshot: Option<c_int>) {
     for sig in [libc::SIGTERM, libc::SIGHUP, libc::SIGINT] {
-        if Some(sig) == snapshot {
-            continue;
-        }
-        // SAFETY: as in install_snapshot_signal: only over the default action.
-        unsafe {
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 || old.sa_sigaction != libc::SIG_DFL {
-                continue;
-            }
-            let mut act: libc::sigaction = std::mem::zeroed();
-            act.sa_sigaction = on_termination_signal as *const () as usize;
-            act.sa_flags = libc::SA_RESTART | libc::SA_ONSTACK;
-            libc::sigemptyset(&mut act.sa_mask);
-            libc::sigaction(sig, &act, std::ptr::null_mut());
+        if Some(sig) != snapshot {
+            install_if_default(sig, on_termination_signal as *const () as usize, false, false);
         }
     }
 }

@@ -74,20 +74,9 @@ pub fn install() -> bool {
     }
     let (lo, hi) = (libc::SIGRTMIN(), libc::SIGRTMAX());
     for sig in (lo..=hi).rev().take(8) {
-        // SAFETY: query then install with valid sigaction structures.
-        unsafe {
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 || old.sa_sigaction != libc::SIG_DFL {
-                continue;
-            }
-            let mut act: libc::sigaction = std::mem::zeroed();
-            act.sa_sigaction = on_stop as *const () as usize;
-            act.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
-            libc::sigfillset(&mut act.sa_mask);
-            if libc::sigaction(sig, &act, std::ptr::null_mut()) == 0 {
-                STOP_SIGNAL.store(sig, Ordering::Release);
-                return true;
-            }
+        if crate::interpose::lifecycle::install_if_default(sig, on_stop as *const () as usize, true, true) {
+            STOP_SIGNAL.store(sig, Ordering::Release);
+            return true;
         }
     }
     false
