@@ -83,7 +83,8 @@ struct RunArgs {
     /// Exit status for --fail-on-leak.
     #[arg(long, value_name = "N", default_value_t = LEAK_EXIT)]
     exit_code: u8,
-    /// Summary format printed after the run.
+    /// Summary format printed after the run (html and flamegraph are written as
+    /// leaks.html / leaks.svg in the output directory).
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
     /// Leak groups shown per process.
@@ -245,7 +246,17 @@ fn cmd_run(args: &RunArgs) -> Result<u8, Fail> {
         }
     };
     let a = analyze::analyze(&reports, &filters);
-    eprint!("{}", render(&a, &reports, args.format, args.top)?);
+    let rendered = render(&a, &reports, args.format, args.top)?;
+    match args.format {
+        // A page or a picture is a file, not something to print on a terminal.
+        Format::Html | Format::Flamegraph => {
+            let name = if matches!(args.format, Format::Html) { "leaks.html" } else { "leaks.svg" };
+            let path = output.join(name);
+            std::fs::write(&path, rendered).map_err(|e| usage(format!("cannot write {} ({e})", path.display())))?;
+            eprintln!("leaktrace: {}", path.display());
+        }
+        _ => eprint!("{rendered}"),
+    }
     eprintln!("leaktrace: reports in {}", output.display());
     if code != 0 {
         return Ok(code.clamp(0, 255) as u8);

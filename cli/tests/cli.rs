@@ -102,6 +102,11 @@ fn run_a_cxx_program_with_planted_leaks() {
     assert_eq!(out.status.code(), Some(7));
     let made: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with("leaktrace-leaks-")).collect();
     assert_eq!(made.len(), 1, "{made:?}");
+    // The page format is written beside the reports.
+    let out = leaktrace(&["run", "--output", "r3", "--format", "html", "--", leaks.to_str().unwrap()], &dir);
+    assert_eq!(out.status.code(), Some(7));
+    let page = std::fs::read_to_string(dir.join("r3/leaks.html")).unwrap();
+    assert!(page.starts_with("<!DOCTYPE html>") && page.contains("leak_malloc_64"));
 }
 
 fn python() -> String {
