@@ -295,3 +295,18 @@ fn a_full_output_disk_gets_one_line_and_the_report_lands_in_tmp() {
         let _ = std::fs::remove_file(f);
     }
 }
+
+#[test]
+fn python_keeps_its_own_sigint_handling() {
+    // CPython installs KeyboardInterrupt only if SIGINT is at its default when it starts:
+    // the library must not have taken it.
+    let script = "import signal, os, time\n\
+        print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)\n\
+        try:\n    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(2)\n    print('no interrupt')\n\
+        except KeyboardInterrupt:\n    print('KeyboardInterrupt')\n";
+    let mut cmd = Command::new(python());
+    cmd.args(["-c", script]);
+    let run = run_traced(cmd, "sigint");
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(run.stdout(), "True\nKeyboardInterrupt\n");
+}

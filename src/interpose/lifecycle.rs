@@ -126,15 +126,18 @@ fn install_snapshot_signal(sig: c_int) {
     install_if_default(sig, on_snapshot_signal as *const () as usize, false, false);
 }
 
-/// Termination signals the program leaves at their default action: the handler only
-/// records the signal; the collector thread writes the final report and then lets the
-/// signal kill the process as it would have (`die_by_signal`). A second signal, or one
-/// arriving when no collector runs, kills at once.
+/// SIGTERM, when the program leaves it at its default action: the handler only records
+/// the signal; the collector thread writes the final report and then lets the signal
+/// kill the process as it would have (`die_by_signal`). A second signal, or one arriving
+/// when no collector runs, kills at once.
+///
+/// Only SIGTERM: runtimes decide at start-up what to do with a signal by looking at its
+/// disposition — CPython installs its KeyboardInterrupt handler for SIGINT only when
+/// SIGINT is still at its default — so a handler of ours on SIGINT would change the
+/// program's behaviour.
 fn install_termination_signals(snapshot: Option<c_int>) {
-    for sig in [libc::SIGTERM, libc::SIGHUP, libc::SIGINT] {
-        if Some(sig) != snapshot {
-            install_if_default(sig, on_termination_signal as *const () as usize, false, false);
-        }
+    if snapshot != Some(libc::SIGTERM) {
+        install_if_default(libc::SIGTERM, on_termination_signal as *const () as usize, false, false);
     }
 }
 
