@@ -50,6 +50,12 @@ static SCAN_AT_EXIT: AtomicBool = AtomicBool::new(false);
 static TERMINATING_SIGNAL: AtomicI32 = AtomicI32::new(0);
 /// Set while a collector thread runs in this process.
 static COLLECTOR_RUNNING: AtomicBool = AtomicBool::new(false);
+/// Asks the collector thread to leave (the process must become single-threaded).
+static COLLECTOR_STOP: AtomicBool = AtomicBool::new(false);
+static COLLECTOR_TID: AtomicU32 = AtomicU32::new(0);
+/// Collector threads created and not yet finished (counted from before pthread_create,
+/// so a thread that has not started running yet is counted too).
+static COLLECTORS_LIVE: AtomicU32 = AtomicU32::new(0);
 /// The process whose state this is; a vfork child sharing our memory has another pid.
 static OWNER_PID: AtomicU32 = AtomicU32::new(0);
 
@@ -224,7 +230,9 @@ pub fn start(config: Config, host_tracking: String) -> bool {
 }
 
 fn spawn_collector() {
+    COLLECTORS_LIVE.fetch_add(1, Ordering::SeqCst);
     if let Err(rc) = crate::interpose::lifecycle::spawn_internal_thread(collector_main) {
+        COLLECTORS_LIVE.fetch_sub(1, Ordering::SeqCst);
         stderr_line(&format!(
             "leaktrace: cannot start the collector thread (error {rc}); events are drained by the program's threads instead"
         ));
@@ -232,11 +240,12 @@ fn spawn_collector() {
 }
 
 fn collector_main() {
+    COLLECTOR_TID.store(thread::tid(), Ordering::SeqCst);
     COLLECTOR_RUNNING.store(true, Ordering::SeqCst);
     let interval = REPORT.lock().as_ref().map(|r| r.config.interval_ms).unwrap_or(0);
     let mut last_report = Instant::now();
     let mut idle_sleep_us = 200u64;
-    while active() {
+    while active() && !COLLECTOR_STOP.load(Ordering::Acquire) {
         let sig = TERMINATING_SIGNAL.load(Ordering::Acquire);
         if sig != 0 {
             finish_as(sig);
@@ -266,6 +275,8 @@ fn collector_main() {
             idle_sleep_us = 200;
         }
     }
+    COLLECTOR_RUNNING.store(false, Ordering::SeqCst);
+    COLLECTORS_LIVE.fetch_sub(1, Ordering::SeqCst);
 }
 
 /// Called from a termination signal handler (async-signal-safe). Returns false when the
@@ -281,6 +292,35 @@ pub fn request_final_on_signal(sig: i32) -> bool {
         return false;
     }
     TERMINATING_SIGNAL.compare_exchange(0, sig, Ordering::AcqRel, Ordering::Acquire).is_ok()
+}
+
+/// Makes the process single-threaded again for a moment (`unshare(CLONE_NEWUSER)` and
+/// friends refuse multi-threaded callers): the collector thread leaves and is waited
+/// for. Returns whether it has to be started again with `resume_collector`.
+pub fn pause_collector() -> bool {
+    if COLLECTORS_LIVE.load(Ordering::SeqCst) == 0 {
+        return false;
+    }
+    COLLECTOR_STOP.store(true, Ordering::SeqCst);
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(2) {
+        // Finished its loop (a thread not yet started leaves at once), and gone from the
+        // kernel's thread list.
+        if COLLECTORS_LIVE.load(Ordering::SeqCst) == 0
+            && crate::interpose::lifecycle::thread_is_gone(COLLECTOR_TID.load(Ordering::SeqCst))
+        {
+            break;
+        }
+        std::thread::yield_now();
+    }
+    true
+}
+
+pub fn resume_collector() {
+    COLLECTOR_STOP.store(false, Ordering::SeqCst);
+    if active() {
+        spawn_collector();
+    }
 }
 
 /// Called from the snapshot signal handler: only sets a flag.
@@ -514,6 +554,8 @@ pub fn fork_child() {
     OWNER_PID.store(std::process::id(), Ordering::SeqCst);
     // The parent's collector thread does not exist here; ours starts below.
     COLLECTOR_RUNNING.store(false, Ordering::SeqCst);
+    COLLECTORS_LIVE.store(0, Ordering::SeqCst);
+    COLLECTOR_STOP.store(false, Ordering::SeqCst);
     TERMINATING_SIGNAL.store(0, Ordering::SeqCst);
     thread::reset_after_fork();
     unwind::forget_stack_bounds();

@@ -310,3 +310,19 @@ fn python_keeps_its_own_sigint_handling() {
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     assert_eq!(run.stdout(), "True\nKeyboardInterrupt\n");
 }
+
+#[test]
+fn unshare_of_a_user_namespace_still_works() {
+    // The kernel refuses unshare(CLONE_NEWUSER) to a multi-threaded process; the
+    // collector thread steps aside for it. `unshare -r` is util-linux's.
+    let mut cmd = Command::new("unshare");
+    cmd.args(["-r", "id", "-u"]);
+    let mut plain = Command::new("unshare");
+    plain.args(["-r", "id", "-u"]);
+    let plain = run_plain(plain);
+    assert!(plain.status.success(), "unshare -r must work on this machine without the library");
+    let run = run_traced(cmd, "unshare");
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(run.stdout(), "0\n", "root inside the new user namespace");
+    assert_eq!(run.reports().len(), 1, "the exec'd id wrote its report");
+}

@@ -203,16 +203,6 @@ impl Default for DrainState {
     }
 }
 
-fn thread_is_gone(tid: u32) -> bool {
-    if tid == 0 {
-        return true;
-    }
-    // SAFETY: signal 0 only checks that the thread exists in this process.
-    let rc = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid as libc::c_int, 0) };
-    // SAFETY: reading this thread's errno.
-    rc != 0 && unsafe { *libc::__errno_location() } == libc::ESRCH
-}
-
 impl DrainState {
     /// Applies ready events from every ring, up to `max`. With `force`, an event whose
     /// ticket predecessors never arrive (their threads died in fork, or are stuck) is
@@ -229,7 +219,7 @@ impl DrainState {
                 if ring.retired.load(Ordering::Acquire)
                     && ring.head.0.load(Ordering::Acquire) == ring.tail.0 .0.load(Ordering::Acquire)
                     && ring.owner.load(Ordering::Acquire) != 0
-                    && thread_is_gone(ring.tid.load(Ordering::Acquire))
+                    && crate::interpose::lifecycle::thread_is_gone(ring.tid.load(Ordering::Acquire))
                 {
                     ring.retired.store(false, Ordering::Release);
                     ring.owner.store(0, Ordering::Release);

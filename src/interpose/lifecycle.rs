@@ -231,3 +231,55 @@ pub fn spawn_internal_thread(f: fn()) -> Result<(), i32> {
         }
     }
 }
+
+/// Whether the thread `tid` of this process has exited.
+pub fn thread_is_gone(tid: u32) -> bool {
+    if tid == 0 {
+        return true;
+    }
+    // SAFETY: signal 0 only checks that the thread exists.
+    let rc = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid as c_int, 0) };
+    // SAFETY: reading this thread's errno.
+    rc != 0 && unsafe { *libc::__errno_location() } == libc::ESRCH
+}
+
+/// `unshare` with flags the kernel refuses to a multi-threaded process (a new user
+/// namespace, as `unshare -r` and sandboxes do): our collector thread steps aside for
+/// the call and comes back after it, so the program sees the single-threaded process it
+/// would have been without us.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn unshare(flags: c_int) -> c_int {
+    let Some(f) = real::unshare() else {
+        // SAFETY: this thread's errno.
+        unsafe { *libc::__errno_location() = libc::ENOSYS };
+        return -1;
+    };
+    let needs_one_thread = flags & (libc::CLONE_NEWUSER | libc::CLONE_VM | libc::CLONE_SIGHAND | libc::CLONE_THREAD) != 0;
+    // SAFETY: forwarding the caller's flags to the real unshare.
+    single_threaded_while(needs_one_thread, || unsafe { f(flags) })
+}
+
+/// `setns` into a user namespace (`nstype` 0 may be one) has the same rule.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn setns(fd: c_int, nstype: c_int) -> c_int {
+    let Some(f) = real::setns() else {
+        // SAFETY: this thread's errno.
+        unsafe { *libc::__errno_location() = libc::ENOSYS };
+        return -1;
+    };
+    let may_be_user_ns = nstype == 0 || nstype & libc::CLONE_NEWUSER != 0;
+    // SAFETY: forwarding the caller's arguments to the real setns.
+    single_threaded_while(may_be_user_ns, || unsafe { f(fd, nstype) })
+}
+
+/// Runs `call` with the collector thread out of the way when `needed`, keeping the
+/// call's errno.
+fn single_threaded_while(needed: bool, call: impl FnOnce() -> c_int) -> c_int {
+    let paused = needed && std::panic::catch_unwind(agent::pause_collector).unwrap_or(false);
+    let rc = call();
+    if paused {
+        let _errno = super::ErrnoGuard::save();
+        let _ = std::panic::catch_unwind(agent::resume_collector);
+    }
+    rc
+}

@@ -5,7 +5,7 @@
 //! | family    | file           | symbols |
 //! |-----------|----------------|---------|
 //! | malloc    | `malloc.rs`    | malloc, calloc, realloc, reallocarray, free, posix_memalign, aligned_alloc, memalign, valloc, pvalloc, malloc_usable_size (+ free_sized, free_aligned_sized where glibc has them) |
-//! | lifecycle | `lifecycle.rs` | _exit, _Exit, dlclose (+ constructor/destructor, atfork, snapshot signal) |
+//! | lifecycle | `lifecycle.rs` | _exit, _Exit, dlclose, unshare, setns (+ constructor/destructor, atfork, snapshot and SIGTERM handlers) |
 //!
 //! Each hook forwards to the real function found with `dlsym(RTLD_NEXT)` (`real.rs`),
 //! keeps its C semantics (return values, errno, NULL and zero sizes) and reports to the
@@ -30,6 +30,8 @@ pub const EXPORTED: &[&str] = &[
     "_exit",
     "_Exit",
     "dlclose",
+    "unshare",
+    "setns",
 ];
 
 /// Exported only when the build machine's glibc has them (C23, glibc >= 2.41).

@@ -17,6 +17,8 @@ pub type AlignedAllocFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
 pub type UsableSizeFn = unsafe extern "C" fn(*mut c_void) -> usize;
 pub type ExitFn = unsafe extern "C" fn(c_int) -> !;
 pub type DlcloseFn = unsafe extern "C" fn(*mut c_void) -> c_int;
+pub type UnshareFn = unsafe extern "C" fn(c_int) -> c_int;
+pub type SetnsFn = unsafe extern "C" fn(c_int, c_int) -> c_int;
 
 macro_rules! real_table {
     ($($field:ident : $ty:ty = $name:literal),* $(,)?) => {
@@ -65,6 +67,8 @@ real_table! {
     exit_now: ExitFn = c"_exit",
     exit_now_c99: ExitFn = c"_Exit",
     dlclose: DlcloseFn = c"dlclose",
+    unshare: UnshareFn = c"unshare",
+    setns: SetnsFn = c"setns",
 }
 
 fn lookup(name: &CStr) -> usize {
