@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::collector::lock::SpinLock;
 use crate::collector::state::Collector;
 use crate::config::Config;
-use crate::hotpath::event::{Api, EventKind};
+use crate::hotpath::event::{self, Api, EventKind, Kind, Space};
 use crate::hotpath::channel::{self, DrainState};
 use crate::hotpath::{stacks, thread, unwind};
 use crate::report::build::{self, Reason, RunFacts};
@@ -185,6 +185,44 @@ pub fn record_realloc_outcome(new_addr: usize, size: usize, api: Api, freed_with
     } else {
         recording(|| publish(EventKind::ReallocRestore, api, 0, 0, 0));
     }
+}
+
+/// A CUDA allocation that succeeded. `device` is the ordinal it belongs to, if known.
+#[inline]
+pub fn record_cuda_alloc(addr: u64, size: u64, api: Api, device: Option<u8>) {
+    recording(|| {
+        let stack = unwind::capture_stack_id(DEPTH.load(Ordering::Relaxed));
+        publish(EventKind::Alloc, api, stack, addr, event::pack_size(size, device));
+    });
+}
+
+/// A CUDA release about to run on the block `addr` in `space` (published before the
+/// call, like a free, so that the address cannot be handed out again first).
+#[inline]
+pub fn record_cuda_release(addr: u64, space: Space) {
+    recording(|| publish(EventKind::ReallocRelease, Api::releasing(space), 0, addr, 0));
+}
+
+/// How the release published with `record_cuda_release` ended.
+#[inline]
+pub fn record_cuda_release_outcome(space: Space, freed: bool) {
+    let kind = if freed { EventKind::ReallocFreed } else { EventKind::ReallocRestore };
+    recording(|| publish(kind, Api::releasing(space), 0, 0, 0));
+}
+
+/// A context destroy or device reset that succeeded: every context-bound block of
+/// `device` is gone. Applied here, in the caller's thread, after everything published
+/// so far (this thread's allocations among them), so that no block allocated before
+/// the reset survives it in the books.
+pub fn record_device_reset(device: u8) {
+    recording(|| {
+        let Some(mut g) = lock_bounded(&STATE, Duration::from_secs(5)) else { return };
+        if let Some(c) = g.as_mut() {
+            let backlog = c.order.backlog();
+            drain_into(c, backlog, false);
+            c.model.device_reset(device);
+        }
+    });
 }
 
 // ---- start -------------------------------------------------------------------------
@@ -397,7 +435,9 @@ fn write_report(reason: Reason) {
     let mut groups = build::resolve_groups(&snapshot, &mut r.symbolizer);
     if let Some((_, by_group, _)) = &scan {
         for g in groups.iter_mut() {
-            g.reachability = Some(by_group.get(&(g.stack_id, g.api)).copied().unwrap_or_default());
+            // Groups the scan cannot classify (registrations, VMM handles and ranges)
+            // keep no breakdown: they count as outstanding.
+            g.reachability = by_group.get(&(g.stack_id, g.api, g.device)).copied();
         }
     }
     let timeline = build::timeline_out(&r.timeline, &groups, &mut r.symbolizer);
@@ -458,22 +498,45 @@ fn final_in_progress() -> bool {
     TRACKING.load(Ordering::Acquire) == FINISHING
 }
 
-type ScanResult = (build::ScanOut, std::collections::HashMap<(u32, &'static str), build::Reachability>, build::Reachability);
+type ScanResult = (
+    build::ScanOut,
+    std::collections::HashMap<(u32, &'static str, Option<u8>), build::Reachability>,
+    build::KindReachability,
+);
 
 /// Classifies the outstanding blocks of this process image (inherited ones help keep
-/// others reachable but are not counted).
-fn reachability_scan(live: &[(u64, u64, u32, Api, bool)]) -> ScanResult {
-    let blocks: Vec<crate::scan::mark::Block> =
-        live.iter().map(|b| crate::scan::mark::Block { start: b.0, size: b.1 }).collect();
-    let (verdicts, info) = crate::scan::scan(&blocks);
-    let mut by_group: std::collections::HashMap<(u32, &'static str), build::Reachability> = Default::default();
-    let mut totals = build::Reachability::default();
+/// others reachable but are not counted). Device and managed memory is a target only:
+/// its contents are not host memory to read (managed pages would migrate); page-locked
+/// host memory is read like the heap.
+fn reachability_scan(live: &[crate::collector::state::LiveEntry]) -> ScanResult {
+    let blocks: Vec<crate::scan::mark::Block> = live
+        .iter()
+        .map(|b| crate::scan::mark::Block {
+            start: b.addr,
+            size: b.size,
+            opaque: matches!(b.api.kind(), Kind::Device | Kind::Managed),
+            cuda: b.api.kind() != Kind::Host,
+        })
+        .collect();
+    let collector = COLLECTOR_TID.load(Ordering::SeqCst);
+    let own = if COLLECTOR_RUNNING.load(Ordering::SeqCst) { vec![collector] } else { Vec::new() };
+    let (mut verdicts, info) = crate::scan::scan(&blocks, &own);
+    if let Some((lo, hi)) = crate::scan::roots::loader_range() {
+        for (b, v) in live.iter().zip(verdicts.iter_mut()) {
+            let innermost = stacks::frames(b.stack).and_then(|f| f.first().copied());
+            if innermost.is_some_and(|ip| ip >= lo && ip < hi) {
+                *v = crate::scan::mark::Verdict::Reachable;
+            }
+        }
+    }
+    let mut by_group: std::collections::HashMap<(u32, &'static str, Option<u8>), build::Reachability> = Default::default();
+    let mut totals = build::KindReachability::default();
     for (b, v) in live.iter().zip(verdicts) {
-        if b.4 {
+        if b.inherited {
             continue;
         }
-        by_group.entry((b.2, b.3.name())).or_default().add(v, b.1);
-        totals.add(v, b.1);
+        by_group.entry((b.stack, b.api.name(), b.device)).or_default().add(v, b.size);
+        totals[b.api.kind().index()].add(v, b.size);
     }
     let out = build::ScanOut {
         ran: true,

@@ -42,7 +42,7 @@ impl Default for Config {
             follow_fork: true,
             disabled: false,
             suppressions: None,
-            scan: false,
+            scan: true,
         }
     }
 }
@@ -58,7 +58,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("LEAKTRACE_FOLLOW_FORK", "1/0: keep tracking in forked children (default 1)"),
     ("LEAKTRACE_DISABLE", "1: record nothing, write nothing (default 0)"),
     ("LEAKTRACE_SUPPRESSIONS", "LeakSanitizer-style suppressions file (leak:PATTERN) for the exit summary"),
-    ("LEAKTRACE_SCAN", "1: pointer scan at exit, definite/indirect/reachable (default 0, experimental)"),
+    ("LEAKTRACE_SCAN", "0: no pointer scan at exit; every outstanding block counts (default 1: definite/indirect/reachable as LeakSanitizer)"),
 ];
 
 fn parse_bool(v: &str) -> Option<bool> {
@@ -157,7 +157,7 @@ impl Config {
         if let Some(v) = get("LEAKTRACE_SCAN") {
             match parse_bool(&v) {
                 Some(b) => c.scan = b,
-                None => bad("LEAKTRACE_SCAN", &v, "1 or 0", "0".into()),
+                None => bad("LEAKTRACE_SCAN", &v, "1 or 0", "1".into()),
             }
         }
         if let Some(v) = get("LEAKTRACE_DISABLE") {

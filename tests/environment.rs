@@ -182,10 +182,20 @@ fn exported_symbols_are_exactly_the_documented_list() {
     let documented = std::fs::read_to_string(root().join("src/interpose/mod.rs")).unwrap();
     let list_start = documented.find("pub const EXPORTED: &[&str] = &[").unwrap();
     let list_end = list_start + documented[list_start..].find("];").unwrap();
-    let mut expected: Vec<&str> = documented[list_start..list_end].split('"').skip(1).step_by(2).collect();
+    let mut expected: Vec<String> = documented[list_start..list_end].split('"').skip(1).step_by(2).map(String::from).collect();
+    expected.push("dlsym".into());
+    // The CUDA families: every `(name::NAME, name::substitute)` row of their WRAPPED tables.
+    for family in ["cuda_runtime.rs", "cuda_driver.rs"] {
+        let text = std::fs::read_to_string(root().join("src/interpose").join(family)).unwrap();
+        let table = &text[text.find("pub const WRAPPED").unwrap()..];
+        let rows: Vec<String> = table.lines().filter_map(|l| l.trim().strip_prefix('(')?.split("::NAME").next().map(String::from)).collect();
+        assert!(rows.len() > 10, "{family}: {rows:?}");
+        expected.extend(rows);
+    }
     let optional = ["free_sized", "free_aligned_sized"];
     exported.retain(|n| !optional.contains(n));
     expected.sort();
+    let exported: Vec<String> = exported.into_iter().map(String::from).collect();
     assert_eq!(exported, expected);
 }
 

@@ -68,7 +68,7 @@ fn a_dlclosed_plugin_is_still_symbolized() {
 #[test]
 fn every_exit_path_writes_exactly_one_final_report() {
     let src = "#include <stdlib.h>\n#include <unistd.h>\n#include <string.h>\n\
-        void *volatile s;\n__attribute__((noinline)) void leak_before_exit(void) { s = malloc(321); }\n\
+        void *volatile s;\n__attribute__((noinline)) void leak_before_exit(void) { s = malloc(321); s = 0; }\n\
         int main(int c, char **v) { leak_before_exit();\n\
           if (!strcmp(v[1], \"_exit\")) _exit(3);\n if (!strcmp(v[1], \"_Exit\")) _Exit(4);\n\
           if (!strcmp(v[1], \"exit\")) exit(5);\n return 6; }\n";

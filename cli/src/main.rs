@@ -58,7 +58,7 @@ struct FilterArgs {
     /// Ignore leak groups smaller than N bytes.
     #[arg(long, value_name = "N", default_value_t = 0)]
     min_bytes: u64,
-    /// With a pointer scan (LEAKTRACE_SCAN=1), count still-reachable memory as leaked too.
+    /// Count still-reachable memory (found by the pointer scan) as leaked too.
     #[arg(long)]
     include_reachable: bool,
 }
@@ -74,9 +74,13 @@ struct RunArgs {
     /// Frames kept per stack (1-128).
     #[arg(long, value_name = "N")]
     depth: Option<usize>,
-    /// Pointer scan at exit: definite, indirect and still-reachable memory told apart.
-    #[arg(long)]
+    /// Pointer scan at exit (the default): definite, indirect and still-reachable memory
+    /// told apart. Kept for compatibility; see --no-scan.
+    #[arg(long, conflicts_with = "no_scan")]
     scan: bool,
+    /// No pointer scan at exit (LEAKTRACE_SCAN=0): every outstanding block counts.
+    #[arg(long)]
+    no_scan: bool,
     /// Exit with --exit-code when leaks remain.
     #[arg(long)]
     fail_on_leak: bool,
@@ -230,7 +234,7 @@ fn cmd_run(args: &RunArgs) -> Result<u8, Fail> {
         output: output.clone(),
         interval_ms: args.interval_ms,
         depth: args.depth,
-        scan: args.scan,
+        scan: !args.no_scan,
         suppressions: args.filters.suppressions.clone(),
     };
     let code = match run::run(&lib, &args.cmd, &settings) {

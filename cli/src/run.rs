@@ -84,9 +84,7 @@ pub fn run(lib: &Path, cmd: &[String], s: &RunSettings) -> Outcome {
     if let Some(d) = s.depth {
         c.env("LEAKTRACE_STACK_DEPTH", d.to_string());
     }
-    if s.scan {
-        c.env("LEAKTRACE_SCAN", "1");
-    }
+    c.env("LEAKTRACE_SCAN", if s.scan { "1" } else { "0" });
     if let Some(sup) = &s.suppressions {
         c.env("LEAKTRACE_SUPPRESSIONS", sup);
     }

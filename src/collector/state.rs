@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use crate::hotpath::event::{Api, Event, EventKind};
+use crate::hotpath::event::{Api, Event, EventKind, Kind, Space};
 
 /// A multiplicative hasher: keys are addresses and small ids, already well spread.
 #[derive(Default, Clone, Copy)]
@@ -52,13 +52,20 @@ pub struct GroupStats {
     pub peak_live_bytes: u64,
 }
 
+/// Totals of one kind of memory (host, device, pinned, ...).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Totals {
+pub struct KindTotals {
     pub live_bytes: u64,
     pub live_blocks: u64,
     pub total_allocs: u64,
     pub total_frees: u64,
     pub peak_live_bytes: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// Indexed by `Kind::index`.
+    pub kinds: [KindTotals; Kind::ALL.len()],
     pub inherited_live_bytes: u64,
     pub inherited_live_blocks: u64,
     pub inherited_frees: u64,
@@ -68,11 +75,43 @@ pub struct Totals {
     pub events: u64,
 }
 
+impl Totals {
+    pub fn kind(&self, k: Kind) -> &KindTotals {
+        &self.kinds[k.index()]
+    }
+
+    pub fn host(&self) -> &KindTotals {
+        self.kind(Kind::Host)
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GroupSnapshot {
     pub stack: u32,
     pub api: Api,
+    /// CUDA device ordinal, for device-side groups where it is known.
+    pub device: Option<u8>,
     pub stats: GroupStats,
+}
+
+/// A group's identity: one per call stack, entry point and device.
+type GroupKey = (u32, Api, Option<u8>);
+
+/// Pool allocations (`cudaMallocAsync` and friends) belong to a memory pool, not to a
+/// context: a context reset leaves them to the pool.
+fn is_pool(api: Api) -> bool {
+    matches!(api, Api::CudaMallocAsync | Api::CudaMallocFromPoolAsync | Api::CuMemAllocAsync | Api::CuMemAllocFromPoolAsync)
+}
+
+/// One outstanding block, for the pointer scan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LiveEntry {
+    pub addr: u64,
+    pub size: u64,
+    pub stack: u32,
+    pub api: Api,
+    pub device: Option<u8>,
+    pub inherited: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -84,12 +123,16 @@ pub struct Snapshot {
 
 #[derive(Default)]
 pub struct Collector {
+    /// Heap blocks by address (the hot map: one entry per malloc).
     live: FxMap<u64, LiveBlock>,
-    /// Per (stack, api) statistics; a free finds its group by index, without hashing.
-    groups: Vec<(u32, Api, GroupStats)>,
-    group_index: FxMap<(u32, Api), u32>,
-    /// Blocks between a realloc's release and its outcome, by thread.
-    realloc_in_flight: FxMap<u32, (u64, LiveBlock)>,
+    /// Everything CUDA, by key space and address or handle.
+    cuda_live: FxMap<(Space, u64), LiveBlock>,
+    /// Per group statistics; a free finds its group by index, without hashing.
+    groups: Vec<(GroupKey, GroupStats)>,
+    group_index: FxMap<GroupKey, u32>,
+    /// Blocks between a release (realloc, or a CUDA free that may fail) and its
+    /// outcome, by thread and key space.
+    realloc_in_flight: FxMap<(u32, Space), (u64, LiveBlock)>,
     totals: Totals,
 }
 
@@ -102,17 +145,25 @@ impl Collector {
         self.totals
     }
 
-    fn group_of(&mut self, stack: u32, api: Api) -> u32 {
+    fn group_of(&mut self, key: GroupKey) -> u32 {
         let next = self.groups.len() as u32;
-        let idx = *self.group_index.entry((stack, api)).or_insert(next);
+        let idx = *self.group_index.entry(key).or_insert(next);
         if idx == next {
-            self.groups.push((stack, api, GroupStats::default()));
+            self.groups.push((key, GroupStats::default()));
         }
         idx
     }
 
-    fn add_live(&mut self, addr: u64, block: LiveBlock) {
-        if let Some(old) = self.live.insert(addr, block) {
+    fn kind_of(&self, block: &LiveBlock) -> Kind {
+        self.groups[block.group as usize].0 .1.kind()
+    }
+
+    fn add_live(&mut self, space: Space, addr: u64, block: LiveBlock) {
+        let old = match space {
+            Space::Heap => self.live.insert(addr, block),
+            _ => self.cuda_live.insert((space, addr), block),
+        };
+        if let Some(old) = old {
             // A free we never saw (made from an untracked context): forget the old block.
             self.remove_accounting(&old);
         }
@@ -121,13 +172,15 @@ impl Collector {
             self.totals.inherited_live_blocks += 1;
             return;
         }
-        let g = &mut self.groups[block.group as usize].2;
+        let kind = self.kind_of(&block);
+        let g = &mut self.groups[block.group as usize].1;
         g.live_bytes += block.size;
         g.live_blocks += 1;
         g.peak_live_bytes = g.peak_live_bytes.max(g.live_bytes);
-        self.totals.live_bytes += block.size;
-        self.totals.live_blocks += 1;
-        self.totals.peak_live_bytes = self.totals.peak_live_bytes.max(self.totals.live_bytes);
+        let t = &mut self.totals.kinds[kind.index()];
+        t.live_bytes += block.size;
+        t.live_blocks += 1;
+        t.peak_live_bytes = t.peak_live_bytes.max(t.live_bytes);
     }
 
     fn remove_accounting(&mut self, block: &LiveBlock) {
@@ -136,98 +189,130 @@ impl Collector {
             self.totals.inherited_live_blocks -= 1;
             return;
         }
-        let g = &mut self.groups[block.group as usize].2;
+        let kind = self.kind_of(block);
+        let g = &mut self.groups[block.group as usize].1;
         g.live_bytes -= block.size;
         g.live_blocks -= 1;
-        self.totals.live_bytes -= block.size;
-        self.totals.live_blocks -= 1;
+        let t = &mut self.totals.kinds[kind.index()];
+        t.live_bytes -= block.size;
+        t.live_blocks -= 1;
     }
 
     fn count_free(&mut self, block: &LiveBlock) {
         if block.inherited {
             self.totals.inherited_frees += 1;
         } else {
-            self.totals.total_frees += 1;
+            let kind = self.kind_of(block);
+            self.totals.kinds[kind.index()].total_frees += 1;
         }
     }
 
-    fn take_live(&mut self, addr: u64) -> Option<LiveBlock> {
-        let block = self.live.remove(&addr)?;
+    fn take_live(&mut self, space: Space, addr: u64) -> Option<LiveBlock> {
+        let block = match space {
+            Space::Heap => self.live.remove(&addr)?,
+            _ => self.cuda_live.remove(&(space, addr))?,
+        };
         self.remove_accounting(&block);
         Some(block)
     }
 
     pub fn apply(&mut self, ev: &Event) {
         self.totals.events += 1;
+        let space = ev.api.space();
         match ev.kind {
             EventKind::Alloc => {
                 if ev.api.is_realloc() {
-                    if let Some((_, old)) = self.realloc_in_flight.remove(&ev.tid) {
+                    if let Some((_, old)) = self.realloc_in_flight.remove(&(ev.tid, Space::Heap)) {
                         self.count_free(&old);
                     }
                 }
-                let group = self.group_of(ev.stack, ev.api);
-                let block = LiveBlock { size: ev.size, group, inherited: false };
-                let g = &mut self.groups[group as usize].2;
+                let size = ev.bytes();
+                let group = self.group_of((ev.stack, ev.api, ev.device()));
+                let block = LiveBlock { size, group, inherited: false };
+                let g = &mut self.groups[group as usize].1;
                 g.total_allocs += 1;
-                g.total_bytes += ev.size;
-                self.totals.total_allocs += 1;
-                self.add_live(ev.addr, block);
+                g.total_bytes += size;
+                self.totals.kinds[ev.api.kind().index()].total_allocs += 1;
+                self.add_live(space, ev.addr, block);
             }
-            EventKind::Free => match self.take_live(ev.addr) {
+            EventKind::Free => match self.take_live(space, ev.addr) {
                 Some(block) => self.count_free(&block),
                 None => self.totals.unknown_frees += 1,
             },
             EventKind::ReallocRelease => {
-                if let Some(block) = self.take_live(ev.addr) {
-                    self.realloc_in_flight.insert(ev.tid, (ev.addr, block));
+                if let Some(block) = self.take_live(space, ev.addr) {
+                    self.realloc_in_flight.insert((ev.tid, space), (ev.addr, block));
                 }
             }
             EventKind::ReallocRestore => {
-                if let Some((addr, block)) = self.realloc_in_flight.remove(&ev.tid) {
-                    self.add_live(addr, block);
+                if let Some((addr, block)) = self.realloc_in_flight.remove(&(ev.tid, space)) {
+                    self.add_live(space, addr, block);
                 }
             }
             EventKind::ReallocFreed => {
-                if let Some((_, block)) = self.realloc_in_flight.remove(&ev.tid) {
+                if let Some((_, block)) = self.realloc_in_flight.remove(&(ev.tid, space)) {
                     self.count_free(&block);
                 }
             }
         }
     }
 
+    /// A CUDA context was destroyed or its device reset: every context-bound block of
+    /// `device` (device, managed, page-locked memory and registrations; not VMM or pool
+    /// memory) is gone. Returns how many blocks that released.
+    pub fn device_reset(&mut self, device: u8) -> u64 {
+        let gone: Vec<(Space, u64)> = self
+            .cuda_live
+            .iter()
+            .filter(|((space, _), b)| {
+                let (_, api, dev) = self.groups[b.group as usize].0;
+                space.bound_to_context() && dev == Some(device) && !is_pool(api)
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        for (space, addr) in &gone {
+            if let Some(block) = self.take_live(*space, *addr) {
+                self.count_free(&block);
+            }
+        }
+        gone.len() as u64
+    }
+
     /// Called in a forked child once the parent's events are consumed: everything live
     /// now belongs to the parent's history, not to the child.
     pub fn fork_boundary(&mut self) {
-        for block in self.live.values_mut() {
+        for block in self.live.values_mut().chain(self.cuda_live.values_mut()) {
             block.inherited = true;
         }
         // A realloc in flight in another thread of the parent will never complete here.
         self.realloc_in_flight.clear();
         let events = self.totals.events;
+        let all = || self.live.values().chain(self.cuda_live.values());
         self.totals = Totals {
-            inherited_live_bytes: self.live.values().map(|b| b.size).sum(),
-            inherited_live_blocks: self.live.len() as u64,
+            inherited_live_bytes: all().map(|b| b.size).sum(),
+            inherited_live_blocks: all().count() as u64,
             events,
             ..Totals::default()
         };
         // Keep the indices (inherited blocks still carry them); restart the statistics.
         for g in self.groups.iter_mut() {
-            g.2 = GroupStats::default();
+            g.1 = GroupStats::default();
         }
     }
 
-    /// Every outstanding block `(address, size, stack, api, inherited)`, sorted by address.
-    pub fn live_blocks(&self) -> Vec<(u64, u64, u32, Api, bool)> {
-        let mut v: Vec<(u64, u64, u32, Api, bool)> = self
-            .live
-            .iter()
-            .map(|(&addr, b)| {
-                let (stack, api, _) = self.groups[b.group as usize];
-                (addr, b.size, stack, api, b.inherited)
+    /// Every outstanding block that the pointer scan can classify (heap blocks and CUDA
+    /// allocations: ranges that never overlap), sorted by address.
+    pub fn live_blocks(&self) -> Vec<LiveEntry> {
+        let heap = self.live.iter().map(|(&addr, b)| (addr, b));
+        let cuda = self.cuda_live.iter().filter(|((space, _), _)| *space == Space::Cuda).map(|(&(_, addr), b)| (addr, b));
+        let mut v: Vec<LiveEntry> = heap
+            .chain(cuda)
+            .map(|(addr, b)| {
+                let ((stack, api, device), _) = self.groups[b.group as usize];
+                LiveEntry { addr, size: b.size, stack, api, device, inherited: b.inherited }
             })
             .collect();
-        v.sort_unstable_by_key(|b| b.0);
+        v.sort_unstable_by_key(|b| b.addr);
         v
     }
 
@@ -235,8 +320,8 @@ impl Collector {
         let mut groups: Vec<GroupSnapshot> = self
             .groups
             .iter()
-            .filter(|(_, _, s)| s.live_blocks > 0)
-            .map(|&(stack, api, stats)| GroupSnapshot { stack, api, stats })
+            .filter(|(_, s)| s.live_blocks > 0)
+            .map(|&((stack, api, device), stats)| GroupSnapshot { stack, api, device, stats })
             .collect();
         groups.sort_by(|a, b| {
             b.stats
@@ -245,6 +330,7 @@ impl Collector {
                 .then(b.stats.live_blocks.cmp(&a.stats.live_blocks))
                 .then(a.stack.cmp(&b.stack))
                 .then(a.api.cmp(&b.api))
+                .then(a.device.cmp(&b.device))
         });
         Snapshot { totals: self.totals, groups }
     }
@@ -256,6 +342,9 @@ mod tests {
 
     fn ev(kind: EventKind, api: Api, tid: u32, stack: u32, addr: u64, size: u64) -> Event {
         Event { kind, api, tid, stack, addr, size }
+    }
+    fn cuda(kind: EventKind, api: Api, stack: u32, addr: u64, size: u64, device: u8) -> Event {
+        Event { kind, api, tid: 1, stack, addr, size: crate::hotpath::event::pack_size(size, Some(device)) }
     }
     fn alloc(addr: u64, size: u64, stack: u32) -> Event {
         ev(EventKind::Alloc, Api::Malloc, 1, stack, addr, size)
@@ -273,16 +362,16 @@ mod tests {
         c.apply(&free(0x20));
         c.apply(&free(0x999));
         let s = c.snapshot();
-        assert_eq!(s.totals.live_bytes, 107);
-        assert_eq!(s.totals.live_blocks, 2);
-        assert_eq!(s.totals.total_allocs, 3);
-        assert_eq!(s.totals.total_frees, 1);
-        assert_eq!(s.totals.peak_live_bytes, 157);
+        assert_eq!(s.totals.host().live_bytes, 107);
+        assert_eq!(s.totals.host().live_blocks, 2);
+        assert_eq!(s.totals.host().total_allocs, 3);
+        assert_eq!(s.totals.host().total_frees, 1);
+        assert_eq!(s.totals.host().peak_live_bytes, 157);
         assert_eq!(s.totals.unknown_frees, 1);
         assert_eq!(s.groups.len(), 2);
         assert_eq!((s.groups[0].stack, s.groups[0].stats.live_bytes, s.groups[0].stats.peak_live_bytes), (1, 100, 150));
         assert_eq!((s.groups[1].stack, s.groups[1].stats.live_blocks), (2, 1));
-        assert_eq!(s.totals.total_allocs - s.totals.total_frees, s.totals.live_blocks);
+        assert_eq!(s.totals.host().total_allocs - s.totals.host().total_frees, s.totals.host().live_blocks);
     }
 
     #[test]
@@ -307,14 +396,14 @@ mod tests {
         c.apply(&ev(EventKind::ReallocRelease, Api::Realloc, 1, 0, 0x40, 0));
         c.apply(&ev(EventKind::ReallocRestore, Api::Realloc, 1, 0, 0x40, 0));
         let s = c.snapshot();
-        assert_eq!((s.totals.live_blocks, s.totals.live_bytes), (1, 64));
-        assert_eq!((s.totals.total_allocs, s.totals.total_frees), (2, 1));
+        assert_eq!((s.totals.host().live_blocks, s.totals.host().live_bytes), (1, 64));
+        assert_eq!((s.totals.host().total_allocs, s.totals.host().total_frees), (2, 1));
         assert_eq!((s.groups[0].stack, s.groups[0].api), (3, Api::Realloc));
         // realloc(p, 0) freed it
         c.apply(&ev(EventKind::ReallocRelease, Api::Realloc, 1, 0, 0x40, 0));
         c.apply(&ev(EventKind::ReallocFreed, Api::Realloc, 1, 0, 0x40, 0));
         let s = c.snapshot();
-        assert_eq!((s.totals.live_blocks, s.totals.total_allocs, s.totals.total_frees), (0, 2, 2));
+        assert_eq!((s.totals.host().live_blocks, s.totals.host().total_allocs, s.totals.host().total_frees), (0, 2, 2));
         assert!(s.groups.is_empty());
     }
 
@@ -324,7 +413,7 @@ mod tests {
         c.apply(&ev(EventKind::ReallocRelease, Api::Realloc, 5, 0, 0x10, 0));
         c.apply(&ev(EventKind::Alloc, Api::Realloc, 5, 3, 0x40, 64));
         let t = c.totals();
-        assert_eq!((t.live_blocks, t.total_allocs, t.total_frees), (1, 1, 0));
+        assert_eq!((t.host().live_blocks, t.host().total_allocs, t.host().total_frees), (1, 1, 0));
     }
 
     #[test]
@@ -355,7 +444,67 @@ mod tests {
         c.apply(&alloc(0x30, 5, 4));
         let s = c.snapshot();
         assert_eq!((s.totals.inherited_live_bytes, s.totals.inherited_frees), (20, 1));
-        assert_eq!((s.totals.live_bytes, s.totals.total_allocs, s.totals.total_frees), (5, 1, 0));
+        assert_eq!((s.totals.host().live_bytes, s.totals.host().total_allocs, s.totals.host().total_frees), (5, 1, 0));
         assert_eq!(s.groups.len(), 1);
+    }
+
+    #[test]
+    fn cuda_spaces_kinds_and_devices_stay_apart() {
+        let mut c = Collector::new();
+        // A heap block, its registration, a device block and a VMM handle with the same number.
+        c.apply(&alloc(0x1000, 64, 1));
+        c.apply(&cuda(EventKind::Alloc, Api::CudaHostRegister, 2, 0x1000, 64, 0));
+        c.apply(&cuda(EventKind::Alloc, Api::CudaMalloc, 3, 0x2000, 256, 0));
+        c.apply(&cuda(EventKind::Alloc, Api::CudaMalloc, 3, 0x3000, 256, 1));
+        c.apply(&cuda(EventKind::Alloc, Api::CuMemCreate, 4, 0x1000, 2 << 20, 0));
+        c.apply(&cuda(EventKind::Alloc, Api::CudaMallocHost, 5, 0x4000, 32, 0));
+        let s = c.snapshot();
+        assert_eq!(s.totals.host().live_bytes, 64);
+        assert_eq!(s.totals.kind(Kind::Device).live_bytes, 512 + (2 << 20));
+        assert_eq!(s.totals.kind(Kind::Pinned).live_bytes, 64 + 32);
+        // One group per device for the same stack and api.
+        let dev: Vec<_> = s.groups.iter().filter(|g| g.api == Api::CudaMalloc).map(|g| g.device).collect();
+        assert_eq!(dev, vec![Some(0), Some(1)]);
+        // Freeing the registration leaves the heap block; a device free finds its space.
+        c.apply(&ev(EventKind::Free, Api::releasing(Space::Registered), 1, 0, 0x1000, 0));
+        c.apply(&ev(EventKind::Free, Api::releasing(Space::Cuda), 1, 0, 0x2000, 0));
+        let s = c.snapshot();
+        assert_eq!(s.totals.host().live_blocks, 1);
+        assert_eq!(s.totals.kind(Kind::Pinned).live_bytes, 32);
+        assert_eq!((s.totals.kind(Kind::Device).live_blocks, s.totals.kind(Kind::Device).total_frees), (2, 1));
+        assert_eq!(s.totals.unknown_frees, 0);
+        // A CUDA free that failed leaves its block; one that succeeded does not, and a
+        // heap realloc on the same thread in between (inside the driver) is unaffected.
+        let rel = Api::releasing(Space::Cuda);
+        c.apply(&ev(EventKind::ReallocRelease, rel, 1, 0, 0x3000, 0));
+        c.apply(&ev(EventKind::ReallocRelease, Api::Realloc, 1, 0, 0x1000, 0));
+        c.apply(&ev(EventKind::Alloc, Api::Realloc, 1, 9, 0x1000, 128));
+        c.apply(&ev(EventKind::ReallocRestore, rel, 1, 0, 0, 0));
+        assert_eq!(c.totals().kind(Kind::Device).live_blocks, 2);
+        assert_eq!(c.totals().host().live_bytes, 128);
+        c.apply(&ev(EventKind::ReallocRelease, rel, 1, 0, 0x3000, 0));
+        c.apply(&ev(EventKind::ReallocFreed, rel, 1, 0, 0, 0));
+        assert_eq!(c.totals().kind(Kind::Device).live_blocks, 1);
+        // The scan sees heap and CUDA allocations, never handles or registrations.
+        let scanned: Vec<u64> = c.live_blocks().iter().map(|b| b.addr).collect();
+        assert_eq!(scanned, vec![0x1000, 0x4000]);
+    }
+
+    #[test]
+    fn device_reset_frees_context_bound_blocks_of_that_device_only() {
+        let mut c = Collector::new();
+        c.apply(&cuda(EventKind::Alloc, Api::CudaMalloc, 1, 0x1000, 100, 0));
+        c.apply(&cuda(EventKind::Alloc, Api::CuMemAllocHost, 1, 0x2000, 10, 0));
+        c.apply(&cuda(EventKind::Alloc, Api::CudaMalloc, 1, 0x3000, 100, 1));
+        c.apply(&cuda(EventKind::Alloc, Api::CuMemCreate, 1, 0x4000, 100, 0));
+        c.apply(&cuda(EventKind::Alloc, Api::CudaMallocAsync, 1, 0x5000, 100, 0));
+        c.apply(&alloc(0x6000, 8, 1));
+        assert_eq!(c.device_reset(0), 2);
+        let s = c.snapshot();
+        let left: Vec<_> = s.groups.iter().map(|g| (g.api, g.device)).collect();
+        assert_eq!(left.len(), 4, "{left:?}");
+        assert!(!left.contains(&(Api::CudaMalloc, Some(0))) && !left.contains(&(Api::CuMemAllocHost, Some(0))));
+        assert_eq!(s.totals.kind(Kind::Device).total_frees, 1);
+        assert_eq!(s.totals.kind(Kind::Pinned).total_frees, 1);
     }
 }

@@ -1,56 +1,153 @@
 //! The compact event that hooks publish and the collector consumes.
 
-/// Which allocation entry point produced a block. Kept in 4 bits of an event.
+/// What a block is: host heap memory, or one of the CUDA kinds. Reported as `kind`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[repr(u8)]
-pub enum Api {
-    Malloc = 0,
-    Calloc = 1,
-    Realloc = 2,
-    Reallocarray = 3,
-    PosixMemalign = 4,
-    AlignedAlloc = 5,
-    Memalign = 6,
-    Valloc = 7,
-    Pvalloc = 8,
+pub enum Kind {
+    Host,
+    Device,
+    Pinned,
+    Managed,
+    /// Virtual address space reserved with `cuMemAddressReserve` (no memory behind it).
+    Reservation,
+    /// Physical memory mapped into a reservation with `cuMemMap`.
+    Mapping,
 }
 
-impl Api {
-    pub const ALL: [Api; 9] = [
-        Api::Malloc,
-        Api::Calloc,
-        Api::Realloc,
-        Api::Reallocarray,
-        Api::PosixMemalign,
-        Api::AlignedAlloc,
-        Api::Memalign,
-        Api::Valloc,
-        Api::Pvalloc,
-    ];
+impl Kind {
+    pub const ALL: [Kind; 6] = [Kind::Host, Kind::Device, Kind::Pinned, Kind::Managed, Kind::Reservation, Kind::Mapping];
 
     pub fn name(self) -> &'static str {
         match self {
-            Api::Malloc => "malloc",
-            Api::Calloc => "calloc",
-            Api::Realloc => "realloc",
-            Api::Reallocarray => "reallocarray",
-            Api::PosixMemalign => "posix_memalign",
-            Api::AlignedAlloc => "aligned_alloc",
-            Api::Memalign => "memalign",
-            Api::Valloc => "valloc",
-            Api::Pvalloc => "pvalloc",
+            Kind::Host => "host",
+            Kind::Device => "device",
+            Kind::Pinned => "pinned",
+            Kind::Managed => "managed",
+            Kind::Reservation => "reservation",
+            Kind::Mapping => "mapping",
         }
     }
 
-    pub fn from_bits(b: u8) -> Api {
-        Api::ALL.get(b as usize).copied().unwrap_or(Api::Malloc)
+    pub fn index(self) -> usize {
+        self as usize
     }
+}
 
+/// Which key space an address lives in. The same number can name two live things at
+/// once in different spaces: a `malloc` block and its `cudaHostRegister` registration,
+/// or a VMM handle (an opaque number) and a heap address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum Space {
+    /// The malloc family.
+    Heap = 0,
+    /// Device, managed and page-locked allocations (each a fresh virtual range).
+    Cuda = 1,
+    /// Host ranges page-locked with `cudaHostRegister` / `cuMemHostRegister`.
+    Registered = 2,
+    /// `cuMemCreate` handles.
+    VmmHandle = 3,
+    /// `cuMemAddressReserve` ranges.
+    VmmReservation = 4,
+    /// `cuMemMap` mappings, by virtual address.
+    VmmMapping = 5,
+}
+
+/// Implicitly released by a context destroy or device reset (VMM and pool memory are not).
+impl Space {
+    pub fn bound_to_context(self) -> bool {
+        matches!(self, Space::Cuda | Space::Registered)
+    }
+}
+
+macro_rules! apis {
+    ($($variant:ident = $n:literal => $name:literal, $kind:ident, $space:ident;)*) => {
+        /// Which allocation entry point produced a block. Kept in 7 bits of an event.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        #[repr(u8)]
+        pub enum Api { $($variant = $n,)* }
+
+        impl Api {
+            pub const ALL: &'static [Api] = &[$(Api::$variant,)*];
+
+            pub fn name(self) -> &'static str {
+                match self { $(Api::$variant => $name,)* }
+            }
+
+            pub fn kind(self) -> Kind {
+                match self { $(Api::$variant => Kind::$kind,)* }
+            }
+
+            pub fn space(self) -> Space {
+                match self { $(Api::$variant => Space::$space,)* }
+            }
+
+            pub fn from_bits(b: u8) -> Api {
+                match b { $($n => Api::$variant,)* _ => Api::Malloc }
+            }
+        }
+    };
+}
+
+apis! {
+    Malloc = 0 => "malloc", Host, Heap;
+    Calloc = 1 => "calloc", Host, Heap;
+    Realloc = 2 => "realloc", Host, Heap;
+    Reallocarray = 3 => "reallocarray", Host, Heap;
+    PosixMemalign = 4 => "posix_memalign", Host, Heap;
+    AlignedAlloc = 5 => "aligned_alloc", Host, Heap;
+    Memalign = 6 => "memalign", Host, Heap;
+    Valloc = 7 => "valloc", Host, Heap;
+    Pvalloc = 8 => "pvalloc", Host, Heap;
+    // CUDA runtime API.
+    CudaMalloc = 16 => "cudaMalloc", Device, Cuda;
+    CudaMallocAsync = 17 => "cudaMallocAsync", Device, Cuda;
+    CudaMallocFromPoolAsync = 18 => "cudaMallocFromPoolAsync", Device, Cuda;
+    CudaMallocPitch = 19 => "cudaMallocPitch", Device, Cuda;
+    CudaMalloc3D = 20 => "cudaMalloc3D", Device, Cuda;
+    CudaMallocManaged = 21 => "cudaMallocManaged", Managed, Cuda;
+    CudaMallocHost = 22 => "cudaMallocHost", Pinned, Cuda;
+    CudaHostAlloc = 23 => "cudaHostAlloc", Pinned, Cuda;
+    CudaHostRegister = 24 => "cudaHostRegister", Pinned, Registered;
+    // CUDA driver API.
+    CuMemAlloc = 32 => "cuMemAlloc", Device, Cuda;
+    CuMemAllocPitch = 33 => "cuMemAllocPitch", Device, Cuda;
+    CuMemAllocAsync = 34 => "cuMemAllocAsync", Device, Cuda;
+    CuMemAllocFromPoolAsync = 35 => "cuMemAllocFromPoolAsync", Device, Cuda;
+    CuMemAllocManaged = 36 => "cuMemAllocManaged", Managed, Cuda;
+    CuMemAllocHost = 37 => "cuMemAllocHost", Pinned, Cuda;
+    CuMemHostAlloc = 38 => "cuMemHostAlloc", Pinned, Cuda;
+    CuMemHostRegister = 39 => "cuMemHostRegister", Pinned, Registered;
+    CuMemCreate = 40 => "cuMemCreate", Device, VmmHandle;
+    CuMemAddressReserve = 41 => "cuMemAddressReserve", Reservation, VmmReservation;
+    CuMemMap = 42 => "cuMemMap", Mapping, VmmMapping;
+}
+
+impl Api {
     /// A realloc-family result completes the release published before the call.
     pub fn is_realloc(self) -> bool {
         matches!(self, Api::Realloc | Api::Reallocarray)
     }
+
+    /// The API a free in `space` is published under (a free only needs its space).
+    pub fn releasing(space: Space) -> Api {
+        match space {
+            Space::Heap => Api::Malloc,
+            Space::Cuda => Api::CuMemAlloc,
+            Space::Registered => Api::CuMemHostRegister,
+            Space::VmmHandle => Api::CuMemCreate,
+            Space::VmmReservation => Api::CuMemAddressReserve,
+            Space::VmmMapping => Api::CuMemMap,
+        }
+    }
 }
+
+/// An event's size word: the byte count, with the CUDA device ordinal + 1 in the top
+/// 8 bits (0: no device). No allocation reaches 2^56 bytes.
+pub fn pack_size(bytes: u64, device: Option<u8>) -> u64 {
+    (bytes & SIZE_MASK) | (device.map(|d| d as u64 + 1).unwrap_or(0).min(255) << 56)
+}
+
+const SIZE_MASK: u64 = (1 << 56) - 1;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -59,11 +156,12 @@ pub enum EventKind {
     Alloc = 1,
     /// A block is about to be freed (published before the real free runs).
     Free = 2,
-    /// A realloc is about to run on `addr`: the block leaves the live set for now.
+    /// A realloc (or a CUDA free, which can fail) is about to run on `addr`: the block
+    /// leaves the live set for now.
     ReallocRelease = 3,
-    /// The realloc failed: the released block is live again.
+    /// The call failed: the released block is live again.
     ReallocRestore = 4,
-    /// The realloc freed the block without a new one (`realloc(p, 0)`).
+    /// The call freed the block without a new one (`realloc(p, 0)`, a CUDA free).
     ReallocFreed = 5,
 }
 
@@ -93,26 +191,43 @@ pub struct Event {
     pub tid: u32,
     pub stack: u32,
     pub addr: u64,
+    /// Packed with `pack_size`: read it with `bytes()` and `device()`.
     pub size: u64,
 }
+
+/// Bits of the meta word: stack id 32, thread id 22 (the kernel's pid_max is at most
+/// 2^22), kind 3, api 7.
+const TID_BITS: u32 = 22;
 
 impl Event {
     pub fn pack_meta(&self) -> u64 {
         (self.stack as u64)
-            | (((self.tid & 0x00ff_ffff) as u64) << 32)
-            | ((self.kind as u64 & 0xf) << 56)
-            | ((self.api as u64 & 0xf) << 60)
+            | (((self.tid & ((1 << TID_BITS) - 1)) as u64) << 32)
+            | ((self.kind as u64 & 0x7) << 54)
+            | ((self.api as u64 & 0x7f) << 57)
     }
 
     pub fn unpack(meta: u64, addr: u64, size: u64) -> Option<Event> {
         Some(Event {
-            kind: EventKind::from_bits(((meta >> 56) & 0xf) as u8)?,
-            api: Api::from_bits(((meta >> 60) & 0xf) as u8),
-            tid: ((meta >> 32) & 0x00ff_ffff) as u32,
+            kind: EventKind::from_bits(((meta >> 54) & 0x7) as u8)?,
+            api: Api::from_bits(((meta >> 57) & 0x7f) as u8),
+            tid: ((meta >> 32) & ((1 << TID_BITS) - 1)) as u32,
             stack: meta as u32,
             addr,
             size,
         })
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.size & SIZE_MASK
+    }
+
+    /// The CUDA device ordinal the block belongs to, when known.
+    pub fn device(&self) -> Option<u8> {
+        match self.size >> 56 {
+            0 => None,
+            d => Some((d - 1) as u8),
+        }
     }
 }
 
@@ -129,9 +244,24 @@ mod tests {
                 tid: 4_194_303 - i as u32,
                 stack: u32::MAX - i as u32,
                 addr: 0x7fff_dead_beef,
-                size: 12345,
+                size: pack_size(12345, Some(i as u8)),
             };
-            assert_eq!(Event::unpack(e.pack_meta(), e.addr, e.size), Some(e));
+            let back = Event::unpack(e.pack_meta(), e.addr, e.size).unwrap();
+            assert_eq!(back, e);
+            assert_eq!((back.bytes(), back.device()), (12345, Some(i as u8)));
+            assert_eq!(Api::from_bits(*api as u8), *api);
+        }
+        let host = Event { kind: EventKind::Free, api: Api::Malloc, tid: 1, stack: 0, addr: 0, size: pack_size(77, None) };
+        let back = Event::unpack(host.pack_meta(), 0, host.size).unwrap();
+        assert_eq!((back.kind, back.bytes(), back.device()), (EventKind::Free, 77, None));
+    }
+
+    #[test]
+    fn every_cuda_api_has_a_cuda_kind_and_space() {
+        for api in Api::ALL {
+            let host = api.kind() == Kind::Host;
+            assert_eq!(host, api.space() == Space::Heap, "{api:?}");
+            assert_eq!(Api::releasing(api.space()).space(), api.space());
         }
     }
 

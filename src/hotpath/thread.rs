@@ -21,6 +21,9 @@ pub struct ThreadState {
     pub(crate) exiting: Cell<bool>,
     /// This thread's event ring (see `hotpath::channel`), 0 until its first event.
     pub(crate) ring: Cell<usize>,
+    /// Set while this thread is inside a hooked CUDA call: the calls it makes
+    /// underneath (the runtime calling the driver) are the same allocation.
+    in_cuda: Cell<bool>,
 }
 
 thread_local! {
@@ -34,6 +37,7 @@ thread_local! {
             memo: Cell::new(0),
             exiting: Cell::new(false),
             ring: Cell::new(0),
+            in_cuda: Cell::new(false),
         }
     };
 }
@@ -66,6 +70,23 @@ impl Drop for HookGuard {
     fn drop(&mut self) {
         STATE.with(|s| s.busy.set(false));
     }
+}
+
+/// Runs `f` as a CUDA API call of this thread. Returns its result and whether this is
+/// the outermost hooked CUDA call (the one that records).
+#[inline]
+pub fn cuda_call<R>(f: impl FnOnce() -> R) -> (R, bool) {
+    let outer = !STATE.with(|s| s.in_cuda.replace(true));
+    let r = f();
+    if outer {
+        STATE.with(|s| s.in_cuda.set(false));
+    }
+    (r, outer)
+}
+
+/// Whether this thread is inside a hooked CUDA call.
+pub fn in_cuda_call() -> bool {
+    STATE.with(|s| s.in_cuda.get())
 }
 
 /// Marks the calling thread as the library's own: none of its allocations are tracked.
@@ -111,5 +132,6 @@ pub fn reset_after_fork() {
     STATE.with(|s| {
         s.tid.set(0);
         s.busy.set(false);
+        s.in_cuda.set(false);
     });
 }

@@ -6,15 +6,29 @@
 //! |-----------|----------------|---------|
 //! | malloc    | `malloc.rs`    | malloc, calloc, realloc, reallocarray, free, posix_memalign, aligned_alloc, memalign, valloc, pvalloc, malloc_usable_size (+ free_sized, free_aligned_sized where glibc has them) |
 //! | lifecycle | `lifecycle.rs` | _exit, _Exit, dlclose, unshare, setns (+ constructor/destructor, atfork, snapshot and SIGTERM handlers) |
+//! | resolver  | `resolve.rs`   | dlsym (hands out CUDA wrappers; `RTLD_NEXT` passes straight through) |
+//! | CUDA runtime | `cuda_runtime.rs` | `cuda_runtime::WRAPPED`: cudaMalloc, cudaFree, cudaMallocAsync, cudaFreeAsync, cudaMallocFromPoolAsync (+ `_ptsz`), cudaMallocManaged, cudaMallocPitch, cudaMalloc3D, cudaMallocHost, cudaHostAlloc, cudaFreeHost, cudaHostRegister, cudaHostUnregister, cudaDeviceReset, cudaGetDriverEntryPoint(ByVersion) (+ `_ptsz`) |
+//! | CUDA driver | `cuda_driver.rs` | `cuda_driver::WRAPPED`: cuMemAlloc_v2, cuMemFree_v2, cuMemAllocPitch_v2, cuMemAllocManaged, cuMemAllocAsync, cuMemFreeAsync, cuMemAllocFromPoolAsync (+ `_ptsz`), cuMemAllocHost_v2, cuMemHostAlloc, cuMemFreeHost, cuMemHostRegister_v2, cuMemHostUnregister, cuMemCreate, cuMemRelease, cuMemAddressReserve, cuMemAddressFree, cuMemMap, cuMemUnmap, cuCtxDestroy_v2, cuDevicePrimaryCtxReset(_v2), cuGetProcAddress(_v2, _v2_ptsz) |
 //!
+//! The CUDA families share `cuda.rs` (slots, the hook macro, the record-once rule).
 //! Each hook forwards to the real function found with `dlsym(RTLD_NEXT)` (`real.rs`),
 //! keeps its C semantics (return values, errno, NULL and zero sizes) and reports to the
 //! agent only after the real call succeeded (allocations) or before it runs (frees).
+pub mod cuda;
+pub mod cuda_driver;
+pub mod cuda_runtime;
 pub mod lifecycle;
 pub mod malloc;
 pub mod real;
+pub mod resolve;
 
-/// Exported symbol names, checked against the built library by `tests/exports.rs`.
+/// Every exported name: the list below, `dlsym`, and the CUDA families' tables.
+pub fn exported() -> Vec<String> {
+    let cuda = cuda_runtime::WRAPPED.iter().chain(cuda_driver::WRAPPED).map(|(n, _)| n.to_string_lossy().into_owned());
+    EXPORTED.iter().map(|s| s.to_string()).chain(["dlsym".to_string()]).chain(cuda).collect()
+}
+
+/// Exported symbol names of the malloc and lifecycle families.
 pub const EXPORTED: &[&str] = &[
     "malloc",
     "calloc",

@@ -6,7 +6,8 @@ use serde_json::json;
 use super::process::ProcessInfo;
 use super::symbolize::Symbolizer;
 use super::timeline::Timeline;
-use crate::collector::state::{Snapshot, Totals};
+use crate::collector::state::{KindTotals, Snapshot, Totals};
+use crate::hotpath::event::Kind;
 
 pub const SCHEMA: &str = "leaktrace-report/1";
 
@@ -84,6 +85,13 @@ pub struct ScanOut {
 pub struct Group {
     pub kind: &'static str,
     pub api: &'static str,
+    /// CUDA device ordinal (device-side groups, when known).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<u8>,
+    /// The caching allocator that holds this memory (see `report::cached`): not a leak
+    /// by default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cached_by: Option<&'static str>,
     pub bytes: u64,
     pub blocks: u64,
     pub peak_bytes: u64,
@@ -146,9 +154,12 @@ pub fn resolve_groups(snapshot: &Snapshot, sym: &mut Symbolizer) -> Vec<Group> {
         .iter()
         .map(|g| {
             let stack = resolve_stack(g.stack, sym);
+            let kind = g.api.kind();
             Group {
-                kind: "host",
+                kind: kind.name(),
                 api: g.api.name(),
+                device: g.device,
+                cached_by: super::cached::owner(kind, &stack),
                 bytes: g.stats.live_bytes,
                 blocks: g.stats.live_blocks,
                 peak_bytes: g.stats.peak_live_bytes,
@@ -163,7 +174,7 @@ pub fn resolve_groups(snapshot: &Snapshot, sym: &mut Symbolizer) -> Vec<Group> {
 }
 
 #[derive(Serialize)]
-struct HostTotals {
+struct KindTotalsOut {
     live_bytes: u64,
     live_blocks: u64,
     total_allocs: u64,
@@ -172,6 +183,22 @@ struct HostTotals {
     #[serde(skip_serializing_if = "Option::is_none")]
     reachability: Option<Reachability>,
 }
+
+impl KindTotalsOut {
+    fn new(t: &KindTotals, reachability: Option<Reachability>) -> KindTotalsOut {
+        KindTotalsOut {
+            live_bytes: t.live_bytes,
+            live_blocks: t.live_blocks,
+            total_allocs: t.total_allocs,
+            total_frees: t.total_frees,
+            peak_live_bytes: t.peak_live_bytes,
+            reachability,
+        }
+    }
+}
+
+/// Reachability totals of a scan, one per kind of memory.
+pub type KindReachability = [Reachability; Kind::ALL.len()];
 
 #[derive(Serialize)]
 pub struct TimelinePoint {
@@ -209,7 +236,7 @@ pub fn timeline_out(timeline: &Timeline, groups: &[Group], sym: &mut Symbolizer)
             .series
             .iter()
             .map(|s| TimelineSeries {
-                kind: "host",
+                kind: s.api.kind().name(),
                 api: s.api.name(),
                 stack_id: s.stack,
                 stack: (!groups.iter().any(|g| g.stack_id == s.stack)).then(|| resolve_stack(s.stack, sym)),
@@ -247,7 +274,14 @@ struct ReportOut<'a> {
 
 #[derive(Serialize)]
 struct SummaryOut {
-    host: HostTotals,
+    host: KindTotalsOut,
+    device: KindTotalsOut,
+    pinned: KindTotalsOut,
+    managed: KindTotalsOut,
+    reservation: KindTotalsOut,
+    mapping: KindTotalsOut,
+    /// Outstanding memory held by known caching allocators (also inside the kinds above).
+    cached: Amount,
     leak_groups: usize,
 }
 
@@ -272,8 +306,14 @@ pub fn report_bytes(
     groups: &[Group],
     facts: &RunFacts,
     timeline: &TimelineOut,
-    scan: Option<(&ScanOut, Reachability)>,
+    scan: Option<(&ScanOut, KindReachability)>,
 ) -> Vec<u8> {
+    let kind = |k: Kind| KindTotalsOut::new(totals.kind(k), scan.map(|s| s.1[k.index()]));
+    let mut cached = Amount::default();
+    for g in groups.iter().filter(|g| g.cached_by.is_some()) {
+        cached.bytes += g.bytes;
+        cached.blocks += g.blocks;
+    }
     let report = ReportOut {
         schema: SCHEMA,
         tool: json!({ "name": "leaktrace", "version": env!("CARGO_PKG_VERSION") }),
@@ -293,14 +333,13 @@ pub fn report_bytes(
         }),
         config: json!({ "stack_depth": facts.stack_depth, "interval_ms": facts.interval_ms }),
         summary: SummaryOut {
-            host: HostTotals {
-                live_bytes: totals.live_bytes,
-                live_blocks: totals.live_blocks,
-                total_allocs: totals.total_allocs,
-                total_frees: totals.total_frees,
-                peak_live_bytes: totals.peak_live_bytes,
-                reachability: scan.map(|s| s.1),
-            },
+            host: kind(Kind::Host),
+            device: kind(Kind::Device),
+            pinned: kind(Kind::Pinned),
+            managed: kind(Kind::Managed),
+            reservation: kind(Kind::Reservation),
+            mapping: kind(Kind::Mapping),
+            cached,
             leak_groups: groups.len(),
         },
         diagnostics: DiagnosticsOut {
@@ -355,17 +394,23 @@ pub fn apply_suppressions<'a>(groups: &'a [Group], s: &leaktrace_common::Suppres
 /// left out of the count.
 pub fn summary_text(pid: u32, groups: &[&Group], suppressed: usize, top: usize, report: Option<&str>) -> String {
     let mut out = String::new();
-    let counted = |g: &Group| match g.reachability {
-        Some(r) => (r.definite.bytes + r.indirect.bytes, r.definite.blocks + r.indirect.blocks),
-        None => (g.bytes, g.blocks),
+    let counted = |g: &Group| match (g.cached_by, g.reachability) {
+        (Some(_), _) => (0, 0),
+        (None, Some(r)) => (r.definite.bytes + r.indirect.bytes, r.definite.blocks + r.indirect.blocks),
+        (None, None) => (g.bytes, g.blocks),
     };
     let leaking: Vec<&&Group> = groups.iter().filter(|g| counted(g).1 > 0).collect();
     let bytes: u64 = leaking.iter().map(|g| counted(g).0).sum();
     let blocks: u64 = leaking.iter().map(|g| counted(g).1).sum();
-    let reachable: u64 = groups.iter().filter_map(|g| g.reachability.map(|r| r.reachable.bytes)).sum();
+    let reachable: u64 =
+        groups.iter().filter(|g| g.cached_by.is_none()).filter_map(|g| g.reachability.map(|r| r.reachable.bytes)).sum();
+    let cached: u64 = groups.iter().filter(|g| g.cached_by.is_some()).map(|g| g.bytes).sum();
     let mut notes = Vec::new();
     if suppressed > 0 {
         notes.push(format!("{suppressed} group(s) suppressed"));
+    }
+    if cached > 0 {
+        notes.push(format!("{cached} byte(s) held by caching allocators not counted"));
     }
     if reachable > 0 {
         notes.push(format!("{reachable} byte(s) still reachable not counted"));
@@ -382,8 +427,9 @@ pub fn summary_text(pid: u32, groups: &[&Group], suppressed: usize, top: usize, 
                 None => vec![("Leak", Amount { bytes: g.bytes, blocks: g.blocks })],
             };
             for (label, a) in parts {
+                let device = g.device.map(|d| format!(", device {d}")).unwrap_or_default();
                 out.push_str(&format!(
-                    "\n{label} of {} byte(s) in {} object(s) allocated from {} ({}):\n",
+                    "\n{label} of {} byte(s) in {} object(s) allocated from {} ({}{device}):\n",
                     a.bytes, a.blocks, g.api, g.kind
                 ));
                 for (i, f) in g.stack.iter().enumerate() {
@@ -415,6 +461,8 @@ mod tests {
         Group {
             kind: "host",
             api: "calloc",
+            device: None,
+            cached_by: None,
             bytes: 48,
             blocks: 3,
             peak_bytes: 64,
@@ -448,7 +496,9 @@ mod tests {
             forked_from: None,
             file_name: "f.json".into(),
         };
-        let t = Totals { live_bytes: 48, live_blocks: 3, total_allocs: 4, total_frees: 1, peak_live_bytes: 64, ..Default::default() };
+        let mut t = Totals::default();
+        t.kinds[Kind::Host.index()] = KindTotals { live_bytes: 48, live_blocks: 3, total_allocs: 4, total_frees: 1, peak_live_bytes: 64 };
+        t.kinds[Kind::Device.index()] = KindTotals { live_bytes: 1 << 20, live_blocks: 1, total_allocs: 2, total_frees: 1, peak_live_bytes: 2 << 20 };
         let empty = TimelineOut { points: vec![], series: vec![] };
         let bytes = report_bytes(&p, Reason::Exit, 6, &t, &[group()], &RunFacts::default(), &empty, None);
         let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
@@ -462,7 +512,14 @@ mod tests {
         let h = &v["summary"]["host"];
         assert_eq!((h["live_bytes"].as_u64(), h["live_blocks"].as_u64()), (Some(48), Some(3)));
         assert_eq!((h["total_allocs"].as_u64(), h["total_frees"].as_u64(), h["peak_live_bytes"].as_u64()), (Some(4), Some(1), Some(64)));
+        let d = &v["summary"]["device"];
+        assert_eq!((d["live_bytes"].as_u64(), d["total_frees"].as_u64(), d["peak_live_bytes"].as_u64()), (Some(1 << 20), Some(1), Some(2 << 20)));
+        for k in ["pinned", "managed", "reservation", "mapping"] {
+            assert_eq!(v["summary"][k]["live_bytes"], 0, "{k}");
+        }
+        assert_eq!(v["summary"]["cached"]["bytes"], 0);
         let l = &v["leaks"][0];
+        assert!(l.get("device").is_none() && l.get("cached_by").is_none(), "host groups have neither: {l}");
         assert_eq!((l["kind"].as_str(), l["api"].as_str(), l["bytes"].as_u64(), l["blocks"].as_u64()), (Some("host"), Some("calloc"), Some(48), Some(3)));
         let f = &l["stack"][0];
         assert_eq!(f["ip"], "0x1234");
@@ -488,5 +545,18 @@ mod tests {
         let (shown, n) = apply_suppressions(std::slice::from_ref(&g), &leaktrace_common::Suppressions { patterns: vec!["leak_*".into()] });
         assert_eq!((shown.len(), n), (0, 1));
         assert_eq!(summary_text(10, &shown, n, 10, None), "==10==leaktrace: no leaks found (1 group(s) suppressed)\n");
+    }
+
+    #[test]
+    fn device_groups_name_their_device_and_caches_are_not_counted() {
+        let mut dev = group();
+        (dev.kind, dev.api, dev.device, dev.bytes, dev.blocks) = ("device", "cudaMalloc", Some(1), 4096, 1);
+        let mut cache = dev.clone();
+        cache.cached_by = Some("PyTorch CUDACachingAllocator");
+        cache.bytes = 1 << 21;
+        let s = summary_text(10, &[&dev, &cache], 0, 10, None);
+        assert!(s.contains("Leak of 4096 byte(s) in 1 object(s) allocated from cudaMalloc (device, device 1):"), "{s}");
+        assert!(s.contains("SUMMARY: leaktrace: 4096 byte(s) leaked in 1 allocation(s) (2097152 byte(s) held by caching allocators not counted)."), "{s}");
+        assert_eq!(summary_text(10, &[&cache], 0, 10, None), "==10==leaktrace: no leaks found (2097152 byte(s) held by caching allocators not counted)\n");
     }
 }

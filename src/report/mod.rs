@@ -1,5 +1,6 @@
 //! Off the hot path: symbolization, report rendering and atomic writing.
 pub mod build;
+pub mod cached;
 pub mod process;
 pub mod symbolize;
 pub mod timeline;

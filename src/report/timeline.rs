@@ -36,11 +36,12 @@ impl Timeline {
         if self.points.len() >= MAX_POINTS {
             self.thin();
         }
-        self.points.push(Point { unix_ms, live_bytes: snapshot.totals.live_bytes, live_blocks: snapshot.totals.live_blocks });
+        self.points.push(Point { unix_ms, live_bytes: snapshot.totals.host().live_bytes, live_blocks: snapshot.totals.host().live_blocks });
         let n = self.points.len();
         for s in self.series.iter_mut() {
-            let now = snapshot.groups.iter().find(|g| g.stack == s.stack && g.api == s.api).map(|g| g.stats.live_bytes);
-            s.bytes.push(now.unwrap_or(0));
+            // Groups of one stack and api on several devices add up.
+            let now = snapshot.groups.iter().filter(|g| g.stack == s.stack && g.api == s.api).map(|g| g.stats.live_bytes).sum();
+            s.bytes.push(now);
         }
         // `snapshot.groups` is sorted largest first.
         for g in snapshot.groups.iter().take(JOIN_TOP) {
@@ -79,12 +80,16 @@ mod tests {
             .map(|&(stack, bytes)| GroupSnapshot {
                 stack,
                 api: Api::Malloc,
+                device: None,
                 stats: GroupStats { live_bytes: bytes, live_blocks: 1, ..Default::default() },
             })
             .collect();
         gs.sort_by_key(|g| std::cmp::Reverse(g.stats.live_bytes));
         let total = groups.iter().map(|g| g.1).sum();
-        Snapshot { totals: Totals { live_bytes: total, live_blocks: groups.len() as u64, ..Default::default() }, groups: gs }
+        let mut totals = Totals::default();
+        totals.kinds[0].live_bytes = total;
+        totals.kinds[0].live_blocks = groups.len() as u64;
+        Snapshot { totals, groups: gs }
     }
 
     #[test]

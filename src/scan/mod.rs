@@ -20,13 +20,17 @@ pub struct ScanInfo {
 }
 
 /// Classifies `blocks` (sorted by start, not overlapping) against the process's roots.
-pub fn scan(blocks: &[Block]) -> (Vec<Verdict>, ScanInfo) {
+/// `own_threads` (the library's collector) are neither stopped nor roots: their stacks
+/// hold the addresses of the events they just processed, which the program does not.
+pub fn scan(blocks: &[Block], own_threads: &[u32]) -> (Vec<Verdict>, ScanInfo) {
     let t0 = Instant::now();
     let have_signal = roots::install();
-    let tids = if have_signal { roots::other_threads() } else { Vec::new() };
+    let mut tids = if have_signal { roots::other_threads() } else { Vec::new() };
+    tids.retain(|t| !own_threads.contains(t));
     let maps = roots::writable_mappings();
-    let mut root_ranges = roots::module_data();
+    let (mut root_ranges, runtime_ranges) = roots::module_data();
     root_ranges.extend_from_slice(roots::main_tls());
+    root_ranges.extend(roots::main_dtv(&maps));
     root_ranges.reserve(tids.len() + 8);
     let mut regs: Vec<u64> = Vec::with_capacity((tids.len() + 1) * 24);
     let mut scratch = Scratch::new(blocks.len());
@@ -37,13 +41,13 @@ pub fn scan(blocks: &[Block]) -> (Vec<Verdict>, ScanInfo) {
     if root_ranges.len() < root_ranges.capacity() {
         root_ranges.push(regs_range);
     }
-    mark::classify_into(blocks, &root_ranges, &roots::ProcessMemory { readable: &maps }, &mut scratch);
+    mark::classify_into(blocks, &root_ranges, &runtime_ranges, &roots::ProcessMemory { readable: &maps }, &mut scratch);
     roots::resume(stopped.asked);
     let info = ScanInfo {
         duration_ms: t0.elapsed().as_millis() as u64,
         threads: tids.len() + 1,
         threads_stopped: stopped.stopped + 1,
-        root_bytes: root_ranges.iter().map(|r| r.1).sum(),
+        root_bytes: root_ranges.iter().chain(&runtime_ranges).map(|r| r.1).sum(),
         heap_bytes: blocks.iter().map(|b| b.size).sum(),
     };
     (scratch.verdicts, info)

@@ -110,28 +110,72 @@ pub fn writable_mappings() -> Vec<(u64, u64)> {
 }
 
 /// Writable PT_LOAD segments of every loaded module except this library.
-pub fn module_data() -> Vec<(u64, u64)> {
+/// Writable segments of every loaded module but ours: `(program, cuda)`, where `cuda`
+/// are those of the CUDA driver and runtime (see `mark::classify_into`).
+pub fn module_data() -> (Vec<(u64, u64)>, Vec<(u64, u64)>) {
+    type Out = (Vec<(u64, u64)>, Vec<(u64, u64)>);
     extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> libc::c_int {
-        // SAFETY: glibc passes a valid dl_phdr_info; data is our Vec.
+        // SAFETY: glibc passes a valid dl_phdr_info; data is our pair of Vecs.
         unsafe {
-            let out = &mut *(data as *mut Vec<(u64, u64)>);
+            let out = &mut *(data as *mut Out);
             let info = &*info;
+            let name = if info.dlpi_name.is_null() { &[][..] } else { std::ffi::CStr::from_ptr(info.dlpi_name).to_bytes() };
+            let into = if is_cuda_library(name) { &mut out.1 } else { &mut out.0 };
             for i in 0..info.dlpi_phnum as usize {
                 let ph = &*info.dlpi_phdr.add(i);
                 if ph.p_type == libc::PT_LOAD && ph.p_flags & libc::PF_W != 0 && ph.p_memsz > 0 {
                     let start = info.dlpi_addr + ph.p_vaddr;
                     if !crate::hotpath::unwind::is_own_address(start) {
-                        out.push((start, ph.p_memsz));
+                        into.push((start, ph.p_memsz));
                     }
                 }
             }
         }
         0
     }
-    let mut out: Vec<(u64, u64)> = Vec::new();
+    let mut out: Out = (Vec::new(), Vec::new());
     // SAFETY: the callback only reads the headers glibc hands it.
     unsafe { libc::dl_iterate_phdr(Some(visit), &mut out as *mut _ as *mut c_void) };
     out
+}
+
+/// The address range of the dynamic linker (ld.so), whose allocations (dlopen's link
+/// maps and scopes, TLS blocks) are kept in places no root covers: as LeakSanitizer's
+/// `use_ld_allocations`, they count as reachable.
+pub fn loader_range() -> Option<(u64, u64)> {
+    type Out = Option<(u64, u64)>;
+    extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> libc::c_int {
+        // SAFETY: glibc passes a valid dl_phdr_info; data is our Option.
+        unsafe {
+            let out = &mut *(data as *mut Out);
+            let info = &*info;
+            let name = if info.dlpi_name.is_null() { &[][..] } else { std::ffi::CStr::from_ptr(info.dlpi_name).to_bytes() };
+            let base = name.rsplit(|c| *c == b'/').next().unwrap_or(name);
+            if !base.starts_with(b"ld-linux") {
+                return 0;
+            }
+            let (mut lo, mut hi) = (u64::MAX, 0);
+            for i in 0..info.dlpi_phnum as usize {
+                let ph = &*info.dlpi_phdr.add(i);
+                if ph.p_type == libc::PT_LOAD {
+                    lo = lo.min(info.dlpi_addr + ph.p_vaddr);
+                    hi = hi.max(info.dlpi_addr + ph.p_vaddr + ph.p_memsz);
+                }
+            }
+            *out = (lo < hi).then_some((lo, hi));
+        }
+        1
+    }
+    let mut out: Out = None;
+    // SAFETY: the callback only reads the headers glibc hands it.
+    unsafe { libc::dl_iterate_phdr(Some(visit), &mut out as *mut _ as *mut c_void) };
+    out
+}
+
+/// The CUDA driver (`libcuda.so.1`) and runtime (`libcudart.so.*`), by file name.
+pub fn is_cuda_library(path: &[u8]) -> bool {
+    let base = path.rsplit(|c| *c == b'/').next().unwrap_or(path);
+    base.starts_with(b"libcuda.so") || base.starts_with(b"libcudart.so")
 }
 
 pub struct Stopped {
@@ -279,7 +323,39 @@ pub fn record_main_tls() {
     let mut out: Vec<(u64, u64)> = Vec::new();
     // SAFETY: the callback only reads the headers glibc hands it.
     unsafe { libc::dl_iterate_phdr(Some(visit), &mut out as *mut _ as *mut c_void) };
+    // The thread control block's head: its `dtv` points to the TLS blocks of modules
+    // loaded later (dlopen), which ld.so allocates with malloc. Other threads have their
+    // control block at the top of their stack mapping, which the scan reads anyway.
+    let mut fs: u64 = 0;
+    const ARCH_GET_FS: libc::c_long = 0x1003;
+    // SAFETY: arch_prctl(ARCH_GET_FS) writes the thread pointer to a valid u64.
+    if unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_GET_FS, &mut fs as *mut u64) } == 0 && fs != 0 {
+        out.push((fs, 64));
+        MAIN_THREAD_POINTER.store(fs, Ordering::Relaxed);
+    }
     let _ = MAIN_TLS.set(out);
+}
+
+static MAIN_THREAD_POINTER: AtomicU64 = AtomicU64::new(0);
+
+/// The main thread's dynamic thread vector (glibc, x86-64: its address at the thread
+/// pointer + 8, its length in the entry before it; 16 bytes an entry). It lists the TLS
+/// blocks of modules loaded with dlopen, and may itself live in memory ld.so took
+/// before malloc existed, which no other root covers. Read only inside `readable`.
+pub fn main_dtv(readable: &[(u64, u64)]) -> Option<(u64, u64)> {
+    let inside = |a: u64, len: u64| readable.iter().any(|&(lo, hi)| a >= lo && a.saturating_add(len) <= hi);
+    let fs = MAIN_THREAD_POINTER.load(Ordering::Relaxed);
+    if fs == 0 || !inside(fs + 8, 8) {
+        return None;
+    }
+    // SAFETY: checked to lie in a readable mapping just above.
+    let dtv = unsafe { std::ptr::read_volatile((fs + 8) as *const u64) };
+    if dtv < 16 || !inside(dtv - 16, 8) {
+        return None;
+    }
+    // SAFETY: as above.
+    let len = unsafe { std::ptr::read_volatile((dtv - 16) as *const u64) };
+    (len < 1 << 16).then_some((dtv - 16, (len + 2) * 16))
 }
 
 pub fn main_tls() -> &'static [(u64, u64)] {

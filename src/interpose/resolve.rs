@@ -1,0 +1,246 @@
+//! The resolver paths: `dlsym`, and the substitution rule that `cuGetProcAddress*` and
+//! `cudaGetDriverEntryPoint*` share. TensorFlow, cudarc's dynamic loading and static
+//! cudart never call an exported `cu*` symbol: they ask `dlsym` or the driver's own
+//! resolver for a function pointer, and only a wrapper handed out here sees the calls.
+//!
+//! **The rule.** Call the real resolver first. Only when it succeeded, and only when
+//! the pointer it returned is exactly an exported function of ours by name (the name
+//! `dlsym` was asked for, or the symbol `dladdr` says the pointer is), hand out the
+//! wrapper bound to that very pointer. So a v1 request (`cuMemAlloc`, 32-bit pointers)
+//! never gets the `_v2` wrapper, nor a legacy-stream request a `_ptsz` one.
+//!
+//! **`dlsym` itself** is a naked function: `dlsym(RTLD_NEXT, …)` means "after the
+//! caller's module", and glibc takes the caller from the return address, so those calls
+//! jump straight to the real `dlsym` with the caller's return address intact. The real
+//! one comes from `dlvsym`, never from the public `dlsym` (which is this one).
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use super::{cuda_driver, cuda_runtime};
+
+type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+
+static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
+static RESOLVING_DLSYM: AtomicBool = AtomicBool::new(false);
+
+/// Finds glibc's `dlsym`. Returns 0 when called again while it runs (a `dlvsym` that
+/// allocates on an error path would come back here through malloc's bootstrap).
+extern "C" fn resolve_real_dlsym() -> usize {
+    let p = REAL_DLSYM.load(Ordering::Acquire);
+    if p != 0 || RESOLVING_DLSYM.swap(true, Ordering::AcqRel) {
+        return p;
+    }
+    let mut found = 0;
+    for version in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
+        // SAFETY: dlvsym with RTLD_NEXT and NUL-terminated strings.
+        found = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) } as usize;
+        if found != 0 {
+            break;
+        }
+    }
+    REAL_DLSYM.store(found, Ordering::Release);
+    RESOLVING_DLSYM.store(false, Ordering::Release);
+    found
+}
+
+/// The exported `dlsym`.
+///
+/// # Safety
+/// The C contract of `dlsym`.
+#[cfg_attr(not(test), no_mangle)]
+#[unsafe(naked)]
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    // rdi = handle, rsi = name. RTLD_NEXT is (void *)-1.
+    std::arch::naked_asm!(
+        "mov rax, qword ptr [rip + {real}]",
+        "test rax, rax",
+        "jnz 2f",
+        // First call: find the real dlsym, keeping the arguments (and the stack aligned).
+        "push rdi",
+        "push rsi",
+        "sub rsp, 8",
+        "call {resolve}",
+        "add rsp, 8",
+        "pop rsi",
+        "pop rdi",
+        "test rax, rax",
+        "jz 4f",
+        "2:",
+        "cmp rdi, -1",
+        "je 3f",
+        "jmp {wrapped}",
+        // RTLD_NEXT: a tail jump, so the real dlsym sees the caller's return address.
+        "3:",
+        "jmp rax",
+        // No real dlsym (only while it is being found): NULL.
+        "4:",
+        "ret",
+        real = sym REAL_DLSYM,
+        resolve = sym resolve_real_dlsym,
+        wrapped = sym dlsym_wrapped,
+    )
+}
+
+/// glibc's `dlsym` on a handle (not RTLD_NEXT), with no substitution.
+pub fn real_dlsym(handle: *mut c_void, name: &CStr) -> usize {
+    let real = match REAL_DLSYM.load(Ordering::Acquire) {
+        0 => resolve_real_dlsym(),
+        p => p,
+    };
+    if real == 0 {
+        return 0;
+    }
+    // SAFETY: glibc's dlsym with a handle the caller holds and a C string.
+    unsafe { std::mem::transmute::<usize, DlsymFn>(real)(handle, name.as_ptr()) as usize }
+}
+
+/// `dlsym` for every handle but RTLD_NEXT: the real lookup, then the substitution rule.
+extern "C" fn dlsym_wrapped(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    let real = REAL_DLSYM.load(Ordering::Acquire);
+    // SAFETY: real is glibc's dlsym (the naked entry checked it is set); arguments are
+    // the caller's.
+    let p = unsafe { std::mem::transmute::<usize, DlsymFn>(real)(handle, name) };
+    if p.is_null() {
+        return p;
+    }
+    // SAFETY: dlsym just found a symbol by this name, so it is a valid C string.
+    let Some(n) = (unsafe { super::cuda::c_name(name) }) else { return p };
+    substitute_named(n, p as usize).map(|w| w as *mut c_void).unwrap_or(p)
+}
+
+/// The wrapper for the real function `real`, known to be the symbol `name`.
+pub fn substitute_named(name: &CStr, real: usize) -> Option<usize> {
+    let bytes = name.to_bytes();
+    if !bytes.starts_with(b"cu") || is_ours(real) {
+        return None;
+    }
+    let result = std::panic::catch_unwind(|| {
+        cuda_runtime::WRAPPED
+            .iter()
+            .chain(cuda_driver::WRAPPED)
+            .find(|(n, _)| n.to_bytes() == bytes)
+            .and_then(|(_, substitute)| substitute(real))
+    });
+    result.ok().flatten()
+}
+
+/// The wrapper for a pointer a CUDA resolver returned, when `dladdr` names it exactly.
+pub fn substitute_pointer(real: usize) -> Option<usize> {
+    if real == 0 || is_ours(real) {
+        return None;
+    }
+    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    // SAFETY: dladdr fills info for any address; dli_sname is a loader-owned C string.
+    let name = unsafe {
+        if libc::dladdr(real as *const c_void, info.as_mut_ptr()) == 0 {
+            return None;
+        }
+        let i = &*info.as_ptr();
+        if i.dli_sname.is_null() || i.dli_saddr as usize != real {
+            return None;
+        }
+        CStr::from_ptr(i.dli_sname)
+    };
+    substitute_named(name, real)
+}
+
+/// A CUDA resolver's out-pointer after the call: replaced by our wrapper on success.
+///
+/// # Safety
+/// `out` is NULL or the resolver's valid `void **` out-parameter.
+pub unsafe fn substitute_out(rc: c_int, out: *mut *mut c_void) -> c_int {
+    if rc == 0 && !out.is_null() {
+        // SAFETY: per the contract; the resolver wrote it on success.
+        let p = unsafe { *out } as usize;
+        if let Some(w) = substitute_pointer(p) {
+            // SAFETY: as above.
+            unsafe { *out = w as *mut c_void };
+        }
+    }
+    rc
+}
+
+// ---- our own module ----------------------------------------------------------------------
+
+static OUR_RANGE: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
+
+/// Whether `addr` lies in this library (our exported hooks: never wrapped again).
+pub fn is_ours(addr: usize) -> bool {
+    let (mut lo, mut hi) = (OUR_RANGE[0].load(Ordering::Acquire), OUR_RANGE[1].load(Ordering::Acquire));
+    if hi == 0 {
+        (lo, hi) = module_range(is_ours as *const () as usize).unwrap_or((0, 0));
+        OUR_RANGE[0].store(lo, Ordering::Release);
+        OUR_RANGE[1].store(hi, Ordering::Release);
+    }
+    addr >= lo && addr < hi
+}
+
+/// The address range of the loaded module containing `addr`.
+fn module_range(addr: usize) -> Option<(usize, usize)> {
+    struct Find {
+        addr: usize,
+        range: Option<(usize, usize)>,
+    }
+    extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
+        // SAFETY: the loader passes a valid info; data is our Find.
+        unsafe {
+            let f = &mut *(data as *mut Find);
+            let i = &*info;
+            let (mut lo, mut hi) = (usize::MAX, 0usize);
+            for k in 0..i.dlpi_phnum as usize {
+                let ph = &*i.dlpi_phdr.add(k);
+                if ph.p_type == libc::PT_LOAD {
+                    let start = i.dlpi_addr as usize + ph.p_vaddr as usize;
+                    lo = lo.min(start);
+                    hi = hi.max(start + ph.p_memsz as usize);
+                }
+            }
+            if f.addr >= lo && f.addr < hi {
+                f.range = Some((lo, hi));
+                return 1;
+            }
+        }
+        0
+    }
+    let mut f = Find { addr, range: None };
+    // SAFETY: the callback only reads what the loader gives it.
+    unsafe { libc::dl_iterate_phdr(Some(visit), &mut f as *mut Find as *mut c_void) };
+    f.range
+}
+
+/// The first loaded module, in load order and other than this library, that defines
+/// `name`: for CUDA libraries loaded with RTLD_LOCAL, which `RTLD_NEXT` cannot see.
+pub fn first_definition_outside_us(name: &CStr) -> Option<usize> {
+    let mut paths: Vec<std::ffi::CString> = Vec::new();
+    extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
+        // SAFETY: the loader passes a valid info; data is our Vec.
+        unsafe {
+            let paths = &mut *(data as *mut Vec<std::ffi::CString>);
+            let n = (*info).dlpi_name;
+            if !n.is_null() && *n != 0 {
+                paths.push(CStr::from_ptr(n).to_owned());
+            }
+        }
+        0
+    }
+    // SAFETY: the callback only reads what the loader gives it.
+    unsafe { libc::dl_iterate_phdr(Some(visit), &mut paths as *mut Vec<std::ffi::CString> as *mut c_void) };
+    for path in paths {
+        // SAFETY: NOLOAD never loads anything; the handle's reference is dropped at once
+        // through the real dlclose (ours would re-symbolize for nothing).
+        unsafe {
+            let h = libc::dlopen(path.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY);
+            if h.is_null() {
+                continue;
+            }
+            let p = real_dlsym(h, name);
+            if let Some(close) = super::real::dlclose() {
+                close(h);
+            }
+            if p != 0 && !is_ours(p) {
+                return Some(p);
+            }
+        }
+    }
+    None
+}
