@@ -16,6 +16,7 @@ fn fixture(name: &str) -> PathBuf {
     root().join("tests/fixtures/cuda").join(name)
 }
 
+/// Runs a build command (the fixture build script, or the compiler).
 fn cc(args: &[&str]) {
     let o = Command::new(args[0]).args(&args[1..]).output().expect("cc/c++ must be installed");
     assert!(o.status.success(), "{args:?} failed:\n{}", String::from_utf8_lossy(&o.stderr));
@@ -32,21 +33,7 @@ fn build() -> &'static Build {
     static BUILD: OnceLock<Build> = OnceLock::new();
     BUILD.get_or_init(|| {
         let dir = fresh_dir("cuda-build");
-        let s = |p: &Path| p.to_str().unwrap().to_owned();
-        let (cuda_c, cudart_c) = (s(&fixture("stub_cuda.c")), s(&fixture("stub_cudart.c")));
-        let (cuda_map, cudart_map) = (s(&fixture("libcuda.map")), s(&fixture("libcudart.map")));
-        let out = |n: &str| s(&dir.join(n));
-        // -Bsymbolic: the driver hands out pointers to its own functions, as the real one.
-        cc(&["cc", "-shared", "-fPIC", "-O2", "-g", "-pthread", "-Wl,-Bsymbolic", &format!("-Wl,--version-script={cuda_map}"),
-            "-Wl,-soname,libcuda.so.1", "-o", &out("libcuda.so.1"), &cuda_c]);
-        // $ORIGIN: the stub runtime finds the stub driver beside it, as the real one finds
-        // the installed driver.
-        cc(&["cc", "-shared", "-fPIC", "-O2", "-g", "-pthread", "-Wl,-Bsymbolic", &format!("-Wl,--version-script={cudart_map}"),
-            "-Wl,-soname,libcudart.so.12", "-Wl,-rpath,$ORIGIN", "-o", &out("libcudart.so.12"), &cudart_c, "-ldl"]);
-        let rpath = format!("-Wl,-rpath,{}", s(&dir));
-        cc(&["c++", "-O2", "-g", "-fomit-frame-pointer", "-o", &out("runtime_app"), &s(&fixture("runtime_app.cpp")),
-            &format!("-L{}", s(&dir)), "-l:libcudart.so.12", &rpath]);
-        cc(&["cc", "-O2", "-g", "-fomit-frame-pointer", "-o", &out("driver_app"), &s(&fixture("driver_app.c")), "-ldl"]);
+        cc(&["sh", fixture("build.sh").to_str().unwrap(), dir.to_str().unwrap()]);
         Build { runtime_app: dir.join("runtime_app"), driver_app: dir.join("driver_app"), stubs: dir }
     })
 }

@@ -15,6 +15,8 @@ pub struct Filters {
     pub growth_min_bytes: u64,
     /// Count memory the pointer scan found still reachable as leaked too.
     pub include_reachable: bool,
+    /// Count memory held by known caching allocators (PyTorch, TensorFlow) as leaked too.
+    pub include_cached: bool,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -32,6 +34,9 @@ pub struct ProcessAnalysis {
     /// Still reachable at exit according to the pointer scan (not counted as leaked).
     pub reachable_bytes: u64,
     pub reachable_groups: usize,
+    /// Held by caching allocators at exit (not counted as leaked).
+    pub cached_bytes: u64,
+    pub cached_groups: usize,
     pub leaks: Vec<Group>,
     pub growth: Vec<Growth>,
 }
@@ -65,7 +70,14 @@ pub fn analyze(reports: &[Report], filters: &Filters) -> Analysis {
             let mut leaks = Vec::new();
             let (mut suppressed_groups, mut suppressed_bytes) = (0, 0);
             let (mut reachable_groups, mut reachable_bytes) = (0, 0);
+            let (mut cached_groups, mut cached_bytes) = (0, 0);
             for g in &r.leaks {
+                // What a caching allocator holds at exit is its cache (docs/report-format.md).
+                if g.cached_by.is_some() && !filters.include_cached {
+                    cached_groups += 1;
+                    cached_bytes = sat_add(cached_bytes, g.bytes);
+                    continue;
+                }
                 // With a pointer scan, what a root still reaches is not a leak (LSan).
                 let g = &match (g.reachability, filters.include_reachable) {
                     (Some(reach), false) => {
@@ -111,6 +123,8 @@ pub fn analyze(reports: &[Report], filters: &Filters) -> Analysis {
                 suppressed_bytes,
                 reachable_bytes,
                 reachable_groups,
+                cached_bytes,
+                cached_groups,
                 leaks,
                 growth,
             }

@@ -28,7 +28,7 @@ fn frame_key(f: &Frame) -> String {
 }
 
 pub fn group_key(g: &Group) -> String {
-    let mut k = format!("{}|{}", g.kind, g.api);
+    let mut k = format!("{}|{}", g.kind_label(), g.api);
     for f in &g.stack {
         k.push('|');
         k.push_str(&frame_key(f));

@@ -94,6 +94,8 @@ mod tests {
                 suppressed_bytes: 0,
                 reachable_bytes: 0,
                 reachable_groups: 0,
+                cached_bytes: 0,
+                cached_groups: 0,
                 leaks: vec![g],
                 growth: vec![],
             }],

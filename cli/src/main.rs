@@ -61,6 +61,10 @@ struct FilterArgs {
     /// Count still-reachable memory (found by the pointer scan) as leaked too.
     #[arg(long)]
     include_reachable: bool,
+    /// Count CUDA memory held by a caching allocator at exit (PyTorch's
+    /// CUDACachingAllocator, TensorFlow's BFC) as leaked too.
+    #[arg(long)]
+    include_cached: bool,
 }
 
 #[derive(Args)]
@@ -182,6 +186,7 @@ fn filters(f: &FilterArgs) -> Result<Filters, Fail> {
         min_bytes: f.min_bytes,
         growth_min_bytes: growth::DEFAULT_MIN_BYTES,
         include_reachable: f.include_reachable,
+        include_cached: f.include_cached,
     })
 }
 

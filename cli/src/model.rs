@@ -49,6 +49,12 @@ pub struct Reachability {
 pub struct Group {
     pub kind: String,
     pub api: String,
+    /// CUDA device ordinal (device-side groups).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<u32>,
+    /// The caching allocator holding this memory (a cache, not a leak by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_by: Option<String>,
     pub bytes: u64,
     pub blocks: u64,
     #[serde(default)]
@@ -61,6 +67,16 @@ pub struct Group {
     pub reachability: Option<Reachability>,
     #[serde(default)]
     pub stack: Vec<Frame>,
+}
+
+impl Group {
+    /// `kind`, with the device for device-side groups: "device, device 1".
+    pub fn kind_label(&self) -> String {
+        match self.device {
+            Some(d) => format!("{}, device {d}", self.kind),
+            None => self.kind.clone(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]

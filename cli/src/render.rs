@@ -51,7 +51,7 @@ pub fn text(a: &Analysis, top: usize) -> String {
             out.push_str("no leaks\n");
         }
         for g in p.leaks.iter().take(top) {
-            out.push_str(&format!("\nLeak of {} byte(s) in {} object(s) allocated from {} ({}):\n", g.bytes, g.blocks, g.api, g.kind));
+            out.push_str(&format!("\nLeak of {} byte(s) in {} object(s) allocated from {} ({}):\n", g.bytes, g.blocks, g.api, g.kind_label()));
             stack_text(&mut out, &g.stack);
         }
         if p.leaks.len() > top {
@@ -74,6 +74,9 @@ pub fn text(a: &Analysis, top: usize) -> String {
         }
         if p.reachable_bytes > 0 {
             notes.push(format!("{} byte(s) still reachable not counted; --include-reachable counts them", p.reachable_bytes));
+        }
+        if p.cached_bytes > 0 {
+            notes.push(format!("{} byte(s) held by caching allocators not counted; --include-cached counts them", p.cached_bytes));
         }
         let suppressed = if notes.is_empty() { String::new() } else { format!(" ({})", notes.join("; ")) };
         out.push_str(&format!(

@@ -336,3 +336,33 @@ fn with_a_pointer_scan_only_definite_and_indirect_count() {
     let all: Value = serde_json::from_slice(&leaktrace(&["report", "--include-reachable", "--format", "json", "r"], &dir).stdout).unwrap();
     assert!(all["leaked_bytes"].as_u64().unwrap() > js["leaked_bytes"].as_u64().unwrap());
 }
+
+/// CUDA memory through the command: the stub CUDA libraries (no GPU on these machines,
+/// see tests/fixtures/cuda/) and a program with a device leak beside two segments held
+/// by a function named like PyTorch's caching allocator.
+#[test]
+fn device_leaks_count_and_caching_allocator_segments_do_not() {
+    let dir = scratch("cuda");
+    let stubs = dir.join("stubs");
+    let script = manifest().join("../tests/fixtures/cuda/build.sh");
+    let o = Command::new("sh").arg(&script).arg(&stubs).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = Command::new(bin())
+        .args(["run", "--fail-on-leak", "--output", "r", "--", stubs.join("runtime_app").to_str().unwrap(), "cached"])
+        .env("LD_LIBRARY_PATH", &stubs)
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    let t = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(23), "{t}");
+    assert!(t.contains("Leak of 32768 byte(s) in 1 object(s) allocated from cudaMalloc (device, device 0):"), "{t}");
+    assert!(t.contains(" in leak_dropped "), "{t}");
+    assert!(!t.contains("grow_segment"), "{t}");
+    assert!(t.contains(&format!("{} byte(s) held by caching allocators not counted", 22 << 20)), "{t}");
+    // The segments are still reachable (the allocator keeps them): both switches count them.
+    let all: Value =
+        serde_json::from_slice(&leaktrace(&["report", "--include-cached", "--include-reachable", "--format", "json", "r"], &dir).stdout).unwrap();
+    let some: Value = serde_json::from_slice(&leaktrace(&["report", "--include-reachable", "--format", "json", "r"], &dir).stdout).unwrap();
+    assert_eq!(all["leaked_bytes"].as_u64().unwrap() - some["leaked_bytes"].as_u64().unwrap(), 22 << 20);
+    assert_eq!(some["processes"][0]["cached_groups"], 2);
+}
