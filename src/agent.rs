@@ -432,14 +432,13 @@ fn write_report(reason: Reason) {
     }
     let now = process::unix_ms();
     r.timeline.record(now, &snapshot);
-    let mut groups = build::resolve_groups(&snapshot, &mut r.symbolizer);
-    if let Some((_, by_group, _)) = &scan {
-        for g in groups.iter_mut() {
-            // Groups the scan cannot classify (registrations, VMM handles and ranges)
-            // keep no breakdown: they count as outstanding.
-            g.reachability = by_group.get(&(g.stack_id, g.api, g.device)).copied();
-        }
-    }
+    // Groups the scan cannot classify (registrations, VMM handles and ranges) keep no
+    // breakdown: they count as outstanding.
+    let reach = |g: &crate::collector::state::GroupSnapshot| {
+        scan.as_ref().and_then(|(_, by_group, _)| by_group.get(&(g.stack, g.api.name(), g.device)).copied())
+    };
+    let (selected, omitted) = build::select_groups(&snapshot.groups, reach, r.config.report_groups);
+    let groups = build::resolve_groups(&selected, &mut r.symbolizer);
     let timeline = build::timeline_out(&r.timeline, &groups, &mut r.symbolizer);
     let facts = RunFacts {
         stack_depth: r.config.stack_depth,
@@ -451,7 +450,7 @@ fn write_report(reason: Reason) {
         exit_signal: r.exit_signal,
     };
     let scan_out = scan.as_ref().map(|(out, _, totals)| (out, *totals));
-    let bytes = build::report_bytes(&r.process, reason, now, &snapshot.totals, &groups, &facts, &timeline, scan_out);
+    let bytes = build::report_bytes(&r.process, reason, now, &snapshot.totals, &groups, &facts, &timeline, scan_out, omitted);
     let mut path = r.process.report_path(&r.output_dir);
     let mut result = writer::write_atomic(&path, &bytes);
     if let Err(e) = &result {
@@ -478,7 +477,7 @@ fn write_report(reason: Reason) {
         if r.config.summary {
             let shown = result.is_ok().then(|| path.display().to_string());
             let (visible, suppressed) = build::apply_suppressions(&groups, &r.suppressions);
-            let text = build::summary_text(r.process.pid, &visible, suppressed, r.config.summary_top, shown.as_deref());
+            let text = build::summary_text(r.process.pid, &visible, suppressed, r.config.summary_top, shown.as_deref(), omitted);
             let _ = std::io::Write::write_all(&mut std::io::stderr(), text.as_bytes());
         }
     }
@@ -518,8 +517,10 @@ fn reachability_scan(live: &[crate::collector::state::LiveEntry]) -> ScanResult 
             cuda: b.api.kind() != Kind::Host,
         })
         .collect();
+    // The collector, running or on its way out (the final report stops its loop: a
+    // thread that is exiting never answers the stop signal).
     let collector = COLLECTOR_TID.load(Ordering::SeqCst);
-    let own = if COLLECTOR_RUNNING.load(Ordering::SeqCst) { vec![collector] } else { Vec::new() };
+    let own: Vec<u32> = (collector != 0).then_some(collector).into_iter().collect();
     let (mut verdicts, info) = crate::scan::scan(&blocks, &own);
     if let Some((lo, hi)) = crate::scan::roots::loader_range() {
         for (b, v) in live.iter().zip(verdicts.iter_mut()) {
@@ -543,6 +544,7 @@ fn reachability_scan(live: &[crate::collector::state::LiveEntry]) -> ScanResult 
         duration_ms: info.duration_ms,
         threads: info.threads,
         threads_stopped: info.threads_stopped,
+        threads_copied: info.threads_copied,
         root_bytes: info.root_bytes,
         heap_bytes: info.heap_bytes,
     };

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 pub const DEFAULT_INTERVAL_MS: u64 = 10_000;
 pub const DEFAULT_DEPTH: usize = 64;
 pub const DEFAULT_SUMMARY_TOP: usize = 10;
+pub const DEFAULT_REPORT_GROUPS: usize = 2000;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -28,6 +29,9 @@ pub struct Config {
     pub suppressions: Option<PathBuf>,
     /// LEAKTRACE_SCAN: classify outstanding blocks as definite/indirect/reachable at exit.
     pub scan: bool,
+    /// LEAKTRACE_REPORT_GROUPS: leak groups listed (with stacks) per report; the rest
+    /// are added up in `summary.omitted`.
+    pub report_groups: usize,
 }
 
 impl Default for Config {
@@ -43,6 +47,7 @@ impl Default for Config {
             disabled: false,
             suppressions: None,
             scan: true,
+            report_groups: DEFAULT_REPORT_GROUPS,
         }
     }
 }
@@ -58,6 +63,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("LEAKTRACE_FOLLOW_FORK", "1/0: keep tracking in forked children (default 1)"),
     ("LEAKTRACE_DISABLE", "1: record nothing, write nothing (default 0)"),
     ("LEAKTRACE_SUPPRESSIONS", "LeakSanitizer-style suppressions file (leak:PATTERN) for the exit summary"),
+    ("LEAKTRACE_REPORT_GROUPS", "leak groups listed with their stacks per report, the rest added up (default 2000)"),
     ("LEAKTRACE_SCAN", "0: no pointer scan at exit; every outstanding block counts (default 1: definite/indirect/reachable as LeakSanitizer)"),
 ];
 
@@ -133,6 +139,12 @@ impl Config {
             match v.trim().parse::<usize>() {
                 Ok(n) if n <= 100_000 => c.summary_top = n,
                 _ => bad("LEAKTRACE_SUMMARY_TOP", &v, "a count", DEFAULT_SUMMARY_TOP.to_string()),
+            }
+        }
+        if let Some(v) = get("LEAKTRACE_REPORT_GROUPS") {
+            match v.trim().parse::<usize>() {
+                Ok(n) if (1..=10_000_000).contains(&n) => c.report_groups = n,
+                _ => bad("LEAKTRACE_REPORT_GROUPS", &v, "a count from 1", DEFAULT_REPORT_GROUPS.to_string()),
             }
         }
         if let Some(v) = get("LEAKTRACE_SNAPSHOT_SIGNAL") {
@@ -221,8 +233,9 @@ mod tests {
             ("LEAKTRACE_SNAPSHOT_SIGNAL", "9"),
             ("LEAKTRACE_FOLLOW_FORK", ""),
             ("LEAKTRACE_DISABLE", "\u{1F600}"),
+            ("LEAKTRACE_REPORT_GROUPS", "0"),
         ]);
-        assert_eq!(w.len(), 8, "{w:#?}");
+        assert_eq!(w.len(), 9, "{w:#?}");
         assert!(w.iter().all(|l| l.starts_with("leaktrace: LEAKTRACE_") && !l.contains('\n')));
         assert_eq!(c, Config::default(), "every malformed value fell back to its default");
     }

@@ -6,7 +6,7 @@ use serde_json::json;
 use super::process::ProcessInfo;
 use super::symbolize::Symbolizer;
 use super::timeline::Timeline;
-use crate::collector::state::{KindTotals, Snapshot, Totals};
+use crate::collector::state::{GroupSnapshot, KindTotals, Totals};
 use crate::hotpath::event::Kind;
 
 pub const SCHEMA: &str = "leaktrace-report/1";
@@ -77,6 +77,7 @@ pub struct ScanOut {
     pub duration_ms: u64,
     pub threads: usize,
     pub threads_stopped: usize,
+    pub threads_copied: usize,
     pub root_bytes: u64,
     pub heap_bytes: u64,
 }
@@ -147,12 +148,56 @@ pub fn resolve_stack(stack_id: u32, sym: &mut Symbolizer) -> Vec<Frame> {
     stack
 }
 
-pub fn resolve_groups(snapshot: &Snapshot, sym: &mut Symbolizer) -> Vec<Group> {
+/// Groups beyond the report's limit (`LEAKTRACE_REPORT_GROUPS`): counted, not listed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Omitted {
+    pub groups: u64,
+    pub bytes: u64,
+    pub blocks: u64,
+    /// Of those, leaked: definite + indirect with a scan, else everything.
+    pub leaked_bytes: u64,
+    pub leaked_blocks: u64,
+}
+
+/// What a group counts as leaked: definite + indirect with a scan, else all of it.
+fn leaked(g: &GroupSnapshot, r: Option<Reachability>) -> (u64, u64) {
+    match r {
+        Some(r) => (r.definite.bytes + r.indirect.bytes, r.definite.blocks + r.indirect.blocks),
+        None => (g.stats.live_bytes, g.stats.live_blocks),
+    }
+}
+
+/// The groups a report lists, at most `limit`: most leaked bytes first (with a scan,
+/// memory still reachable comes after every leak), then most outstanding bytes. A
+/// process fresh from `import torch` holds half a million groups of static data; the
+/// rest are added up in `Omitted`.
+pub fn select_groups(
+    groups: &[GroupSnapshot],
+    reach: impl Fn(&GroupSnapshot) -> Option<Reachability>,
+    limit: usize,
+) -> (Vec<(&GroupSnapshot, Option<Reachability>)>, Omitted) {
+    let mut all: Vec<(&GroupSnapshot, Option<Reachability>)> = groups.iter().map(|g| (g, reach(g))).collect();
+    // `groups` is already in the collector's order (bytes, blocks, stack): a stable sort keeps it for ties.
+    all.sort_by_key(|(g, r)| std::cmp::Reverse(leaked(g, *r).0));
+    let mut omitted = Omitted::default();
+    if all.len() > limit {
+        for (g, r) in all.drain(limit..) {
+            let (lb, lk) = leaked(g, r);
+            omitted.groups += 1;
+            omitted.bytes += g.stats.live_bytes;
+            omitted.blocks += g.stats.live_blocks;
+            omitted.leaked_bytes += lb;
+            omitted.leaked_blocks += lk;
+        }
+    }
+    (all, omitted)
+}
+
+pub fn resolve_groups(selected: &[(&GroupSnapshot, Option<Reachability>)], sym: &mut Symbolizer) -> Vec<Group> {
     sym.resolve_pending();
-    snapshot
-        .groups
+    selected
         .iter()
-        .map(|g| {
+        .map(|&(g, reachability)| {
             let stack = resolve_stack(g.stack, sym);
             let kind = g.api.kind();
             Group {
@@ -166,7 +211,7 @@ pub fn resolve_groups(snapshot: &Snapshot, sym: &mut Symbolizer) -> Vec<Group> {
                 total_allocs: g.stats.total_allocs,
                 total_bytes: g.stats.total_bytes,
                 stack_id: g.stack,
-                reachability: None,
+                reachability,
                 stack,
             }
         })
@@ -282,6 +327,8 @@ struct SummaryOut {
     mapping: KindTotalsOut,
     /// Outstanding memory held by known caching allocators (also inside the kinds above).
     cached: Amount,
+    /// Groups outstanding but not listed in `leaks` (over `LEAKTRACE_REPORT_GROUPS`).
+    omitted: Omitted,
     leak_groups: usize,
 }
 
@@ -307,6 +354,7 @@ pub fn report_bytes(
     facts: &RunFacts,
     timeline: &TimelineOut,
     scan: Option<(&ScanOut, KindReachability)>,
+    omitted: Omitted,
 ) -> Vec<u8> {
     let kind = |k: Kind| KindTotalsOut::new(totals.kind(k), scan.map(|s| s.1[k.index()]));
     let mut cached = Amount::default();
@@ -340,6 +388,7 @@ pub fn report_bytes(
             reservation: kind(Kind::Reservation),
             mapping: kind(Kind::Mapping),
             cached,
+            omitted,
             leak_groups: groups.len(),
         },
         diagnostics: DiagnosticsOut {
@@ -392,7 +441,7 @@ pub fn apply_suppressions<'a>(groups: &'a [Group], s: &leaktrace_common::Suppres
 /// The exit summary in the shape LeakSanitizer users know. With a pointer scan, each
 /// group shows its direct (definite) and indirect parts and still-reachable memory is
 /// left out of the count.
-pub fn summary_text(pid: u32, groups: &[&Group], suppressed: usize, top: usize, report: Option<&str>) -> String {
+pub fn summary_text(pid: u32, groups: &[&Group], suppressed: usize, top: usize, report: Option<&str>, omitted: Omitted) -> String {
     let mut out = String::new();
     let counted = |g: &Group| match (g.cached_by, g.reachability) {
         (Some(_), _) => (0, 0),
@@ -400,8 +449,8 @@ pub fn summary_text(pid: u32, groups: &[&Group], suppressed: usize, top: usize, 
         (None, None) => (g.bytes, g.blocks),
     };
     let leaking: Vec<&&Group> = groups.iter().filter(|g| counted(g).1 > 0).collect();
-    let bytes: u64 = leaking.iter().map(|g| counted(g).0).sum();
-    let blocks: u64 = leaking.iter().map(|g| counted(g).1).sum();
+    let bytes: u64 = leaking.iter().map(|g| counted(g).0).sum::<u64>() + omitted.leaked_bytes;
+    let blocks: u64 = leaking.iter().map(|g| counted(g).1).sum::<u64>() + omitted.leaked_blocks;
     let reachable: u64 =
         groups.iter().filter(|g| g.cached_by.is_none()).filter_map(|g| g.reachability.map(|r| r.reachable.bytes)).sum();
     let cached: u64 = groups.iter().filter(|g| g.cached_by.is_some()).map(|g| g.bytes).sum();
@@ -412,11 +461,17 @@ pub fn summary_text(pid: u32, groups: &[&Group], suppressed: usize, top: usize, 
     if cached > 0 {
         notes.push(format!("{cached} byte(s) held by caching allocators not counted"));
     }
+    if omitted.leaked_blocks > 0 {
+        notes.push(format!(
+            "{} of them in {} small group(s) not listed in the report; LEAKTRACE_REPORT_GROUPS raises the limit",
+            omitted.leaked_bytes, omitted.groups
+        ));
+    }
     if reachable > 0 {
         notes.push(format!("{reachable} byte(s) still reachable not counted"));
     }
     let note = if notes.is_empty() { String::new() } else { format!(" ({})", notes.join("; ")) };
-    if leaking.is_empty() {
+    if leaking.is_empty() && omitted.leaked_blocks == 0 {
         out.push_str(&format!("=={pid}==leaktrace: no leaks found{note}"));
     } else {
         out.push_str("=================================================================\n");
@@ -500,7 +555,7 @@ mod tests {
         t.kinds[Kind::Host.index()] = KindTotals { live_bytes: 48, live_blocks: 3, total_allocs: 4, total_frees: 1, peak_live_bytes: 64 };
         t.kinds[Kind::Device.index()] = KindTotals { live_bytes: 1 << 20, live_blocks: 1, total_allocs: 2, total_frees: 1, peak_live_bytes: 2 << 20 };
         let empty = TimelineOut { points: vec![], series: vec![] };
-        let bytes = report_bytes(&p, Reason::Exit, 6, &t, &[group()], &RunFacts::default(), &empty, None);
+        let bytes = report_bytes(&p, Reason::Exit, 6, &t, &[group()], &RunFacts::default(), &empty, None, Omitted::default());
         let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
         let keys: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();
         assert_eq!(&keys[..3], &["schema", "tool", "pid"]);
@@ -534,17 +589,17 @@ mod tests {
     #[test]
     fn summary_reads_like_lsan() {
         let g = group();
-        let s = summary_text(10, &[&g], 0, 10, Some("/out/r.json"));
+        let s = summary_text(10, &[&g], 0, 10, Some("/out/r.json", Omitted::default()));
         assert!(s.contains("==10==leaktrace: detected memory leaks"));
         assert!(s.contains("Leak of 48 byte(s) in 3 object(s) allocated from calloc (host):"));
         assert!(s.contains("    #0 0x1234 in leak_here /src/x.c:12 (/bin/x+0x234)"));
         assert!(s.contains("SUMMARY: leaktrace: 48 byte(s) leaked in 3 allocation(s)."));
         assert!(s.ends_with("==10==leaktrace: report /out/r.json\n"));
-        let none = summary_text(10, &[], 0, 10, None);
+        let none = summary_text(10, &[], 0, 10, None, Omitted::default());
         assert_eq!(none, "==10==leaktrace: no leaks found\n");
         let (shown, n) = apply_suppressions(std::slice::from_ref(&g), &leaktrace_common::Suppressions { patterns: vec!["leak_*".into()] });
         assert_eq!((shown.len(), n), (0, 1));
-        assert_eq!(summary_text(10, &shown, n, 10, None), "==10==leaktrace: no leaks found (1 group(s) suppressed)\n");
+        assert_eq!(summary_text(10, &shown, n, 10, None, Omitted::default()), "==10==leaktrace: no leaks found (1 group(s) suppressed)\n");
     }
 
     #[test]
@@ -554,9 +609,41 @@ mod tests {
         let mut cache = dev.clone();
         cache.cached_by = Some("PyTorch CUDACachingAllocator");
         cache.bytes = 1 << 21;
-        let s = summary_text(10, &[&dev, &cache], 0, 10, None);
+        let s = summary_text(10, &[&dev, &cache], 0, 10, None, Omitted::default());
         assert!(s.contains("Leak of 4096 byte(s) in 1 object(s) allocated from cudaMalloc (device, device 1):"), "{s}");
         assert!(s.contains("SUMMARY: leaktrace: 4096 byte(s) leaked in 1 allocation(s) (2097152 byte(s) held by caching allocators not counted)."), "{s}");
-        assert_eq!(summary_text(10, &[&cache], 0, 10, None), "==10==leaktrace: no leaks found (2097152 byte(s) held by caching allocators not counted)\n");
+        assert_eq!(summary_text(10, &[&cache], 0, 10, None, Omitted::default()), "==10==leaktrace: no leaks found (2097152 byte(s) held by caching allocators not counted)\n");
+    }
+
+    #[test]
+    fn a_report_lists_the_leaks_first_and_adds_up_the_rest() {
+        use crate::collector::state::GroupStats;
+        use crate::hotpath::event::Api;
+        let g = |stack: u32, bytes: u64| GroupSnapshot {
+            stack,
+            api: Api::Malloc,
+            device: None,
+            stats: GroupStats { live_bytes: bytes, live_blocks: 1, ..Default::default() },
+        };
+        // Collector order: largest first. Stack 1 is big but reachable; 3 is a small leak.
+        let groups = vec![g(1, 1000), g(2, 500), g(3, 10), g(4, 5)];
+        let reach = |s: &GroupSnapshot| {
+            let mut r = Reachability::default();
+            let a = Amount { bytes: s.stats.live_bytes, blocks: 1 };
+            if s.stack == 1 || s.stack == 4 { r.reachable = a } else { r.definite = a }
+            Some(r)
+        };
+        let (kept, omitted) = select_groups(&groups, reach, 2);
+        let order: Vec<u32> = kept.iter().map(|(g, _)| g.stack).collect();
+        assert_eq!(order, vec![2, 3], "every leak before any reachable group");
+        assert_eq!(omitted, Omitted { groups: 2, bytes: 1005, blocks: 2, leaked_bytes: 0, leaked_blocks: 0 });
+        // Without a scan everything outstanding counts, largest first.
+        let (kept, omitted) = select_groups(&groups, |_| None, 3);
+        assert_eq!(kept.iter().map(|(g, _)| g.stack).collect::<Vec<_>>(), vec![1, 2, 3]);
+        assert_eq!((omitted.groups, omitted.leaked_bytes), (1, 5));
+        // The exit summary counts what was left out.
+        let shown = group();
+        let s = summary_text(10, &[&shown], 0, 10, None, omitted);
+        assert!(s.contains("SUMMARY: leaktrace: 53 byte(s) leaked in 4 allocation(s) (5 of them in 1 small group(s) not listed"), "{s}");
     }
 }

@@ -15,6 +15,8 @@ pub struct ScanInfo {
     pub duration_ms: u64,
     pub threads: usize,
     pub threads_stopped: usize,
+    /// Threads that block the stop signal: their stacks were copied while they slept.
+    pub threads_copied: usize,
     pub root_bytes: u64,
     pub heap_bytes: u64,
 }
@@ -27,13 +29,17 @@ pub fn scan(blocks: &[Block], own_threads: &[u32]) -> (Vec<Verdict>, ScanInfo) {
     let have_signal = roots::install();
     let mut tids = if have_signal { roots::other_threads() } else { Vec::new() };
     tids.retain(|t| !own_threads.contains(t));
+    let (tids, blocking) = roots::split_blocking(&tids);
+    let blocking_stacks = roots::copy_blocking_stacks(&blocking, &roots::writable_mappings());
+    let mut regs: Vec<u64> = Vec::with_capacity((tids.len() + 1) * 24);
+    let mut scratch = Scratch::new(blocks.len());
+    // Read after the scan's own buffers exist, so that the stack copies lie inside.
     let maps = roots::writable_mappings();
     let (mut root_ranges, runtime_ranges) = roots::module_data();
     root_ranges.extend_from_slice(roots::main_tls());
     root_ranges.extend(roots::main_dtv(&maps));
+    root_ranges.extend(blocking_stacks.iter().map(|s| (s.as_ptr() as u64, (s.len() * 8) as u64)));
     root_ranges.reserve(tids.len() + 8);
-    let mut regs: Vec<u64> = Vec::with_capacity((tids.len() + 1) * 24);
-    let mut scratch = Scratch::new(blocks.len());
     // From here until `resume`: no allocation.
     let stopped = roots::stop_threads(&tids, &maps, &mut root_ranges, &mut regs);
     roots::own_stack(&maps, &mut root_ranges);
@@ -45,8 +51,9 @@ pub fn scan(blocks: &[Block], own_threads: &[u32]) -> (Vec<Verdict>, ScanInfo) {
     roots::resume(stopped.asked);
     let info = ScanInfo {
         duration_ms: t0.elapsed().as_millis() as u64,
-        threads: tids.len() + 1,
+        threads: tids.len() + blocking.len() + 1,
         threads_stopped: stopped.stopped + 1,
+        threads_copied: blocking_stacks.len(),
         root_bytes: root_ranges.iter().chain(&runtime_ranges).map(|r| r.1).sum(),
         heap_bytes: blocks.iter().map(|b| b.size).sum(),
     };

@@ -184,6 +184,56 @@ pub struct Stopped {
     pub asked: usize,
 }
 
+/// Threads that block the stop signal (thread pools often block every signal) can
+/// never be held. `blocking(tids)` splits them off, reading `/proc/self/task/*/status`
+/// (before any thread is held: this allocates).
+pub fn split_blocking(tids: &[u32]) -> (Vec<u32>, Vec<u32>) {
+    let sig = STOP_SIGNAL.load(Ordering::Acquire);
+    if sig == 0 {
+        return (tids.to_vec(), Vec::new());
+    }
+    tids.iter().partition(|&&t| {
+        let status = std::fs::read_to_string(format!("/proc/self/task/{t}/status")).unwrap_or_default();
+        let blocked = status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigBlk:"))
+            .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+            .unwrap_or(0);
+        blocked & (1u64 << (sig - 1)) == 0
+    })
+}
+
+/// The live stack of a thread that cannot be held, copied: its stack pointer comes from
+/// `/proc/self/task/T/syscall` (it is asleep in a system call, as such threads are), the
+/// copy is made with `process_vm_readv`, which fails instead of faulting should the
+/// thread wake and its stack go. Its registers are not available. Returns the copies.
+pub fn copy_blocking_stacks(tids: &[u32], maps: &[(u64, u64)]) -> Vec<Vec<u64>> {
+    let mut copies = Vec::new();
+    for &t in tids {
+        let text = std::fs::read_to_string(format!("/proc/self/task/{t}/syscall")).unwrap_or_default();
+        // "NR arg1 .. arg6 sp pc" while in a system call; "running" otherwise.
+        let fields: Vec<&str> = text.split_whitespace().collect();
+        if fields.len() != 9 {
+            continue;
+        }
+        let Some(sp) = u64::from_str_radix(fields[7].trim_start_matches("0x"), 16).ok().map(|sp| sp.saturating_sub(128) & !7) else {
+            continue;
+        };
+        let Some(&(_, end)) = maps.iter().find(|(a, b)| *a <= sp && sp < *b) else { continue };
+        let mut buf = vec![0u64; ((end - sp) / 8) as usize];
+        let local = libc::iovec { iov_base: buf.as_mut_ptr() as *mut c_void, iov_len: buf.len() * 8 };
+        let remote = libc::iovec { iov_base: sp as *mut c_void, iov_len: buf.len() * 8 };
+        // SAFETY: reads our own process's memory into a buffer of exactly that size; the
+        // kernel checks the remote range and fails rather than faulting.
+        let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+        if n > 0 {
+            buf.truncate(n as usize / 8);
+            copies.push(buf);
+        }
+    }
+    copies
+}
+
 /// Stops `tids`, adds each stopped thread's live stack (from its stack pointer, with the
 /// red zone, to the end of its mapping) and registers to `roots`, and leaves them stopped
 /// until `resume`. `maps` and `roots` must have spare capacity (no allocation here).
