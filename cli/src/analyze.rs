@@ -37,6 +37,9 @@ pub struct ProcessAnalysis {
     /// Held by caching allocators at exit (not counted as leaked).
     pub cached_bytes: u64,
     pub cached_groups: usize,
+    /// Leaked in groups the report does not list (counted in `leaked_*`).
+    pub unlisted_groups: u64,
+    pub unlisted_bytes: u64,
     pub leaks: Vec<Group>,
     pub growth: Vec<Growth>,
 }
@@ -51,7 +54,7 @@ pub struct Analysis {
 
 impl Analysis {
     pub fn has_findings(&self) -> bool {
-        self.processes.iter().any(|p| !p.leaks.is_empty())
+        self.processes.iter().any(|p| !p.leaks.is_empty() || p.unlisted_bytes > 0)
     }
     pub fn growing(&self) -> usize {
         self.processes.iter().map(|p| p.growth.len()).sum()
@@ -117,8 +120,10 @@ pub fn analyze(reports: &[Report], filters: &Filters) -> Analysis {
                 reason: r.reason.clone(),
                 file: r.path.display().to_string(),
                 forked_from_pid: r.fork.forked_from_pid,
-                leaked_bytes: leaks.iter().map(|g| g.bytes).fold(0, sat_add),
-                leaked_blocks: leaks.iter().map(|g| g.blocks).fold(0, sat_add),
+                leaked_bytes: leaks.iter().map(|g| g.bytes).fold(r.summary.omitted.leaked_bytes, sat_add),
+                leaked_blocks: leaks.iter().map(|g| g.blocks).fold(r.summary.omitted.leaked_blocks, sat_add),
+                unlisted_groups: r.summary.omitted.groups,
+                unlisted_bytes: r.summary.omitted.leaked_bytes,
                 suppressed_groups,
                 suppressed_bytes,
                 reachable_bytes,

@@ -91,6 +91,19 @@ pub struct HostTotals {
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 pub struct Summary {
     pub host: HostTotals,
+    /// Groups the library did not list (over LEAKTRACE_REPORT_GROUPS), added up.
+    #[serde(default)]
+    pub omitted: Omitted,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct Omitted {
+    #[serde(default)]
+    pub groups: u64,
+    #[serde(default)]
+    pub leaked_bytes: u64,
+    #[serde(default)]
+    pub leaked_blocks: u64,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]

@@ -75,6 +75,12 @@ pub fn text(a: &Analysis, top: usize) -> String {
         if p.reachable_bytes > 0 {
             notes.push(format!("{} byte(s) still reachable not counted; --include-reachable counts them", p.reachable_bytes));
         }
+        if p.unlisted_bytes > 0 {
+            notes.push(format!(
+                "{} of them in {} small group(s) the report does not list; LEAKTRACE_REPORT_GROUPS raises the limit",
+                p.unlisted_bytes, p.unlisted_groups
+            ));
+        }
         if p.cached_bytes > 0 {
             notes.push(format!("{} byte(s) held by caching allocators not counted; --include-cached counts them", p.cached_bytes));
         }

@@ -589,7 +589,7 @@ mod tests {
     #[test]
     fn summary_reads_like_lsan() {
         let g = group();
-        let s = summary_text(10, &[&g], 0, 10, Some("/out/r.json", Omitted::default()));
+        let s = summary_text(10, &[&g], 0, 10, Some("/out/r.json"), Omitted::default());
         assert!(s.contains("==10==leaktrace: detected memory leaks"));
         assert!(s.contains("Leak of 48 byte(s) in 3 object(s) allocated from calloc (host):"));
         assert!(s.contains("    #0 0x1234 in leak_here /src/x.c:12 (/bin/x+0x234)"));
