@@ -9,6 +9,14 @@
 //! * it is still rising at the end: the last value exceeds the value three quarters in;
 //! * it grew by at least `min_bytes` overall after warm-up.
 //!
+//! A decline at the very end (at most a quarter of the points, none higher than the one
+//! before, ending lower than it started: a flat tail is a plateau, not teardown) is teardown, as the exit point is: Python frees a training loop's history on
+//! its way out, over several snapshots when there is a lot of it. It is left out too.
+//!
+//! A series starts at its first non-zero point: the zeros before it mean the stack was
+//! not followed yet (or had nothing), as in a job whose leak starts after a long import,
+//! and would otherwise read as a flat stretch.
+//!
 //! A plateau (growth that stops) fails the third test; noise fails the second.
 use serde::Serialize;
 
@@ -45,6 +53,21 @@ pub fn grows_steadily(values: &[u64], min_bytes: u64) -> bool {
     ups * 10 >= steps * 7 && downs * 100 <= steps * 15 && last > three_quarters && last >= first.saturating_add(min_bytes)
 }
 
+/// How many points at the end are teardown: a non-increasing tail, at most a quarter of
+/// the series, that ends lower than the point before it began.
+fn teardown_points(values: &[u64]) -> usize {
+    let n = values.len();
+    let mut k = 0;
+    while k + 1 < n && (k + 1) * 4 <= n && values[n - k - 1] <= values[n - k - 2] {
+        k += 1;
+    }
+    // Shrink to the longest tail that really declined (a flat run is a plateau).
+    while k > 0 && values[n - 1] >= values[n - k - 1] {
+        k -= 1;
+    }
+    k
+}
+
 pub fn detect(report: &Report, min_bytes: u64) -> Vec<Growth> {
     let mut points = report.timeline.points.as_slice();
     let mut cut = 0;
@@ -58,7 +81,14 @@ pub fn detect(report: &Report, min_bytes: u64) -> Vec<Growth> {
         .iter()
         .filter_map(|s| {
             let values = &s.bytes[..s.bytes.len().saturating_sub(cut)];
-            if values.len() != points.len() || !grows_steadily(values, min_bytes) {
+            if values.len() != points.len() {
+                return None;
+            }
+            let followed_from = values.iter().position(|&v| v != 0).unwrap_or(values.len());
+            let (values, points) = (&values[followed_from..], &points[followed_from..]);
+            let end = values.len() - teardown_points(values);
+            let (values, points) = (&values[..end], &points[..end]);
+            if !grows_steadily(values, min_bytes) {
                 return None;
             }
             let start = values.len() / 4;
@@ -107,5 +137,29 @@ mod tests {
     fn growth_with_a_few_dips_still_counts() {
         let v: Vec<u64> = (0..40).map(|i| 1000 + i * 4096 - if i % 10 == 5 { 2048 } else { 0 }).collect();
         assert!(grows_steadily(&v, 1024));
+    }
+
+    #[test]
+    fn a_stack_that_starts_growing_late_is_flagged_from_where_it_starts() {
+        use crate::model::{Point, Series};
+        // 20 points of import (the stack not followed yet), 12 of a growing loop, exit.
+        let bytes: Vec<u64> = (0..33).map(|i| if (20..32).contains(&i) { (i - 19) * 1_000_000 } else { 0 }).collect();
+        let mut r = Report { reason: "exit".into(), ..Default::default() };
+        r.timeline.points = (0..33).map(|i| Point { unix_ms: i * 100, live_bytes: 0, live_blocks: 0 }).collect();
+        r.timeline.series = vec![Series { kind: "host".into(), api: "malloc".into(), stack_id: 1, stack: None, bytes }];
+        let found = detect(&r, 1024);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].points, 12);
+        // Freed over the last snapshots (teardown): still flagged.
+        let mut torn = r.clone();
+        torn.timeline.series[0].bytes[29..32].copy_from_slice(&[3_000_000, 0, 0]);
+        assert_eq!(detect(&torn, 1024).len(), 1);
+        assert_eq!(teardown_points(&[1, 2, 3, 4, 5, 6, 7, 7]), 0, "a flat end is a plateau");
+        assert_eq!(teardown_points(&[1, 2, 3, 4, 5, 6, 7, 0]), 1);
+        assert_eq!(teardown_points(&[1, 2, 3, 4, 5, 6, 0, 0]), 2);
+        assert!(found[0].grown_bytes >= 8_000_000, "{:?}", found[0].grown_bytes);
+        // The same stack at a plateau is not.
+        r.timeline.series[0].bytes = (0..33).map(|i| if i >= 20 { 5_000_000 } else { 0 }).collect();
+        assert!(detect(&r, 1024).is_empty());
     }
 }

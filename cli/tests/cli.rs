@@ -366,3 +366,32 @@ fn device_leaks_count_and_caching_allocator_segments_do_not() {
     assert_eq!(all["leaked_bytes"].as_u64().unwrap() - some["leaked_bytes"].as_u64().unwrap(), 22 << 20);
     assert_eq!(some["processes"][0]["cached_groups"], 2);
 }
+
+/// A PyTorch training loop that keeps every step's loss tensor (graph and all) grows for
+/// as long as it runs; `check --fail-on-growth` flags it from the periodic snapshots.
+/// PyTorch comes from PyPI (.ci/run installs it); PYTHONMALLOC=malloc lets the library
+/// see the interpreter's small objects too.
+#[test]
+fn a_pytorch_loop_that_keeps_its_losses_is_flagged_as_growing() {
+    let python = text(&Command::new("python3").args(["-c", "import sys; print(sys.executable)"]).output().unwrap().stdout).trim().to_owned();
+    let has_torch = Command::new(&python).args(["-c", "import torch"]).output().map(|o| o.status.success()).unwrap_or(false);
+    assert!(has_torch, "PyTorch is missing: pip install torch (.ci/run does)");
+    let dir = scratch("torch-grow");
+    let script = manifest().join("../tests/fixtures/frameworks/torch_train.py");
+    let out = Command::new(bin())
+        .args(["run", "--interval-ms", "100", "--output", "r", "--", &python, script.to_str().unwrap(), "grow"])
+        .env("PYTHONMALLOC", "malloc")
+        // Long enough for a dozen snapshots after the import (each takes a while here).
+        .env("GROW_SECONDS", "8")
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "grew yes\n");
+    let check = leaktrace(&["check", "--fail-on-growth", "r"], &dir);
+    let t = text(&check.stdout);
+    assert_eq!(check.status.code(), Some(23), "{t}");
+    assert!(t.contains("Growing: "), "{t}");
+    // The growing stacks are torch's autograd and tensor allocations.
+    assert!(t.contains("torch") || t.contains("c10::") || t.contains("at::"), "{t}");
+}

@@ -1,0 +1,84 @@
+//! Real frameworks under the real library (CPU: no GPU on these machines). PyTorch comes
+//! from PyPI (`pip install torch`, done by .ci/run); the growth check of a training loop
+//! that keeps its losses is in `cli/tests/cli.rs` (it needs the `leaktrace` command).
+mod common;
+use common::*;
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn script() -> PathBuf {
+    root().join("tests/fixtures/frameworks/torch_train.py")
+}
+
+fn require_torch() {
+    let ok = Command::new(python()).args(["-c", "import torch"]).output().map(|o| o.status.success()).unwrap_or(false);
+    assert!(ok, "PyTorch is missing: pip install torch (.ci/run does)");
+}
+
+fn torch(mode: &str) -> Command {
+    let mut c = Command::new(python());
+    c.arg(script()).arg(mode).env("LEAKTRACE_SUMMARY", "0").env_remove("PYTHONMALLOC");
+    c
+}
+
+fn stdout_of(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn pytorch_training_with_dataloader_workers_runs_unchanged_and_every_process_reports() {
+    require_torch();
+    let plain = run_plain(torch("train"));
+    assert!(plain.status.success(), "{}", String::from_utf8_lossy(&plain.stderr));
+    let run = run_traced(torch("train"), "torch-train");
+    assert_eq!(run.code(), Some(0), "stderr:\n{}", run.stderr());
+    assert_eq!(run.stdout(), stdout_of(&plain), "the losses must not change under leaktrace");
+    assert!(run.stdout().starts_with("epoch 0 loss "), "{}", run.stdout());
+
+    let reports = run.reports();
+    let main: Vec<&Value> = reports.iter().filter(|r| r["fork"]["forked_from_pid"].is_null()).collect();
+    assert_eq!(main.len(), 1, "one report of the training process");
+    let main = main[0];
+    // Two workers per epoch, forked, each ending with os._exit: each has its own report.
+    let workers: Vec<&Value> = reports.iter().filter(|r| r["fork"]["forked_from_pid"] == main["pid"]).collect();
+    assert_eq!(workers.len(), 4, "{} reports", reports.len());
+    for r in reports.iter() {
+        assert_eq!(r["reason"], "exit");
+        let h = &r["summary"]["host"];
+        assert_eq!(h["total_allocs"].as_u64().unwrap() - h["total_frees"].as_u64().unwrap(), h["live_blocks"].as_u64().unwrap());
+    }
+    // The planted native leak (100 x malloc(4096) through ctypes), with the stack that
+    // led to it through the interpreter.
+    let planted: Vec<&Value> = main["leaks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| g["blocks"] == 100 && g["bytes"] == 409_600)
+        .collect();
+    assert_eq!(planted.len(), 1, "the ctypes malloc loop, one group");
+    let frames: Vec<&str> = planted[0]["stack"].as_array().unwrap().iter().filter_map(|f| f["function"].as_str()).collect();
+    assert!(frames.iter().any(|f| f.contains("ffi_call")), "{frames:?}");
+    assert!(frames.iter().any(|f| f.contains("_PyEval_EvalFrameDefault")), "{frames:?}");
+    // A report stays usable on a process that imported torch: its half a million
+    // groups of static data are added up, not listed.
+    assert!(main["leaks"].as_array().unwrap().len() <= 2000);
+    assert!(main["summary"]["omitted"]["groups"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn the_cuda_runtime_the_torch_wheel_ships_is_interposed_without_a_gpu() {
+    require_torch();
+    let plain = run_plain(torch("cudart"));
+    let run = run_traced(torch("cudart"), "torch-cudart");
+    assert_eq!(run.code(), Some(0), "stderr:\n{}", run.stderr());
+    let out = run.stdout();
+    assert_eq!(out, stdout_of(&plain));
+    // No driver here: the runtime answers 35 (cudaErrorInsufficientDriver), unchanged.
+    assert!(out.contains("runtime: libcudart.so.1"), "{out}");
+    assert!(out.contains("cudaMalloc: 35\ncudaMallocHost: 35\n"), "{out}");
+    let r = run.reports().into_iter().find(|r| r["fork"]["forked_from_pid"].is_null()).unwrap();
+    for kind in ["device", "pinned", "managed"] {
+        assert_eq!(r["summary"][kind]["total_allocs"], 0, "{kind}: nothing recorded for failed calls");
+    }
+}
