@@ -82,3 +82,26 @@ fn the_cuda_runtime_the_torch_wheel_ships_is_interposed_without_a_gpu() {
         assert_eq!(r["summary"][kind]["total_allocs"], 0, "{kind}: nothing recorded for failed calls");
     }
 }
+
+/// TensorFlow (`tensorflow-cpu` from PyPI, installed by .ci/run): a small Keras fit.
+#[test]
+fn tensorflow_keras_fit_runs_unchanged_and_gets_a_report() {
+    let ok = Command::new(python()).args(["-c", "import tensorflow"]).output().map(|o| o.status.success()).unwrap_or(false);
+    assert!(ok, "TensorFlow is missing: pip install tensorflow-cpu (.ci/run does)");
+    let fit = || {
+        let mut c = Command::new(python());
+        c.arg(root().join("tests/fixtures/frameworks/keras_fit.py")).env("LEAKTRACE_SUMMARY", "0");
+        c
+    };
+    let plain = run_plain(fit());
+    assert!(plain.status.success(), "{}", String::from_utf8_lossy(&plain.stderr));
+    let run = run_traced(fit(), "keras");
+    assert_eq!(run.code(), Some(0), "stderr:\n{}", run.stderr());
+    assert_eq!(run.stdout(), stdout_of(&plain), "the loss must not change under leaktrace");
+    assert!(run.stdout().starts_with("final loss "));
+    let main = run.reports().into_iter().find(|r| r["exe"].as_str().unwrap_or("").contains("python")).expect("the interpreter's report");
+    assert_eq!(main["reason"], "exit");
+    let h = &main["summary"]["host"];
+    assert!(h["total_allocs"].as_u64().unwrap() > 100_000, "TensorFlow's allocations are seen");
+    assert_eq!(h["total_allocs"].as_u64().unwrap() - h["total_frees"].as_u64().unwrap(), h["live_blocks"].as_u64().unwrap());
+}
