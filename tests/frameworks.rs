@@ -105,3 +105,40 @@ fn tensorflow_keras_fit_runs_unchanged_and_gets_a_report() {
     assert!(h["total_allocs"].as_u64().unwrap() > 100_000, "TensorFlow's allocations are seen");
     assert_eq!(h["total_allocs"].as_u64().unwrap() - h["total_frees"].as_u64().unwrap(), h["live_blocks"].as_u64().unwrap());
 }
+
+/// BVLC Caffe (CPU): bullseye's package on bookworm, unpacked by
+/// `scripts/install_caffe.sh` (idempotent; .ci/run runs it first, and it prints the
+/// library path as its last line). `caffe train` on a LeNet-style net fed by DummyData,
+/// and `caffe time`.
+#[test]
+fn caffe_train_and_time_run_unchanged_and_get_reports() {
+    let prefix = std::env::var("LEAKTRACE_CAFFE_PREFIX").unwrap_or_else(|_| "/var/cache/leaktrace/caffe".into());
+    let install = Command::new("bash").arg(root().join("scripts/install_caffe.sh")).arg(&prefix).output().unwrap();
+    assert!(install.status.success(), "installing Caffe failed:\n{}", String::from_utf8_lossy(&install.stderr));
+    let libpath = stdout_of(&install).lines().last().unwrap_or_default().to_owned();
+    let dir = root().join("tests/fixtures/frameworks/caffe");
+    let caffe = |args: &[&str]| {
+        let mut c = Command::new(PathBuf::from(&prefix).join("usr/bin/caffe"));
+        c.args(args).current_dir(&dir).env("LD_LIBRARY_PATH", &libpath).env("LEAKTRACE_SUMMARY", "0");
+        c
+    };
+    // glog lines carry times, thread ids and speeds: compare what the net computed.
+    let losses = |o: &std::process::Output| -> Vec<String> {
+        String::from_utf8_lossy(&o.stderr).lines().filter_map(|l| l.rsplit_once("loss = ").map(|x| x.1.to_owned())).collect()
+    };
+    let train = ["train", "-solver", "solver.prototxt"];
+    let plain = run_plain(caffe(&train));
+    assert!(plain.status.success(), "{}", String::from_utf8_lossy(&plain.stderr));
+    let run = run_traced(caffe(&train), "caffe-train");
+    assert_eq!(run.code(), Some(0), "stderr:\n{}", run.stderr());
+    assert!(losses(&plain).len() >= 20);
+    assert_eq!(losses(&run.output), losses(&plain), "the losses must not change under leaktrace");
+    let r = run.report();
+    assert_eq!(r["reason"], "exit");
+    assert!(r["summary"]["host"]["total_allocs"].as_u64().unwrap() > 1000);
+    // caffe time prints its timing summary; under leaktrace it must still get there.
+    let run = run_traced(caffe(&["time", "-model", "lenet_dummy.prototxt", "-iterations", "10"]), "caffe-time");
+    assert_eq!(run.code(), Some(0), "stderr:\n{}", run.stderr());
+    assert!(run.stderr().contains("*** Benchmark ends ***"), "{}", run.stderr());
+    assert_eq!(run.report()["reason"], "exit");
+}
