@@ -177,14 +177,23 @@ pub fn is_ours(addr: usize) -> bool {
 
 /// The address range of the loaded module containing `addr`.
 fn module_range(addr: usize) -> Option<(usize, usize)> {
-    struct Find {
-        addr: usize,
-        range: Option<(usize, usize)>,
-    }
+    loaded_modules().into_iter().find(|m| addr >= m.lo && addr < m.hi).map(|m| (m.lo, m.hi))
+}
+
+/// A loaded ELF module: its path as the loader knows it (empty for the main program)
+/// and the span of its PT_LOAD segments.
+pub struct LoadedModule {
+    pub path: std::ffi::CString,
+    pub lo: usize,
+    pub hi: usize,
+}
+
+/// Every loaded module, in load order.
+pub fn loaded_modules() -> Vec<LoadedModule> {
     extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
-        // SAFETY: the loader passes a valid info; data is our Find.
+        // SAFETY: the loader passes a valid info; data is our Vec.
         unsafe {
-            let f = &mut *(data as *mut Find);
+            let out = &mut *(data as *mut Vec<LoadedModule>);
             let i = &*info;
             let (mut lo, mut hi) = (usize::MAX, 0usize);
             for k in 0..i.dlpi_phnum as usize {
@@ -195,36 +204,23 @@ fn module_range(addr: usize) -> Option<(usize, usize)> {
                     hi = hi.max(start + ph.p_memsz as usize);
                 }
             }
-            if f.addr >= lo && f.addr < hi {
-                f.range = Some((lo, hi));
-                return 1;
+            let path = if i.dlpi_name.is_null() { std::ffi::CString::default() } else { CStr::from_ptr(i.dlpi_name).to_owned() };
+            if lo < hi {
+                out.push(LoadedModule { path, lo, hi });
             }
         }
         0
     }
-    let mut f = Find { addr, range: None };
+    let mut out: Vec<LoadedModule> = Vec::new();
     // SAFETY: the callback only reads what the loader gives it.
-    unsafe { libc::dl_iterate_phdr(Some(visit), &mut f as *mut Find as *mut c_void) };
-    f.range
+    unsafe { libc::dl_iterate_phdr(Some(visit), &mut out as *mut Vec<LoadedModule> as *mut c_void) };
+    out
 }
 
 /// The first loaded module, in load order and other than this library, that defines
 /// `name`: for CUDA libraries loaded with RTLD_LOCAL, which `RTLD_NEXT` cannot see.
 pub fn first_definition_outside_us(name: &CStr) -> Option<usize> {
-    let mut paths: Vec<std::ffi::CString> = Vec::new();
-    extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
-        // SAFETY: the loader passes a valid info; data is our Vec.
-        unsafe {
-            let paths = &mut *(data as *mut Vec<std::ffi::CString>);
-            let n = (*info).dlpi_name;
-            if !n.is_null() && *n != 0 {
-                paths.push(CStr::from_ptr(n).to_owned());
-            }
-        }
-        0
-    }
-    // SAFETY: the callback only reads what the loader gives it.
-    unsafe { libc::dl_iterate_phdr(Some(visit), &mut paths as *mut Vec<std::ffi::CString> as *mut c_void) };
+    let paths = loaded_modules().into_iter().map(|m| m.path).filter(|p| !p.as_bytes().is_empty());
     for path in paths {
         // SAFETY: NOLOAD never loads anything; the handle's reference is dropped at once
         // through the real dlclose (ours would re-symbolize for nothing).

@@ -143,33 +143,13 @@ pub fn module_data() -> (Vec<(u64, u64)>, Vec<(u64, u64)>) {
 /// maps and scopes, TLS blocks) are kept in places no root covers: as LeakSanitizer's
 /// `use_ld_allocations`, they count as reachable.
 pub fn loader_range() -> Option<(u64, u64)> {
-    type Out = Option<(u64, u64)>;
-    extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> libc::c_int {
-        // SAFETY: glibc passes a valid dl_phdr_info; data is our Option.
-        unsafe {
-            let out = &mut *(data as *mut Out);
-            let info = &*info;
-            let name = if info.dlpi_name.is_null() { &[][..] } else { std::ffi::CStr::from_ptr(info.dlpi_name).to_bytes() };
-            let base = name.rsplit(|c| *c == b'/').next().unwrap_or(name);
-            if !base.starts_with(b"ld-linux") {
-                return 0;
-            }
-            let (mut lo, mut hi) = (u64::MAX, 0);
-            for i in 0..info.dlpi_phnum as usize {
-                let ph = &*info.dlpi_phdr.add(i);
-                if ph.p_type == libc::PT_LOAD {
-                    lo = lo.min(info.dlpi_addr + ph.p_vaddr);
-                    hi = hi.max(info.dlpi_addr + ph.p_vaddr + ph.p_memsz);
-                }
-            }
-            *out = (lo < hi).then_some((lo, hi));
-        }
-        1
-    }
-    let mut out: Out = None;
-    // SAFETY: the callback only reads the headers glibc hands it.
-    unsafe { libc::dl_iterate_phdr(Some(visit), &mut out as *mut _ as *mut c_void) };
-    out
+    crate::interpose::resolve::loaded_modules()
+        .into_iter()
+        .find(|m| {
+            let path = m.path.as_bytes();
+            path.rsplit(|c| *c == b'/').next().unwrap_or(path).starts_with(b"ld-linux")
+        })
+        .map(|m| (m.lo as u64, m.hi as u64))
 }
 
 /// The CUDA driver (`libcuda.so.1`) and runtime (`libcudart.so.*`), by file name.
