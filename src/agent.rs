@@ -448,6 +448,7 @@ fn write_report(reason: Reason) {
         stack_table_overflows: stacks::overflows(),
         host_tracking: r.host_tracking.clone(),
         exit_signal: r.exit_signal,
+        cuda_untracked_copies: crate::interpose::cuda::untracked_copies(),
     };
     let scan_out = scan.as_ref().map(|(out, _, totals)| (out, *totals));
     let bytes = build::report_bytes(&r.process, reason, now, &snapshot.totals, &groups, &facts, &timeline, scan_out, omitted);

@@ -275,7 +275,7 @@ fn driver_query(i: usize) -> usize {
             return 0;
         }
         for (slot, name) in DRIVER_QUERIES.iter().zip(names) {
-            slot.store(super::resolve::real_dlsym(h, name), Ordering::Release);
+            slot.store(super::resolve::real_dlsym(h as usize, name), Ordering::Release);
         }
         DRIVER_LOOKED_UP.store(true, Ordering::Release);
     }
@@ -302,16 +302,17 @@ pub fn current_device() -> Option<u8> {
     }
 }
 
-/// The device a context belongs to (made current for a moment, then put back).
-pub fn context_device(ctx: *mut c_void) -> Option<u8> {
+/// The device a context (an opaque `CUcontext` value) belongs to: made current for a
+/// moment, then put back.
+pub fn context_device(ctx: usize) -> Option<u8> {
     let (push, pop) = (driver_query(1), driver_query(2));
-    if push == 0 || pop == 0 || ctx.is_null() {
+    if push == 0 || pop == 0 || ctx == 0 {
         return None;
     }
     // SAFETY: the driver's push/pop pair with a context the caller is about to destroy
     // (so still valid), and a valid out pointer for the popped context.
     unsafe {
-        if std::mem::transmute::<usize, CtxPush>(push)(ctx) != 0 {
+        if std::mem::transmute::<usize, CtxPush>(push)(ctx as *mut c_void) != 0 {
             return None;
         }
         let d = current_device();

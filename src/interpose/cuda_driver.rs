@@ -111,7 +111,7 @@ cuda_hook!(cuMemUnmap(ptr: DevPtr, size: usize) -> c_int, missing = ERROR_UNKNOW
 // Context destroy and primary-context reset free every context-bound allocation.
 cuda_hook!(cuCtxDestroy_v2(ctx: Context) -> c_int, missing = ERROR_UNKNOWN,
     |real| {
-        let device = cuda::context_device(ctx);
+        let device = cuda::context_device(ctx as usize);
         cuda::reset(device, || real(ctx))
     });
 

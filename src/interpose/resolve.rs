@@ -81,8 +81,9 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut
     )
 }
 
-/// glibc's `dlsym` on a handle (not RTLD_NEXT), with no substitution.
-pub fn real_dlsym(handle: *mut c_void, name: &CStr) -> usize {
+/// glibc's `dlsym` on a handle (not RTLD_NEXT; an opaque value from `dlopen`), with no
+/// substitution.
+pub fn real_dlsym(handle: usize, name: &CStr) -> usize {
     let real = match REAL_DLSYM.load(Ordering::Acquire) {
         0 => resolve_real_dlsym(),
         p => p,
@@ -91,7 +92,7 @@ pub fn real_dlsym(handle: *mut c_void, name: &CStr) -> usize {
         return 0;
     }
     // SAFETY: glibc's dlsym with a handle the caller holds and a C string.
-    unsafe { std::mem::transmute::<usize, DlsymFn>(real)(handle, name.as_ptr()) as usize }
+    unsafe { std::mem::transmute::<usize, DlsymFn>(real)(handle as *mut c_void, name.as_ptr()) as usize }
 }
 
 /// `dlsym` for every handle but RTLD_NEXT: the real lookup, then the substitution rule.
@@ -229,7 +230,7 @@ pub fn first_definition_outside_us(name: &CStr) -> Option<usize> {
             if h.is_null() {
                 continue;
             }
-            let p = real_dlsym(h, name);
+            let p = real_dlsym(h as usize, name);
             if let Some(close) = super::real::dlclose() {
                 close(h);
             }

@@ -114,6 +114,9 @@ pub struct RunFacts {
     pub stack_table_overflows: u64,
     pub host_tracking: String,
     pub exit_signal: Option<i32>,
+    /// CUDA function pointers passed through untracked: more copies of one function
+    /// than there are copy wrappers.
+    pub cuda_untracked_copies: u64,
 }
 
 /// The symbolized frames of an interned stack (innermost first, inlined frames expanded).
@@ -340,6 +343,7 @@ struct DiagnosticsOut<'a> {
     unknown_frees: u64,
     stacks_interned: u64,
     stack_table_overflows: u64,
+    cuda_untracked_copies: u64,
 }
 
 /// The report as compact JSON bytes (a large process has thousands of frames; pretty
@@ -398,6 +402,7 @@ pub fn report_bytes(
             unknown_frees: totals.unknown_frees,
             stacks_interned: facts.stacks_interned,
             stack_table_overflows: facts.stack_table_overflows,
+            cuda_untracked_copies: facts.cuda_untracked_copies,
         },
         scan: scan.map(|s| s.0),
         timeline,

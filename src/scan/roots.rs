@@ -110,10 +110,13 @@ pub fn writable_mappings() -> Vec<(u64, u64)> {
 }
 
 /// Writable PT_LOAD segments of every loaded module except this library.
+/// Address ranges `(start, len)`.
+pub type Ranges = Vec<(u64, u64)>;
+
 /// Writable segments of every loaded module but ours: `(program, cuda)`, where `cuda`
 /// are those of the CUDA driver and runtime (see `mark::classify_into`).
-pub fn module_data() -> (Vec<(u64, u64)>, Vec<(u64, u64)>) {
-    type Out = (Vec<(u64, u64)>, Vec<(u64, u64)>);
+pub fn module_data() -> (Ranges, Ranges) {
+    type Out = (Ranges, Ranges);
     extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> libc::c_int {
         // SAFETY: glibc passes a valid dl_phdr_info; data is our pair of Vecs.
         unsafe {
