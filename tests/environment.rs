@@ -1,7 +1,7 @@
 //! Real interpreters, other allocators, bad configuration and the exported symbol list.
 mod common;
 use common::*;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const JEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
@@ -335,4 +335,60 @@ fn unshare_of_a_user_namespace_still_works() {
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     assert_eq!(run.stdout(), "0\n", "root inside the new user namespace");
     assert_eq!(run.reports().len(), 1, "the exec'd id wrote its report");
+}
+
+/// Someone who can write to the output directory plants symlinks where the library will
+/// write: at the report's own name (found once the first report is there) and at the
+/// temp names it will use next (they are predictable: pid and a counter). Nothing is
+/// ever written through a symlink: the victims keep their contents, the report name
+/// becomes a real file again, and a temp name that is taken costs one line and a
+/// fallback, never a lost report.
+#[test]
+fn planted_symlinks_are_never_followed() {
+    let dir = fresh_dir("symlinks");
+    let victims = fresh_dir("symlink-victims");
+    let script = format!(
+        r#"
+import glob, os, time
+d, v = {d:?}, {v:?}
+open(v + "/victim", "w").write("precious")
+t = time.time()
+while not glob.glob(d + "/leaktrace.*.json") and time.time() - t < 20:
+    time.sleep(0.01)
+report = glob.glob(d + "/leaktrace.*.json")[0]
+name = os.path.basename(report)
+os.remove(report)
+os.symlink(v + "/victim", report)
+for n in range(64):
+    tmp = "%s/.%s.%d.%d.tmp" % (d, name, os.getpid(), n)
+    if not os.path.lexists(tmp):
+        os.symlink(v + "/victim", tmp)
+keep = [bytearray(1000) for _ in range(1000)]
+time.sleep(0.5)
+print(name)
+"#,
+        d = dir.to_str().unwrap(),
+        v = victims.to_str().unwrap()
+    );
+    let mut cmd = Command::new(python());
+    cmd.args(["-c", &script]).env("LEAKTRACE_INTERVAL_MS", "50").env("LEAKTRACE_OUTPUT", &dir).env("LD_PRELOAD", lib_path());
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(std::fs::read_to_string(victims.join("victim")).unwrap(), "precious", "written through a symlink");
+    let name = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    // The final report is whole: in its own place (the planted link replaced), or, when
+    // every temp name there was taken, in /tmp after one line saying so.
+    let here = dir.join(&name);
+    let report = if std::fs::symlink_metadata(&here).map(|m| m.file_type().is_file()).unwrap_or(false) {
+        here
+    } else {
+        assert_eq!(stderr.lines().filter(|l| l.contains("cannot write report")).count(), 1, "{stderr}");
+        PathBuf::from("/tmp").join(&name)
+    };
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(r["reason"], "exit");
+    if report.starts_with("/tmp") {
+        let _ = std::fs::remove_file(&report);
+    }
 }
