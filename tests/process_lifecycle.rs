@@ -176,6 +176,35 @@ fn sigkill_leaves_the_last_periodic_report_whole() {
     assert!(r["summary"]["host"]["live_bytes"].as_u64().unwrap() > 100_000, "the growing list is visible");
 }
 
+/// A crash (an uncaught SIGABRT, SIGSEGV) after periodic reports: the process dies as it
+/// would have, and the last periodic report stays whole and parses.
+#[test]
+fn an_uncaught_signal_after_periodic_reports_leaves_the_last_one_whole() {
+    for (how, sig) in [("os.abort()", libc::SIGABRT), ("import ctypes; ctypes.string_at(0)", libc::SIGSEGV)] {
+        let dir = fresh_dir("crash");
+        let script = format!(
+            "import glob, os, time\nkeep = [bytearray(1000) for _ in range(2000)]\nt = time.time()\n\
+             while len(glob.glob({d:?} + '/leaktrace.*.json')) == 0 and time.time() - t < 20: time.sleep(0.01)\n\
+             time.sleep(0.2)\n{how}\n",
+            d = dir.to_str().unwrap()
+        );
+        let out = Command::new(python())
+            .args(["-c", &script])
+            .env("LD_PRELOAD", lib_path())
+            .env("LEAKTRACE_OUTPUT", &dir)
+            .env("LEAKTRACE_INTERVAL_MS", "30")
+            .env("PYTHONFAULTHANDLER", "0")
+            .output()
+            .unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(out.status.signal(), Some(sig), "{how}: the process dies by its signal as before");
+        let reports = reports_in(&dir);
+        assert_eq!(reports.len(), 1, "{how}");
+        assert_eq!(reports[0]["reason"], "periodic", "{how}");
+        assert!(reports[0]["summary"]["host"]["live_blocks"].as_u64().unwrap() > 0);
+    }
+}
+
 #[test]
 fn follow_fork_off_leaves_children_untracked() {
     let bin = build_fixture("fork.c", &[]);
