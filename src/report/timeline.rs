@@ -43,15 +43,33 @@ impl Timeline {
             let now = snapshot.groups.iter().filter(|g| g.stack == s.stack && g.api == s.api).map(|g| g.stats.live_bytes).sum();
             s.bytes.push(now);
         }
-        // `snapshot.groups` is sorted largest first.
+        // `snapshot.groups` is sorted largest first. When every slot is taken (an import
+        // churns through many stacks before a training loop starts), a newcomer replaces
+        // the followed stack that holds least now, if that is less than the newcomer's:
+        // a leak that starts late still gets followed.
+        let top: Vec<(u32, Api)> = snapshot.groups.iter().take(JOIN_TOP).map(|g| (g.stack, g.api)).collect();
         for g in snapshot.groups.iter().take(JOIN_TOP) {
-            if self.series.len() >= MAX_SERIES {
-                break;
+            if self.series.iter().any(|s| s.stack == g.stack && s.api == g.api) {
+                continue;
             }
-            if !self.series.iter().any(|s| s.stack == g.stack && s.api == g.api) {
-                let mut bytes = vec![0; n - 1];
-                bytes.push(g.stats.live_bytes);
-                self.series.push(Series { stack: g.stack, api: g.api, bytes });
+            let mut bytes = vec![0; n - 1];
+            bytes.push(g.stats.live_bytes);
+            let newcomer = Series { stack: g.stack, api: g.api, bytes };
+            if self.series.len() < MAX_SERIES {
+                self.series.push(newcomer);
+                continue;
+            }
+            let weakest = self
+                .series
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| !top.contains(&(s.stack, s.api)))
+                .min_by_key(|(_, s)| s.bytes.last().copied().unwrap_or(0))
+                .map(|(i, s)| (i, s.bytes.last().copied().unwrap_or(0)));
+            if let Some((i, now)) = weakest {
+                if now < g.stats.live_bytes {
+                    self.series[i] = newcomer;
+                }
             }
         }
     }
@@ -116,5 +134,25 @@ mod tests {
         assert_eq!(t.points.last().unwrap().unix_ms, MAX_POINTS as u64 * 3 - 1);
         assert_eq!(t.series[0].bytes.len(), t.points.len());
         assert!(t.points.windows(2).all(|w| w[0].unix_ms < w[1].unix_ms));
+    }
+
+    #[test]
+    fn a_stack_that_grows_late_replaces_one_that_holds_little_now() {
+        let mut t = Timeline::default();
+        // An import churns through many stacks, each briefly among the largest.
+        for k in 0..(MAX_SERIES as u32 / JOIN_TOP as u32 + 2) {
+            let groups: Vec<(u32, u64)> = (0..JOIN_TOP as u32).map(|i| (1000 + k * 100 + i, 10_000 - i as u64)).collect();
+            t.record(k as u64, &snap(&groups));
+        }
+        assert_eq!(t.series.len(), MAX_SERIES);
+        // Then a loop's stack grows beyond everything followed (which now holds nothing).
+        for step in 0..5u64 {
+            t.record(100 + step, &snap(&[(7, 50_000 * (step + 1))]));
+        }
+        let grown = t.series.iter().find(|s| s.stack == 7).expect("the late grower is followed");
+        assert_eq!(grown.bytes.len(), t.points.len());
+        assert_eq!(&grown.bytes[grown.bytes.len() - 5..], &[50_000, 100_000, 150_000, 200_000, 250_000]);
+        assert_eq!(t.series.len(), MAX_SERIES);
+        assert!(t.series.iter().all(|s| s.bytes.len() == t.points.len()));
     }
 }
