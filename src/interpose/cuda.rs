@@ -172,22 +172,14 @@ pub fn missing(name: &CStr) {
 }
 
 /// An allocation call whose result address is written to `*out` on success (`rc` 0).
-/// Records it once, after it succeeded, with the caller's stack.
+/// Records it once, after it succeeded, with the caller's stack, on the current device.
 ///
 /// # Safety
 /// `out` is the caller's out-pointer, read only after the real call succeeded.
 #[inline]
 pub unsafe fn allocation(api: Api, out: *const u64, call: impl FnOnce() -> c_int, size: impl FnOnce() -> u64) -> c_int {
-    let (rc, outermost) = thread::cuda_call(call);
-    if rc == 0 && outermost && !out.is_null() && agent::active() {
-        let _errno = ErrnoGuard::save();
-        // SAFETY: on success the real function stored the new address in *out.
-        let addr = unsafe { out.read_unaligned() };
-        if addr != 0 {
-            agent::record_cuda_alloc(addr, size(), api, current_device());
-        }
-    }
-    rc
+    // SAFETY: the caller's contract.
+    unsafe { allocated(api, out, call, size, current_device) }
 }
 
 /// Like `allocation` for a block whose device is known from the call's arguments.
@@ -196,12 +188,29 @@ pub unsafe fn allocation(api: Api, out: *const u64, call: impl FnOnce() -> c_int
 /// As `allocation`.
 #[inline]
 pub unsafe fn allocation_on(api: Api, out: *const u64, device: Option<u8>, call: impl FnOnce() -> c_int, size: u64) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe { allocated(api, out, call, || size, || device) }
+}
+
+/// # Safety
+/// As `allocation`.
+#[inline]
+unsafe fn allocated(
+    api: Api,
+    out: *const u64,
+    call: impl FnOnce() -> c_int,
+    size: impl FnOnce() -> u64,
+    device: impl FnOnce() -> Option<u8>,
+) -> c_int {
     let (rc, outermost) = thread::cuda_call(call);
     if rc == 0 && outermost && !out.is_null() && agent::active() {
         let _errno = ErrnoGuard::save();
-        // SAFETY: as in `allocation`.
+        // SAFETY: on success the real function stored the new address (or handle) in *out.
         let addr = unsafe { out.read_unaligned() };
-        agent::record_cuda_alloc(addr, size, api, device);
+        // 0 is never a valid pointer or handle (and `release` ignores it).
+        if addr != 0 {
+            agent::record_cuda_alloc(addr, size(), api, device());
+        }
     }
     rc
 }
@@ -282,7 +291,8 @@ fn driver_query(i: usize) -> usize {
     DRIVER_QUERIES[i].load(Ordering::Acquire)
 }
 
-fn ordinal(d: c_int) -> Option<u8> {
+/// A CUDA device ordinal as the report keeps it (0..=254), from the API's `int`.
+pub fn device_from(d: c_int) -> Option<u8> {
     u8::try_from(d).ok().filter(|d| *d < u8::MAX)
 }
 
@@ -296,7 +306,7 @@ pub fn current_device() -> Option<u8> {
     // SAFETY: cuCtxGetDevice(CUdevice*) of the loaded driver, with a valid out pointer.
     let rc = thread::cuda_call(|| unsafe { std::mem::transmute::<usize, CtxGetDevice>(f)(&mut d) }).0;
     if rc == 0 {
-        ordinal(d)
+        device_from(d)
     } else {
         None
     }
@@ -320,10 +330,6 @@ pub fn context_device(ctx: usize) -> Option<u8> {
         std::mem::transmute::<usize, CtxPop>(pop)(&mut popped);
         d
     }
-}
-
-pub fn device_from(d: c_int) -> Option<u8> {
-    ordinal(d)
 }
 
 /// Reads a C string argument for a lookup table.
