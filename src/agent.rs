@@ -579,7 +579,7 @@ pub fn finish() {
 
 // ---- dlclose -----------------------------------------------------------------------
 
-/// Before a module may be unmapped: pin every stack seen so far to its module.
+/// Before a module may be unmapped: keep the module list of the epoch that ends.
 pub fn before_dlclose() {
     if !active() {
         return;
@@ -588,7 +588,7 @@ pub fn before_dlclose() {
         let _ = catch_unwind(|| {
             if let Some(mut r) = lock_bounded(&REPORT, Duration::from_secs(30)) {
                 if let Some(r) = r.as_mut() {
-                    r.symbolizer.resolve_pending();
+                    r.symbolizer.pin_modules();
                 }
             }
         });
@@ -597,13 +597,6 @@ pub fn before_dlclose() {
 
 pub fn after_dlclose() {
     unwind::bump_epoch();
-    thread::untracked(|| {
-        if let Some(mut r) = lock_bounded(&REPORT, Duration::from_secs(30)) {
-            if let Some(r) = r.as_mut() {
-                r.symbolizer.forget_address_cache();
-            }
-        }
-    });
 }
 
 // ---- fork --------------------------------------------------------------------------

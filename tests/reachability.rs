@@ -78,3 +78,20 @@ fn same_definite_and_indirect_totals_as_valgrind() {
     assert_eq!(ours["definite"]["bytes"].as_u64().unwrap(), vg_definite, "{ours:#}");
     assert_eq!(ours["indirect"]["bytes"].as_u64().unwrap(), vg_indirect, "{ours:#}");
 }
+
+#[test]
+fn the_exiting_threads_live_frames_and_registers_are_roots_but_its_dead_slots_are_not() {
+    let bin = build_fixture("exit_roots.c", &[]);
+    for how in ["exit", "_exit"] {
+        for _ in 0..3 {
+            let mut cmd = Command::new(&bin);
+            cmd.arg(how);
+            let run = run_traced(cmd, "exit_roots");
+            assert_eq!(run.code(), Some(0), "{how}: {}", run.stderr());
+            let r = run.report();
+            assert_eq!(class(&r, "leak_in_dead_frame"), (4011, 0, 0), "{how}: a stale copy in a dead frame keeps nothing");
+            assert_eq!(class(&r, "keep_in_main_frame"), (0, 0, 4012), "{how}: main's frame is a root");
+            assert_eq!(class(&r, "keep_in_register"), (0, 0, 4013), "{how}: a callee-saved register is a root");
+        }
+    }
+}

@@ -186,6 +186,19 @@ pub fn frames(id: u32) -> Option<&'static [u64]> {
     Some(t.frames_of(loc))
 }
 
+/// The dlclose epoch a stack was captured in (`None` while its record is written).
+pub fn epoch_of(id: u32) -> Option<u32> {
+    if id == 0 || id as usize >= MAX_STACKS {
+        return Some(0);
+    }
+    let t = tables()?;
+    let rec = t.record(id);
+    if rec.location.load(Ordering::Acquire) & READY == 0 {
+        return None;
+    }
+    Some(rec.epoch.load(Ordering::Relaxed))
+}
+
 /// How many stacks could not be interned (table full); their events carry id 0.
 pub fn overflows() -> u64 {
     tables().map(|t| t.overflows.load(Ordering::Relaxed)).unwrap_or(0)

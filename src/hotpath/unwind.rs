@@ -184,7 +184,9 @@ fn compute_rule(lookup_ip: u64) -> u64 {
     compute_rule_inner(lookup_ip).unwrap_or(VALID | UNSUPPORTED)
 }
 
-fn compute_rule_inner(lookup_ip: u64) -> Option<u64> {
+/// Runs `f` on the CFI row that covers `lookup_ip`, found through the module's
+/// `.eh_frame_hdr` search table.
+fn with_cfi_row<R>(lookup_ip: u64, f: impl FnOnce(&gimli::UnwindTableRow<usize>) -> Option<R>) -> Option<R> {
     let obj = find_object(lookup_ip)?;
     if obj.eh_frame_hdr == 0 || obj.eh_frame_hdr >= obj.map_end {
         return None;
@@ -215,29 +217,133 @@ fn compute_rule_inner(lookup_ip: u64) -> Option<u64> {
     let row = table
         .unwind_info_for_address(&eh_frame, &bases, &mut ctx, lookup_ip, |s, b, o| s.cie_from_offset(b, o))
         .ok()?;
-    let mut rule = VALID;
-    match row.register(X86_64::RA) {
-        Some(RegisterRule::Undefined) => return Some(VALID | OUTERMOST),
-        Some(RegisterRule::Offset(-8)) => {}
-        _ => return None,
-    }
-    match row.cfa() {
-        CfaRule::RegisterAndOffset { register, offset } => {
-            if *register == X86_64::RBP {
-                rule |= CFA_RBP;
-            } else if *register != X86_64::RSP {
-                return None;
-            }
-            rule |= pack_i24(*offset)? << 8;
+    f(row)
+}
+
+fn compute_rule_inner(lookup_ip: u64) -> Option<u64> {
+    with_cfi_row(lookup_ip, |row| {
+        let mut rule = VALID;
+        match row.register(X86_64::RA) {
+            Some(RegisterRule::Undefined) => return Some(VALID | OUTERMOST),
+            Some(RegisterRule::Offset(-8)) => {}
+            _ => return None,
         }
-        CfaRule::Expression(_) => return None,
+        match row.cfa() {
+            CfaRule::RegisterAndOffset { register, offset } => {
+                if *register == X86_64::RBP {
+                    rule |= CFA_RBP;
+                } else if *register != X86_64::RSP {
+                    return None;
+                }
+                rule |= pack_i24(*offset)? << 8;
+            }
+            CfaRule::Expression(_) => return None,
+        }
+        match row.register(X86_64::RBP) {
+            None | Some(RegisterRule::Undefined) | Some(RegisterRule::SameValue) => {}
+            Some(RegisterRule::Offset(off)) => rule |= RBP_SAVED | (pack_i24(off)? << 32),
+            _ => return None,
+        }
+        Some(rule)
+    })
+}
+
+// ---- whole-frame walk (off the hot path) -------------------------------------------
+
+/// One frame of the calling thread's stack, as `walk_own_stack` reports it.
+#[derive(Clone, Copy, Debug)]
+pub struct FrameSpan {
+    /// The code the frame belongs to (a return address, or the walk's own position).
+    pub ip: u64,
+    /// The frame occupies `[sp, cfa)`.
+    pub sp: u64,
+    pub cfa: u64,
+    /// Where this frame saved its caller's callee-saved registers (rbx, rbp, r12-r15).
+    pub saved: [Option<u64>; 6],
+}
+
+/// How the walk ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WalkEnd {
+    /// The outermost frame was reached.
+    Outermost,
+    /// A frame could not be unwound (no CFI, a DWARF expression, a signal frame): the
+    /// stack from this address up was not described.
+    Unknown(u64),
+}
+
+/// The callee-saved registers of the x86-64 System V ABI other than rsp.
+const CALLEE_SAVED: [gimli::Register; 6] = [X86_64::RBX, X86_64::RBP, X86_64::R12, X86_64::R13, X86_64::R14, X86_64::R15];
+
+/// Walks the calling thread's stack from the caller of this function outwards with the
+/// full CFI of every frame (not the hot path's compact rules): where each frame lies and
+/// where it saved its caller's registers. `callee_saved` receives the current values of
+/// those registers (whatever no frame saved still holds an outer frame's value). Reads
+/// only inside `[sp, stack_end)`. May allocate (gimli): not while threads are stopped.
+#[inline(never)]
+pub fn walk_own_stack(stack_end: u64, callee_saved: &mut [u64; 6], mut f: impl FnMut(&FrameSpan)) -> WalkEnd {
+    let (ip0, sp0, bp0) = registers();
+    let regs: [u64; 5];
+    // SAFETY: copies five registers; no memory access, no stack change.
+    unsafe {
+        let (rbx, r12, r13, r14, r15): (u64, u64, u64, u64, u64);
+        std::arch::asm!(
+            "mov {a}, rbx", "mov {b}, r12", "mov {c}, r13", "mov {d}, r14", "mov {e}, r15",
+            a = out(reg) rbx, b = out(reg) r12, c = out(reg) r13, d = out(reg) r14, e = out(reg) r15,
+            options(nomem, nostack, preserves_flags)
+        );
+        regs = [rbx, r12, r13, r14, r15];
     }
-    match row.register(X86_64::RBP) {
-        None | Some(RegisterRule::Undefined) | Some(RegisterRule::SameValue) => {}
-        Some(RegisterRule::Offset(off)) => rule |= RBP_SAVED | (pack_i24(off)? << 32),
-        _ => return None,
+    *callee_saved = [regs[0], bp0, regs[1], regs[2], regs[3], regs[4]];
+    let read = |addr: u64| -> Option<u64> {
+        if addr < sp0 || addr.checked_add(8)? > stack_end || !addr.is_multiple_of(8) {
+            return None;
+        }
+        // SAFETY: [sp0, stack_end) is the live part of this thread's own stack.
+        Some(unsafe { std::ptr::read(addr as *const u64) })
+    };
+    let (mut ip, mut sp, mut bp) = (ip0, sp0, bp0);
+    let mut first = true;
+    for _ in 0..1024 {
+        let lookup = if first { ip } else { ip.wrapping_sub(1) };
+        let step = with_cfi_row(lookup, |row| {
+            if matches!(row.register(X86_64::RA), Some(RegisterRule::Undefined)) {
+                return Some(None);
+            }
+            let cfa = match row.cfa() {
+                CfaRule::RegisterAndOffset { register, offset } if *register == X86_64::RSP => sp.wrapping_add(*offset as u64),
+                CfaRule::RegisterAndOffset { register, offset } if *register == X86_64::RBP => bp.wrapping_add(*offset as u64),
+                _ => return None,
+            };
+            let mut saved = [None; 6];
+            for (slot, reg) in saved.iter_mut().zip(CALLEE_SAVED) {
+                if let Some(RegisterRule::Offset(o)) = row.register(reg) {
+                    *slot = Some(cfa.wrapping_add(o as u64));
+                }
+            }
+            Some(Some((cfa, saved)))
+        });
+        let Some(step) = step else { return WalkEnd::Unknown(sp) };
+        let Some((cfa, saved)) = step else { return WalkEnd::Outermost };
+        if cfa <= sp || cfa > stack_end {
+            return WalkEnd::Unknown(sp);
+        }
+        let Some(ra) = read(cfa - 8) else { return WalkEnd::Unknown(sp) };
+        f(&FrameSpan { ip, sp, cfa, saved });
+        if let Some(a) = saved[1] {
+            match read(a) {
+                Some(v) => bp = v,
+                None => return WalkEnd::Unknown(cfa),
+            }
+        }
+        sp = cfa;
+        ip = ra;
+        first = false;
+        if ra == 0 {
+            return WalkEnd::Outermost;
+        }
     }
-    Some(rule)
+    WalkEnd::Unknown(sp)
 }
 
 // ---- rule cache ----------------------------------------------------------------------
@@ -436,6 +542,30 @@ fn registers() -> (u64, u64, u64) {
         );
     }
     (ip, sp, bp)
+}
+
+/// Where the calling function's frame ends (its canonical frame address: the caller's
+/// stack pointer once the call returns), from the same compact rules the unwinder uses;
+/// the current stack pointer where no rule applies.
+#[inline(always)]
+pub fn current_frame_end() -> u64 {
+    let (ip, sp, bp) = registers();
+    if !available() {
+        return sp;
+    }
+    // The start registers were read at `ip` itself, as for the first frame of a capture.
+    let rule = rule_for(ip, epoch());
+    if rule & (UNSUPPORTED | OUTERMOST) != 0 {
+        return sp;
+    }
+    let off = unpack_i24(rule >> 8) as u64;
+    let cfa = if rule & CFA_RBP != 0 { bp.wrapping_add(off) } else { sp.wrapping_add(off) };
+    // A frame is never larger than this; anything else means a wrong rule.
+    if cfa > sp && cfa - sp < (1 << 20) {
+        cfa
+    } else {
+        sp
+    }
 }
 
 /// Records the stack words an unwind consumed straight into the memo entry it will

@@ -185,6 +185,8 @@ fn module_range(addr: usize) -> Option<(usize, usize)> {
 /// and the span of its PT_LOAD segments.
 pub struct LoadedModule {
     pub path: std::ffi::CString,
+    /// Load bias: file virtual address = runtime address - base.
+    pub base: usize,
     pub lo: usize,
     pub hi: usize,
 }
@@ -207,7 +209,7 @@ pub fn loaded_modules() -> Vec<LoadedModule> {
             }
             let path = if i.dlpi_name.is_null() { std::ffi::CString::default() } else { CStr::from_ptr(i.dlpi_name).to_owned() };
             if lo < hi {
-                out.push(LoadedModule { path, lo, hi });
+                out.push(LoadedModule { path, base: i.dlpi_addr as usize, lo, hi });
             }
         }
         0

@@ -121,7 +121,7 @@ pub struct RunFacts {
 
 /// The symbolized frames of an interned stack (innermost first, inlined frames expanded).
 pub fn resolve_stack(stack_id: u32, sym: &mut Symbolizer) -> Vec<Frame> {
-    let raw = sym.raw_stack(stack_id).to_vec();
+    let raw = sym.raw_stack(stack_id);
     let mut stack = Vec::with_capacity(raw.len());
     for rf in raw {
         let (module, offset) = match rf.module {
@@ -197,7 +197,6 @@ pub fn select_groups(
 }
 
 pub fn resolve_groups(selected: &[(&GroupSnapshot, Option<Reachability>)], sym: &mut Symbolizer) -> Vec<Group> {
-    sym.resolve_pending();
     selected
         .iter()
         .map(|&(g, reachability)| {
@@ -273,7 +272,6 @@ pub struct TimelineOut {
 
 /// The timeline; followed stacks that are not among `groups` are symbolized here.
 pub fn timeline_out(timeline: &Timeline, groups: &[Group], sym: &mut Symbolizer) -> TimelineOut {
-    sym.resolve_pending();
     TimelineOut {
         points: timeline
             .points

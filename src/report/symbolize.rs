@@ -1,8 +1,11 @@
 //! Off the hot path: raw return addresses -> (module, offset) -> function, file, line.
 //!
-//! Module resolution must happen while the module is still mapped, so it runs at every
-//! report and, for every stack interned so far, just before each `dlclose`. Names are
-//! then read from the module *file* (DWARF via addr2line, else the symbol table), which
+//! An address means a module only while that module is mapped. Stacks are tagged with
+//! the dlclose epoch they were captured in, and just before each `dlclose` the list of
+//! loaded modules is kept for the epoch that is ending (one `dl_iterate_phdr`, nothing
+//! per stack), so a stack from an earlier epoch is resolved against the modules of its
+//! own epoch, and one from the current epoch against the live loader. Names are then
+//! read from the module *file* (DWARF via addr2line, else the symbol table), which
 //! still works after the module was unloaded.
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -39,63 +42,89 @@ pub struct Symbolizer {
     exe_path: String,
     modules: Vec<Module>,
     module_ids: HashMap<(String, u64, u64), u32>,
+    /// Module of an address in the epoch `ip_modules_epoch` (the current one).
     ip_modules: FxMap<u64, Option<(u32, u64)>>,
-    stacks: Vec<Option<Vec<RawFrame>>>,
-    resolved_upto: u32,
+    ip_modules_epoch: u32,
+    /// For each ended epoch, the modules loaded when it ended: (start, end, module),
+    /// sorted by start.
+    ended_epochs: FxMap<u32, Vec<(u64, u64, u32)>>,
     loaders: FxMap<u32, Option<addr2line::Loader>>,
     symbols: FxMap<(u32, u64), Vec<SymFrame>>,
 }
 
 impl Symbolizer {
     pub fn new(exe_path: String) -> Symbolizer {
-        Symbolizer { exe_path, resolved_upto: 1, ..Default::default() }
+        Symbolizer { exe_path, ..Default::default() }
     }
 
     pub fn module(&self, idx: u32) -> Option<&Module> {
         self.modules.get(idx as usize)
     }
 
+    fn module_index(&mut self, path: String, base: u64, start: u64, end: u64) -> u32 {
+        let path = if path.is_empty() { self.exe_path.clone() } else { path };
+        let key = (path.clone(), base, start);
+        let next = self.modules.len() as u32;
+        let idx = *self.module_ids.entry(key).or_insert(next);
+        if idx == next {
+            self.modules.push(Module { path, base, start, end });
+        }
+        idx
+    }
+
     fn module_for_ip(&mut self, ip: u64) -> Option<(u32, u64)> {
+        let epoch = unwind::epoch();
+        if epoch != self.ip_modules_epoch {
+            // A dlclose since: the same address may now mean another module.
+            self.ip_modules.clear();
+            self.ip_modules_epoch = epoch;
+        }
         if let Some(m) = self.ip_modules.get(&ip) {
             return *m;
         }
-        let found = unwind::module_of(ip).map(|m| {
-            let path = if m.path.is_empty() { self.exe_path.clone() } else { m.path };
-            let key = (path.clone(), m.base, m.start);
-            let next = self.modules.len() as u32;
-            let idx = *self.module_ids.entry(key).or_insert(next);
-            if idx == next {
-                self.modules.push(Module { path, base: m.base, start: m.start, end: m.end });
-            }
-            (idx, ip.wrapping_sub(m.base))
-        });
+        let found = unwind::module_of(ip).map(|m| (self.module_index(m.path, m.base, m.start, m.end), ip.wrapping_sub(m.base)));
         self.ip_modules.insert(ip, found);
         found
     }
 
-    /// Maps every stack interned so far to modules (call while they are all loaded).
-    pub fn resolve_pending(&mut self) {
-        let count = stacks::count();
-        while self.resolved_upto < count {
-            let id = self.resolved_upto;
-            let Some(frames) = stacks::frames(id) else { break };
-            let raw: Vec<RawFrame> = frames.iter().map(|&ip| RawFrame { ip, module: self.module_for_ip(ip) }).collect();
-            let idx = id as usize;
-            if self.stacks.len() <= idx {
-                self.stacks.resize(idx + 1, None);
-            }
-            self.stacks[idx] = Some(raw);
-            self.resolved_upto += 1;
+    /// Call just before a `dlclose`: keeps the loaded modules for the epoch it ends.
+    /// Several threads may call it in one epoch; their lists are merged.
+    pub fn pin_modules(&mut self) {
+        let epoch = unwind::epoch();
+        let mut pinned: Vec<(u64, u64, u32)> = crate::interpose::resolve::loaded_modules()
+            .into_iter()
+            .map(|m| {
+                let path = m.path.to_string_lossy().into_owned();
+                let (base, lo, hi) = (m.base as u64, m.lo as u64, m.hi as u64);
+                (lo, hi, self.module_index(path, base, lo, hi))
+            })
+            .collect();
+        let list = self.ended_epochs.entry(epoch).or_default();
+        pinned.retain(|p| !list.contains(p));
+        list.extend(pinned);
+        list.sort_unstable();
+    }
+
+    /// A captured stack's frames with their modules (innermost first).
+    pub fn raw_stack(&mut self, id: u32) -> Vec<RawFrame> {
+        let frames = stacks::frames(id).unwrap_or(&[]);
+        let epoch = stacks::epoch_of(id).unwrap_or(0);
+        if epoch == unwind::epoch() {
+            return frames.iter().map(|&ip| RawFrame { ip, module: self.module_for_ip(ip) }).collect();
         }
-    }
-
-    /// After a dlclose the same addresses may come to mean another module.
-    pub fn forget_address_cache(&mut self) {
-        self.ip_modules.clear();
-    }
-
-    pub fn raw_stack(&self, id: u32) -> &[RawFrame] {
-        self.stacks.get(id as usize).and_then(|s| s.as_deref()).unwrap_or(&[])
+        let ended = self.ended_epochs.get(&epoch).map(Vec::as_slice).unwrap_or(&[]);
+        frames
+            .iter()
+            .map(|&ip| {
+                let i = ended.partition_point(|m| m.0 <= ip);
+                let module = i
+                    .checked_sub(1)
+                    .map(|i| ended[i])
+                    .filter(|m| ip < m.1)
+                    .map(|(_, _, idx)| (idx, ip.wrapping_sub(self.modules[idx as usize].base)));
+                RawFrame { ip, module }
+            })
+            .collect()
     }
 
     fn loader(&mut self, module: u32) -> Option<&addr2line::Loader> {

@@ -35,14 +35,20 @@ pub fn scan(blocks: &[Block], own_threads: &[u32]) -> (Vec<Verdict>, ScanInfo) {
     let mut scratch = Scratch::new(blocks.len());
     // Read after the scan's own buffers exist, so that the stack copies lie inside.
     let maps = roots::writable_mappings();
-    let (mut root_ranges, runtime_ranges) = roots::module_data();
+    let (module_ranges, runtime_module_ranges) = roots::module_data();
+    let mut pages = roots::WrittenPages::prepare();
+    let mut root_ranges = Vec::new();
+    let mut runtime_ranges = Vec::with_capacity(roots::WrittenPages::bound(&runtime_module_ranges));
     root_ranges.extend_from_slice(roots::main_tls());
     root_ranges.extend(roots::main_dtv(&maps));
     root_ranges.extend(blocking_stacks.iter().map(|s| (s.as_ptr() as u64, (s.len() * 8) as u64)));
-    root_ranges.reserve(tids.len() + 8);
+    roots::own_stack(&maps, &mut root_ranges, &mut regs);
+    root_ranges.reserve(tids.len() + 8 + roots::WrittenPages::bound(&module_ranges));
     // From here until `resume`: no allocation.
     let stopped = roots::stop_threads(&tids, &maps, &mut root_ranges, &mut regs);
-    roots::own_stack(&maps, &mut root_ranges);
+    // Which pages were written is read while every thread that could write is held.
+    pages.keep_written(&module_ranges, &mut root_ranges);
+    pages.keep_written(&runtime_module_ranges, &mut runtime_ranges);
     let regs_range = (regs.as_ptr() as u64, (regs.len() * 8) as u64);
     if root_ranges.len() < root_ranges.capacity() {
         root_ranges.push(regs_range);
