@@ -22,19 +22,59 @@ pub enum Verdict {
     Definite,
 }
 
-/// Blocks sorted by start; answers "which block contains this address" quickly.
+/// Blocks of at most this size are found through the page directory; larger ones
+/// (few, but each would fill many directory entries) by a search of their own list.
+const DIRECTORY_MAX_BLOCK: u64 = 64 << 10;
+const PAGE_SHIFT: u32 = 12;
+/// The directory has one table of pages per 1 GiB region that holds blocks.
+const REGION_SHIFT: u32 = 30;
+const PAGES_PER_REGION: usize = 1 << (REGION_SHIFT - PAGE_SHIFT);
+
+/// Blocks sorted by start; answers "which block contains this address" quickly. Every
+/// word of the roots and of each reached block is asked, so a lookup is one read of a
+/// page directory (page -> the blocks that overlap it) and a search among those few,
+/// instead of a binary search over every block, each step a cache miss on a large heap.
 pub struct BlockIndex<'a> {
     blocks: &'a [Block],
     lo: u64,
     hi: u64,
+    /// Regions (address >> 30) that hold directory-sized blocks, ascending, each with
+    /// its page table: per page, the index range of the blocks that overlap it.
+    regions: Vec<(u64, Vec<(u32, u32)>)>,
+    /// Indices of the larger blocks, by start.
+    large: Vec<u32>,
 }
 
 impl<'a> BlockIndex<'a> {
-    /// `blocks` must be sorted by `start` and not overlap.
+    /// `blocks` must be sorted by `start` and not overlap. Allocates (build it before
+    /// threads are stopped).
     pub fn new(blocks: &'a [Block]) -> BlockIndex<'a> {
         let lo = blocks.first().map(|b| b.start).unwrap_or(u64::MAX);
         let hi = blocks.iter().map(|b| b.start.saturating_add(b.size.max(1))).max().unwrap_or(0);
-        BlockIndex { blocks, lo, hi }
+        let mut regions: Vec<(u64, Vec<(u32, u32)>)> = Vec::new();
+        let mut large = Vec::new();
+        for (i, b) in blocks.iter().enumerate() {
+            let i = i as u32;
+            if b.size > DIRECTORY_MAX_BLOCK {
+                large.push(i);
+                continue;
+            }
+            let last = b.start.saturating_add(b.size.max(1) - 1);
+            for page in (b.start >> PAGE_SHIFT)..=(last >> PAGE_SHIFT) {
+                let region = page >> (REGION_SHIFT - PAGE_SHIFT);
+                // Blocks come by address: a region is always the last one or a new one.
+                if regions.last().map(|r| r.0) != Some(region) {
+                    regions.push((region, vec![(0, 0); PAGES_PER_REGION]));
+                }
+                let table = &mut regions.last_mut().expect("pushed above").1;
+                let e = &mut table[page as usize & (PAGES_PER_REGION - 1)];
+                if e.1 == 0 {
+                    e.0 = i;
+                }
+                e.1 = i + 1;
+            }
+        }
+        BlockIndex { blocks, lo, hi, regions, large }
     }
 
     #[inline]
@@ -43,13 +83,26 @@ impl<'a> BlockIndex<'a> {
         if word < self.lo || word >= self.hi {
             return None;
         }
-        let i = self.blocks.partition_point(|b| b.start <= word);
-        if i == 0 {
-            return None;
+        let contains = |i: usize| {
+            let b = &self.blocks[i];
+            // A zero-sized block is still an allocation: its address counts.
+            word >= b.start && word < b.start.saturating_add(b.size.max(1))
+        };
+        let region = word >> REGION_SHIFT;
+        let r = self.regions.partition_point(|r| r.0 < region);
+        if let Some((_, table)) = self.regions.get(r).filter(|r| r.0 == region) {
+            let (first, end) = table[(word >> PAGE_SHIFT) as usize & (PAGES_PER_REGION - 1)];
+            if end > 0 {
+                let range = &self.blocks[first as usize..end as usize];
+                let k = range.partition_point(|b| b.start <= word);
+                if k > 0 && contains(first as usize + k - 1) {
+                    return Some(first as usize + k - 1);
+                }
+            }
         }
-        let b = &self.blocks[i - 1];
-        // A zero-sized block is still an allocation: its address counts.
-        (word < b.start.saturating_add(b.size.max(1))).then_some(i - 1)
+        let k = self.large.partition_point(|&i| self.blocks[i as usize].start <= word);
+        let i = *self.large.get(k.checked_sub(1)?)? as usize;
+        contains(i).then_some(i)
     }
 }
 
@@ -61,16 +114,20 @@ pub trait Memory {
 
 /// Working memory for `classify_into`, allocated before other threads are stopped
 /// (one of them may hold the allocator's lock).
-pub struct Scratch {
+pub struct Scratch<'a> {
+    index: BlockIndex<'a>,
     pub verdicts: Vec<Verdict>,
     reached: Vec<bool>,
     indirect: Vec<bool>,
     work: Vec<usize>,
 }
 
-impl Scratch {
-    pub fn new(blocks: usize) -> Scratch {
+impl<'a> Scratch<'a> {
+    pub fn new(blocks: &'a [Block]) -> Scratch<'a> {
+        let index = BlockIndex::new(blocks);
+        let blocks = blocks.len();
         Scratch {
+            index,
             verdicts: vec![Verdict::Definite; blocks],
             reached: vec![false; blocks],
             indirect: vec![false; blocks],
@@ -85,8 +142,8 @@ impl Scratch {
 /// through host blocks only they keep, a CUDA allocation: the driver's own table of
 /// allocations is no reference of the program's.
 pub fn classify_into(blocks: &[Block], roots: &[(u64, u64)], runtime_roots: &[(u64, u64)], mem: &dyn Memory, s: &mut Scratch) {
-    let index = BlockIndex::new(blocks);
-    let Scratch { verdicts, reached, indirect, work } = s;
+    let Scratch { index, verdicts, reached, indirect, work } = s;
+    let index = &*index;
     let mark_from = |start: u64, len: u64, reached: &mut Vec<bool>, work: &mut Vec<usize>, keeps_cuda: bool| {
         mem.words(start, len, &mut |w| {
             if let Some(i) = index.find(w) {
@@ -138,7 +195,7 @@ pub fn classify_into(blocks: &[Block], roots: &[(u64, u64)], runtime_roots: &[(u
 
 /// Classifies every block given the root ranges `(start, len)`.
 pub fn classify(blocks: &[Block], roots: &[(u64, u64)], runtime_roots: &[(u64, u64)], mem: &dyn Memory) -> Vec<Verdict> {
-    let mut s = Scratch::new(blocks.len());
+    let mut s = Scratch::new(blocks);
     classify_into(blocks, roots, runtime_roots, mem, &mut s);
     s.verdicts
 }
@@ -227,6 +284,44 @@ mod tests {
         // The program holds the device pointer in a global: reachable.
         m.insert(0x10, 0x1000);
         assert_eq!(classify(&b, &[(0x10, 8)], &[(0x40, 0x18)], &Fake(m)), vec![Reachable, Reachable, Definite]);
+    }
+
+    #[test]
+    fn the_page_directory_finds_what_a_search_of_every_block_finds() {
+        // Small, page-straddling, zero-sized and large blocks, with gaps, from a fixed
+        // pseudo-random sequence.
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut blocks = Vec::new();
+        let mut at = 0x5555_0000_0000u64;
+        for _ in 0..5000 {
+            at += (next() % 3) * 16 + 16;
+            let size = match next() % 50 {
+                0 => 0,
+                1 => 64 << 10,
+                2 => (64 << 10) + 16 + next() % (1 << 20),
+                3 => 4096 * (1 + next() % 5),
+                _ => 16 * (1 + next() % 40),
+            };
+            blocks.push(Block { start: at, size, opaque: false, cuda: false });
+            at += size.max(1);
+        }
+        let idx = BlockIndex::new(&blocks);
+        let naive = |w: u64| blocks.iter().position(|b| w >= b.start && w < b.start + b.size.max(1));
+        let (lo, hi) = (blocks[0].start - 64, at + 64);
+        for _ in 0..200_000 {
+            let w = lo + next() % (hi - lo);
+            assert_eq!(idx.find(w), naive(w), "{w:#x}");
+        }
+        for (i, b) in blocks.iter().enumerate() {
+            assert_eq!(idx.find(b.start), Some(i));
+            assert_eq!(idx.find(b.start + b.size.max(1) - 1), Some(i));
+        }
     }
 
     #[test]

@@ -32,7 +32,7 @@ pub fn scan(blocks: &[Block], own_threads: &[u32]) -> (Vec<Verdict>, ScanInfo) {
     let (tids, blocking) = roots::split_blocking(&tids);
     let blocking_stacks = roots::copy_blocking_stacks(&blocking, &roots::writable_mappings());
     let mut regs: Vec<u64> = Vec::with_capacity((tids.len() + 1) * 24);
-    let mut scratch = Scratch::new(blocks.len());
+    let mut scratch = Scratch::new(blocks);
     // Read after the scan's own buffers exist, so that the stack copies lie inside.
     let maps = roots::writable_mappings();
     let (module_ranges, runtime_module_ranges) = roots::module_data();
