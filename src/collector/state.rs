@@ -45,9 +45,9 @@ pub struct AddressHasher(u64);
 
 impl Hasher for AddressHasher {
     fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0.rotate_left(5) ^ *b as u64).wrapping_mul(0x517c_c1b7_2722_0a95);
-        }
+        let mut fx = FxHasher(self.0);
+        fx.write(bytes);
+        self.0 = fx.0;
     }
     #[inline]
     fn write_u64(&mut self, addr: u64) {

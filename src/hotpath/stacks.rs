@@ -175,28 +175,22 @@ pub fn count() -> u32 {
 
 /// The frames of a stack, or `None` while its record is still being written.
 pub fn frames(id: u32) -> Option<&'static [u64]> {
-    if id == 0 || id as usize >= MAX_STACKS {
-        return Some(&[]);
-    }
-    let t = tables()?;
-    let loc = t.record(id).location.load(Ordering::Acquire);
-    if loc & READY == 0 {
-        return None;
-    }
-    Some(t.frames_of(loc))
+    frames_and_epoch(id).map(|(frames, _)| frames)
 }
 
-/// The dlclose epoch a stack was captured in (`None` while its record is written).
-pub fn epoch_of(id: u32) -> Option<u32> {
+/// The frames of a stack and the dlclose epoch it was captured in, or `None` while its
+/// record is still being written.
+pub fn frames_and_epoch(id: u32) -> Option<(&'static [u64], u32)> {
     if id == 0 || id as usize >= MAX_STACKS {
-        return Some(0);
+        return Some((&[], 0));
     }
     let t = tables()?;
     let rec = t.record(id);
-    if rec.location.load(Ordering::Acquire) & READY == 0 {
+    let loc = rec.location.load(Ordering::Acquire);
+    if loc & READY == 0 {
         return None;
     }
-    Some(rec.epoch.load(Ordering::Relaxed))
+    Some((t.frames_of(loc), rec.epoch.load(Ordering::Relaxed)))
 }
 
 /// How many stacks could not be interned (table full); their events carry id 0.

@@ -544,30 +544,6 @@ fn registers() -> (u64, u64, u64) {
     (ip, sp, bp)
 }
 
-/// Where the calling function's frame ends (its canonical frame address: the caller's
-/// stack pointer once the call returns), from the same compact rules the unwinder uses;
-/// the current stack pointer where no rule applies.
-#[inline(always)]
-pub fn current_frame_end() -> u64 {
-    let (ip, sp, bp) = registers();
-    if !available() {
-        return sp;
-    }
-    // The start registers were read at `ip` itself, as for the first frame of a capture.
-    let rule = rule_for(ip, epoch());
-    if rule & (UNSUPPORTED | OUTERMOST) != 0 {
-        return sp;
-    }
-    let off = unpack_i24(rule >> 8) as u64;
-    let cfa = if rule & CFA_RBP != 0 { bp.wrapping_add(off) } else { sp.wrapping_add(off) };
-    // A frame is never larger than this; anything else means a wrong rule.
-    if cfa > sp && cfa - sp < (1 << 20) {
-        cfa
-    } else {
-        sp
-    }
-}
-
 /// Records the stack words an unwind consumed straight into the memo entry it will
 /// become (no intermediate buffer, nothing zeroed per capture).
 struct Recorder<'a> {

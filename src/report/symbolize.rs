@@ -91,7 +91,7 @@ impl Symbolizer {
     /// Several threads may call it in one epoch; their lists are merged.
     pub fn pin_modules(&mut self) {
         let epoch = unwind::epoch();
-        let mut pinned: Vec<(u64, u64, u32)> = crate::interpose::resolve::loaded_modules()
+        let pinned: Vec<(u64, u64, u32)> = crate::interpose::resolve::loaded_modules()
             .into_iter()
             .map(|m| {
                 let path = m.path.to_string_lossy().into_owned();
@@ -100,15 +100,14 @@ impl Symbolizer {
             })
             .collect();
         let list = self.ended_epochs.entry(epoch).or_default();
-        pinned.retain(|p| !list.contains(p));
         list.extend(pinned);
         list.sort_unstable();
+        list.dedup();
     }
 
     /// A captured stack's frames with their modules (innermost first).
     pub fn raw_stack(&mut self, id: u32) -> Vec<RawFrame> {
-        let frames = stacks::frames(id).unwrap_or(&[]);
-        let epoch = stacks::epoch_of(id).unwrap_or(0);
+        let (frames, epoch) = stacks::frames_and_epoch(id).unwrap_or((&[], 0));
         if epoch == unwind::epoch() {
             return frames.iter().map(|&ip| RawFrame { ip, module: self.module_for_ip(ip) }).collect();
         }

@@ -148,16 +148,23 @@ pub fn module_data() -> (Ranges, Ranges) {
 pub fn loader_range() -> Option<(u64, u64)> {
     crate::interpose::resolve::loaded_modules()
         .into_iter()
-        .find(|m| {
-            let path = m.path.as_bytes();
-            path.rsplit(|c| *c == b'/').next().unwrap_or(path).starts_with(b"ld-linux")
-        })
+        .find(|m| is_loader(m.path.as_bytes()))
         .map(|m| (m.lo as u64, m.hi as u64))
+}
+
+/// The last component of a module path.
+fn file_name(path: &[u8]) -> &[u8] {
+    path.rsplit(|c| *c == b'/').next().unwrap_or(path)
+}
+
+/// The dynamic linker (`ld-linux-x86-64.so.2`), by file name.
+fn is_loader(path: &[u8]) -> bool {
+    file_name(path).starts_with(b"ld-linux")
 }
 
 /// The CUDA driver (`libcuda.so.1`) and runtime (`libcudart.so.*`), by file name.
 pub fn is_cuda_library(path: &[u8]) -> bool {
-    let base = path.rsplit(|c| *c == b'/').next().unwrap_or(path);
+    let base = file_name(path);
     base.starts_with(b"libcuda.so") || base.starts_with(b"libcudart.so")
 }
 
@@ -292,8 +299,8 @@ fn is_system_frame(ip: u64) -> bool {
         return true;
     }
     let Some(m) = crate::hotpath::unwind::module_of(ip) else { return false };
-    let base = m.path.rsplit('/').next().unwrap_or(&m.path);
-    base.starts_with("libc.so") || base.starts_with("ld-linux")
+    let path = m.path.as_bytes();
+    file_name(path).starts_with(b"libc.so") || is_loader(path)
 }
 
 /// The roots on the stack of the thread that writes the final report, when it is a
