@@ -11,6 +11,7 @@ use crate::collector::state::Collector;
 use crate::config::Config;
 use crate::hotpath::event::{self, Api, EventKind, Kind, Space};
 use crate::hotpath::channel::{self, DrainState};
+use crate::hotpath::thread::ThreadState;
 use crate::hotpath::{stacks, thread, unwind};
 use crate::report::build::{self, Reason, RunFacts};
 use crate::report::process::{self, ProcessInfo};
@@ -115,7 +116,7 @@ pub fn active() -> bool {
 
 fn drain_into(c: &mut Consumer, max: usize, force: bool) -> usize {
     let Consumer { model, order } = c;
-    order.drain(max, force, |e| model.apply(&e))
+    order.drain(max, force, model)
 }
 
 /// Called by a producer that found its ring full.
@@ -134,8 +135,8 @@ fn help_drain() {
 }
 
 #[inline(always)]
-fn publish(kind: EventKind, api: Api, stack: u32, addr: u64, size: u64) {
-    channel::publish(kind, api, stack, addr, size, help_drain);
+fn publish(state: &ThreadState, kind: EventKind, api: Api, stack: u32, addr: u64, size: u64) {
+    channel::publish(state, kind, api, stack, addr, size, help_drain);
 }
 
 fn disable_after_panic() {
@@ -145,34 +146,34 @@ fn disable_after_panic() {
 }
 
 /// Runs `f` as a recording step of a hook: never twice on one thread at once, never on
-/// the library's own threads, and never letting a panic out.
+/// the library's own threads, never letting a panic out, and leaving `errno` as it was.
 #[inline(always)]
-fn recording(f: impl FnOnce()) {
+fn recording(f: impl FnOnce(&ThreadState)) {
     if !active() {
         return;
     }
-    let Some(_guard) = thread::HookGuard::enter() else { return };
-    if catch_unwind(AssertUnwindSafe(f)).is_err() {
+    let Some(guard) = thread::HookGuard::enter() else { return };
+    if catch_unwind(AssertUnwindSafe(|| f(guard.state()))).is_err() {
         disable_after_panic();
     }
 }
 
 #[inline]
 pub fn record_alloc(addr: usize, size: usize, api: Api) {
-    recording(|| {
-        let stack = unwind::capture_stack_id(DEPTH.load(Ordering::Relaxed));
-        publish(EventKind::Alloc, api, stack, addr as u64, size as u64);
+    recording(|s| {
+        let stack = unwind::capture_stack_id(s, DEPTH.load(Ordering::Relaxed));
+        publish(s, EventKind::Alloc, api, stack, addr as u64, size as u64);
     });
 }
 
 #[inline]
 pub fn record_free(addr: usize) {
-    recording(|| publish(EventKind::Free, Api::Malloc, 0, addr as u64, 0));
+    recording(|s| publish(s, EventKind::Free, Api::Malloc, 0, addr as u64, 0));
 }
 
 #[inline]
 pub fn record_realloc_release(addr: usize) {
-    recording(|| publish(EventKind::ReallocRelease, Api::Realloc, 0, addr as u64, 0));
+    recording(|s| publish(s, EventKind::ReallocRelease, Api::Realloc, 0, addr as u64, 0));
 }
 
 /// The outcome of a realloc whose old block was released with `record_realloc_release`.
@@ -181,18 +182,18 @@ pub fn record_realloc_outcome(new_addr: usize, size: usize, api: Api, freed_with
     if new_addr != 0 {
         record_alloc(new_addr, size, api);
     } else if freed_without_new_block {
-        recording(|| publish(EventKind::ReallocFreed, api, 0, 0, 0));
+        recording(|s| publish(s, EventKind::ReallocFreed, api, 0, 0, 0));
     } else {
-        recording(|| publish(EventKind::ReallocRestore, api, 0, 0, 0));
+        recording(|s| publish(s, EventKind::ReallocRestore, api, 0, 0, 0));
     }
 }
 
 /// A CUDA allocation that succeeded. `device` is the ordinal it belongs to, if known.
 #[inline]
 pub fn record_cuda_alloc(addr: u64, size: u64, api: Api, device: Option<u8>) {
-    recording(|| {
-        let stack = unwind::capture_stack_id(DEPTH.load(Ordering::Relaxed));
-        publish(EventKind::Alloc, api, stack, addr, event::pack_size(size, device));
+    recording(|s| {
+        let stack = unwind::capture_stack_id(s, DEPTH.load(Ordering::Relaxed));
+        publish(s, EventKind::Alloc, api, stack, addr, event::pack_size(size, device));
     });
 }
 
@@ -200,14 +201,14 @@ pub fn record_cuda_alloc(addr: u64, size: u64, api: Api, device: Option<u8>) {
 /// call, like a free, so that the address cannot be handed out again first).
 #[inline]
 pub fn record_cuda_release(addr: u64, space: Space) {
-    recording(|| publish(EventKind::ReallocRelease, Api::releasing(space), 0, addr, 0));
+    recording(|s| publish(s, EventKind::ReallocRelease, Api::releasing(space), 0, addr, 0));
 }
 
 /// How the release published with `record_cuda_release` ended.
 #[inline]
 pub fn record_cuda_release_outcome(space: Space, freed: bool) {
     let kind = if freed { EventKind::ReallocFreed } else { EventKind::ReallocRestore };
-    recording(|| publish(kind, Api::releasing(space), 0, 0, 0));
+    recording(|s| publish(s, kind, Api::releasing(space), 0, 0, 0));
 }
 
 /// A context destroy or device reset that succeeded: every context-bound block of
@@ -215,7 +216,7 @@ pub fn record_cuda_release_outcome(space: Space, freed: bool) {
 /// so far (this thread's allocations among them), so that no block allocated before
 /// the reset survives it in the books.
 pub fn record_device_reset(device: u8) {
-    recording(|| {
+    recording(|_| {
         let Some(mut g) = lock_bounded(&STATE, Duration::from_secs(5)) else { return };
         if let Some(c) = g.as_mut() {
             let backlog = c.order.backlog();
@@ -516,6 +517,7 @@ fn reachability_scan(live: &[crate::collector::state::LiveEntry]) -> ScanResult 
             size: b.size,
             opaque: matches!(b.api.kind(), Kind::Device | Kind::Managed),
             cuda: b.api.kind() != Kind::Host,
+            inherited: b.inherited,
         })
         .collect();
     // The collector, running or on its way out (the final report stops its loop: a

@@ -3,6 +3,8 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
+use super::address_table::AddressTable;
+use crate::hotpath::channel::Sink;
 use crate::hotpath::event::{Api, Event, EventKind, Kind, Space};
 
 /// A multiplicative hasher: keys are addresses and small ids, already well spread.
@@ -34,37 +36,17 @@ impl Hasher for FxHasher {
 
 pub type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
-/// The live heap map's hasher: keeps neighbours together. Blocks allocated together
-/// sit together and are mostly freed together, so a hash that scatters every address
-/// costs a cache miss per event once the map outgrows the cache (two thirds of the
-/// collector's time on an allocation-heavy Python program). Here the 64 granules
-/// (16 bytes) of each 1 KiB window map to 64 consecutive buckets, windows are
-/// scattered, and the top bits (the table's tag byte) still mix the whole address.
-#[derive(Default, Clone, Copy)]
-pub struct AddressHasher(u64);
 
-impl Hasher for AddressHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut fx = FxHasher(self.0);
-        fx.write(bytes);
-        self.0 = fx.0;
+impl Sink for &mut Collector {
+    #[inline(always)]
+    fn apply(&mut self, ev: Event) {
+        Collector::apply(self, &ev);
     }
-    #[inline]
-    fn write_u64(&mut self, addr: u64) {
-        let mut window = addr >> 10;
-        window ^= window >> 31;
-        window = window.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        window ^= window >> 29;
-        let position = (window << 6) | ((addr >> 4) & 63);
-        let tag = (addr >> 4).wrapping_mul(0x517c_c1b7_2722_0a95) & (0x7f << 57);
-        self.0 = (position & !(0x7f << 57)) | tag;
-    }
-    fn finish(&self) -> u64 {
-        self.0
+    #[inline(always)]
+    fn prefetch(&self, addr: u64) {
+        Collector::prefetch(self, addr);
     }
 }
-
-pub type AddressMap<V> = HashMap<u64, V, BuildHasherDefault<AddressHasher>>;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LiveBlock {
@@ -156,7 +138,7 @@ pub struct Snapshot {
 #[derive(Default)]
 pub struct Collector {
     /// Heap blocks by address (the hot map: one entry per malloc).
-    live: AddressMap<LiveBlock>,
+    live: AddressTable<LiveBlock>,
     /// Everything CUDA, by key space and address or handle.
     cuda_live: FxMap<(Space, u64), LiveBlock>,
     /// Per group statistics; a free finds its group by index, without hashing.
@@ -263,11 +245,17 @@ impl Collector {
 
     fn take_live(&mut self, space: Space, addr: u64) -> Option<LiveBlock> {
         let block = match space {
-            Space::Heap => self.live.remove(&addr)?,
+            Space::Heap => self.live.remove(addr)?,
             _ => self.cuda_live.remove(&(space, addr))?,
         };
         self.remove_accounting(&block);
         Some(block)
+    }
+
+    /// Starts loading what applying an event on host address `addr` will touch.
+    #[inline]
+    pub fn prefetch(&self, addr: u64) {
+        self.live.prefetch(addr);
     }
 
     pub fn apply(&mut self, ev: &Event) {
@@ -357,7 +345,7 @@ impl Collector {
     /// Every outstanding block that the pointer scan can classify (heap blocks and CUDA
     /// allocations: ranges that never overlap), sorted by address.
     pub fn live_blocks(&self) -> Vec<LiveEntry> {
-        let heap = self.live.iter().map(|(&addr, b)| (addr, b));
+        let heap = self.live.iter();
         let cuda = self.cuda_live.iter().filter(|((space, _), _)| *space == Space::Cuda).map(|(&(_, addr), b)| (addr, b));
         let mut v: Vec<LiveEntry> = heap
             .chain(cuda)

@@ -20,7 +20,7 @@
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use super::event::{Api, Event, EventKind};
-use super::thread;
+use super::thread::{self, ThreadState};
 
 pub const BUCKETS: usize = 256;
 const RING_SLOTS: u64 = 8192;
@@ -95,7 +95,7 @@ fn rings() -> impl Iterator<Item = &'static ThreadRing> {
 }
 
 #[cold]
-fn claim_ring() -> Option<&'static ThreadRing> {
+fn claim_ring(state: &ThreadState) -> Option<&'static ThreadRing> {
     let me = thread::identity();
     let tid = thread::tid();
     let ring = match rings().find(|r| r.owner.compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed).is_ok()) {
@@ -121,7 +121,7 @@ fn claim_ring() -> Option<&'static ThreadRing> {
     };
     ring.tid.store(tid, Ordering::Release);
     ring.retired.store(false, Ordering::Release);
-    thread::with(|s| s.ring.set(ring as *const ThreadRing as usize));
+    state.ring.set(ring as *const ThreadRing as usize);
     let key = RETIRE_KEY.load(Ordering::Acquire);
     if key != usize::MAX {
         // SAFETY: valid key; setspecific only allocates for keys past the first 32, and
@@ -132,20 +132,20 @@ fn claim_ring() -> Option<&'static ThreadRing> {
 }
 
 #[inline(always)]
-fn my_ring() -> Option<&'static ThreadRing> {
-    let p = thread::with(|s| s.ring.get());
+fn my_ring(state: &ThreadState) -> Option<&'static ThreadRing> {
+    let p = state.ring.get();
     if p != 0 {
         // SAFETY: set by claim_ring for this thread; rings are never freed.
         return Some(unsafe { &*(p as *const ThreadRing) });
     }
-    claim_ring()
+    claim_ring(state)
 }
 
-/// Publishes one event from the calling thread. `help` is called while the ring is
-/// full; it should drain (it must not block indefinitely).
+/// Publishes one event from the calling thread, whose state `state` is. `help` is
+/// called while the ring is full; it should drain (it must not block indefinitely).
 #[inline]
-pub fn publish(kind: EventKind, api: Api, stack: u32, addr: u64, size: u64, mut help: impl FnMut()) {
-    let Some(ring) = my_ring() else { return };
+pub fn publish(state: &ThreadState, kind: EventKind, api: Api, stack: u32, addr: u64, size: u64, mut help: impl FnMut()) {
+    let Some(ring) = my_ring(state) else { return };
     let t = ring.tail.0 .0.load(Ordering::Relaxed);
     if t.wrapping_sub(ring.tail.0 .1.load(Ordering::Relaxed)) >= RING_SLOTS
         && t.wrapping_sub(refresh_head(ring)) >= RING_SLOTS
@@ -192,6 +192,26 @@ pub fn close() {
     CLOSED.store(true, Ordering::SeqCst);
 }
 
+/// Where drained events go. A plain closure is one; a sink that keeps events in a big
+/// table can also say what to load ahead (`prefetch`), and the drain calls it a few
+/// events before applying each one so that cache misses overlap.
+pub trait Sink {
+    fn apply(&mut self, ev: Event);
+    /// Called with the address of an event that will be applied soon.
+    #[inline(always)]
+    fn prefetch(&self, _addr: u64) {}
+}
+
+impl<F: FnMut(Event)> Sink for F {
+    #[inline(always)]
+    fn apply(&mut self, ev: Event) {
+        self(ev)
+    }
+}
+
+/// How many events ahead of the one applied the drain prefetches.
+const LOOKAHEAD: u64 = 8;
+
 /// The consumer's position in the ticket order: per bucket, the next ticket to apply.
 pub struct DrainState {
     next: [u64; BUCKETS],
@@ -207,7 +227,7 @@ impl DrainState {
     /// Applies ready events from every ring, up to `max`. With `force`, an event whose
     /// ticket predecessors never arrive (their threads died in fork, or are stuck) is
     /// applied anyway. Returns how many events were applied.
-    pub fn drain(&mut self, max: usize, force: bool, mut f: impl FnMut(Event)) -> usize {
+    pub fn drain(&mut self, max: usize, force: bool, mut f: impl Sink) -> usize {
         let mut total = 0;
         loop {
             let mut progress = 0;
@@ -232,12 +252,18 @@ impl DrainState {
         }
     }
 
-    fn drain_ring(&mut self, ring: &ThreadRing, max: usize, force: bool, f: &mut impl FnMut(Event)) -> usize {
+    fn drain_ring(&mut self, ring: &ThreadRing, max: usize, force: bool, f: &mut impl Sink) -> usize {
         let tail = ring.tail.0 .0.load(Ordering::Acquire);
         let mut head = ring.head.0.load(Ordering::Relaxed);
         let start = head;
         let tid = ring.tid.load(Ordering::Acquire);
+        for ahead in head..tail.min(head + LOOKAHEAD) {
+            f.prefetch(ring.slots[(ahead % RING_SLOTS) as usize].addr.load(Ordering::Relaxed));
+        }
         while head < tail && ((head - start) as usize) < max {
+            if head + LOOKAHEAD < tail {
+                f.prefetch(ring.slots[((head + LOOKAHEAD) % RING_SLOTS) as usize].addr.load(Ordering::Relaxed));
+            }
             let slot = &ring.slots[(head % RING_SLOTS) as usize];
             let addr = slot.addr.load(Ordering::Relaxed);
             let order = slot.order.load(Ordering::Relaxed);
@@ -256,7 +282,7 @@ impl DrainState {
             if ordered {
                 self.next[b] = self.next[b].max(order + 1);
             }
-            f(ev);
+            f.apply(ev);
             head += 1;
             if head.is_multiple_of(256) {
                 ring.head.0.store(head, Ordering::Release);
@@ -301,6 +327,10 @@ mod tests {
     use super::*;
     use std::sync::Mutex;
 
+    fn publish_here(kind: EventKind, api: Api, stack: u32, addr: u64, size: u64, help: impl FnMut()) {
+        thread::with(|s| publish(s, kind, api, stack, addr, size, help));
+    }
+
     // One test owns the process-wide rings; it checks order and completeness together.
     #[test]
     fn cross_thread_reuse_is_applied_in_causal_order_and_nothing_is_lost() {
@@ -332,20 +362,20 @@ mod tests {
                 s.spawn(move || {
                     for i in 0..ROUNDS {
                         let addr = ((t << 32) | i) << 4;
-                        publish(EventKind::Alloc, Api::Malloc, 1, addr, 8, || drain_some(false));
-                        publish(EventKind::Free, Api::Malloc, 0, addr, 0, || drain_some(false));
+                        publish_here(EventKind::Alloc, Api::Malloc, 1, addr, 8, || drain_some(false));
+                        publish_here(EventKind::Free, Api::Malloc, 0, addr, 0, || drain_some(false));
                         mailbox[((t + 1) % THREADS) as usize].lock().unwrap().push(addr);
                         let got: Vec<u64> = std::mem::take(&mut *mailbox[t as usize].lock().unwrap());
                         for a in got {
                             // Reuse of an address another thread freed...
-                            publish(EventKind::Alloc, Api::Malloc, 2, a, 16, || drain_some(false));
+                            publish_here(EventKind::Alloc, Api::Malloc, 2, a, 16, || drain_some(false));
                             // ...and a block allocated here, freed by the next thread.
                             handoff[((t + 1) % THREADS) as usize].lock().unwrap().push(a);
                             published.fetch_add(1, Ordering::Relaxed);
                         }
                         let to_free: Vec<u64> = std::mem::take(&mut *handoff[t as usize].lock().unwrap());
                         for a in to_free {
-                            publish(EventKind::Free, Api::Malloc, 0, a, 0, || drain_some(false));
+                            publish_here(EventKind::Free, Api::Malloc, 0, a, 0, || drain_some(false));
                             published.fetch_add(1, Ordering::Relaxed);
                         }
                         published.fetch_add(2, Ordering::Relaxed);

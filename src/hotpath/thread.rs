@@ -24,6 +24,9 @@ pub struct ThreadState {
     /// Set while this thread is inside a hooked CUDA call: the calls it makes
     /// underneath (the runtime calling the driver) are the same allocation.
     in_cuda: Cell<bool>,
+    /// This thread's `errno` slot (`__errno_location()`), 0 until first asked: it never
+    /// moves while the thread lives, and a forked child's thread keeps its parent's.
+    errno_slot: Cell<usize>,
 }
 
 thread_local! {
@@ -38,6 +41,7 @@ thread_local! {
             exiting: Cell::new(false),
             ring: Cell::new(0),
             in_cuda: Cell::new(false),
+            errno_slot: Cell::new(0),
         }
     };
 }
@@ -46,8 +50,16 @@ pub fn with<R>(f: impl FnOnce(&ThreadState) -> R) -> R {
     STATE.with(f)
 }
 
-/// Held while a hook records an event; dropping it re-arms tracking for this thread.
-pub struct HookGuard(());
+/// Held while a hook records an event: dropping it re-arms tracking for this thread and
+/// puts back the `errno` the program had (whatever recording did to it).
+///
+/// It carries the thread's state so that the recording step reaches it without another
+/// TLS lookup: in a shared library each `thread_local!` access is a `__tls_get_addr`
+/// call, and the hot path used to make five of them per event.
+pub struct HookGuard {
+    state: *const ThreadState,
+    errno: i32,
+}
 
 impl HookGuard {
     /// Returns `None` when this thread must not record: it is already inside a hook,
@@ -59,16 +71,43 @@ impl HookGuard {
                 None
             } else {
                 s.busy.set(true);
-                Some(HookGuard(()))
+                // SAFETY: the slot is this thread's errno, valid while the thread lives.
+                let errno = unsafe { *s.errno_slot() };
+                Some(HookGuard { state: s, errno })
             }
         })
+    }
+
+    /// The calling thread's state.
+    #[inline(always)]
+    pub fn state(&self) -> &ThreadState {
+        // SAFETY: the guard never leaves the hook call that made it on this thread,
+        // and the thread's TLS block outlives every call the thread makes.
+        unsafe { &*self.state }
     }
 }
 
 impl Drop for HookGuard {
     #[inline(always)]
     fn drop(&mut self) {
-        STATE.with(|s| s.busy.set(false));
+        let s = self.state();
+        // SAFETY: as in `enter`.
+        unsafe { *s.errno_slot() = self.errno };
+        s.busy.set(false);
+    }
+}
+
+impl ThreadState {
+    #[inline(always)]
+    fn errno_slot(&self) -> *mut i32 {
+        let p = self.errno_slot.get();
+        if p != 0 {
+            return p as *mut i32;
+        }
+        // SAFETY: __errno_location has no preconditions and returns this thread's slot.
+        let p = unsafe { libc::__errno_location() };
+        self.errno_slot.set(p as usize);
+        p
     }
 }
 

@@ -24,7 +24,8 @@ use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use gimli::{BaseAddresses, CfaRule, EhFrame, EhFrameHdr, NativeEndian, Pointer, RegisterRule, UnwindContext, UnwindSection, X86_64};
 
-use super::{stacks, thread};
+use super::thread::{self, ThreadState};
+use super::stacks;
 
 /// Upper bound on the configurable depth; keeps the hook's stack use small (~4 KiB).
 pub const MAX_DEPTH: usize = 128;
@@ -184,9 +185,14 @@ fn compute_rule(lookup_ip: u64) -> u64 {
     compute_rule_inner(lookup_ip).unwrap_or(VALID | UNSUPPORTED)
 }
 
-/// Runs `f` on the CFI row that covers `lookup_ip`, found through the module's
-/// `.eh_frame_hdr` search table.
-fn with_cfi_row<R>(lookup_ip: u64, f: impl FnOnce(&gimli::UnwindTableRow<usize>) -> Option<R>) -> Option<R> {
+type Section = gimli::EndianSlice<'static, NativeEndian>;
+
+/// Runs `f` on the FDE (the CFI of one function) that covers `lookup_ip`, found through
+/// the module's `.eh_frame_hdr` search table, with the FDE's address as its identity.
+fn with_fde<R>(
+    lookup_ip: u64,
+    f: impl FnOnce(&EhFrame<Section>, &BaseAddresses, &gimli::FrameDescriptionEntry<Section>, u64) -> Option<R>,
+) -> Option<R> {
     let obj = find_object(lookup_ip)?;
     if obj.eh_frame_hdr == 0 || obj.eh_frame_hdr >= obj.map_end {
         return None;
@@ -194,7 +200,7 @@ fn with_cfi_row<R>(lookup_ip: u64, f: impl FnOnce(&gimli::UnwindTableRow<usize>)
     // SAFETY: the PT_GNU_EH_FRAME segment lies inside the object's mapping, which stays
     // mapped while code from it is on our stack; gimli only reads the header, the
     // search table, and the FDE/CIE it points at.
-    let hdr = unsafe {
+    let hdr: &'static [u8] = unsafe {
         std::slice::from_raw_parts(obj.eh_frame_hdr as *const u8, (obj.map_end - obj.eh_frame_hdr) as usize)
     };
     let bases = BaseAddresses::default().set_eh_frame_hdr(obj.eh_frame_hdr);
@@ -207,44 +213,94 @@ fn with_cfi_row<R>(lookup_ip: u64, f: impl FnOnce(&gimli::UnwindTableRow<usize>)
         return None;
     }
     // SAFETY: as above, `.eh_frame` is inside the object's mapping.
-    let eh = unsafe {
+    let eh: &'static [u8] = unsafe {
         std::slice::from_raw_parts(eh_frame_addr as *const u8, (obj.map_end - eh_frame_addr) as usize)
     };
     let eh_frame = EhFrame::new(eh, NativeEndian);
     let bases = bases.set_eh_frame(eh_frame_addr);
     let table = parsed.table()?;
-    let mut ctx = UnwindContext::new();
-    let row = table
-        .unwind_info_for_address(&eh_frame, &bases, &mut ctx, lookup_ip, |s, b, o| s.cie_from_offset(b, o))
-        .ok()?;
-    f(row)
+    let fde = table.fde_for_address(&eh_frame, &bases, lookup_ip, |s, b, o| s.cie_from_offset(b, o)).ok()?;
+    f(&eh_frame, &bases, &fde, eh_frame_addr + fde.offset() as u64)
 }
 
-fn compute_rule_inner(lookup_ip: u64) -> Option<u64> {
-    with_cfi_row(lookup_ip, |row| {
-        let mut rule = VALID;
-        match row.register(X86_64::RA) {
-            Some(RegisterRule::Undefined) => return Some(VALID | OUTERMOST),
-            Some(RegisterRule::Offset(-8)) => {}
-            _ => return None,
-        }
-        match row.cfa() {
-            CfaRule::RegisterAndOffset { register, offset } => {
-                if *register == X86_64::RBP {
-                    rule |= CFA_RBP;
-                } else if *register != X86_64::RSP {
-                    return None;
-                }
-                rule |= pack_i24(*offset)? << 8;
+/// Runs `f` on the CFI row that covers `lookup_ip`.
+fn with_cfi_row<R>(lookup_ip: u64, f: impl FnOnce(&gimli::UnwindTableRow<usize>) -> Option<R>) -> Option<R> {
+    with_fde(lookup_ip, |eh_frame, bases, fde, _| {
+        let mut ctx = UnwindContext::new();
+        let row = fde.unwind_info_for_address(eh_frame, bases, &mut ctx, lookup_ip).ok()?;
+        f(row)
+    })
+}
+
+/// The compact rule of one CFI row, `None` when the row needs more than it can say.
+fn rule_of_row(row: &gimli::UnwindTableRow<usize>) -> Option<u64> {
+    let mut rule = VALID;
+    match row.register(X86_64::RA) {
+        Some(RegisterRule::Undefined) => return Some(VALID | OUTERMOST),
+        Some(RegisterRule::Offset(-8)) => {}
+        _ => return None,
+    }
+    match row.cfa() {
+        CfaRule::RegisterAndOffset { register, offset } => {
+            if *register == X86_64::RBP {
+                rule |= CFA_RBP;
+            } else if *register != X86_64::RSP {
+                return None;
             }
-            CfaRule::Expression(_) => return None,
+            rule |= pack_i24(*offset)? << 8;
         }
-        match row.register(X86_64::RBP) {
-            None | Some(RegisterRule::Undefined) | Some(RegisterRule::SameValue) => {}
-            Some(RegisterRule::Offset(off)) => rule |= RBP_SAVED | (pack_i24(off)? << 32),
-            _ => return None,
+        CfaRule::Expression(_) => return None,
+    }
+    match row.register(X86_64::RBP) {
+        None | Some(RegisterRule::Undefined) | Some(RegisterRule::SameValue) => {}
+        Some(RegisterRule::Offset(off)) => rule |= RBP_SAVED | (pack_i24(off)? << 32),
+        _ => return None,
+    }
+    Some(rule)
+}
+
+/// The compact rules of every row of the FDEs met so far, by FDE address: a function's
+/// CFI is a program run from the function's start, so finding the row of one address
+/// costs as much as finding them all. Without this, a large function reached from many
+/// call sites (the interpreter loop, framework dispatchers) ran its program once per
+/// call site; it was the largest cost of a first `import torch` under the library.
+struct FdeRules {
+    epoch: u32,
+    /// FDE address -> rows `(start, end, rule)`, by start.
+    by_fde: std::collections::HashMap<u64, Vec<(u64, u64, u64)>>,
+}
+
+/// Only ever `try_lock`ed: a thread that finds it busy (or held by a thread that did
+/// not survive a fork) computes its one row instead, so no hook waits on it.
+static FDE_RULES: std::sync::Mutex<Option<FdeRules>> = std::sync::Mutex::new(None);
+
+fn compute_rule_inner(lookup_ip: u64) -> Option<u64> {
+    with_fde(lookup_ip, |eh_frame, bases, fde, key| {
+        let epoch = epoch();
+        let Ok(mut cache) = FDE_RULES.try_lock() else {
+            let mut ctx = UnwindContext::new();
+            return rule_of_row(fde.unwind_info_for_address(eh_frame, bases, &mut ctx, lookup_ip).ok()?);
+        };
+        let cache = cache.get_or_insert_with(|| FdeRules { epoch, by_fde: Default::default() });
+        if cache.epoch != epoch {
+            // A module was unloaded: another may now sit at the same addresses.
+            cache.by_fde.clear();
+            cache.epoch = epoch;
         }
-        Some(rule)
+        let rows = cache.by_fde.entry(key).or_insert_with(|| {
+            let mut rows = Vec::new();
+            let mut ctx = UnwindContext::new();
+            if let Ok(mut table) = fde.rows(eh_frame, bases, &mut ctx) {
+                while let Ok(Some(row)) = table.next_row() {
+                    let rule = rule_of_row(row).unwrap_or(VALID | UNSUPPORTED);
+                    rows.push((row.start_address(), row.end_address(), rule));
+                }
+            }
+            rows
+        });
+        let i = rows.partition_point(|r| r.0 <= lookup_ip).checked_sub(1)?;
+        let (start, end, rule) = rows[i];
+        (start <= lookup_ip && lookup_ip < end && rule & UNSUPPORTED == 0).then_some(rule)
     })
 }
 
@@ -462,8 +518,8 @@ extern "C" fn memo_destructor(p: *mut c_void) {
     }
 }
 
-fn memo_for_thread() -> Option<&'static mut Memo> {
-    let existing = thread::with(|s| if s.exiting.get() { usize::MAX } else { s.memo.get() });
+fn memo_for_thread(state: &ThreadState) -> Option<&'static mut Memo> {
+    let existing = if state.exiting.get() { usize::MAX } else { state.memo.get() };
     if existing == usize::MAX {
         return None;
     }
@@ -480,13 +536,13 @@ fn memo_for_thread() -> Option<&'static mut Memo> {
     // SAFETY: key was created by pthread_key_create; setspecific does not allocate for
     // the first 32 keys and otherwise only through calloc, which our guard forwards.
     unsafe { libc::pthread_setspecific(key as libc::pthread_key_t, m) };
-    thread::with(|s| s.memo.set(m as usize));
+    state.memo.set(m as usize);
     // SAFETY: fresh mapping owned by this thread.
     Some(unsafe { &mut *(m as *mut Memo) })
 }
 
-fn stack_bounds() -> Option<(u64, u64)> {
-    let (lo, hi) = thread::with(|s| (s.stack_lo.get(), s.stack_hi.get()));
+fn stack_bounds(state: &ThreadState) -> Option<(u64, u64)> {
+    let (lo, hi) = (state.stack_lo.get(), state.stack_hi.get());
     if hi != 0 {
         return Some((lo as u64, hi as u64));
     }
@@ -505,10 +561,8 @@ fn stack_bounds() -> Option<(u64, u64)> {
         }
         let lo = addr as usize;
         let hi = lo + size;
-        thread::with(|s| {
-            s.stack_lo.set(lo);
-            s.stack_hi.set(hi);
-        });
+        state.stack_lo.set(lo);
+        state.stack_hi.set(hi);
         Some((lo as u64, hi as u64))
     }
 }
@@ -567,20 +621,20 @@ impl Recorder<'_> {
 }
 
 /// Captures the caller's stack (the library's own frames skipped) and returns its
-/// interned id; 0 when no stack could be taken.
+/// interned id; 0 when no stack could be taken. `state` is the calling thread's.
 #[inline(never)]
-pub fn capture_stack_id(depth: usize) -> u32 {
+pub fn capture_stack_id(state: &ThreadState, depth: usize) -> u32 {
     let (ip0, sp0, bp0) = registers();
     if !available() {
         return 0;
     }
-    let Some((lo, hi)) = stack_bounds() else { return 0 };
+    let Some((lo, hi)) = stack_bounds(state) else { return 0 };
     if sp0 < lo || sp0 >= hi {
         // Running on an alternate signal stack or a user-made stack: bounds unknown.
         return 0;
     }
     let epoch = epoch();
-    let memo = memo_for_thread();
+    let memo = memo_for_thread(state);
     if let Some(m) = memo.as_deref() {
         'entries: for (i, sp) in m.sps.iter().enumerate() {
             if *sp != sp0 {
@@ -717,7 +771,7 @@ mod tests {
 
     #[inline(never)]
     fn level3() -> u32 {
-        capture_stack_id(64)
+        thread::with(|s| capture_stack_id(s, 64))
     }
     #[inline(never)]
     fn level2() -> u32 {

@@ -8,7 +8,6 @@ use std::alloc::{GlobalAlloc, Layout};
 use std::ffi::{c_int, c_void};
 
 use super::real;
-use super::ErrnoGuard;
 use crate::agent;
 use crate::hotpath::event::Api;
 
@@ -16,8 +15,8 @@ const MIN_ALIGN: usize = 16;
 
 #[inline(always)]
 fn track_alloc(p: *mut c_void, size: usize, api: Api) {
+    // The recording step keeps errno as the real call left it.
     if !p.is_null() && agent::active() {
-        let _errno = ErrnoGuard::save();
         agent::record_alloc(p as usize, size, api);
     }
 }
@@ -48,7 +47,6 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
 #[inline(always)]
 fn track_free(p: *mut c_void) {
     if agent::active() {
-        let _errno = ErrnoGuard::save();
         agent::record_free(p as usize);
     }
 }
@@ -87,12 +85,10 @@ unsafe fn realloc_common(p: *mut c_void, size: usize, api: Api, call: impl FnOnc
     }
     let tracking = agent::active();
     if tracking {
-        let _errno = ErrnoGuard::save();
         agent::record_realloc_release(p as usize);
     }
     let q = call();
     if tracking {
-        let _errno = ErrnoGuard::save();
         // glibc's realloc(p, 0) frees p and returns NULL.
         agent::record_realloc_outcome(q as usize, size, api, q.is_null() && size == 0);
     }

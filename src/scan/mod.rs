@@ -10,6 +10,22 @@ use std::time::Instant;
 
 use mark::{Block, Scratch, Verdict};
 
+/// The pages that blocks inherited from a parent process lie on, as sorted, disjoint
+/// ranges (empty outside a forked child).
+fn inherited_pages(blocks: &[Block]) -> Vec<(u64, u64)> {
+    const PAGE: u64 = 4096;
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for b in blocks.iter().filter(|b| b.inherited && !b.opaque && b.size > 0) {
+        let from = b.start & !(PAGE - 1);
+        let to = b.start.saturating_add(b.size).saturating_add(PAGE - 1) & !(PAGE - 1);
+        match out.last_mut() {
+            Some(last) if from <= last.0 + last.1 => last.1 = last.1.max(to - last.0),
+            _ => out.push((from, to - from)),
+        }
+    }
+    out
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct ScanInfo {
     pub duration_ms: u64,
@@ -39,6 +55,8 @@ pub fn scan(blocks: &[Block], own_threads: &[u32]) -> (Vec<Verdict>, ScanInfo) {
     let mut pages = roots::WrittenPages::prepare();
     let mut root_ranges = Vec::new();
     let mut runtime_ranges = Vec::with_capacity(roots::WrittenPages::bound(&runtime_module_ranges));
+    let inherited = inherited_pages(blocks);
+    let mut changed_since_fork = Vec::with_capacity(roots::WrittenPages::bound(&inherited));
     root_ranges.extend_from_slice(roots::main_tls());
     root_ranges.extend(roots::main_dtv(&maps));
     root_ranges.extend(blocking_stacks.iter().map(|s| (s.as_ptr() as u64, (s.len() * 8) as u64)));
@@ -49,18 +67,20 @@ pub fn scan(blocks: &[Block], own_threads: &[u32]) -> (Vec<Verdict>, ScanInfo) {
     // Which pages were written is read while every thread that could write is held.
     pages.keep_written(&module_ranges, &mut root_ranges);
     pages.keep_written(&runtime_module_ranges, &mut runtime_ranges);
+    pages.keep_changed_since_fork(&inherited, &mut changed_since_fork);
     let regs_range = (regs.as_ptr() as u64, (regs.len() * 8) as u64);
     if root_ranges.len() < root_ranges.capacity() {
         root_ranges.push(regs_range);
     }
-    mark::classify_into(blocks, &root_ranges, &runtime_ranges, &roots::ProcessMemory { readable: &maps }, &mut scratch);
+    let all_roots = mark::Roots { program: &root_ranges, runtime: &runtime_ranges, changed_since_fork: &changed_since_fork };
+    mark::classify_into(blocks, &all_roots, &roots::ProcessMemory { readable: &maps }, &mut scratch);
     roots::resume(stopped.asked);
     let info = ScanInfo {
         duration_ms: t0.elapsed().as_millis() as u64,
         threads: tids.len() + blocking.len() + 1,
         threads_stopped: stopped.stopped + 1,
         threads_copied: blocking_stacks.len(),
-        root_bytes: root_ranges.iter().chain(&runtime_ranges).map(|r| r.1).sum(),
+        root_bytes: root_ranges.iter().chain(&runtime_ranges).chain(&changed_since_fork).map(|r| r.1).sum(),
         heap_bytes: blocks.iter().map(|b| b.size).sum(),
     };
     (scratch.verdicts, info)

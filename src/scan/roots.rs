@@ -443,6 +443,7 @@ const PAGEMAP_CHUNK: usize = 4096;
 const PM_PRESENT: u64 = 1 << 63;
 const PM_SWAPPED: u64 = 1 << 62;
 const PM_FILE_OR_SHARED: u64 = 1 << 61;
+const PM_EXCLUSIVE: u64 = 1 << 56;
 
 fn page_size() -> u64 {
     // SAFETY: sysconf has no preconditions.
@@ -470,6 +471,19 @@ impl WrittenPages {
     /// is widened to the end of its range instead; where the page map cannot be read, the
     /// rest of the range is kept.
     pub fn keep_written(&mut self, ranges: &[(u64, u64)], out: &mut Vec<(u64, u64)>) {
+        self.keep_pages(ranges, out, page_written);
+    }
+
+    /// Like `keep_written`, for the heap a forked child inherited: pushes the parts of
+    /// `ranges` on pages that may have changed since the fork. A page still shared
+    /// with another process (mapped more than once) was written by no one since the
+    /// fork — a write would have given the writer its own copy — so it holds no
+    /// address the child allocated.
+    pub fn keep_changed_since_fork(&mut self, ranges: &[(u64, u64)], out: &mut Vec<(u64, u64)>) {
+        self.keep_pages(ranges, out, page_changed_since_fork);
+    }
+
+    fn keep_pages(&mut self, ranges: &[(u64, u64)], out: &mut Vec<(u64, u64)>, keep: fn(u64) -> bool) {
         let page = page_size();
         'ranges: for &(start, len) in ranges {
             let end = start.saturating_add(len);
@@ -493,7 +507,7 @@ impl WrittenPages {
                     push_part(out, run_start.unwrap_or(chunk_addr), end, start, end);
                     continue 'ranges;
                 }
-                let runs = written_runs(&self.entries[..n], chunk_addr, page, &mut run_start);
+                let runs = page_runs(&self.entries[..n], chunk_addr, page, &mut run_start, keep);
                 for (a, b) in runs {
                     push_part(out, a, b, start, end);
                 }
@@ -512,12 +526,19 @@ fn page_written(entry: u64) -> bool {
     (entry & PM_PRESENT != 0 && entry & PM_FILE_OR_SHARED == 0) || entry & PM_SWAPPED != 0
 }
 
-/// The runs of written pages among `entries` (pages from `base`), as address ranges; a
-/// run still open at the end is left in `open` for the next chunk to continue.
-fn written_runs<'a>(entries: &'a [u64], base: u64, page: u64, open: &'a mut Option<u64>) -> impl Iterator<Item = (u64, u64)> + 'a {
+/// Whether a page of inherited heap may hold something written since the fork: mapped
+/// by this process alone (its own copy, or the other sharers have let go of it), or
+/// swapped out (unknown). A page never touched at all reads as zeros.
+fn page_changed_since_fork(entry: u64) -> bool {
+    (entry & PM_PRESENT != 0 && entry & PM_EXCLUSIVE != 0) || entry & PM_SWAPPED != 0
+}
+
+/// The runs of pages among `entries` (pages from `base`) that `keep` accepts, as
+/// address ranges; a run still open at the end is left in `open` for the next chunk.
+fn page_runs<'a>(entries: &'a [u64], base: u64, page: u64, open: &'a mut Option<u64>, keep: fn(u64) -> bool) -> impl Iterator<Item = (u64, u64)> + 'a {
     entries.iter().enumerate().filter_map(move |(i, &e)| {
         let addr = base + i as u64 * page;
-        match (page_written(e), *open) {
+        match (keep(e), *open) {
             (true, None) => {
                 *open = Some(addr);
                 None
@@ -567,10 +588,10 @@ mod tests {
     #[test]
     fn runs_of_written_pages_continue_across_chunks() {
         let mut open = None;
-        let runs: Vec<_> = written_runs(&[0, W, W, F, S, 0, W], 0x10000, P, &mut open).collect();
+        let runs: Vec<_> = page_runs(&[0, W, W, F, S, 0, W], 0x10000, P, &mut open, page_written).collect();
         assert_eq!(runs, vec![(0x11000, 0x13000), (0x14000, 0x15000)]);
         assert_eq!(open, Some(0x16000));
-        let runs: Vec<_> = written_runs(&[W, 0], 0x17000, P, &mut open).collect();
+        let runs: Vec<_> = page_runs(&[W, 0], 0x17000, P, &mut open, page_written).collect();
         assert_eq!(runs, vec![(0x16000, 0x18000)]);
         assert_eq!(open, None);
     }
@@ -605,5 +626,44 @@ mod tests {
         assert!(covers(written + 800), "{out:x?}");
         assert!(!covers(untouched + 2 * P), "{out:x?}");
         assert!(out.iter().all(|&(s, l)| ranges.iter().any(|&(rs, rl)| s >= rs && s + l <= rs + rl)));
+    }
+
+    #[test]
+    fn a_forked_child_keeps_the_pages_it_wrote_and_drops_those_still_shared() {
+        // Eight pages of heap, every one written by the parent (so all are present and
+        // shared after the fork); the child then writes page 5 only.
+        let mut heap = vec![1u64; 8 * 512 + 512];
+        let base = (heap.as_ptr() as u64 + P - 1) & !(P - 1);
+        let ranges = [(base, 8 * P)];
+        let mut pages = WrittenPages::prepare();
+        let mut out = Vec::with_capacity(WrittenPages::bound(&ranges));
+        let first = ((base - heap.as_ptr() as u64) / 8) as usize;
+        // SAFETY: the child only touches memory prepared above, reads the page map with
+        // a descriptor and buffer made before the fork, and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            heap[first + 5 * 512 + 3] = 7;
+            pages.keep_changed_since_fork(&ranges, &mut out);
+            let covers = |a: u64| out.iter().any(|&(s, l)| s <= a && a < s + l);
+            let ok = covers(base + 5 * P + 24) && (0..8).filter(|&p| p != 5).all(|p| !covers(base + p * P));
+            // SAFETY: ends the child without running the parent's exit handlers.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child made above.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child saw the wrong pages (status {status})");
+        // The child wrote its own copy.
+        assert_eq!(heap[first + 5 * 512 + 3], 1);
+    }
+
+    #[test]
+    fn pages_changed_since_fork_are_the_exclusive_and_the_swapped() {
+        let mut open = None;
+        const X: u64 = PM_PRESENT | PM_EXCLUSIVE;
+        let runs: Vec<_> = page_runs(&[W, X, X, W, S, 0, X], 0x10000, P, &mut open, page_changed_since_fork).collect();
+        assert_eq!(runs, vec![(0x11000, 0x13000), (0x14000, 0x15000)]);
+        assert_eq!(open, Some(0x16000));
     }
 }
