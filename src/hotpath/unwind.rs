@@ -484,20 +484,41 @@ fn rule_for(lookup_ip: u64, epoch: u32) -> u64 {
 const MEMO_ENTRIES: usize = 16;
 const MEMO_READS: usize = 160;
 
+/// This step computed its CFA from RBP.
+const STEP_USES_BP: u8 = 1;
+/// This step reloaded RBP from a stack slot.
+const STEP_RELOADS_BP: u8 = 2;
+
 struct MemoEntry {
     sp: u64,
     bp: u64,
     bp_used: bool,
+    /// The unwind stopped at the depth limit (its frames are a prefix of a longer stack).
+    by_depth: bool,
     epoch: u32,
     stack_id: u32,
     nreads: u32,
+    nframes: u32,
     reads: [(u64, u64); MEMO_READS],
+    /// Per recorded frame: the return address, the CFA (the stack pointer once the
+    /// frame was found), RBP at that point, how many reads had been made by then, and
+    /// how the step that found it used RBP. From this state on the rest of the unwind
+    /// is a function of the words read afterwards, so another unwind that reaches the
+    /// same state can take this one's outer frames (see `suffix_from`).
+    frames: [u64; MAX_DEPTH],
+    cfas: [u64; MAX_DEPTH],
+    bps: [u64; MAX_DEPTH],
+    reads_end: [u8; MAX_DEPTH],
+    steps: [u8; MAX_DEPTH],
 }
 
 const L1_RULES: usize = 1024;
 
 struct Memo {
     next: usize,
+    /// The entry of the latest capture (answered or written), the likeliest to share
+    /// outer frames with the next one.
+    last: usize,
     /// `entries[i].sp`, kept together so a lookup scans one or two cache lines.
     sps: [u64; MEMO_ENTRIES],
     entries: [MemoEntry; MEMO_ENTRIES],
@@ -598,8 +619,8 @@ fn registers() -> (u64, u64, u64) {
     (ip, sp, bp)
 }
 
-/// Records the stack words an unwind consumed straight into the memo entry it will
-/// become (no intermediate buffer, nothing zeroed per capture).
+/// Records the stack words an unwind consumed and the frames it found straight into
+/// the memo entry it will become (no intermediate buffer, nothing zeroed per capture).
 struct Recorder<'a> {
     entry: Option<&'a mut MemoEntry>,
     n: usize,
@@ -618,12 +639,82 @@ impl Recorder<'_> {
             }
         }
     }
+
+    #[inline(always)]
+    fn frame(&mut self, k: usize, ra: u64, cfa: u64, bp: u64, step: u8) {
+        if let Some(e) = self.entry.as_deref_mut() {
+            e.frames[k] = ra;
+            e.cfas[k] = cfa;
+            e.bps[k] = bp;
+            e.reads_end[k] = self.n as u8;
+            e.steps[k] = step;
+        }
+    }
+}
+
+/// Whether the rest of `e`'s unwind after its frame `k` depends on RBP as it was then
+/// (a later step computes its CFA from RBP before any step reloads it).
+fn suffix_needs_bp(e: &MemoEntry, k: usize) -> bool {
+    for &step in &e.steps[k + 1..e.nframes as usize] {
+        if step & STEP_USES_BP != 0 {
+            return true;
+        }
+        if step & STEP_RELOADS_BP != 0 {
+            return false;
+        }
+    }
+    false
+}
+
+/// The outer frames an earlier unwind `e` found after its frame `k`, if this unwind
+/// (now at the same return address and CFA, with RBP `bp`) would find the same ones:
+/// same dlclose epoch, RBP equal where the rest depends on it, and every stack word the
+/// rest read still the same and inside this unwind's live stack `[sp0, hi)`. Returns
+/// how many frames to take, or `None`.
+fn suffix_from(e: &MemoEntry, k: usize, epoch: u32, bp: u64, sp0: u64, hi: u64, wanted: usize) -> Option<usize> {
+    if e.epoch != epoch || e.nreads == 0 {
+        return None;
+    }
+    let available = e.nframes as usize - (k + 1);
+    // A suffix cut at the depth limit is too short for an unwind that needs more.
+    if e.by_depth && available < wanted {
+        return None;
+    }
+    if suffix_needs_bp(e, k) && e.bps[k] != bp {
+        return None;
+    }
+    for &(addr, val) in &e.reads[e.reads_end[k] as usize..e.nreads as usize] {
+        if addr < sp0 || addr >= hi {
+            return None;
+        }
+        // SAFETY: addr is 8-aligned (it was read before) and inside [sp0, hi), the live
+        // part of this thread's own stack.
+        if unsafe { std::ptr::read(addr as *const u64) } != val {
+            return None;
+        }
+    }
+    Some(available.min(wanted))
 }
 
 /// Captures the caller's stack (the library's own frames skipped) and returns its
 /// interned id; 0 when no stack could be taken. `state` is the calling thread's.
 #[inline(never)]
 pub fn capture_stack_id(state: &ThreadState, depth: usize) -> u32 {
+    capture(state, depth, true)
+}
+
+/// Tests: the same capture with no memo at all (every frame unwound), to compare with.
+#[cfg(test)]
+#[inline(never)]
+fn capture_unmemoised(state: &ThreadState, depth: usize) -> u32 {
+    capture(state, depth, false)
+}
+
+#[cfg(test)]
+static SUFFIXES_TAKEN: AtomicU64 = AtomicU64::new(0);
+
+#[inline(always)]
+fn capture(state: &ThreadState, depth: usize, memoise: bool) -> u32 {
     let (ip0, sp0, bp0) = registers();
     if !available() {
         return 0;
@@ -634,8 +725,8 @@ pub fn capture_stack_id(state: &ThreadState, depth: usize) -> u32 {
         return 0;
     }
     let epoch = epoch();
-    let memo = memo_for_thread(state);
-    if let Some(m) = memo.as_deref() {
+    let mut memo = if memoise { memo_for_thread(state) } else { None };
+    if let Some(m) = memo.as_deref_mut() {
         'entries: for (i, sp) in m.sps.iter().enumerate() {
             if *sp != sp0 {
                 continue;
@@ -651,25 +742,41 @@ pub fn capture_stack_id(state: &ThreadState, depth: usize) -> u32 {
                     continue 'entries;
                 }
             }
+            m.last = i;
             return e.stack_id;
         }
     }
 
     let depth = depth.clamp(1, MAX_DEPTH);
     let mut frames = [std::mem::MaybeUninit::<u64>::uninit(); MAX_DEPTH];
-    let (mut l1, mut reads) = match memo {
+    // The entry this unwind becomes, and the latest other entry: a candidate to share
+    // outer frames with (consecutive allocations usually differ in a few inner frames).
+    let (mut l1, mut reads, candidate) = match memo {
         Some(m) => {
             let slot = m.next % MEMO_ENTRIES;
             m.next = m.next.wrapping_add(1);
-            let e = &mut m.entries[slot];
-            // Invalid until the unwind completes.
-            e.nreads = 0;
+            let last = m.last;
+            m.last = slot;
             m.sps[slot] = sp0;
-            (Some(&mut m.l1), Recorder { entry: Some(e), n: 0, overflow: false })
+            let (entry, candidate) = if last == slot || last >= MEMO_ENTRIES {
+                (&mut m.entries[slot], None)
+            } else if last < slot {
+                let (a, b) = m.entries.split_at_mut(slot);
+                (&mut b[0], Some(&a[last]))
+            } else {
+                let (a, b) = m.entries.split_at_mut(last);
+                (&mut a[slot], Some(&b[0]))
+            };
+            // Invalid until the unwind completes.
+            entry.nreads = 0;
+            (Some(&mut m.l1), Recorder { entry: Some(entry), n: 0, overflow: false }, candidate)
         }
-        None => (None, Recorder { entry: None, n: 0, overflow: false }),
+        None => (None, Recorder { entry: None, n: 0, overflow: false }, None),
     };
     let mut n = 0usize;
+    let mut by_depth = false;
+    // How far into the candidate's frames (by CFA, which only grows) this unwind is.
+    let mut cand_at = 0usize;
     let (mut ip, mut sp, mut bp) = (ip0, sp0, bp0);
     // Where the current RBP value came from: the start registers, or a stack word. It
     // only becomes part of the memo key if a later frame's CFA is computed from it
@@ -683,6 +790,17 @@ pub fn capture_stack_id(state: &ThreadState, depth: usize) -> u32 {
     }
     let mut bp_source = BpSource::StartRegister;
     let mut bp_used = false;
+    // RBP is about to matter: key the memo entry on where it came from.
+    let use_bp = |bp_source: &mut BpSource, reads: &mut Recorder, bp_used: &mut bool| {
+        match *bp_source {
+            BpSource::StartRegister => *bp_used = true,
+            BpSource::StackWord(addr, val) => reads.push(addr, val),
+            BpSource::AlreadyKeyed => {}
+        }
+        if !matches!(*bp_source, BpSource::StartRegister) {
+            *bp_source = BpSource::AlreadyKeyed;
+        }
+    };
     let mut first = true;
     let mut skipping = true;
     let read = |addr: u64| -> Option<u64> {
@@ -699,17 +817,11 @@ pub fn capture_stack_id(state: &ThreadState, depth: usize) -> u32 {
         if rule & (UNSUPPORTED | OUTERMOST) != 0 {
             break;
         }
+        let mut step = 0u8;
         let off = unpack_i24(rule >> 8);
         let cfa = if rule & CFA_RBP != 0 {
-            match bp_source {
-                BpSource::StartRegister => bp_used = true,
-                BpSource::StackWord(addr, val) => reads.push(addr, val),
-                BpSource::AlreadyKeyed => {}
-            }
-            bp_source = match bp_source {
-                BpSource::StartRegister => BpSource::StartRegister,
-                _ => BpSource::AlreadyKeyed,
-            };
+            use_bp(&mut bp_source, &mut reads, &mut bp_used);
+            step |= STEP_USES_BP;
             bp.wrapping_add(off as u64)
         } else {
             sp.wrapping_add(off as u64)
@@ -724,6 +836,7 @@ pub fn capture_stack_id(state: &ThreadState, depth: usize) -> u32 {
             let Some(v) = read(addr) else { break };
             bp = v;
             bp_source = BpSource::StackWord(addr, v);
+            step |= STEP_RELOADS_BP;
         }
         sp = cfa;
         ip = ra;
@@ -736,10 +849,44 @@ pub fn capture_stack_id(state: &ThreadState, depth: usize) -> u32 {
         }
         skipping = false;
         frames[n].write(ra);
+        reads.frame(n, ra, cfa, bp, step);
         n += 1;
         if n == depth {
+            by_depth = true;
             break;
         }
+        let Some(c) = candidate else { continue };
+        while cand_at < c.nframes as usize && c.cfas[cand_at] < cfa {
+            cand_at += 1;
+        }
+        if cand_at >= c.nframes as usize || c.cfas[cand_at] != cfa || c.frames[cand_at] != ra {
+            continue;
+        }
+        let k = cand_at;
+        let Some(take) = suffix_from(c, k, epoch, bp, sp0, hi, depth - n) else { continue };
+        if suffix_needs_bp(c, k) {
+            use_bp(&mut bp_source, &mut reads, &mut bp_used);
+        }
+        let base = reads.n as isize - c.reads_end[k] as isize;
+        for &(addr, val) in &c.reads[c.reads_end[k] as usize..c.nreads as usize] {
+            reads.push(addr, val);
+        }
+        for j in k + 1..k + 1 + take {
+            frames[n].write(c.frames[j]);
+            let end = (c.reads_end[j] as isize + base).clamp(0, MEMO_READS as isize);
+            if let Some(e) = reads.entry.as_deref_mut() {
+                e.frames[n] = c.frames[j];
+                e.cfas[n] = c.cfas[j];
+                e.bps[n] = c.bps[j];
+                e.reads_end[n] = end as u8;
+                e.steps[n] = c.steps[j];
+            }
+            n += 1;
+        }
+        by_depth = n == depth && (c.by_depth || k + 1 + take < c.nframes as usize);
+        #[cfg(test)]
+        SUFFIXES_TAKEN.fetch_add(1, Ordering::Relaxed);
+        break;
     }
     // SAFETY: frames[..n] were each written above (n only grows after a write).
     let captured = unsafe { std::slice::from_raw_parts(frames.as_ptr() as *const u64, n) };
@@ -749,8 +896,10 @@ pub fn capture_stack_id(state: &ThreadState, depth: usize) -> u32 {
             e.sp = sp0;
             e.bp = bp0;
             e.bp_used = bp_used;
+            e.by_depth = by_depth;
             e.epoch = epoch;
             e.stack_id = id;
+            e.nframes = n as u32;
             e.nreads = reads.n as u32;
         }
     }
@@ -799,5 +948,56 @@ mod tests {
         // The caller's addresses are all inside this test binary or libc.
         let me = find_object(level1 as *const () as u64).unwrap();
         assert!(frames.iter().take(3).all(|ip| *ip >= me.map_start && *ip < me.map_end));
+    }
+
+    /// Captures twice from one frame, memoised and not; returns both stacks without
+    /// their innermost frame (the two call sites inside this function differ).
+    #[inline(never)]
+    fn both(depth: usize) -> (Vec<u64>, Vec<u64>) {
+        let a = thread::with(|s| capture_stack_id(s, depth));
+        let b = thread::with(|s| capture_unmemoised(s, depth));
+        let strip = |id: u32| stacks::frames(id).unwrap().get(1..).unwrap_or(&[]).to_vec();
+        (strip(a), strip(b))
+    }
+
+    #[inline(never)]
+    fn down_f(level: u32, pattern: u32, depth: usize) -> (Vec<u64>, Vec<u64>) {
+        let r = if level == 0 {
+            both(depth)
+        } else if pattern & 1 == 0 {
+            down_f(level - 1, pattern >> 1, depth)
+        } else {
+            down_g(level - 1, pattern >> 1, depth)
+        };
+        std::hint::black_box(r)
+    }
+
+    #[inline(never)]
+    fn down_g(level: u32, pattern: u32, depth: usize) -> (Vec<u64>, Vec<u64>) {
+        // A different frame size, so that CFAs differ between the two paths.
+        let pad = std::hint::black_box([level as u64; 9]);
+        let r = if level == 0 { both(depth) } else { down_f(level - 1, pattern.rotate_right(1), depth) };
+        std::hint::black_box(pad);
+        std::hint::black_box(r)
+    }
+
+    #[test]
+    fn a_reused_outer_part_is_exactly_what_a_full_unwind_finds() {
+        assert!(init());
+        // Varying depths and paths: consecutive captures share outer frames at
+        // different offsets, and with a small depth limit the shared part is cut. One
+        // thread per depth limit: a process has one, and the memo assumes it.
+        for depth in [3usize, 8, 64] {
+            std::thread::spawn(move || {
+                for i in 0..300u32 {
+                    let (memoised, full) = down_f(i % 11, i.wrapping_mul(2_654_435_761) >> 7, depth);
+                    assert_eq!(memoised, full, "capture {i} at depth {depth}");
+                    assert!(!full.is_empty());
+                }
+            })
+            .join()
+            .unwrap();
+        }
+        assert!(SUFFIXES_TAKEN.load(Ordering::Relaxed) > 100, "the outer part was reused {} times", SUFFIXES_TAKEN.load(Ordering::Relaxed));
     }
 }
