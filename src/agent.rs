@@ -509,7 +509,8 @@ type ScanResult = (
 /// others reachable but are not counted). Device and managed memory is a target only:
 /// its contents are not host memory to read (managed pages would migrate); page-locked
 /// host memory is read like the heap.
-fn reachability_scan(live: &[crate::collector::state::LiveEntry]) -> ScanResult {
+fn reachability_scan(input: &crate::collector::state::ScanInput) -> ScanResult {
+    let live = &input.blocks;
     let blocks: Vec<crate::scan::mark::Block> = live
         .iter()
         .map(|b| crate::scan::mark::Block {
@@ -517,17 +518,16 @@ fn reachability_scan(live: &[crate::collector::state::LiveEntry]) -> ScanResult 
             size: b.size,
             opaque: matches!(b.api.kind(), Kind::Device | Kind::Managed),
             cuda: b.api.kind() != Kind::Host,
-            inherited: b.inherited,
         })
         .collect();
     // The collector, running or on its way out (the final report stops its loop: a
     // thread that is exiting never answers the stop signal).
     let collector = COLLECTOR_TID.load(Ordering::SeqCst);
     let own: Vec<u32> = (collector != 0).then_some(collector).into_iter().collect();
-    let (mut verdicts, info) = crate::scan::scan(&blocks, &own);
+    let (mut verdicts, info) = crate::scan::scan(&blocks, &input.inherited, &own);
     if let Some((lo, hi)) = crate::scan::roots::loader_range() {
         for (b, v) in live.iter().zip(verdicts.iter_mut()) {
-            let innermost = stacks::frames(b.stack).and_then(|f| f.first().copied());
+            let innermost = stacks::innermost(b.stack);
             if innermost.is_some_and(|ip| ip >= lo && ip < hi) {
                 *v = crate::scan::mark::Verdict::Reachable;
             }
@@ -536,9 +536,6 @@ fn reachability_scan(live: &[crate::collector::state::LiveEntry]) -> ScanResult 
     let mut by_group: std::collections::HashMap<(u32, &'static str, Option<u8>), build::Reachability> = Default::default();
     let mut totals = build::KindReachability::default();
     for (b, v) in live.iter().zip(verdicts) {
-        if b.inherited {
-            continue;
-        }
         by_group.entry((b.stack, b.api.name(), b.device)).or_default().add(v, b.size);
         totals[b.api.kind().index()].add(v, b.size);
     }
@@ -604,14 +601,17 @@ pub fn after_dlclose() {
 // ---- fork --------------------------------------------------------------------------
 
 pub fn fork_prepare() {
+    crate::interpose::fork_hold_loader_walks();
     STATE.lock_raw();
 }
 
 pub fn fork_parent() {
     STATE.unlock_raw();
+    crate::interpose::fork_release_loader_walks();
 }
 
 pub fn fork_child() {
+    crate::interpose::fork_release_loader_walks();
     OWNER_PID.store(std::process::id(), Ordering::SeqCst);
     // The parent's collector thread does not exist here; ours starts below.
     COLLECTOR_RUNNING.store(false, Ordering::SeqCst);

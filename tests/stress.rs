@@ -5,15 +5,20 @@ use common::*;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Runs `cmd` in a process group of its own; past `limit` the whole group is killed (a
+/// hung forked child keeps the output pipes open, so killing the fixture alone would
+/// leave the test waiting for end of file).
 fn run_with_timeout(mut cmd: Command, limit: Duration) -> std::process::Output {
-    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    use std::os::unix::process::CommandExt;
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).spawn().unwrap();
     let start = Instant::now();
     loop {
         if child.try_wait().unwrap().is_some() {
             return child.wait_with_output().unwrap();
         }
         if start.elapsed() > limit {
-            let _ = child.kill();
+            // SAFETY: the group is the child's own (process_group(0) above).
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
             let out = child.wait_with_output().unwrap();
             panic!("hung for {limit:?}; stderr:\n{}", String::from_utf8_lossy(&out.stderr));
         }

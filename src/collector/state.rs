@@ -125,7 +125,16 @@ pub struct LiveEntry {
     pub stack: u32,
     pub api: Api,
     pub device: Option<u8>,
-    pub inherited: bool,
+}
+
+/// What the pointer scan classifies, and, in a forked child, the readable blocks it
+/// inherited (the parent's: not classified, but they may point to the child's).
+#[derive(Clone, Debug, Default)]
+pub struct ScanInput {
+    /// Sorted by address.
+    pub blocks: Vec<LiveEntry>,
+    /// `(start, size)`, sorted by start.
+    pub inherited: Vec<(u64, u64)>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -343,19 +352,23 @@ impl Collector {
     }
 
     /// Every outstanding block that the pointer scan can classify (heap blocks and CUDA
-    /// allocations: ranges that never overlap), sorted by address.
-    pub fn live_blocks(&self) -> Vec<LiveEntry> {
+    /// allocations: ranges that never overlap), and the host blocks inherited from a
+    /// parent process, each sorted by address.
+    pub fn live_blocks(&self) -> ScanInput {
         let heap = self.live.iter();
         let cuda = self.cuda_live.iter().filter(|((space, _), _)| *space == Space::Cuda).map(|(&(_, addr), b)| (addr, b));
-        let mut v: Vec<LiveEntry> = heap
-            .chain(cuda)
-            .map(|(addr, b)| {
-                let ((stack, api, device), _) = self.groups[b.group as usize];
-                LiveEntry { addr, size: b.size, stack, api, device, inherited: b.inherited }
-            })
-            .collect();
-        v.sort_unstable_by_key(|b| b.addr);
-        v
+        let mut input = ScanInput::default();
+        for (addr, b) in heap.chain(cuda) {
+            let ((stack, api, device), _) = self.groups[b.group as usize];
+            if !b.inherited {
+                input.blocks.push(LiveEntry { addr, size: b.size, stack, api, device });
+            } else if matches!(api.kind(), Kind::Host | Kind::Pinned) {
+                input.inherited.push((addr, b.size));
+            }
+        }
+        input.blocks.sort_unstable_by_key(|b| b.addr);
+        input.inherited.sort_unstable();
+        input
     }
 
     pub fn snapshot(&self) -> Snapshot {
@@ -528,7 +541,7 @@ mod tests {
         c.apply(&ev(EventKind::ReallocFreed, rel, 1, 0, 0, 0));
         assert_eq!(c.totals().kind(Kind::Device).live_blocks, 1);
         // The scan sees heap and CUDA allocations, never handles or registrations.
-        let scanned: Vec<u64> = c.live_blocks().iter().map(|b| b.addr).collect();
+        let scanned: Vec<u64> = c.live_blocks().blocks.iter().map(|b| b.addr).collect();
         assert_eq!(scanned, vec![0x1000, 0x4000]);
     }
 

@@ -775,6 +775,7 @@ fn capture(state: &ThreadState, depth: usize, memoise: bool) -> u32 {
     };
     let mut n = 0usize;
     let mut by_depth = false;
+    let mut tail = None;
     // How far into the candidate's frames (by CFA, which only grows) this unwind is.
     let mut cand_at = 0usize;
     let (mut ip, mut sp, mut bp) = (ip0, sp0, bp0);
@@ -867,6 +868,9 @@ fn capture(state: &ThreadState, depth: usize, memoise: bool) -> u32 {
         if suffix_needs_bp(c, k) {
             use_bp(&mut bp_source, &mut reads, &mut bp_used);
         }
+        if take > 0 {
+            tail = Some(stacks::SharedTail { own: n, parent: c.stack_id, first: k + 1, count: take });
+        }
         let base = reads.n as isize - c.reads_end[k] as isize;
         for &(addr, val) in &c.reads[c.reads_end[k] as usize..c.nreads as usize] {
             reads.push(addr, val);
@@ -890,7 +894,7 @@ fn capture(state: &ThreadState, depth: usize, memoise: bool) -> u32 {
     }
     // SAFETY: frames[..n] were each written above (n only grows after a write).
     let captured = unsafe { std::slice::from_raw_parts(frames.as_ptr() as *const u64, n) };
-    let id = stacks::intern(epoch, captured);
+    let id = stacks::intern_sharing(epoch, captured, tail);
     if let Some(e) = reads.entry {
         if !reads.overflow && reads.n > 0 && id != 0 {
             e.sp = sp0;

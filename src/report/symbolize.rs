@@ -107,7 +107,7 @@ impl Symbolizer {
 
     /// A captured stack's frames with their modules (innermost first).
     pub fn raw_stack(&mut self, id: u32) -> Vec<RawFrame> {
-        let (frames, epoch) = stacks::frames_and_epoch(id).unwrap_or((&[], 0));
+        let (frames, epoch) = stacks::frames_and_epoch(id).unwrap_or_default();
         if epoch == unwind::epoch() {
             return frames.iter().map(|&ip| RawFrame { ip, module: self.module_for_ip(ip) }).collect();
         }

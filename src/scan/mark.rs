@@ -10,10 +10,6 @@ pub struct Block {
     /// A CUDA allocation: the CUDA libraries' own bookkeeping (`runtime_roots`, and what
     /// only they reach) does not keep it; only the program's memory does.
     pub cuda: bool,
-    /// Allocated by the parent of this forked process: the parent's to account for.
-    /// Reachable by assumption, and only its parts on pages changed since the fork are
-    /// read (the rest cannot point to anything the child allocated).
-    pub inherited: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -149,8 +145,11 @@ pub struct Roots<'r> {
     /// blocks only it keeps, a CUDA allocation (the driver's own table of allocations is
     /// no reference of the program's).
     pub runtime: &'r [(u64, u64)],
-    /// In a forked child: the pages of inherited blocks that changed since the fork,
-    /// sorted and disjoint.
+    /// In a forked child, the blocks allocated by the parent (sorted, disjoint): the
+    /// parent's to account for, so not classified, and taken as reachable. Only their
+    /// parts on `changed_since_fork` pages (sorted, disjoint) are read: the rest holds
+    /// what the parent wrote before the fork, no address of a block the child made.
+    pub inherited: &'r [(u64, u64)],
     pub changed_since_fork: &'r [(u64, u64)],
 }
 
@@ -175,19 +174,16 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &dyn Memory, s: &mut 
             }
         }
     };
-    // Inherited blocks first, all of them, so that reading one never queues another.
-    for (i, b) in blocks.iter().enumerate() {
-        reached[i] |= b.inherited;
-    }
+    // The changed parts of inherited blocks: both lists are sorted, so one pass.
     let changed = roots.changed_since_fork;
     let mut w = 0;
-    for b in blocks.iter().filter(|b| b.inherited && !b.opaque) {
-        let end = b.start.saturating_add(b.size);
-        while w < changed.len() && changed[w].0.saturating_add(changed[w].1) <= b.start {
+    for &(start, size) in roots.inherited {
+        let end = start.saturating_add(size);
+        while w < changed.len() && changed[w].0.saturating_add(changed[w].1) <= start {
             w += 1;
         }
         for &(c, len) in changed[w..].iter().take_while(|c| c.0 < end) {
-            let (from, to) = (c.max(b.start), c.saturating_add(len).min(end));
+            let (from, to) = (c.max(start), c.saturating_add(len).min(end));
             if from < to {
                 mark_from(from, to - from, reached, work, true);
             }
@@ -228,7 +224,7 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &dyn Memory, s: &mut 
 /// Classifies every block given the program's and the CUDA libraries' root ranges.
 pub fn classify(blocks: &[Block], roots: &[(u64, u64)], runtime_roots: &[(u64, u64)], mem: &dyn Memory) -> Vec<Verdict> {
     let mut s = Scratch::new(blocks);
-    classify_into(blocks, &Roots { program: roots, runtime: runtime_roots, changed_since_fork: &[] }, mem, &mut s);
+    classify_into(blocks, &Roots { program: roots, runtime: runtime_roots, inherited: &[], changed_since_fork: &[] }, mem, &mut s);
     s.verdicts
 }
 
@@ -251,7 +247,7 @@ mod tests {
     }
 
     fn blocks() -> Vec<Block> {
-        (0..8).map(|i| Block { start: 0x1000 + i * 0x100, size: 0x40, opaque: false, cuda: false, inherited: false }).collect()
+        (0..8).map(|i| Block { start: 0x1000 + i * 0x100, size: 0x40, opaque: false, cuda: false }).collect()
     }
 
     #[test]
@@ -340,7 +336,7 @@ mod tests {
                 3 => 4096 * (1 + next() % 5),
                 _ => 16 * (1 + next() % 40),
             };
-            blocks.push(Block { start: at, size, opaque: false, cuda: false, inherited: false });
+            blocks.push(Block { start: at, size, opaque: false, cuda: false });
             at += size.max(1);
         }
         let idx = BlockIndex::new(&blocks);
@@ -358,7 +354,7 @@ mod tests {
 
     #[test]
     fn zero_sized_blocks_and_empty_inputs() {
-        let b = vec![Block { start: 0x100, size: 0, opaque: false, cuda: false, inherited: false }, Block { start: 0x200, size: 8, opaque: false, cuda: false, inherited: false }];
+        let b = vec![Block { start: 0x100, size: 0, opaque: false, cuda: false }, Block { start: 0x200, size: 8, opaque: false, cuda: false }];
         let mut m = BTreeMap::new();
         m.insert(0x8, 0x100);
         assert_eq!(classify(&b, &[(0, 0x10)], &[], &Fake(m)), vec![Verdict::Reachable, Verdict::Definite]);
@@ -372,26 +368,24 @@ mod tests {
     }
 
     #[test]
-    fn inherited_blocks_are_reachable_and_read_only_where_changed_since_fork() {
-        // Blocks 0 and 1 inherited (0 on page 0x1000, 1 on page 0x2000); 2, 3 and 4
-        // allocated by the child.
-        let b: Vec<Block> = [(0x1000, 0x100, true), (0x2000, 0x100, true), (0x5000, 0x40, false), (0x5100, 0x40, false), (0x5200, 0x40, false)]
-            .iter()
-            .map(|&(start, size, inherited)| Block { start, size, opaque: false, cuda: false, inherited })
-            .collect();
+    fn inherited_blocks_are_read_only_where_changed_since_fork() {
+        // Inherited blocks at 0x1000 (on a changed page) and 0x2000 (on a page still
+        // shared with the parent); blocks 0, 1 and 2 allocated by the child.
+        let b: Vec<Block> = [0x5000, 0x5100, 0x5200].iter().map(|&start| Block { start, size: 0x40, opaque: false, cuda: false }).collect();
+        let inherited = [(0x1000, 0x100), (0x2000, 0x100)];
         let mut m = BTreeMap::new();
-        // Block 0, on a changed page, points to block 2: reachable through it, even
-        // though nothing reaches block 0 (the parent's, assumed reachable).
+        // The inherited block on a changed page points to block 0: reachable through
+        // it, though nothing reaches the inherited block (the parent's, assumed so).
         m.insert(0x1010, 0x5000);
-        // Block 1's page is still shared with the parent: it is never read, so what
-        // it seems to hold here (impossible in a real child) keeps nothing.
+        // The one on a shared page is never read: what it seems to hold here
+        // (impossible in a real child) keeps nothing.
         m.insert(0x2010, 0x5100);
-        // Block 4 points to block 3's neighbour: nothing else reaches 4.
+        // Block 2 points to block 0: nothing reaches 2.
         m.insert(0x5200, 0x5000);
         let mut s = Scratch::new(&b);
         let changed = [(0x1000, 0x1000)];
-        classify_into(&b, &Roots { program: &[], runtime: &[], changed_since_fork: &changed }, &Fake(m), &mut s);
+        classify_into(&b, &Roots { program: &[], runtime: &[], inherited: &inherited, changed_since_fork: &changed }, &Fake(m), &mut s);
         use Verdict::*;
-        assert_eq!(s.verdicts, vec![Reachable, Reachable, Reachable, Definite, Definite]);
+        assert_eq!(s.verdicts, vec![Reachable, Definite, Definite]);
     }
 }

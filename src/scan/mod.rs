@@ -2,7 +2,7 @@
 //! (writable module segments, every thread's live stack and registers, the main thread's
 //! static TLS) and the live heap, classifying each block as LeakSanitizer does —
 //! reachable, indirect (only leaked blocks point to it) or definite.
-//! Opt-in for now (`LEAKTRACE_SCAN=1`).
+//! On by default (`LEAKTRACE_SCAN=0` turns it off).
 pub mod mark;
 pub mod roots;
 
@@ -10,14 +10,14 @@ use std::time::Instant;
 
 use mark::{Block, Scratch, Verdict};
 
-/// The pages that blocks inherited from a parent process lie on, as sorted, disjoint
-/// ranges (empty outside a forked child).
-fn inherited_pages(blocks: &[Block]) -> Vec<(u64, u64)> {
+/// The pages that blocks inherited from a parent process (sorted) lie on, as sorted,
+/// disjoint ranges.
+fn inherited_pages(inherited: &[(u64, u64)]) -> Vec<(u64, u64)> {
     const PAGE: u64 = 4096;
     let mut out: Vec<(u64, u64)> = Vec::new();
-    for b in blocks.iter().filter(|b| b.inherited && !b.opaque && b.size > 0) {
-        let from = b.start & !(PAGE - 1);
-        let to = b.start.saturating_add(b.size).saturating_add(PAGE - 1) & !(PAGE - 1);
+    for &(start, size) in inherited.iter().filter(|b| b.1 > 0) {
+        let from = start & !(PAGE - 1);
+        let to = start.saturating_add(size).saturating_add(PAGE - 1) & !(PAGE - 1);
         match out.last_mut() {
             Some(last) if from <= last.0 + last.1 => last.1 = last.1.max(to - last.0),
             _ => out.push((from, to - from)),
@@ -38,9 +38,11 @@ pub struct ScanInfo {
 }
 
 /// Classifies `blocks` (sorted by start, not overlapping) against the process's roots.
-/// `own_threads` (the library's collector) are neither stopped nor roots: their stacks
-/// hold the addresses of the events they just processed, which the program does not.
-pub fn scan(blocks: &[Block], own_threads: &[u32]) -> (Vec<Verdict>, ScanInfo) {
+/// `inherited`: in a forked child, the parent's blocks (sorted), which may point to the
+/// child's (see `mark::Roots`). `own_threads` (the library's collector) are neither
+/// stopped nor roots: their stacks hold the addresses of the events they just
+/// processed, which the program does not.
+pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32]) -> (Vec<Verdict>, ScanInfo) {
     let t0 = Instant::now();
     let have_signal = roots::install();
     let mut tids = if have_signal { roots::other_threads() } else { Vec::new() };
@@ -55,8 +57,9 @@ pub fn scan(blocks: &[Block], own_threads: &[u32]) -> (Vec<Verdict>, ScanInfo) {
     let mut pages = roots::WrittenPages::prepare();
     let mut root_ranges = Vec::new();
     let mut runtime_ranges = Vec::with_capacity(roots::WrittenPages::bound(&runtime_module_ranges));
-    let inherited = inherited_pages(blocks);
-    let mut changed_since_fork = Vec::with_capacity(roots::WrittenPages::bound(&inherited));
+    let forked_child = !inherited.is_empty();
+    let inherited_pages = inherited_pages(inherited);
+    let mut changed_since_fork = Vec::with_capacity(roots::WrittenPages::bound(&inherited_pages));
     root_ranges.extend_from_slice(roots::main_tls());
     root_ranges.extend(roots::main_dtv(&maps));
     root_ranges.extend(blocking_stacks.iter().map(|s| (s.as_ptr() as u64, (s.len() * 8) as u64)));
@@ -65,14 +68,21 @@ pub fn scan(blocks: &[Block], own_threads: &[u32]) -> (Vec<Verdict>, ScanInfo) {
     // From here until `resume`: no allocation.
     let stopped = roots::stop_threads(&tids, &maps, &mut root_ranges, &mut regs);
     // Which pages were written is read while every thread that could write is held.
-    pages.keep_written(&module_ranges, &mut root_ranges);
-    pages.keep_written(&runtime_module_ranges, &mut runtime_ranges);
-    pages.keep_changed_since_fork(&inherited, &mut changed_since_fork);
+    if forked_child {
+        // What the child never wrote holds only what the parent had at the fork: no
+        // address of a block the child allocated (inherited blocks count as reachable).
+        pages.keep_written_since_fork(&module_ranges, &mut root_ranges);
+        pages.keep_written_since_fork(&runtime_module_ranges, &mut runtime_ranges);
+    } else {
+        pages.keep_written(&module_ranges, &mut root_ranges);
+        pages.keep_written(&runtime_module_ranges, &mut runtime_ranges);
+    }
+    pages.keep_changed_since_fork(&inherited_pages, &mut changed_since_fork);
     let regs_range = (regs.as_ptr() as u64, (regs.len() * 8) as u64);
     if root_ranges.len() < root_ranges.capacity() {
         root_ranges.push(regs_range);
     }
-    let all_roots = mark::Roots { program: &root_ranges, runtime: &runtime_ranges, changed_since_fork: &changed_since_fork };
+    let all_roots = mark::Roots { program: &root_ranges, runtime: &runtime_ranges, inherited, changed_since_fork: &changed_since_fork };
     mark::classify_into(blocks, &all_roots, &roots::ProcessMemory { readable: &maps }, &mut scratch);
     roots::resume(stopped.asked);
     let info = ScanInfo {

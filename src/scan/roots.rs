@@ -138,7 +138,7 @@ pub fn module_data() -> (Ranges, Ranges) {
     }
     let mut out: Out = (Vec::new(), Vec::new());
     // SAFETY: the callback only reads the headers glibc hands it.
-    unsafe { libc::dl_iterate_phdr(Some(visit), &mut out as *mut _ as *mut c_void) };
+    unsafe { crate::interpose::iterate_modules(Some(visit), &mut out as *mut _ as *mut c_void) };
     out
 }
 
@@ -386,7 +386,7 @@ pub fn record_main_tls() {
     }
     let mut out: Vec<(u64, u64)> = Vec::new();
     // SAFETY: the callback only reads the headers glibc hands it.
-    unsafe { libc::dl_iterate_phdr(Some(visit), &mut out as *mut _ as *mut c_void) };
+    unsafe { crate::interpose::iterate_modules(Some(visit), &mut out as *mut _ as *mut c_void) };
     // The thread control block's head: its `dtv` points to the TLS blocks of modules
     // loaded later (dlopen), which ld.so allocates with malloc. Other threads have their
     // control block at the top of their stack mapping, which the scan reads anyway.
@@ -481,6 +481,12 @@ impl WrittenPages {
     /// address the child allocated.
     pub fn keep_changed_since_fork(&mut self, ranges: &[(u64, u64)], out: &mut Vec<(u64, u64)>) {
         self.keep_pages(ranges, out, page_changed_since_fork);
+    }
+
+    /// `keep_written` in a forked child: only the written pages that may have changed
+    /// since the fork (see `keep_changed_since_fork`).
+    pub fn keep_written_since_fork(&mut self, ranges: &[(u64, u64)], out: &mut Vec<(u64, u64)>) {
+        self.keep_pages(ranges, out, |e| page_written(e) && page_changed_since_fork(e));
     }
 
     fn keep_pages(&mut self, ranges: &[(u64, u64)], out: &mut Vec<(u64, u64)>, keep: fn(u64) -> bool) {
@@ -665,5 +671,11 @@ mod tests {
         let runs: Vec<_> = page_runs(&[W, X, X, W, S, 0, X], 0x10000, P, &mut open, page_changed_since_fork).collect();
         assert_eq!(runs, vec![(0x11000, 0x13000), (0x14000, 0x15000)]);
         assert_eq!(open, Some(0x16000));
+        // Module data in a forked child: written and not shared; a file page the child
+        // alone maps is still the file's.
+        let written_since_fork = |e| page_written(e) && page_changed_since_fork(e);
+        let mut open = None;
+        let runs: Vec<_> = page_runs(&[W, X, F | PM_EXCLUSIVE, S, 0], 0x10000, P, &mut open, written_since_fork).collect();
+        assert_eq!(runs, vec![(0x11000, 0x12000), (0x13000, 0x14000)]);
     }
 }
