@@ -48,49 +48,89 @@ pub struct Symbolizer {
     /// For each ended epoch, the modules loaded when it ended: (start, end, module),
     /// sorted by start.
     ended_epochs: FxMap<u32, Vec<(u64, u64, u32)>>,
-    loaders: FxMap<u32, Option<addr2line::Loader>>,
-    /// Symbol tables of modules whose DWARF (if any) did not name a function.
-    symbol_tables: FxMap<u32, Option<SymbolTable>>,
+    files: FxMap<u32, Option<ModuleFile>>,
     symbols: FxMap<(u32, u64), Vec<SymFrame>>,
 }
 
-/// A module's ELF symbol table, sorted by address, with names read only for the
-/// symbols asked for. addr2line's own fallback decodes every name first: libtorch_cpu
-/// has 546k symbols and 78 MB of names, 120 ms of each forked worker's final report.
-struct SymbolTable {
-    map: memmap2::Mmap,
-    /// `(start, end or start when the size is unknown, index, from .dynsym)`.
-    entries: Vec<(u64, u64, u32, bool)>,
+type Reader = gimli::EndianSlice<'static, gimli::RunTimeEndian>;
+
+/// A module file, mapped for the rest of the process (the symbolizer keeps every module
+/// it met; unloaded ones are still named from their files): its DWARF, if any, and its
+/// ELF symbol table, read through an index of our own whose names are decoded only for
+/// the symbols a report asks for. addr2line's `Loader` decodes every symbol name when it
+/// opens a file: libtorch_cpu has 546k symbols and 78 MB of names, ~120 ms of each
+/// forked worker's final report.
+struct ModuleFile {
+    file: object::File<'static>,
+    dwarf: Option<addr2line::Context<Reader>>,
+    /// `(start, end or start when the size is unknown, index, from .dynsym)`, by start;
+    /// built on the first lookup DWARF cannot answer.
+    symbols: Option<Vec<(u64, u64, u32, bool)>>,
 }
 
-impl SymbolTable {
-    fn load(path: &str) -> Option<SymbolTable> {
-        use object::{Object, ObjectSymbol, SymbolKind};
-        let map = crate::hotpath::mapping::map_file(path)?;
-        let file = object::File::parse(&*map).ok()?;
-        let mut entries: Vec<(u64, u64, u32, bool)> = Vec::new();
-        for (dynamic, symbols) in [(false, file.symbols()), (true, file.dynamic_symbols())] {
-            for s in symbols {
-                if s.address() != 0 && s.is_definition() && matches!(s.kind(), SymbolKind::Text | SymbolKind::Unknown) {
-                    entries.push((s.address(), s.address().saturating_add(s.size()), s.index().0 as u32, dynamic));
-                }
+impl ModuleFile {
+    fn open(path: &str) -> Option<ModuleFile> {
+        use object::{Object, ObjectSection};
+        let map: &'static memmap2::Mmap = Box::leak(Box::new(crate::hotpath::mapping::map_file(path)?));
+        let file = object::File::parse(&map[..]).ok()?;
+        let endian = if file.is_little_endian() { gimli::RunTimeEndian::Little } else { gimli::RunTimeEndian::Big };
+        let dwarf = file.section_by_name(".debug_info").is_some().then(|| {
+            let dwarf = gimli::Dwarf::load(|id| -> Result<Reader, gimli::Error> {
+                let data: &'static [u8] = match file.section_by_name(id.name()).map(|s| s.uncompressed_data()) {
+                    Some(Ok(std::borrow::Cow::Borrowed(b))) => b,
+                    // Compressed debug sections: kept, like the mapping, for the process.
+                    Some(Ok(std::borrow::Cow::Owned(b))) => Box::leak(b.into_boxed_slice()),
+                    _ => &[],
+                };
+                Ok(gimli::EndianSlice::new(data, endian))
+            });
+            dwarf.ok().and_then(|d| addr2line::Context::from_dwarf(d).ok())
+        });
+        Some(ModuleFile { file, dwarf: dwarf.flatten(), symbols: None })
+    }
+
+    fn frames(&self, probe: u64) -> Vec<SymFrame> {
+        let mut out = Vec::new();
+        let Some(ctx) = &self.dwarf else { return out };
+        if let Ok(mut iter) = ctx.find_frames(probe).skip_all_loads() {
+            while let Ok(Some(frame)) = iter.next() {
+                let function = frame.function.as_ref().and_then(|f| f.demangle().ok()).map(|c| c.into_owned());
+                let (file, line) = match frame.location {
+                    Some(loc) => (loc.file.map(str::to_owned), loc.line),
+                    None => (None, None),
+                };
+                out.push(SymFrame { function, file, line, inlined: true });
             }
         }
-        entries.sort_unstable_by_key(|e| e.0);
-        Some(SymbolTable { map, entries })
+        if let Some(last) = out.last_mut() {
+            last.inlined = false;
+        }
+        out
     }
 
     /// The name of the function that holds `probe` (an address in the file's terms).
-    fn name_of(&self, probe: u64) -> Option<String> {
-        use object::{Object, ObjectSymbol, ObjectSymbolTable, SymbolIndex};
-        let i = self.entries.partition_point(|e| e.0 <= probe).checked_sub(1)?;
-        let (start, end, index, dynamic) = self.entries[i];
+    fn symbol_name(&mut self, probe: u64) -> Option<String> {
+        use object::{Object, ObjectSymbol, ObjectSymbolTable, SymbolIndex, SymbolKind};
+        let file = &self.file;
+        let entries = self.symbols.get_or_insert_with(|| {
+            let mut entries = Vec::new();
+            for (dynamic, symbols) in [(false, file.symbols()), (true, file.dynamic_symbols())] {
+                for s in symbols {
+                    if s.address() != 0 && s.is_definition() && matches!(s.kind(), SymbolKind::Text | SymbolKind::Unknown) {
+                        entries.push((s.address(), s.address().saturating_add(s.size()), s.index().0 as u32, dynamic));
+                    }
+                }
+            }
+            entries.sort_unstable_by_key(|e| e.0);
+            entries
+        });
+        let i = entries.partition_point(|e| e.0 <= probe).checked_sub(1)?;
+        let (start, end, index, dynamic) = entries[i];
         // A symbol of known size must cover the address; one of unknown size (some
         // assembly routines) is taken as reaching up to the next symbol.
         if end > start && probe >= end {
             return None;
         }
-        let file = object::File::parse(&*self.map).ok()?;
         let table = if dynamic { file.dynamic_symbol_table()? } else { file.symbol_table()? };
         let name = table.symbol_by_index(SymbolIndex(index as usize)).ok()?.name().ok()?;
         Some(addr2line::demangle_auto(Cow::Borrowed(name), None).into_owned())
@@ -171,24 +211,12 @@ impl Symbolizer {
             .collect()
     }
 
-    fn loader(&mut self, module: u32) -> Option<&addr2line::Loader> {
-        if !self.loaders.contains_key(&module) {
-            let loader = self
-                .modules
-                .get(module as usize)
-                .filter(|m| m.path.starts_with('/'))
-                .and_then(|m| addr2line::Loader::new(&m.path).ok());
-            self.loaders.insert(module, loader);
+    fn file(&mut self, module: u32) -> Option<&mut ModuleFile> {
+        if !self.files.contains_key(&module) {
+            let file = self.modules.get(module as usize).filter(|m| m.path.starts_with('/')).and_then(|m| ModuleFile::open(&m.path));
+            self.files.insert(module, file);
         }
-        self.loaders.get(&module).and_then(|l| l.as_ref())
-    }
-
-    fn symbol_table(&mut self, module: u32) -> Option<&SymbolTable> {
-        if !self.symbol_tables.contains_key(&module) {
-            let table = self.modules.get(module as usize).filter(|m| m.path.starts_with('/')).and_then(|m| SymbolTable::load(&m.path));
-            self.symbol_tables.insert(module, table);
-        }
-        self.symbol_tables.get(&module).and_then(|t| t.as_ref())
+        self.files.get_mut(&module).and_then(|f| f.as_mut())
     }
 
     /// Function/file/line for a return address (innermost inlined frame first).
@@ -196,38 +224,24 @@ impl Symbolizer {
         if !self.symbols.contains_key(&(module, offset)) {
             // A return address points after the call; look up the call instruction.
             let probe = offset.saturating_sub(1);
-            let mut frames = match self.loader(module) {
-                Some(loader) => lookup(loader, probe),
+            let frames = match self.file(module) {
+                Some(file) => {
+                    let mut frames = file.frames(probe);
+                    if frames.iter().all(|f| f.function.is_none()) {
+                        if let Some(name) = file.symbol_name(probe) {
+                            match frames.last_mut() {
+                                Some(last) => last.function = Some(name),
+                                None => frames.push(SymFrame { function: Some(name), ..Default::default() }),
+                            }
+                        }
+                    }
+                    frames
+                }
                 None => Vec::new(),
             };
-            if frames.iter().all(|f| f.function.is_none()) {
-                if let Some(name) = self.symbol_table(module).and_then(|t| t.name_of(probe)) {
-                    match frames.last_mut() {
-                        Some(last) => last.function = Some(name),
-                        None => frames.push(SymFrame { function: Some(name), ..Default::default() }),
-                    }
-                }
-            }
             self.symbols.insert((module, offset), frames);
         }
         &self.symbols[&(module, offset)]
     }
 }
 
-fn lookup(loader: &addr2line::Loader, probe: u64) -> Vec<SymFrame> {
-    let mut out = Vec::new();
-    if let Ok(mut iter) = loader.find_frames(probe) {
-        while let Ok(Some(frame)) = iter.next() {
-            let function = frame.function.as_ref().and_then(|f| f.demangle().ok()).map(|c| c.into_owned());
-            let (file, line) = match frame.location {
-                Some(loc) => (loc.file.map(str::to_owned), loc.line),
-                None => (None, None),
-            };
-            out.push(SymFrame { function, file, line, inlined: true });
-        }
-    }
-    if let Some(last) = out.last_mut() {
-        last.inlined = false;
-    }
-    out
-}
