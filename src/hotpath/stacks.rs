@@ -37,6 +37,23 @@ struct Record {
 
 const READY: u64 = 1 << 63;
 
+/// A record as read back: its own frames, then `count` frames of stack `parent` from
+/// its frame `first` (none when `parent` is 0), `chain` records deep.
+struct Parts {
+    own: &'static [u64],
+    parent: u32,
+    first: usize,
+    count: usize,
+    chain: u64,
+}
+
+impl Parts {
+    /// How many frames the stack has.
+    fn len(&self) -> usize {
+        self.own.len() + if self.parent == 0 { 0 } else { self.count }
+    }
+}
+
 /// A new stack's outer frames, as found in an earlier stack: `frames[own..]` are
 /// `count` frames of stack `parent` from its frame `first`.
 #[derive(Clone, Copy, Debug)]
@@ -131,9 +148,8 @@ impl Tables {
         unsafe { std::slice::from_raw_parts(self.frames.add(off), len) }
     }
 
-    /// A ready record's own frames, its shared tail `(parent, first, count)`, and its
-    /// chain length.
-    fn parts(&self, id: u32) -> Option<(&'static [u64], u32, usize, usize, u64)> {
+    /// A ready record, decoded.
+    fn parts(&self, id: u32) -> Option<Parts> {
         let rec = self.record(id);
         let loc = rec.location.load(Ordering::Acquire);
         if loc & READY == 0 {
@@ -141,14 +157,20 @@ impl Tables {
         }
         let shared = rec.shared.load(Ordering::Relaxed);
         let parent = rec.parent.load(Ordering::Relaxed);
-        Some((self.frames_of(loc), parent, (shared & 0xffff) as usize, ((shared >> 16) & 0xffff) as usize, (shared >> 32) & 0xff))
+        Some(Parts {
+            own: self.frames_of(loc),
+            parent,
+            first: (shared & 0xffff) as usize,
+            count: ((shared >> 16) & 0xffff) as usize,
+            chain: (shared >> 32) & 0xff,
+        })
     }
 
     /// Frames `[skip, skip + len)` of stack `id`, handed to `f` in order, without
     /// allocating. Returns false if a record on the way is not ready.
     fn visit(&self, mut id: u32, mut skip: usize, mut len: usize, f: &mut impl FnMut(u64)) -> bool {
         for _ in 0..=MAX_CHAIN {
-            let Some((own, parent, first, count, _)) = self.parts(id) else { return false };
+            let Some(Parts { own, parent, first, count, .. }) = self.parts(id) else { return false };
             if skip < own.len() {
                 let take = (own.len() - skip).min(len);
                 own[skip..skip + take].iter().for_each(|&ip| f(ip));
@@ -167,15 +189,9 @@ impl Tables {
         true
     }
 
-    /// How many frames stack `id` has.
-    fn len_of(&self, id: u32) -> Option<usize> {
-        let (own, parent, _, count, _) = self.parts(id)?;
-        Some(own.len() + if parent == 0 { 0 } else { count })
-    }
-
     /// Whether stack `id` is exactly `frames`.
     fn equals(&self, id: u32, frames: &[u64]) -> bool {
-        if self.len_of(id) != Some(frames.len()) {
+        if self.parts(id).map(|p| p.len()) != Some(frames.len()) {
             return false;
         }
         let mut i = 0;
@@ -238,15 +254,15 @@ fn make_record(t: &Tables, h: u64, epoch: u32, frames: &[u64], tail: Option<Shar
         return None;
     }
     // Share the tail only if it is what it claims to be, and the parent's chain leaves
-    // room for one more link.
-    let tail = tail.filter(|s| {
-        s.count > 0
-            && s.own + s.count == frames.len()
-            && (s.parent as usize) < MAX_STACKS
-            && t.parts(s.parent).is_some_and(|(_, _, _, _, chain)| chain < MAX_CHAIN)
-            && t.len_of(s.parent).is_some_and(|len| s.first + s.count <= len)
+    // room for one more link; the new record's chain is one longer.
+    let tail = tail.and_then(|s| {
+        if s.count == 0 || s.own + s.count != frames.len() || s.parent as usize >= MAX_STACKS {
+            return None;
+        }
+        let parent = t.parts(s.parent)?;
+        (parent.chain < MAX_CHAIN && s.first + s.count <= parent.len()).then_some((s, parent.chain + 1))
     });
-    debug_assert!(tail.is_none_or(|s| {
+    debug_assert!(tail.is_none_or(|(s, _)| {
         let mut same = true;
         let mut i = s.own;
         t.visit(s.parent, s.first, s.count, &mut |ip| {
@@ -254,7 +270,7 @@ fn make_record(t: &Tables, h: u64, epoch: u32, frames: &[u64], tail: Option<Shar
             i += 1;
         }) && same
     }));
-    let own = tail.map_or(frames.len(), |s| s.own);
+    let own = tail.map_or(frames.len(), |(s, _)| s.own);
     let off = t.next_frame.fetch_add(own as u64, Ordering::Relaxed);
     if off as usize + own > FRAME_CAPACITY {
         // Mark the id as an empty, ready record so readers do not wait for it.
@@ -268,8 +284,7 @@ fn make_record(t: &Tables, h: u64, epoch: u32, frames: &[u64], tail: Option<Shar
     let rec = t.record(id);
     rec.hash.store(h, Ordering::Relaxed);
     rec.epoch.store(epoch, Ordering::Relaxed);
-    if let Some(s) = tail {
-        let chain = t.parts(s.parent).map_or(0, |p| p.4) + 1;
+    if let Some((s, chain)) = tail {
         rec.parent.store(s.parent, Ordering::Relaxed);
         rec.shared.store(s.first as u64 | (s.count as u64) << 16 | chain << 32, Ordering::Relaxed);
     }
@@ -294,7 +309,7 @@ pub fn frames_and_epoch(id: u32) -> Option<(Vec<u64>, u32)> {
         return Some((Vec::new(), 0));
     }
     let t = tables()?;
-    let len = t.len_of(id)?.min(MAX_FRAMES);
+    let len = t.parts(id)?.len().min(MAX_FRAMES);
     let mut out = Vec::with_capacity(len);
     t.visit(id, 0, len, &mut |ip| out.push(ip)).then_some(())?;
     Some((out, t.record(id).epoch.load(Ordering::Relaxed)))
@@ -309,12 +324,6 @@ pub fn innermost(id: u32) -> Option<u64> {
     let mut first = None;
     t.visit(id, 0, 1, &mut |ip| first = Some(ip));
     first
-}
-
-/// Frames stored in the arena so far (a stack that shares its outer frames stores only
-/// its own).
-pub fn frames_stored() -> u64 {
-    tables().map(|t| t.next_frame.load(Ordering::Relaxed)).unwrap_or(0)
 }
 
 /// How many stacks could not be interned (table full); their events carry id 0.
@@ -383,7 +392,7 @@ mod tests {
         }
         // Chains stay short: some records were stored whole again.
         let t = tables().unwrap();
-        assert!(t.parts(parent).unwrap().4 <= MAX_CHAIN);
+        assert!(t.parts(parent).unwrap().chain <= MAX_CHAIN);
         // A tail that does not match the frames it claims to describe is not trusted.
         let bogus = SharedTail { own: 1, parent, first: 0, count: 500 };
         let id = intern_sharing(3, &[1, 2, 3], Some(bogus));

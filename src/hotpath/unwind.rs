@@ -670,8 +670,8 @@ fn suffix_needs_bp(e: &MemoEntry, k: usize) -> bool {
 /// (now at the same return address and CFA, with RBP `bp`) would find the same ones:
 /// same dlclose epoch, RBP equal where the rest depends on it, and every stack word the
 /// rest read still the same and inside this unwind's live stack `[sp0, hi)`. Returns
-/// how many frames to take, or `None`.
-fn suffix_from(e: &MemoEntry, k: usize, epoch: u32, bp: u64, sp0: u64, hi: u64, wanted: usize) -> Option<usize> {
+/// how many frames to take and whether they depend on RBP as it is now, or `None`.
+fn suffix_from(e: &MemoEntry, k: usize, epoch: u32, bp: u64, sp0: u64, hi: u64, wanted: usize) -> Option<(usize, bool)> {
     if e.epoch != epoch || e.nreads == 0 {
         return None;
     }
@@ -680,7 +680,8 @@ fn suffix_from(e: &MemoEntry, k: usize, epoch: u32, bp: u64, sp0: u64, hi: u64, 
     if e.by_depth && available < wanted {
         return None;
     }
-    if suffix_needs_bp(e, k) && e.bps[k] != bp {
+    let needs_bp = suffix_needs_bp(e, k);
+    if needs_bp && e.bps[k] != bp {
         return None;
     }
     for &(addr, val) in &e.reads[e.reads_end[k] as usize..e.nreads as usize] {
@@ -693,7 +694,7 @@ fn suffix_from(e: &MemoEntry, k: usize, epoch: u32, bp: u64, sp0: u64, hi: u64, 
             return None;
         }
     }
-    Some(available.min(wanted))
+    Some((available.min(wanted), needs_bp))
 }
 
 /// Captures the caller's stack (the library's own frames skipped) and returns its
@@ -864,8 +865,8 @@ fn capture(state: &ThreadState, depth: usize, memoise: bool) -> u32 {
             continue;
         }
         let k = cand_at;
-        let Some(take) = suffix_from(c, k, epoch, bp, sp0, hi, depth - n) else { continue };
-        if suffix_needs_bp(c, k) {
+        let Some((take, needs_bp)) = suffix_from(c, k, epoch, bp, sp0, hi, depth - n) else { continue };
+        if needs_bp {
             use_bp(&mut bp_source, &mut reads, &mut bp_used);
         }
         if take > 0 {

@@ -109,7 +109,6 @@ pub fn writable_mappings() -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// Writable PT_LOAD segments of every loaded module except this library.
 /// Address ranges `(start, len)`.
 pub type Ranges = Vec<(u64, u64)>;
 
