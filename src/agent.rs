@@ -308,7 +308,7 @@ fn collector_main() {
             last_report = Instant::now();
         }
         if drained == 0 {
-            std::thread::sleep(Duration::from_micros(idle_sleep_us));
+            channel::park_consumer(Duration::from_micros(idle_sleep_us));
             idle_sleep_us = (idle_sleep_us * 2).min(2000);
         } else {
             idle_sleep_us = 200;

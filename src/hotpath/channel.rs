@@ -24,6 +24,11 @@ use super::thread::{self, ThreadState};
 
 pub const BUCKETS: usize = 256;
 const RING_SLOTS: u64 = 8192;
+/// A producer that finds its ring this full wakes a sleeping consumer: at 10+ M events
+/// a second the ring fills in under a millisecond, about the consumer's idle sleep.
+const WAKE_AT: u64 = RING_SLOTS / 2;
+/// A producer whose ring stays past `WAKE_AT` looks at the consumer again this often.
+const RECHECK_EVERY: u64 = 512;
 
 #[repr(C, align(128))]
 struct Padded<T>(T);
@@ -33,6 +38,8 @@ const ZERO_TICKETS: Padded<AtomicU64> = Padded(AtomicU64::new(0));
 static TICKETS: [Padded<AtomicU64>; BUCKETS] = [ZERO_TICKETS; BUCKETS];
 static FULL_WAITS: AtomicU64 = AtomicU64::new(0);
 static CLOSED: AtomicBool = AtomicBool::new(false);
+/// 1 while the consumer sleeps in `park_consumer` (a futex word).
+static CONSUMER_PARKED: AtomicU32 = AtomicU32::new(0);
 static RINGS: AtomicPtr<ThreadRing> = AtomicPtr::new(std::ptr::null_mut());
 static RETIRE_KEY: AtomicUsize = AtomicUsize::new(usize::MAX);
 
@@ -48,6 +55,15 @@ struct Slot {
     order: AtomicU64,
 }
 
+/// The line only the ring's producer writes.
+struct ProducerLine {
+    /// The write position.
+    tail: AtomicU64,
+    /// The write position at which the producer next looks at the consumer's position
+    /// (`make_room`), so that the consumer's line is not pulled over on every event.
+    check_at: AtomicU64,
+}
+
 struct ThreadRing {
     /// Identity of the owning thread (`thread::identity`), 0 while free to claim.
     owner: AtomicUsize,
@@ -56,10 +72,7 @@ struct ThreadRing {
     /// ring once it is drained and the thread is gone.
     retired: AtomicBool,
     next: *mut ThreadRing,
-    /// Producer-owned line: the write position, and the last consumer position the
-    /// producer saw (re-read only when the ring looks full, so the consumer's line is
-    /// not pulled over on every event).
-    tail: Padded<(AtomicU64, AtomicU64)>,
+    producer: Padded<ProducerLine>,
     head: Padded<AtomicU64>,
     slots: [Slot; RING_SLOTS as usize],
 }
@@ -144,26 +157,11 @@ fn my_ring(state: &ThreadState) -> Option<&'static ThreadRing> {
 /// Publishes one event from the calling thread, whose state `state` is. `help` is
 /// called while the ring is full; it should drain (it must not block indefinitely).
 #[inline]
-pub fn publish(state: &ThreadState, kind: EventKind, api: Api, stack: u32, addr: u64, size: u64, mut help: impl FnMut()) {
+pub fn publish(state: &ThreadState, kind: EventKind, api: Api, stack: u32, addr: u64, size: u64, help: impl FnMut()) {
     let Some(ring) = my_ring(state) else { return };
-    let t = ring.tail.0 .0.load(Ordering::Relaxed);
-    if t.wrapping_sub(ring.tail.0 .1.load(Ordering::Relaxed)) >= RING_SLOTS
-        && t.wrapping_sub(refresh_head(ring)) >= RING_SLOTS
-    {
-        FULL_WAITS.fetch_add(1, Ordering::Relaxed);
-        let mut spins = 0u32;
-        while t.wrapping_sub(refresh_head(ring)) >= RING_SLOTS {
-            if CLOSED.load(Ordering::Relaxed) {
-                return;
-            }
-            help();
-            spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-        }
+    let t = ring.producer.0.tail.load(Ordering::Relaxed);
+    if t >= ring.producer.0.check_at.load(Ordering::Relaxed) && !make_room(ring, t, help) {
+        return;
     }
     // The ticket is taken only once there is room: a producer waiting for space never
     // holds a ticket that others must wait for.
@@ -174,14 +172,79 @@ pub fn publish(state: &ThreadState, kind: EventKind, api: Api, stack: u32, addr:
     slot.size.store(size, Ordering::Relaxed);
     slot.meta.store(ev.pack_meta(), Ordering::Relaxed);
     slot.order.store(order, Ordering::Relaxed);
-    ring.tail.0 .0.store(t + 1, Ordering::Release);
+    ring.producer.0.tail.store(t + 1, Ordering::Release);
 }
 
+/// The producer reached its check position: looks at the consumer's position, wakes
+/// the consumer if the ring is half full and it sleeps, waits while the ring is full,
+/// and sets the next check position. Returns false when the channel closed meanwhile
+/// (the event is dropped with tracking).
+///
+/// The check position is never past `head + RING_SLOTS` for a head seen here, and the
+/// head only grows, so a slot is never written before the consumer is done with it.
+#[cold]
+#[inline(never)]
+fn make_room(ring: &ThreadRing, t: u64, mut help: impl FnMut()) -> bool {
+    let mut h = ring.head.0.load(Ordering::Acquire);
+    if t.wrapping_sub(h) >= RING_SLOTS {
+        FULL_WAITS.fetch_add(1, Ordering::Relaxed);
+        let mut spins = 0u32;
+        loop {
+            wake_consumer();
+            help();
+            h = ring.head.0.load(Ordering::Acquire);
+            if t.wrapping_sub(h) < RING_SLOTS {
+                break;
+            }
+            if CLOSED.load(Ordering::Relaxed) {
+                return false;
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+    let next = if t.wrapping_sub(h) >= WAKE_AT {
+        // Behind: wake it if it sleeps, and look again soon.
+        wake_consumer();
+        (h + RING_SLOTS).min(t + RECHECK_EVERY)
+    } else {
+        h + WAKE_AT
+    };
+    ring.producer.0.check_at.store(next, Ordering::Relaxed);
+    true
+}
+
+/// Wakes the consumer if it sleeps in `park_consumer`.
 #[inline(always)]
-fn refresh_head(ring: &ThreadRing) -> u64 {
-    let h = ring.head.0.load(Ordering::Acquire);
-    ring.tail.0 .1.store(h, Ordering::Relaxed);
-    h
+fn wake_consumer() {
+    // No fence: a producer that misses the consumer parking (its load of the flag passed
+    // the consumer's store) looks again `RECHECK_EVERY` events later, and the sleep is
+    // bounded anyway.
+    if CONSUMER_PARKED.load(Ordering::Relaxed) != 0 && CONSUMER_PARKED.swap(0, Ordering::AcqRel) != 0 {
+        // SAFETY: FUTEX_WAKE on a static word; no memory is handed to the kernel.
+        unsafe { libc::syscall(libc::SYS_futex, CONSUMER_PARKED.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, 1) };
+    }
+}
+
+/// The consumer thread's idle sleep: returns after `timeout`, or as soon as a producer
+/// finds its ring half full, or at once when events are already waiting.
+pub fn park_consumer(timeout: std::time::Duration) {
+    CONSUMER_PARKED.store(1, Ordering::SeqCst);
+    if rings().any(|r| r.head.0.load(Ordering::Acquire) < r.producer.0.tail.load(Ordering::Acquire)) {
+        CONSUMER_PARKED.store(0, Ordering::SeqCst);
+        return;
+    }
+    let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
+    // SAFETY: FUTEX_WAIT on a static word with a relative timeout that outlives the call;
+    // it returns at once if the word is no longer 1 (a producer woke us first).
+    unsafe {
+        libc::syscall(libc::SYS_futex, CONSUMER_PARKED.as_ptr(), libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG, 1, &ts as *const libc::timespec)
+    };
+    CONSUMER_PARKED.store(0, Ordering::SeqCst);
 }
 
 pub fn full_waits() -> u64 {
@@ -237,7 +300,7 @@ impl DrainState {
                     return total + progress;
                 }
                 if ring.retired.load(Ordering::Acquire)
-                    && ring.head.0.load(Ordering::Acquire) == ring.tail.0 .0.load(Ordering::Acquire)
+                    && ring.head.0.load(Ordering::Acquire) == ring.producer.0.tail.load(Ordering::Acquire)
                     && ring.owner.load(Ordering::Acquire) != 0
                     && crate::interpose::lifecycle::thread_is_gone(ring.tid.load(Ordering::Acquire))
                 {
@@ -253,7 +316,7 @@ impl DrainState {
     }
 
     fn drain_ring(&mut self, ring: &ThreadRing, max: usize, force: bool, f: &mut impl Sink) -> usize {
-        let tail = ring.tail.0 .0.load(Ordering::Acquire);
+        let tail = ring.producer.0.tail.load(Ordering::Acquire);
         let mut head = ring.head.0.load(Ordering::Relaxed);
         let start = head;
         let tid = ring.tid.load(Ordering::Acquire);
@@ -294,12 +357,12 @@ impl DrainState {
 
     /// Events waiting in all rings right now.
     pub fn backlog(&self) -> usize {
-        rings().map(|r| r.tail.0 .0.load(Ordering::Acquire).saturating_sub(r.head.0.load(Ordering::Acquire)) as usize).sum()
+        rings().map(|r| r.producer.0.tail.load(Ordering::Acquire).saturating_sub(r.head.0.load(Ordering::Acquire)) as usize).sum()
     }
 
     /// Whether any ring still holds events.
     pub fn pending(&self) -> bool {
-        rings().any(|r| r.head.0.load(Ordering::Acquire) < r.tail.0 .0.load(Ordering::Acquire))
+        rings().any(|r| r.head.0.load(Ordering::Acquire) < r.producer.0.tail.load(Ordering::Acquire))
     }
 
     /// In a forked child: only the calling thread exists. Every other ring's owner is
@@ -331,12 +394,16 @@ mod tests {
         thread::with(|s| publish(s, kind, api, stack, addr, size, help));
     }
 
-    // One test owns the process-wide rings; it checks order and completeness together.
+    /// The rings and tickets are process-wide: the tests take turns, and share the one
+    /// consumer position (a second one would wait for tickets the first applied).
+    static SERIAL: Mutex<()> = Mutex::new(());
+    static STATE: Mutex<Option<DrainState>> = Mutex::new(None);
+
     #[test]
     fn cross_thread_reuse_is_applied_in_causal_order_and_nothing_is_lost() {
+        let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         init();
-        static STATE: Mutex<Option<DrainState>> = Mutex::new(None);
-        *STATE.lock().unwrap() = Some(DrainState::default());
+        STATE.lock().unwrap().get_or_insert_with(DrainState::default);
         let applied = Mutex::new(Vec::<Event>::new());
         let drain_some = |force: bool| {
             if let Ok(mut g) = STATE.try_lock() {
@@ -408,5 +475,40 @@ mod tests {
         assert!(allocs >= THREADS * ROUNDS);
         assert!(!STATE.lock().unwrap().as_ref().unwrap().pending());
         assert!(full_waits() > 0, "the rings were small enough to fill");
+    }
+
+    #[test]
+    fn a_half_full_ring_wakes_the_sleeping_consumer_and_a_waiting_event_keeps_it_awake() {
+        use std::time::{Duration, Instant};
+        let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        init();
+        let mut state = STATE.lock().unwrap();
+        let drained = state.get_or_insert_with(DrainState::default);
+        drained.drain(usize::MAX, false, |_e| {});
+        assert!(!drained.pending());
+        let sleeper = std::thread::spawn(|| {
+            let start = Instant::now();
+            park_consumer(Duration::from_secs(30));
+            start.elapsed()
+        });
+        let start = Instant::now();
+        while CONSUMER_PARKED.load(Ordering::SeqCst) == 0 {
+            assert!(start.elapsed() < Duration::from_secs(10), "the consumer never parked");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // At most two check positions away from half full, whatever this thread's ring
+        // held before: the wake comes before the ring is full.
+        for i in 0..(RING_SLOTS * 3 / 4) {
+            publish_here(EventKind::Alloc, Api::Malloc, 1, (0x7000_0000 + i) << 4, 8, || panic!("the ring filled up"));
+        }
+        let slept = sleeper.join().unwrap();
+        assert!(slept < Duration::from_secs(10), "woken after {slept:?}");
+        // Events wait: parking returns at once.
+        let start = Instant::now();
+        park_consumer(Duration::from_secs(30));
+        assert!(start.elapsed() < Duration::from_secs(10));
+        let mut n = 0u64;
+        drained.drain(usize::MAX, false, |_e| n += 1);
+        assert_eq!(n, RING_SLOTS * 3 / 4);
     }
 }
