@@ -218,6 +218,11 @@ fn make_room(ring: &ThreadRing, t: u64, mut help: impl FnMut()) -> bool {
     true
 }
 
+/// Whether any ring holds events the consumer has not taken yet.
+fn any_pending() -> bool {
+    rings().any(|r| r.head.0.load(Ordering::Acquire) < r.producer.0.tail.load(Ordering::Acquire))
+}
+
 /// Wakes the consumer if it sleeps in `park_consumer`.
 #[inline(always)]
 fn wake_consumer() {
@@ -234,7 +239,7 @@ fn wake_consumer() {
 /// finds its ring half full, or at once when events are already waiting.
 pub fn park_consumer(timeout: std::time::Duration) {
     CONSUMER_PARKED.store(1, Ordering::SeqCst);
-    if rings().any(|r| r.head.0.load(Ordering::Acquire) < r.producer.0.tail.load(Ordering::Acquire)) {
+    if any_pending() {
         CONSUMER_PARKED.store(0, Ordering::SeqCst);
         return;
     }
@@ -362,7 +367,7 @@ impl DrainState {
 
     /// Whether any ring still holds events.
     pub fn pending(&self) -> bool {
-        rings().any(|r| r.head.0.load(Ordering::Acquire) < r.producer.0.tail.load(Ordering::Acquire))
+        any_pending()
     }
 
     /// In a forked child: only the calling thread exists. Every other ring's owner is
