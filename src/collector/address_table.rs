@@ -183,14 +183,6 @@ impl<V: Copy> AddressTable<V> {
             self.keys.iter().zip(&self.values).filter(|(k, _)| **k != EMPTY).filter_map(|(k, v)| Some((*k, v.as_ref()?))),
         )
     }
-
-    pub fn values(&self) -> impl Iterator<Item = &V> {
-        self.iter().map(|(_, v)| v)
-    }
-
-    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
-        self.zero.iter_mut().chain(self.values.iter_mut().flatten())
-    }
 }
 
 #[inline(always)]

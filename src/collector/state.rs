@@ -36,7 +36,6 @@ impl Hasher for FxHasher {
 
 pub type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
-
 impl Sink for &mut Collector {
     #[inline(always)]
     fn apply(&mut self, ev: Event) {

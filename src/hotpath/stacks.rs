@@ -191,16 +191,19 @@ impl Tables {
 
     /// Whether stack `id` is exactly `frames`.
     fn equals(&self, id: u32, frames: &[u64]) -> bool {
-        if self.parts(id).map(|p| p.len()) != Some(frames.len()) {
-            return false;
-        }
+        self.parts(id).map(|p| p.len()) == Some(frames.len()) && self.reads_as(id, 0, frames)
+    }
+
+    /// Whether stack `id`, from its frame `skip` on, reads back as `expect` (its
+    /// `expect.len()` frames from there, all of them readable).
+    fn reads_as(&self, id: u32, skip: usize, expect: &[u64]) -> bool {
         let mut i = 0;
         let mut same = true;
-        let complete = self.visit(id, 0, frames.len(), &mut |ip| {
-            same &= frames.get(i) == Some(&ip);
+        let complete = self.visit(id, skip, expect.len(), &mut |ip| {
+            same &= expect.get(i) == Some(&ip);
             i += 1;
         });
-        complete && same && i == frames.len()
+        complete && same && i == expect.len()
     }
 }
 
@@ -262,14 +265,7 @@ fn make_record(t: &Tables, h: u64, epoch: u32, frames: &[u64], tail: Option<Shar
         let parent = t.parts(s.parent)?;
         (parent.chain < MAX_CHAIN && s.first + s.count <= parent.len()).then_some((s, parent.chain + 1))
     });
-    debug_assert!(tail.is_none_or(|(s, _)| {
-        let mut same = true;
-        let mut i = s.own;
-        t.visit(s.parent, s.first, s.count, &mut |ip| {
-            same &= frames.get(i) == Some(&ip);
-            i += 1;
-        }) && same
-    }));
+    debug_assert!(tail.is_none_or(|(s, _)| t.reads_as(s.parent, s.first, &frames[s.own..])));
     let own = tail.map_or(frames.len(), |(s, _)| s.own);
     let off = t.next_frame.fetch_add(own as u64, Ordering::Relaxed);
     if off as usize + own > FRAME_CAPACITY {
