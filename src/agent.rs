@@ -445,6 +445,7 @@ fn write_report(reason: Reason) {
         stack_depth: r.config.stack_depth,
         interval_ms: r.config.interval_ms,
         buffer_full_waits: channel::full_waits(),
+        rings_grown: channel::rings_grown(),
         stacks_interned: stacks::count().saturating_sub(1) as u64,
         stack_table_overflows: stacks::overflows(),
         host_tracking: r.host_tracking.clone(),

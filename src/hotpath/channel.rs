@@ -17,16 +17,29 @@
 //!
 //! **Nothing dropped.** A full ring makes its producer wait and, while it waits, drain
 //! the rings itself through `help` (each wait is counted).
+//!
+//! **Rings grow for the threads that need it.** Every thread starts with a small ring.
+//! One that fills it moves to a ring eight times larger instead of waiting: the old ring
+//! becomes the new one's *predecessor*, which the consumer empties before it takes
+//! anything from the new one, so the thread's events keep their order (a realloc's
+//! release and outcome may straddle the move). Only the consumer lets go of a
+//! predecessor, once it is empty and after unlinking it, so a ring is never reused while
+//! a successor still waits on it.
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use super::event::{Api, Event, EventKind};
 use super::thread::{self, ThreadState};
 
 pub const BUCKETS: usize = 256;
-const RING_SLOTS: u64 = 8192;
+/// Every thread's first ring (256 KiB).
+const SMALL_SLOTS: u64 = 8192;
+/// The ring of a thread that filled its small one (2 MiB). A Python program allocating
+/// flat out filled a small ring about 5,000 times a run while the consumer caught up.
+const LARGE_SLOTS: u64 = 65536;
 /// A producer that finds its ring this full wakes a sleeping consumer: at 10+ M events
-/// a second the ring fills in under a millisecond, about the consumer's idle sleep.
-const WAKE_AT: u64 = RING_SLOTS / 2;
+/// a second a small ring fills in under a millisecond, about the consumer's idle sleep.
+/// The same for both sizes: a large ring is there to absorb the consumer's wake-up.
+const WAKE_AT: u64 = SMALL_SLOTS / 2;
 /// A producer whose ring stays past `WAKE_AT` looks at the consumer again this often.
 const RECHECK_EVERY: u64 = 512;
 
@@ -37,6 +50,7 @@ struct Padded<T>(T);
 const ZERO_TICKETS: Padded<AtomicU64> = Padded(AtomicU64::new(0));
 static TICKETS: [Padded<AtomicU64>; BUCKETS] = [ZERO_TICKETS; BUCKETS];
 static FULL_WAITS: AtomicU64 = AtomicU64::new(0);
+static RINGS_GROWN: AtomicU64 = AtomicU64::new(0);
 static CLOSED: AtomicBool = AtomicBool::new(false);
 /// 1 while the consumer sleeps in `park_consumer` (a futex word).
 static CONSUMER_PARKED: AtomicU32 = AtomicU32::new(0);
@@ -71,10 +85,27 @@ struct ThreadRing {
     /// The owner ran its thread-exit destructor (or did not survive fork): recycle the
     /// ring once it is drained and the thread is gone.
     retired: AtomicBool,
+    /// The owner moved to a larger ring: only the successor's drain recycles this one.
+    superseded: AtomicBool,
+    /// The ring the owner published into before this one (null: none). Its events come
+    /// first; the consumer unlinks it once it is empty.
+    predecessor: AtomicPtr<ThreadRing>,
     next: *mut ThreadRing,
+    /// `SMALL_SLOTS` or `LARGE_SLOTS`; fixed when the ring is made.
+    capacity: u64,
+    /// `capacity` slots, in the same mapping, just after this header.
+    slots: *const Slot,
     producer: Padded<ProducerLine>,
     head: Padded<AtomicU64>,
-    slots: [Slot; RING_SLOTS as usize],
+}
+
+impl ThreadRing {
+    #[inline(always)]
+    fn slot(&self, position: u64) -> &Slot {
+        // SAFETY: `slots` holds `capacity` (a power of two) slots that live as long as
+        // the ring (forever); the index is masked into range.
+        unsafe { &*self.slots.add((position & (self.capacity - 1)) as usize) }
+    }
 }
 
 /// Creates the thread-exit key; called once from the library constructor.
@@ -107,18 +138,24 @@ fn rings() -> impl Iterator<Item = &'static ThreadRing> {
     })
 }
 
-#[cold]
-fn claim_ring(state: &ThreadState) -> Option<&'static ThreadRing> {
+/// A free ring of `capacity` slots, or a new one, owned by the calling thread from now.
+fn take_ring(capacity: u64) -> Option<&'static ThreadRing> {
     let me = thread::identity();
-    let tid = thread::tid();
-    let ring = match rings().find(|r| r.owner.compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed).is_ok()) {
+    let free = rings().find(|r| r.capacity == capacity && r.owner.compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed).is_ok());
+    let ring = match free {
         Some(r) => r,
         None => {
-            // All-zero bytes are a valid empty ring.
-            let m = super::mapping::map_zeroed(std::mem::size_of::<ThreadRing>())?;
+            let header = std::mem::size_of::<ThreadRing>().next_multiple_of(std::mem::align_of::<Slot>());
+            // All-zero bytes are a valid empty ring but for its two fixed fields.
+            let m = super::mapping::map_zeroed(header + capacity as usize * std::mem::size_of::<Slot>())?;
             let r = m as *mut ThreadRing;
-            // SAFETY: fresh mapping, not yet shared.
-            unsafe { (*r).owner.store(me, Ordering::Relaxed) };
+            // SAFETY: fresh mapping, not yet shared; the slots start `header` bytes in,
+            // aligned for `Slot` (the mapping is page-aligned).
+            unsafe {
+                (*r).owner.store(me, Ordering::Relaxed);
+                (*r).capacity = capacity;
+                (*r).slots = m.add(header) as *const Slot;
+            }
             let mut head = RINGS.load(Ordering::Acquire);
             loop {
                 // SAFETY: not yet shared; `next` is immutable once published.
@@ -132,8 +169,24 @@ fn claim_ring(state: &ThreadState) -> Option<&'static ThreadRing> {
             unsafe { &*r }
         }
     };
-    ring.tid.store(tid, Ordering::Release);
+    ring.tid.store(thread::tid(), Ordering::Release);
     ring.retired.store(false, Ordering::Release);
+    ring.superseded.store(false, Ordering::Release);
+    // The first event looks at the consumer's position (a reused ring's check position
+    // is its last owner's).
+    ring.producer.0.check_at.store(0, Ordering::Relaxed);
+    Some(ring)
+}
+
+#[cold]
+fn claim_ring(state: &ThreadState) -> Option<&'static ThreadRing> {
+    let ring = take_ring(SMALL_SLOTS)?;
+    adopt(state, ring);
+    Some(ring)
+}
+
+/// Makes `ring` the calling thread's: where its events go, and what its exit retires.
+fn adopt(state: &ThreadState, ring: &'static ThreadRing) {
     state.ring.set(ring as *const ThreadRing as usize);
     let key = RETIRE_KEY.load(Ordering::Acquire);
     if key != usize::MAX {
@@ -141,6 +194,18 @@ fn claim_ring(state: &ThreadState) -> Option<&'static ThreadRing> {
         // then through calloc, which the hook guard forwards.
         unsafe { libc::pthread_setspecific(key as libc::pthread_key_t, ring as *const ThreadRing as *const _) };
     }
+}
+
+/// Moves the calling thread from its full small ring `old` to a large one. Returns
+/// `None` (the caller waits instead) when no memory can be had.
+#[cold]
+fn grow(state: &ThreadState, old: &'static ThreadRing) -> Option<&'static ThreadRing> {
+    let ring = take_ring(LARGE_SLOTS)?;
+    old.superseded.store(true, Ordering::Release);
+    // Release: the consumer that sees the link sees every event published into `old`.
+    ring.predecessor.store(old as *const ThreadRing as *mut ThreadRing, Ordering::Release);
+    adopt(state, ring);
+    RINGS_GROWN.fetch_add(1, Ordering::Relaxed);
     Some(ring)
 }
 
@@ -158,15 +223,22 @@ fn my_ring(state: &ThreadState) -> Option<&'static ThreadRing> {
 /// called while the ring is full; it should drain (it must not block indefinitely).
 #[inline]
 pub fn publish(state: &ThreadState, kind: EventKind, api: Api, stack: u32, addr: u64, size: u64, help: impl FnMut()) {
-    let Some(ring) = my_ring(state) else { return };
-    let t = ring.producer.0.tail.load(Ordering::Relaxed);
-    if t >= ring.producer.0.check_at.load(Ordering::Relaxed) && !make_room(ring, t, help) {
-        return;
+    let Some(mut ring) = my_ring(state) else { return };
+    let mut t = ring.producer.0.tail.load(Ordering::Relaxed);
+    if t >= ring.producer.0.check_at.load(Ordering::Relaxed) {
+        match make_room(state, ring, t, help) {
+            Room::Ready => {}
+            Room::Moved(larger) => {
+                ring = larger;
+                t = ring.producer.0.tail.load(Ordering::Relaxed);
+            }
+            Room::Closed => return,
+        }
     }
     // The ticket is taken only once there is room: a producer waiting for space never
     // holds a ticket that others must wait for.
     let order = if kind.orders_by_address() { TICKETS[bucket_of(addr)].0.fetch_add(1, Ordering::SeqCst) } else { 0 };
-    let slot = &ring.slots[(t % RING_SLOTS) as usize];
+    let slot = ring.slot(t);
     let ev = Event { kind, api, tid: 0, stack, addr, size };
     slot.addr.store(addr, Ordering::Relaxed);
     slot.size.store(size, Ordering::Relaxed);
@@ -175,29 +247,46 @@ pub fn publish(state: &ThreadState, kind: EventKind, api: Api, stack: u32, addr:
     ring.producer.0.tail.store(t + 1, Ordering::Release);
 }
 
+enum Room {
+    /// There is room at the current write position.
+    Ready,
+    /// The ring was full and the thread moved to this larger, emptier one.
+    Moved(&'static ThreadRing),
+    /// The channel closed while waiting: the event is dropped with tracking.
+    Closed,
+}
+
 /// The producer reached its check position: looks at the consumer's position, wakes
-/// the consumer if the ring is half full and it sleeps, waits while the ring is full,
-/// and sets the next check position. Returns false when the channel closed meanwhile
-/// (the event is dropped with tracking).
+/// the consumer if the ring is half full and it sleeps, moves to a larger ring or waits
+/// while the ring is full, and sets the next check position.
 ///
-/// The check position is never past `head + RING_SLOTS` for a head seen here, and the
+/// The check position is never past `head + capacity` for a head seen here, and the
 /// head only grows, so a slot is never written before the consumer is done with it.
 #[cold]
 #[inline(never)]
-fn make_room(ring: &ThreadRing, t: u64, mut help: impl FnMut()) -> bool {
+fn make_room(state: &ThreadState, ring: &'static ThreadRing, t: u64, mut help: impl FnMut()) -> Room {
     let mut h = ring.head.0.load(Ordering::Acquire);
-    if t.wrapping_sub(h) >= RING_SLOTS {
+    if t.wrapping_sub(h) >= ring.capacity {
+        if ring.capacity < LARGE_SLOTS {
+            if let Some(larger) = grow(state, ring) {
+                wake_consumer();
+                return match make_room(state, larger, larger.producer.0.tail.load(Ordering::Relaxed), help) {
+                    Room::Ready => Room::Moved(larger),
+                    other => other,
+                };
+            }
+        }
         FULL_WAITS.fetch_add(1, Ordering::Relaxed);
         let mut spins = 0u32;
         loop {
             wake_consumer();
             help();
             h = ring.head.0.load(Ordering::Acquire);
-            if t.wrapping_sub(h) < RING_SLOTS {
+            if t.wrapping_sub(h) < ring.capacity {
                 break;
             }
             if CLOSED.load(Ordering::Relaxed) {
-                return false;
+                return Room::Closed;
             }
             spins += 1;
             if spins < 64 {
@@ -210,12 +299,12 @@ fn make_room(ring: &ThreadRing, t: u64, mut help: impl FnMut()) -> bool {
     let next = if t.wrapping_sub(h) >= WAKE_AT {
         // Behind: wake it if it sleeps, and look again soon.
         wake_consumer();
-        (h + RING_SLOTS).min(t + RECHECK_EVERY)
+        (h + ring.capacity).min(t + RECHECK_EVERY)
     } else {
         h + WAKE_AT
     };
     ring.producer.0.check_at.store(next, Ordering::Relaxed);
-    true
+    Room::Ready
 }
 
 /// Whether any ring holds events the consumer has not taken yet.
@@ -254,6 +343,11 @@ pub fn park_consumer(timeout: std::time::Duration) {
 
 pub fn full_waits() -> u64 {
     FULL_WAITS.load(Ordering::Relaxed)
+}
+
+/// How many threads moved to a large ring (each does so at most once per ring it owns).
+pub fn rings_grown() -> u64 {
+    RINGS_GROWN.load(Ordering::Relaxed)
 }
 
 pub fn close() {
@@ -305,6 +399,8 @@ impl DrainState {
                     return total + progress;
                 }
                 if ring.retired.load(Ordering::Acquire)
+                    && !ring.superseded.load(Ordering::Acquire)
+                    && ring.predecessor.load(Ordering::Acquire).is_null()
                     && ring.head.0.load(Ordering::Acquire) == ring.producer.0.tail.load(Ordering::Acquire)
                     && ring.owner.load(Ordering::Acquire) != 0
                     && crate::interpose::lifecycle::thread_is_gone(ring.tid.load(Ordering::Acquire))
@@ -321,18 +417,35 @@ impl DrainState {
     }
 
     fn drain_ring(&mut self, ring: &ThreadRing, max: usize, force: bool, f: &mut impl Sink) -> usize {
+        let predecessor = ring.predecessor.load(Ordering::Acquire);
+        if !predecessor.is_null() {
+            // SAFETY: rings are never freed.
+            let p = unsafe { &*predecessor };
+            // The predecessor's tail is final: its owner published nothing there after
+            // the link (Release) that this load acquired.
+            if p.head.0.load(Ordering::Acquire) != p.producer.0.tail.load(Ordering::Acquire) {
+                // Its events come first; the walk over all rings drains it.
+                return 0;
+            }
+            // Unlinked before it can be reused, so no ring ever waits on another
+            // thread's events.
+            ring.predecessor.store(std::ptr::null_mut(), Ordering::Release);
+            p.superseded.store(false, Ordering::Release);
+            p.retired.store(false, Ordering::Release);
+            p.owner.store(0, Ordering::Release);
+        }
         let tail = ring.producer.0.tail.load(Ordering::Acquire);
         let mut head = ring.head.0.load(Ordering::Relaxed);
         let start = head;
         let tid = ring.tid.load(Ordering::Acquire);
         for ahead in head..tail.min(head + LOOKAHEAD) {
-            f.prefetch(ring.slots[(ahead % RING_SLOTS) as usize].addr.load(Ordering::Relaxed));
+            f.prefetch(ring.slot(ahead).addr.load(Ordering::Relaxed));
         }
         while head < tail && ((head - start) as usize) < max {
             if head + LOOKAHEAD < tail {
-                f.prefetch(ring.slots[((head + LOOKAHEAD) % RING_SLOTS) as usize].addr.load(Ordering::Relaxed));
+                f.prefetch(ring.slot(head + LOOKAHEAD).addr.load(Ordering::Relaxed));
             }
-            let slot = &ring.slots[(head % RING_SLOTS) as usize];
+            let slot = ring.slot(head);
             let addr = slot.addr.load(Ordering::Relaxed);
             let order = slot.order.load(Ordering::Relaxed);
             let Some(mut ev) = Event::unpack(slot.meta.load(Ordering::Relaxed), addr, slot.size.load(Ordering::Relaxed)) else {
@@ -421,7 +534,9 @@ mod tests {
         // Threads hand addresses to each other: thread i "frees" address a (ticket) and
         // the next thread then "allocates" the same a, like an allocator reusing it.
         const THREADS: u64 = 4;
-        const ROUNDS: u64 = 3 * RING_SLOTS;
+        // Enough for every thread to outgrow its small ring and then fill its large one (no
+        // one drains until a ring is full).
+        const ROUNDS: u64 = LARGE_SLOTS;
         let mailbox: Vec<Mutex<Vec<u64>>> = (0..THREADS).map(|_| Mutex::new(Vec::new())).collect();
         let handoff: Vec<Mutex<Vec<u64>>> = (0..THREADS).map(|_| Mutex::new(Vec::new())).collect();
         let published = AtomicU64::new(0);
@@ -455,7 +570,8 @@ mod tests {
                 });
             }
         });
-        for _ in 0..100 {
+        // Every producer is done: what is left drains without waiting on anyone.
+        while STATE.lock().unwrap().as_ref().unwrap().pending() {
             drain_some(false);
         }
         let applied = applied.into_inner().unwrap();
@@ -479,7 +595,77 @@ mod tests {
         assert_eq!(applied.len() as u64, published.load(Ordering::Relaxed), "every event applied once");
         assert!(allocs >= THREADS * ROUNDS);
         assert!(!STATE.lock().unwrap().as_ref().unwrap().pending());
-        assert!(full_waits() > 0, "the rings were small enough to fill");
+        assert!(rings_grown() > 0, "the threads outgrew their small rings");
+        assert!(full_waits() > 0, "the large rings were small enough to fill");
+    }
+
+    #[test]
+    fn a_thread_that_fills_its_ring_moves_to_a_larger_one_and_its_events_keep_their_order() {
+        let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        init();
+        let mut state = STATE.lock().unwrap();
+        let drained = state.get_or_insert_with(DrainState::default);
+        drained.drain(usize::MAX, false, |_e| {});
+        // A fresh thread starts on a small ring. Nothing drains while it publishes more
+        // than the small ring holds: it must move on instead of waiting (a waiting
+        // producer would call `help`, which fails the test). A realloc's release and its
+        // outcome straddle the move.
+        const N: u64 = SMALL_SLOTS * 3;
+        let straddle = SMALL_SLOTS;
+        let grown_before = rings_grown();
+        let (small, large, tid) = std::thread::spawn(move || {
+            let small = thread::with(|s| {
+                publish(s, EventKind::Alloc, Api::Malloc, 1, 0x5000_0000 << 4, 8, || panic!("waited"));
+                s.ring.get()
+            });
+            for i in 1..N {
+                let addr = (0x5000_0000 + i) << 4;
+                let kind = match i {
+                    i if i == straddle - 1 => EventKind::ReallocRelease,
+                    i if i == straddle => EventKind::ReallocFreed,
+                    _ => EventKind::Alloc,
+                };
+                publish_here(kind, Api::Realloc, 1, addr, 8, || panic!("waited at event {i}"));
+            }
+            (small, thread::with(|s| s.ring.get()), thread::tid())
+        })
+        .join()
+        .unwrap();
+        assert_ne!(small, large, "the thread moved to another ring");
+        assert_eq!(rings_grown(), grown_before + 1, "it moved once");
+        // SAFETY: rings are never freed.
+        let (small, large) = unsafe { (&*(small as *const ThreadRing), &*(large as *const ThreadRing)) };
+        assert_eq!((small.capacity, large.capacity), (SMALL_SLOTS, LARGE_SLOTS));
+        assert_eq!(large.predecessor.load(Ordering::Acquire) as usize, small as *const ThreadRing as usize);
+        // The large ring's events wait while the small one holds any.
+        let mut order = Vec::new();
+        let mut drained_now = |max: usize, order: &mut Vec<Event>| {
+            drained.drain(max, false, |e: Event| {
+                if e.tid == tid {
+                    order.push(e)
+                }
+            })
+        };
+        while drained_now(1000, &mut order) > 0 {}
+        assert_eq!(order.len() as u64, N, "every event applied once");
+        for (i, e) in order.iter().enumerate() {
+            let i = i as u64;
+            let expected = match i {
+                i if i == straddle - 1 => EventKind::ReallocRelease,
+                i if i == straddle => EventKind::ReallocFreed,
+                _ => EventKind::Alloc,
+            };
+            assert_eq!(e.kind, expected, "event {i}");
+            if e.kind.orders_by_address() {
+                assert_eq!(e.addr, (0x5000_0000 + i) << 4, "event {i} in publish order");
+            }
+        }
+        // The small ring is unlinked and free for another thread; the large one is
+        // recycled like any ring of an exited thread.
+        assert!(large.predecessor.load(Ordering::Acquire).is_null());
+        assert_eq!(small.owner.load(Ordering::Acquire), 0);
+        assert!(!small.superseded.load(Ordering::Acquire));
+        assert!(!drained.pending());
     }
 
     #[test]
@@ -503,7 +689,7 @@ mod tests {
         }
         // At most two check positions away from half full, whatever this thread's ring
         // held before: the wake comes before the ring is full.
-        for i in 0..(RING_SLOTS * 3 / 4) {
+        for i in 0..(SMALL_SLOTS * 3 / 4) {
             publish_here(EventKind::Alloc, Api::Malloc, 1, (0x7000_0000 + i) << 4, 8, || panic!("the ring filled up"));
         }
         let slept = sleeper.join().unwrap();
@@ -514,6 +700,6 @@ mod tests {
         assert!(start.elapsed() < Duration::from_secs(10));
         let mut n = 0u64;
         drained.drain(usize::MAX, false, |_e| n += 1);
-        assert_eq!(n, RING_SLOTS * 3 / 4);
+        assert_eq!(n, SMALL_SLOTS * 3 / 4);
     }
 }
