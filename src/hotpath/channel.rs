@@ -33,9 +33,12 @@ use super::thread::{self, ThreadState};
 pub const BUCKETS: usize = 256;
 /// Every thread's first ring (256 KiB).
 const SMALL_SLOTS: u64 = 8192;
-/// The ring of a thread that filled its small one (2 MiB). A Python program allocating
-/// flat out filled a small ring about 5,000 times a run while the consumer caught up.
-const LARGE_SLOTS: u64 = 65536;
+/// The ring of a thread that filled its small one (1 MiB). A Python program allocating
+/// flat out filled a small ring about 5,000 times a run while the consumer caught up;
+/// at this size, twice. Twice as large gained nothing more there and cost a program
+/// that allocates faster than the consumer can follow 5–10% (its rings fall out of the
+/// consumer's cache).
+const LARGE_SLOTS: u64 = 32768;
 /// A producer that finds its ring this full wakes a sleeping consumer: at 10+ M events
 /// a second a small ring fills in under a millisecond, about the consumer's idle sleep.
 /// The same for both sizes: a large ring is there to absorb the consumer's wake-up.
