@@ -602,19 +602,30 @@ mod tests {
         assert!(full_waits() > 0, "the large rings were small enough to fill");
     }
 
-    #[test]
-    fn a_thread_that_fills_its_ring_moves_to_a_larger_one_and_its_events_keep_their_order() {
-        let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    /// Takes the tests' turn and the shared consumer position, every ring drained.
+    fn turn_with_rings_drained() -> (std::sync::MutexGuard<'static, ()>, std::sync::MutexGuard<'static, Option<DrainState>>) {
+        let turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         init();
         let mut state = STATE.lock().unwrap();
-        let drained = state.get_or_insert_with(DrainState::default);
-        drained.drain(usize::MAX, false, |_e| {});
+        state.get_or_insert_with(DrainState::default).drain(usize::MAX, false, |_e| {});
+        (turn, state)
+    }
+
+    #[test]
+    fn a_thread_that_fills_its_ring_moves_to_a_larger_one_and_its_events_keep_their_order() {
+        let (_turn, mut state) = turn_with_rings_drained();
+        let drained = state.as_mut().unwrap();
         // A fresh thread starts on a small ring. Nothing drains while it publishes more
         // than the small ring holds: it must move on instead of waiting (a waiting
         // producer would call `help`, which fails the test). A realloc's release and its
         // outcome straddle the move.
         const N: u64 = SMALL_SLOTS * 3;
-        let straddle = SMALL_SLOTS;
+        const STRADDLE: u64 = SMALL_SLOTS;
+        let kind_of = |i: u64| match i {
+            i if i == STRADDLE - 1 => EventKind::ReallocRelease,
+            i if i == STRADDLE => EventKind::ReallocFreed,
+            _ => EventKind::Alloc,
+        };
         let grown_before = rings_grown();
         let (small, large, tid) = std::thread::spawn(move || {
             let small = thread::with(|s| {
@@ -623,12 +634,7 @@ mod tests {
             });
             for i in 1..N {
                 let addr = (0x5000_0000 + i) << 4;
-                let kind = match i {
-                    i if i == straddle - 1 => EventKind::ReallocRelease,
-                    i if i == straddle => EventKind::ReallocFreed,
-                    _ => EventKind::Alloc,
-                };
-                publish_here(kind, Api::Realloc, 1, addr, 8, || panic!("waited at event {i}"));
+                publish_here(kind_of(i), Api::Realloc, 1, addr, 8, || panic!("waited at event {i}"));
             }
             (small, thread::with(|s| s.ring.get()), thread::tid())
         })
@@ -653,12 +659,7 @@ mod tests {
         assert_eq!(order.len() as u64, N, "every event applied once");
         for (i, e) in order.iter().enumerate() {
             let i = i as u64;
-            let expected = match i {
-                i if i == straddle - 1 => EventKind::ReallocRelease,
-                i if i == straddle => EventKind::ReallocFreed,
-                _ => EventKind::Alloc,
-            };
-            assert_eq!(e.kind, expected, "event {i}");
+            assert_eq!(e.kind, kind_of(i), "event {i}");
             if e.kind.orders_by_address() {
                 assert_eq!(e.addr, (0x5000_0000 + i) << 4, "event {i} in publish order");
             }
@@ -674,11 +675,8 @@ mod tests {
     #[test]
     fn a_half_full_ring_wakes_the_sleeping_consumer_and_a_waiting_event_keeps_it_awake() {
         use std::time::{Duration, Instant};
-        let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        init();
-        let mut state = STATE.lock().unwrap();
-        let drained = state.get_or_insert_with(DrainState::default);
-        drained.drain(usize::MAX, false, |_e| {});
+        let (_turn, mut state) = turn_with_rings_drained();
+        let drained = state.as_mut().unwrap();
         assert!(!drained.pending());
         let sleeper = std::thread::spawn(|| {
             let start = Instant::now();
