@@ -19,7 +19,7 @@
 //! the rings itself through `help` (each wait is counted).
 //!
 //! **Rings grow for the threads that need it.** Every thread starts with a small ring.
-//! One that fills it moves to a ring eight times larger instead of waiting: the old ring
+//! One that fills it moves to a ring four times larger instead of waiting: the old ring
 //! becomes the new one's *predecessor*, which the consumer empties before it takes
 //! anything from the new one, so the thread's events keep their order (a realloc's
 //! release and outcome may straddle the move). Only the consumer lets go of a
