@@ -119,14 +119,29 @@ fn init_tables() -> Option<&'static Tables> {
     }
 }
 
+/// A stack's hash folds its frames from the outermost in: the state after each frame is
+/// then a function of that frame and the ones outside it, so an unwind that took an
+/// earlier stack's outer frames also takes their states and hashes only its own frames.
+#[inline]
+pub fn hash_start(epoch: u32) -> u64 {
+    0x9e37_79b9_7f4a_7c15 ^ epoch as u64
+}
+
+/// The state once frame `f` (the next one inwards) is folded into state `h`.
+#[inline(always)]
+pub fn hash_step(h: u64, f: u64) -> u64 {
+    (h.rotate_left(5) ^ f).wrapping_mul(0x517c_c1b7_2722_0a95)
+}
+
+/// The hash of a stack whose innermost frame left the state `h`.
+#[inline(always)]
+pub fn hash_finish(h: u64) -> u64 {
+    (h ^ (h >> 29)) | 1
+}
+
 #[inline]
 pub fn hash_frames(epoch: u32, frames: &[u64]) -> u64 {
-    let mut h: u64 = 0x9e37_79b9_7f4a_7c15 ^ epoch as u64;
-    for &f in frames {
-        h = (h.rotate_left(5) ^ f).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-    h ^= h >> 29;
-    h | 1
+    hash_finish(frames.iter().rev().fold(hash_start(epoch), |h, &f| hash_step(h, f)))
 }
 
 impl Tables {
@@ -217,8 +232,13 @@ pub fn intern(epoch: u32, frames: &[u64]) -> u32 {
 /// record then stores only its own frames.
 #[inline]
 pub fn intern_sharing(epoch: u32, frames: &[u64], tail: Option<SharedTail>) -> u32 {
+    intern_hashed(epoch, frames, tail, hash_frames(epoch, frames))
+}
+
+/// `intern_sharing`, with the frames' hash (`hash_frames`) already known.
+#[inline]
+pub fn intern_hashed(epoch: u32, frames: &[u64], tail: Option<SharedTail>, h: u64) -> u32 {
     let Some(t) = tables() else { return 0 };
-    let h = hash_frames(epoch, frames);
     let mut i = (h as usize) & (INDEX_SLOTS - 1);
     let mut new_id = 0u32;
     for _ in 0..MAX_PROBES {

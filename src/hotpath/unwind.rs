@@ -510,6 +510,10 @@ struct MemoEntry {
     bps: [u64; MAX_DEPTH],
     reads_end: [u8; MAX_DEPTH],
     steps: [u8; MAX_DEPTH],
+    /// Per recorded frame: the stack hash's state once the frames from the outermost
+    /// in to this one are folded in (`stacks::hash_step`). Another unwind that takes
+    /// this one's outer frames through to the last takes their states too.
+    hashes: [u64; MAX_DEPTH],
 }
 
 const L1_RULES: usize = 1024;
@@ -777,6 +781,8 @@ fn capture(state: &ThreadState, depth: usize, memoise: bool) -> u32 {
     let mut n = 0usize;
     let mut by_depth = false;
     let mut tail = None;
+    // Frames `[hashed_from, n)` came with their hash states from the candidate.
+    let mut hashed_from = usize::MAX;
     // How far into the candidate's frames (by CFA, which only grows) this unwind is.
     let mut cand_at = 0usize;
     let (mut ip, mut sp, mut bp) = (ip0, sp0, bp0);
@@ -873,6 +879,11 @@ fn capture(state: &ThreadState, depth: usize, memoise: bool) -> u32 {
             tail = Some(stacks::SharedTail { own: n, parent: c.stack_id, first: k + 1, count: take });
         }
         let base = reads.n as isize - c.reads_end[k] as isize;
+        // The candidate's states hold for the taken frames only if they run to its last.
+        let states_hold = k + 1 + take == c.nframes as usize;
+        if states_hold {
+            hashed_from = n;
+        }
         for &(addr, val) in &c.reads[c.reads_end[k] as usize..c.nreads as usize] {
             reads.push(addr, val);
         }
@@ -885,6 +896,9 @@ fn capture(state: &ThreadState, depth: usize, memoise: bool) -> u32 {
                 e.bps[n] = c.bps[j];
                 e.reads_end[n] = end as u8;
                 e.steps[n] = c.steps[j];
+                if states_hold {
+                    e.hashes[n] = c.hashes[j];
+                }
             }
             n += 1;
         }
@@ -895,7 +909,24 @@ fn capture(state: &ThreadState, depth: usize, memoise: bool) -> u32 {
     }
     // SAFETY: frames[..n] were each written above (n only grows after a write).
     let captured = unsafe { std::slice::from_raw_parts(frames.as_ptr() as *const u64, n) };
-    let id = stacks::intern_sharing(epoch, captured, tail);
+    let hash = match reads.entry.as_deref_mut() {
+        Some(e) => {
+            // Hash states from the outermost frame in: taken ones as they are, the rest
+            // folded here (this unwind's own frames, after a taken suffix).
+            let from = hashed_from.min(n);
+            let mut h = if from < n { e.hashes[from] } else { stacks::hash_start(epoch) };
+            for i in (0..from).rev() {
+                h = stacks::hash_step(h, captured[i]);
+                e.hashes[i] = h;
+            }
+            stacks::hash_finish(h)
+        }
+        None => stacks::hash_frames(epoch, captured),
+    };
+    if cfg!(test) {
+        assert_eq!(hash, stacks::hash_frames(epoch, captured), "incremental stack hash");
+    }
+    let id = stacks::intern_hashed(epoch, captured, tail, hash);
     if let Some(e) = reads.entry {
         if !reads.overflow && reads.n > 0 && id != 0 {
             e.sp = sp0;
