@@ -485,7 +485,7 @@ impl WrittenPages {
     /// `keep_written` in a forked child: only the written pages that may have changed
     /// since the fork (see `keep_changed_since_fork`).
     pub fn keep_written_since_fork(&mut self, ranges: &[(u64, u64)], out: &mut Vec<(u64, u64)>) {
-        self.keep_pages(ranges, out, |e| page_written(e) && page_changed_since_fork(e));
+        self.keep_pages(ranges, out, page_written_since_fork);
     }
 
     fn keep_pages(&mut self, ranges: &[(u64, u64)], out: &mut Vec<(u64, u64)>, keep: fn(u64) -> bool) {
@@ -536,6 +536,12 @@ fn page_written(entry: u64) -> bool {
 /// swapped out (unknown). A page never touched at all reads as zeros.
 fn page_changed_since_fork(entry: u64) -> bool {
     (entry & PM_PRESENT != 0 && entry & PM_EXCLUSIVE != 0) || entry & PM_SWAPPED != 0
+}
+
+/// Whether a page of module data in a forked child may hold something the child wrote:
+/// written, and not shared with the parent.
+fn page_written_since_fork(entry: u64) -> bool {
+    page_written(entry) && page_changed_since_fork(entry)
 }
 
 /// The runs of pages among `entries` (pages from `base`) that `keep` accepts, as
@@ -672,9 +678,8 @@ mod tests {
         assert_eq!(open, Some(0x16000));
         // Module data in a forked child: written and not shared; a file page the child
         // alone maps is still the file's.
-        let written_since_fork = |e| page_written(e) && page_changed_since_fork(e);
         let mut open = None;
-        let runs: Vec<_> = page_runs(&[W, X, F | PM_EXCLUSIVE, S, 0], 0x10000, P, &mut open, written_since_fork).collect();
+        let runs: Vec<_> = page_runs(&[W, X, F | PM_EXCLUSIVE, S, 0], 0x10000, P, &mut open, page_written_since_fork).collect();
         assert_eq!(runs, vec![(0x11000, 0x12000), (0x13000, 0x14000)]);
     }
 }
