@@ -18,6 +18,33 @@ pub fn map_zeroed(bytes: usize) -> Option<*mut u8> {
     (p != libc::MAP_FAILED).then_some(p as *mut u8)
 }
 
+const HUGE_PAGE: usize = 2 << 20;
+
+/// `map_zeroed` for a table probed at random: the mapping is aligned to 2 MiB and asks
+/// for transparent huge pages, so that a probe costs a memory miss and not also a page
+/// walk (most of the miss on a virtual machine). Each 2 MiB of it becomes resident at
+/// its first touch. Falls back to small pages where the kernel has no huge pages.
+/// `bytes` must be a multiple of 2 MiB. The result can be handed to `unmap`.
+pub fn map_zeroed_huge(bytes: usize) -> Option<*mut u8> {
+    debug_assert!(bytes.is_multiple_of(HUGE_PAGE));
+    let raw = map_zeroed(bytes + HUGE_PAGE)? as usize;
+    let start = (raw + HUGE_PAGE - 1) & !(HUGE_PAGE - 1);
+    // SAFETY: the head [raw, start) and tail [start + bytes, raw + bytes + HUGE_PAGE)
+    // are parts of the fresh mapping above that nothing refers to; madvise only gives a
+    // hint about [start, start + bytes), which is ours.
+    unsafe {
+        if start > raw {
+            libc::munmap(raw as *mut libc::c_void, start - raw);
+        }
+        let tail = raw + bytes + HUGE_PAGE - (start + bytes);
+        if tail > 0 {
+            libc::munmap((start + bytes) as *mut libc::c_void, tail);
+        }
+        libc::madvise(start as *mut libc::c_void, bytes, libc::MADV_HUGEPAGE);
+    }
+    Some(start as *mut u8)
+}
+
 /// Returns a mapping made by `map_zeroed` that was never shared.
 pub fn unmap(p: *mut u8, bytes: usize) {
     // SAFETY: callers pass a mapping of exactly `bytes` that no one else references.

@@ -94,7 +94,7 @@ fn tables() -> Option<&'static Tables> {
 #[cold]
 fn init_tables() -> Option<&'static Tables> {
     let records = map_anonymous(MAX_STACKS * std::mem::size_of::<Record>())?;
-    let index = map_anonymous(INDEX_SLOTS * 4)?;
+    let index = super::mapping::map_zeroed_huge(INDEX_SLOTS * 4)?;
     let frames = map_anonymous(FRAME_CAPACITY * 8)?;
     let header = map_anonymous(std::mem::size_of::<Tables>())? as *mut Tables;
     // SAFETY: `header` is a fresh, writable, suitably aligned (page) mapping.
@@ -220,6 +220,21 @@ impl Tables {
         });
         complete && same && i == expect.len()
     }
+}
+
+/// Starts loading the index line that `intern_hashed` with hash `h` probes first: for a
+/// new stack that probe is a memory miss (a random line of a large index), which the
+/// caller overlaps with the rest of its work.
+#[inline]
+pub fn prefetch_index(h: u64) {
+    let Some(t) = tables() else { return };
+    let slot = t.slot((h as usize) & (INDEX_SLOTS - 1)) as *const AtomicU32 as *const i8;
+    // SAFETY: a prefetch is only a hint; it never faults, and the address is inside the
+    // index mapping anyway.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(slot)
+    };
 }
 
 /// Returns the id of `frames` (captured in dlclose `epoch`), inserting it if new.
