@@ -484,11 +484,23 @@ fn rule_key(lookup_ip: u64, epoch: u32) -> u64 {
     lookup_ip ^ ((epoch as u64 & 0xffff) << 48) ^ (1 << 63)
 }
 
+/// Where `key` sits in a thread's copy of the rule cache.
+#[inline(always)]
+fn l1_slot(key: u64) -> usize {
+    (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 54) as usize & (L1_RULES - 1)
+}
+
+/// Where a probe for `key` starts in the shared rule cache.
+#[inline(always)]
+fn shared_slot(key: u64) -> usize {
+    (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 46) as usize & (RULE_SLOTS - 1)
+}
+
 #[inline]
 fn rule_cached(lookup_ip: u64, epoch: u32, l1: Option<&mut [(u64, u64); L1_RULES]>) -> u64 {
     let Some(l1) = l1 else { return rule_for(lookup_ip, epoch) };
     let key = rule_key(lookup_ip, epoch);
-    let slot = &mut l1[(key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 54) as usize & (L1_RULES - 1)];
+    let slot = &mut l1[l1_slot(key)];
     if slot.0 == key {
         return slot.1;
     }
@@ -497,11 +509,33 @@ fn rule_cached(lookup_ip: u64, epoch: u32, l1: Option<&mut [(u64, u64); L1_RULES
     rule
 }
 
+/// Starts loading the shared rule-cache line of `lookup_ip` if the thread's own copy
+/// does not hold it: the unwind asks for it after this frame's bookkeeping, and a
+/// return address new to the thread is usually a miss in the 4 MB shared table.
+#[inline(always)]
+fn prefetch_rule(lookup_ip: u64, epoch: u32, l1: Option<&[(u64, u64); L1_RULES]>) {
+    let key = rule_key(lookup_ip, epoch);
+    if l1.is_some_and(|l1| l1[l1_slot(key)].0 == key) {
+        return;
+    }
+    let p = RULES.load(Ordering::Relaxed);
+    if p.is_null() {
+        return;
+    }
+    let i = shared_slot(key);
+    // SAFETY: a prefetch is only a hint and never faults; the address is inside the
+    // table's mapping (i < RULE_SLOTS).
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.add(i) as *const i8)
+    };
+}
+
 #[inline]
 fn rule_for(lookup_ip: u64, epoch: u32) -> u64 {
     let key = rule_key(lookup_ip, epoch);
     let Some(table) = rule_table() else { return compute_rule(lookup_ip) };
-    let mut i = (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 46) as usize & (RULE_SLOTS - 1);
+    let mut i = shared_slot(key);
     for _ in 0..RULE_PROBES {
         let e = &table[i];
         let k = e.key.load(Ordering::Acquire);
@@ -888,6 +922,7 @@ fn capture(state: &ThreadState, depth: usize, memoise: bool) -> u32 {
             break;
         }
         let Some(ra) = read(cfa - 8) else { break };
+        prefetch_rule(ra.wrapping_sub(1), epoch, l1.as_deref());
         reads.push(cfa - 8, ra);
         if rule & RBP_SAVED != 0 {
             let addr = cfa.wrapping_add(unpack_i24(rule >> 32) as u64);
