@@ -19,19 +19,18 @@ pub fn map_zeroed(bytes: usize) -> Option<*mut u8> {
 }
 
 const HUGE_PAGE: usize = 2 << 20;
+/// `MADV_COLLAPSE` (Linux 6.1), not in every libc crate version.
+const MADV_COLLAPSE: libc::c_int = 25;
 
-/// `map_zeroed` for a table probed at random: the mapping is aligned to 2 MiB and asks
-/// for transparent huge pages, so that a probe costs a memory miss and not also a page
-/// walk (most of the miss on a virtual machine). Each 2 MiB of it becomes resident at
-/// its first touch. Falls back to small pages where the kernel has no huge pages.
-/// `bytes` must be a multiple of 2 MiB. The result can be handed to `unmap`.
-pub fn map_zeroed_huge(bytes: usize) -> Option<*mut u8> {
+/// `map_zeroed`, aligned to 2 MiB so that `promote_to_huge_pages` can later back it with
+/// transparent huge pages. `bytes` must be a multiple of 2 MiB. The result can be
+/// handed to `unmap`.
+pub fn map_zeroed_aligned(bytes: usize) -> Option<*mut u8> {
     debug_assert!(bytes.is_multiple_of(HUGE_PAGE));
     let raw = map_zeroed(bytes + HUGE_PAGE)? as usize;
     let start = (raw + HUGE_PAGE - 1) & !(HUGE_PAGE - 1);
     // SAFETY: the head [raw, start) and tail [start + bytes, raw + bytes + HUGE_PAGE)
-    // are parts of the fresh mapping above that nothing refers to; madvise only gives a
-    // hint about [start, start + bytes), which is ours.
+    // are parts of the fresh mapping above that nothing refers to.
     unsafe {
         if start > raw {
             libc::munmap(raw as *mut libc::c_void, start - raw);
@@ -40,9 +39,23 @@ pub fn map_zeroed_huge(bytes: usize) -> Option<*mut u8> {
         if tail > 0 {
             libc::munmap((start + bytes) as *mut libc::c_void, tail);
         }
-        libc::madvise(start as *mut libc::c_void, bytes, libc::MADV_HUGEPAGE);
     }
     Some(start as *mut u8)
+}
+
+/// Asks the kernel to back a table probed at random (a mapping from
+/// `map_zeroed_aligned`) with 2 MiB pages from now on, and to collapse the parts already
+/// touched: a probe then costs a memory miss and not also a page walk (most of the miss
+/// on a virtual machine). The whole range becomes resident. Best effort: kernels without
+/// transparent huge pages or before 6.1 (no `MADV_COLLAPSE`) refuse, and the table
+/// keeps working on small pages. Returns whether the collapse succeeded.
+pub fn promote_to_huge_pages(p: *mut u8, bytes: usize) -> bool {
+    // SAFETY: madvise only gives the kernel hints about [p, p + bytes), a live
+    // anonymous mapping of ours; neither advice changes its contents.
+    unsafe {
+        libc::madvise(p as *mut libc::c_void, bytes, libc::MADV_HUGEPAGE);
+        libc::madvise(p as *mut libc::c_void, bytes, MADV_COLLAPSE) == 0
+    }
 }
 
 /// Returns a mapping made by `map_zeroed` that was never shared.

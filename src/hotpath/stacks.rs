@@ -12,7 +12,7 @@
 //! earlier stack's frames it shares. Chains are at most `MAX_CHAIN` records long, so
 //! reading a stack back stays cheap; identity is still the whole frame list (hash, then
 //! frame by frame).
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 const MAX_STACKS: usize = 1 << 22;
 const INDEX_SLOTS: usize = 1 << 23;
@@ -94,7 +94,7 @@ fn tables() -> Option<&'static Tables> {
 #[cold]
 fn init_tables() -> Option<&'static Tables> {
     let records = map_anonymous(MAX_STACKS * std::mem::size_of::<Record>())?;
-    let index = super::mapping::map_zeroed_huge(INDEX_SLOTS * 4)?;
+    let index = super::mapping::map_zeroed_aligned(INDEX_SLOTS * 4)?;
     let frames = map_anonymous(FRAME_CAPACITY * 8)?;
     let header = map_anonymous(std::mem::size_of::<Tables>())? as *mut Tables;
     // SAFETY: `header` is a fresh, writable, suitably aligned (page) mapping.
@@ -116,6 +116,40 @@ fn init_tables() -> Option<&'static Tables> {
         // winner's tables; the few MiB of untouched reserve we made stay unused.
         // SAFETY: the winner's pointer is published and never freed.
         Err(winner) => Some(unsafe { &*winner }),
+    }
+}
+
+/// Interned stacks past which the index moves to huge pages. By then a third of its
+/// 4 KiB pages are touched and its probes start to miss the cache (`import torch`
+/// interns 880k stacks); a small program keeps the few pages it touched instead of
+/// 32 MB.
+const HUGE_INDEX_AT: u32 = 4096;
+/// Collapses tried so far; the kernel may refuse a region that a thread is writing at
+/// that moment, so a few later calls try again.
+static INDEX_PROMOTIONS: AtomicU32 = AtomicU32::new(0);
+const MAX_PROMOTIONS: u32 = 8;
+/// Set once a collapse succeeded (or the tries ran out).
+static INDEX_PROMOTED: AtomicBool = AtomicBool::new(false);
+
+/// Called by the collector between drains (never on the hot path: the collapse copies
+/// the touched pages and takes a few milliseconds). A forked child inherits the index,
+/// huge pages and all, and the flags.
+pub fn promote_index_if_large() {
+    if INDEX_PROMOTED.load(Ordering::Relaxed) {
+        return;
+    }
+    let t = TABLES.load(Ordering::Acquire);
+    if t.is_null() {
+        return;
+    }
+    // SAFETY: once published the tables are never freed.
+    let t = unsafe { &*t };
+    if t.next_id.load(Ordering::Relaxed) < HUGE_INDEX_AT {
+        return;
+    }
+    let tries = INDEX_PROMOTIONS.fetch_add(1, Ordering::Relaxed) + 1;
+    if super::mapping::promote_to_huge_pages(t.index as *mut u8, INDEX_SLOTS * 4) || tries >= MAX_PROMOTIONS {
+        INDEX_PROMOTED.store(true, Ordering::Relaxed);
     }
 }
 
@@ -379,6 +413,29 @@ mod tests {
         let b = [1u64, 2, 4];
         assert_ne!(intern(0, &b), id1);
         assert!(count() > id3);
+    }
+
+    #[test]
+    fn the_index_moves_to_huge_pages_once_large_and_keeps_every_id() {
+        // Enough stacks of our own to pass the threshold whatever the other tests
+        // interned; another thread keeps interning while the kernel collapses the index.
+        let stack = |i: u64| [0x7000_0000 + i, 0x7100_0000 + i * 3, 0xfeed_0000];
+        let ids: Vec<u32> = (0..HUGE_INDEX_AT as u64 + 100).map(|i| intern(7, &stack(i))).collect();
+        assert!(ids.iter().all(|&id| id != 0));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for i in 0..20_000u64 {
+                    assert_ne!(intern(8, &stack(i)), 0);
+                }
+            });
+            for _ in 0..MAX_PROMOTIONS {
+                promote_index_if_large();
+            }
+        });
+        assert!(INDEX_PROMOTED.load(Ordering::Relaxed), "a collapse succeeded or the tries ran out");
+        for (i, &id) in ids.iter().enumerate() {
+            assert_eq!(intern(7, &stack(i as u64)), id, "stack {i} after the move");
+        }
     }
 
     #[test]
