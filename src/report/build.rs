@@ -1,5 +1,7 @@
 //! Turns a collector snapshot into the versioned JSON report and the LeakSanitizer-style
 //! text summary. Both render the same resolved groups.
+use std::sync::Arc;
+
 use serde::Serialize;
 use serde_json::json;
 
@@ -36,10 +38,10 @@ fn hex<S: serde::Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
 pub struct Frame {
     #[serde(serialize_with = "hex")]
     pub ip: u64,
-    pub module: Option<String>,
+    pub module: Option<Arc<str>>,
     pub offset: Option<u64>,
-    pub function: Option<String>,
-    pub file: Option<String>,
+    pub function: Option<Arc<str>>,
+    pub file: Option<Arc<str>>,
     pub line: Option<u32>,
     pub inlined: bool,
 }

@@ -7,6 +7,7 @@
 //! own epoch, and one from the current epoch against the live loader. Names are then
 //! read from the module *file* (DWARF via addr2line, else the symbol table), which
 //! still works after the module was unloaded.
+use std::sync::Arc;
 use std::borrow::Cow;
 use std::collections::HashMap;
 
@@ -15,7 +16,8 @@ use crate::hotpath::{stacks, unwind};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Module {
-    pub path: String,
+    /// Shared with every frame of a report that names the module.
+    pub path: Arc<str>,
     pub base: u64,
     pub start: u64,
     pub end: u64,
@@ -30,8 +32,8 @@ pub struct RawFrame {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SymFrame {
-    pub function: Option<String>,
-    pub file: Option<String>,
+    pub function: Option<Arc<str>>,
+    pub file: Option<Arc<str>>,
     pub line: Option<u32>,
     /// Inlined into the next frame of the same address.
     pub inlined: bool,
@@ -94,9 +96,9 @@ impl ModuleFile {
         let Some(ctx) = &self.dwarf else { return out };
         if let Ok(mut iter) = ctx.find_frames(probe).skip_all_loads() {
             while let Ok(Some(frame)) = iter.next() {
-                let function = frame.function.as_ref().and_then(|f| f.demangle().ok()).map(|c| c.into_owned());
+                let function = frame.function.as_ref().and_then(|f| f.demangle().ok()).map(|c| Arc::from(c.as_ref()));
                 let (file, line) = match frame.location {
-                    Some(loc) => (loc.file.map(str::to_owned), loc.line),
+                    Some(loc) => (loc.file.map(Arc::from), loc.line),
                     None => (None, None),
                 };
                 out.push(SymFrame { function, file, line, inlined: true });
@@ -152,7 +154,7 @@ impl Symbolizer {
         let next = self.modules.len() as u32;
         let idx = *self.module_ids.entry(key).or_insert(next);
         if idx == next {
-            self.modules.push(Module { path, base, start, end });
+            self.modules.push(Module { path: path.into(), base, start, end });
         }
         idx
     }
@@ -230,8 +232,8 @@ impl Symbolizer {
                     if frames.iter().all(|f| f.function.is_none()) {
                         if let Some(name) = file.symbol_name(probe) {
                             match frames.last_mut() {
-                                Some(last) => last.function = Some(name),
-                                None => frames.push(SymFrame { function: Some(name), ..Default::default() }),
+                                Some(last) => last.function = Some(name.into()),
+                                None => frames.push(SymFrame { function: Some(name.into()), ..Default::default() }),
                             }
                         }
                     }
