@@ -50,12 +50,23 @@ pub fn map_zeroed_aligned(bytes: usize) -> Option<*mut u8> {
 /// transparent huge pages or before 6.1 (no `MADV_COLLAPSE`) refuse, and the table
 /// keeps working on small pages. Returns whether the collapse succeeded.
 pub fn promote_to_huge_pages(p: *mut u8, bytes: usize) -> bool {
+    // `MADV_COLLAPSE` ignores the system's setting; an administrator's `never` stands.
+    if huge_pages_disabled(std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok().as_deref()) {
+        return true;
+    }
     // SAFETY: madvise only gives the kernel hints about [p, p + bytes), a live
     // anonymous mapping of ours; neither advice changes its contents.
     unsafe {
         libc::madvise(p as *mut libc::c_void, bytes, libc::MADV_HUGEPAGE);
         libc::madvise(p as *mut libc::c_void, bytes, MADV_COLLAPSE) == 0
     }
+}
+
+/// Whether the kernel's transparent-huge-page setting (the text of
+/// `/sys/kernel/mm/transparent_hugepage/enabled`, e.g. `always [madvise] never`) says
+/// `never`. No file: no such pages at all, and madvise refuses by itself.
+fn huge_pages_disabled(setting: Option<&str>) -> bool {
+    setting.is_some_and(|s| s.contains("[never]"))
 }
 
 /// Returns a mapping made by `map_zeroed` that was never shared.
@@ -72,4 +83,17 @@ pub fn map_file(path: &str) -> Option<memmap2::Mmap> {
     // loaded (the loader maps them too), and a truncated file gives SIGBUS in the loader
     // first.
     unsafe { memmap2::Mmap::map(&file) }.ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_administrators_never_keeps_small_pages() {
+        assert!(huge_pages_disabled(Some("always madvise [never]\n")));
+        assert!(!huge_pages_disabled(Some("always [madvise] never\n")));
+        assert!(!huge_pages_disabled(Some("[always] madvise never\n")));
+        assert!(!huge_pages_disabled(None));
+    }
 }
