@@ -454,9 +454,13 @@ fn write_report(reason: Reason) {
         cuda_untracked_copies: crate::interpose::cuda::untracked_copies(),
     };
     let scan_out = scan.as_ref().map(|(out, _, totals)| (out, *totals));
-    let bytes = build::report_bytes(&r.process, reason, now, &snapshot.totals, &groups, &facts, &timeline, scan_out, omitted);
+    let emit = |path: &std::path::Path, process: &ProcessInfo| {
+        writer::write_atomic_with(path, |w| {
+            build::write_report_json(w, process, reason, now, &snapshot.totals, &groups, &facts, &timeline, scan_out, omitted)
+        })
+    };
     let mut path = r.process.report_path(&r.output_dir);
-    let mut result = writer::write_atomic(&path, &bytes);
+    let mut result = emit(&path, &r.process);
     if let Err(e) = &result {
         let fallback = PathBuf::from("/tmp");
         if !r.write_failed_once {
@@ -470,7 +474,7 @@ fn write_report(reason: Reason) {
         if r.output_dir != fallback {
             r.output_dir = fallback;
             path = r.process.report_path(&r.output_dir);
-            result = writer::write_atomic(&path, &bytes);
+            result = emit(&path, &r.process);
             if let Err(e) = &result {
                 stderr_line(&format!("leaktrace: cannot write report {} either ({e})", path.display()));
             }

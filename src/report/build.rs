@@ -350,6 +350,8 @@ struct DiagnosticsOut<'a> {
 
 /// The report as compact JSON bytes (a large process has thousands of frames; pretty
 /// printing tripled the file and the time to write it).
+/// `write_report_json` into memory (tests).
+#[cfg(test)]
 #[allow(clippy::too_many_arguments)]
 pub fn report_bytes(
     process: &ProcessInfo,
@@ -362,6 +364,25 @@ pub fn report_bytes(
     scan: Option<(&ScanOut, KindReachability)>,
     omitted: Omitted,
 ) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    write_report_json(&mut bytes, process, reason, written_unix_ms, totals, groups, facts, timeline, scan, omitted).unwrap_or_default();
+    bytes
+}
+
+/// The report as JSON, written into `w` as it is serialized.
+#[allow(clippy::too_many_arguments)]
+pub fn write_report_json(
+    w: impl std::io::Write,
+    process: &ProcessInfo,
+    reason: Reason,
+    written_unix_ms: u64,
+    totals: &Totals,
+    groups: &[Group],
+    facts: &RunFacts,
+    timeline: &TimelineOut,
+    scan: Option<(&ScanOut, KindReachability)>,
+    omitted: Omitted,
+) -> std::io::Result<()> {
     let kind = |k: Kind| KindTotalsOut::new(totals.kind(k), scan.map(|s| s.1[k.index()]));
     let mut cached = Amount::default();
     for g in groups.iter().filter(|g| g.cached_by.is_some()) {
@@ -411,7 +432,7 @@ pub fn report_bytes(
         timeline,
         leaks: groups,
     };
-    serde_json::to_vec(&report).unwrap_or_default()
+    serde_json::to_writer(w, &report).map_err(std::io::Error::from)
 }
 
 fn frame_text(i: usize, f: &Frame) -> String {

@@ -10,19 +10,26 @@ use std::sync::atomic::{AtomicU64, Ordering};
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
 pub fn write_atomic(target: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_atomic_with(target, |w| w.write_all(bytes))
+}
+
+/// `write_atomic` for a report that `write` produces straight into the file (through a
+/// 1 MiB buffer): a 50 MB report is never held in memory whole.
+pub fn write_atomic_with(target: &Path, write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> std::io::Result<()> {
     let dir = target.parent().unwrap_or(Path::new("."));
     let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = dir.join(format!(".{}.{}.{}.tmp", name, std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed)));
     let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
+        let f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.flush()?;
-        drop(f);
+        let mut buffered = std::io::BufWriter::with_capacity(1 << 20, f);
+        write(&mut buffered)?;
+        buffered.flush()?;
+        drop(buffered.into_inner().map_err(|e| e.into_error())?);
         std::fs::rename(&tmp, target)
     })();
     if result.is_err() {
@@ -99,6 +106,25 @@ mod tests {
         assert_eq!(std::fs::read(&t).unwrap(), b"{\"a\":2}");
         assert_eq!(std::fs::metadata(&t).unwrap().permissions().mode() & 0o777, 0o600);
         assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1, "no temp file left behind");
+    }
+
+    #[test]
+    fn a_report_that_fails_halfway_leaves_the_old_one_and_no_temp_file() {
+        let d = tmpdir("d");
+        let t = d.join("r.json");
+        write_atomic(&t, b"{\"old\":1}").unwrap();
+        // More than the buffer holds, so part of it reached the temp file first.
+        let failed = write_atomic_with(&t, |w| {
+            w.write_all(&vec![b' '; 3 << 20])?;
+            Err(std::io::Error::other("disk full"))
+        });
+        assert!(failed.is_err());
+        assert_eq!(std::fs::read(&t).unwrap(), b"{\"old\":1}");
+        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1, "no temp file left behind");
+        // A streamed report arrives whole.
+        let big: Vec<u8> = (0..5_000_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+        write_atomic_with(&t, |w| big.chunks(7777).try_for_each(|c| w.write_all(c))).unwrap();
+        assert_eq!(std::fs::read(&t).unwrap(), big);
     }
 
     #[test]
