@@ -455,9 +455,18 @@ fn write_report(reason: Reason) {
     };
     let scan_out = scan.as_ref().map(|(out, _, totals)| (out, *totals));
     let emit = |path: &std::path::Path, process: &ProcessInfo| {
-        writer::write_atomic_with(path, |w| {
-            build::write_report_json(w, process, reason, now, &snapshot.totals, &groups, &facts, &timeline, scan_out, omitted)
-        })
+        let parts = build::ReportParts {
+            process,
+            reason,
+            written_unix_ms: now,
+            totals: &snapshot.totals,
+            groups: &groups,
+            facts: &facts,
+            timeline: &timeline,
+            scan: scan_out,
+            omitted,
+        };
+        writer::write_atomic_with(path, |w| build::write_report_json(w, &parts))
     };
     let mut path = r.process.report_path(&r.output_dir);
     let mut result = emit(&path, &r.process);

@@ -350,39 +350,31 @@ struct DiagnosticsOut<'a> {
 
 /// The report as compact JSON bytes (a large process has thousands of frames; pretty
 /// printing tripled the file and the time to write it).
+/// Everything a report says, as `write_report_json` takes it.
+#[derive(Clone, Copy)]
+pub struct ReportParts<'a> {
+    pub process: &'a ProcessInfo,
+    pub reason: Reason,
+    pub written_unix_ms: u64,
+    pub totals: &'a Totals,
+    pub groups: &'a [Group],
+    pub facts: &'a RunFacts,
+    pub timeline: &'a TimelineOut,
+    pub scan: Option<(&'a ScanOut, KindReachability)>,
+    pub omitted: Omitted,
+}
+
 /// `write_report_json` into memory (tests).
 #[cfg(test)]
-#[allow(clippy::too_many_arguments)]
-pub fn report_bytes(
-    process: &ProcessInfo,
-    reason: Reason,
-    written_unix_ms: u64,
-    totals: &Totals,
-    groups: &[Group],
-    facts: &RunFacts,
-    timeline: &TimelineOut,
-    scan: Option<(&ScanOut, KindReachability)>,
-    omitted: Omitted,
-) -> Vec<u8> {
+pub fn report_bytes(parts: &ReportParts) -> Vec<u8> {
     let mut bytes = Vec::new();
-    write_report_json(&mut bytes, process, reason, written_unix_ms, totals, groups, facts, timeline, scan, omitted).unwrap_or_default();
+    write_report_json(&mut bytes, parts).unwrap_or_default();
     bytes
 }
 
 /// The report as JSON, written into `w` as it is serialized.
-#[allow(clippy::too_many_arguments)]
-pub fn write_report_json(
-    w: impl std::io::Write,
-    process: &ProcessInfo,
-    reason: Reason,
-    written_unix_ms: u64,
-    totals: &Totals,
-    groups: &[Group],
-    facts: &RunFacts,
-    timeline: &TimelineOut,
-    scan: Option<(&ScanOut, KindReachability)>,
-    omitted: Omitted,
-) -> std::io::Result<()> {
+pub fn write_report_json(w: impl std::io::Write, parts: &ReportParts) -> std::io::Result<()> {
+    let &ReportParts { process, reason, written_unix_ms, totals, groups, facts, timeline, scan, omitted } = parts;
     let kind = |k: Kind| KindTotalsOut::new(totals.kind(k), scan.map(|s| s.1[k.index()]));
     let mut cached = Amount::default();
     for g in groups.iter().filter(|g| g.cached_by.is_some()) {
@@ -584,7 +576,19 @@ mod tests {
         t.kinds[Kind::Host.index()] = KindTotals { live_bytes: 48, live_blocks: 3, total_allocs: 4, total_frees: 1, peak_live_bytes: 64 };
         t.kinds[Kind::Device.index()] = KindTotals { live_bytes: 1 << 20, live_blocks: 1, total_allocs: 2, total_frees: 1, peak_live_bytes: 2 << 20 };
         let empty = TimelineOut { points: vec![], series: vec![] };
-        let bytes = report_bytes(&p, Reason::Exit, 6, &t, &[group()], &RunFacts::default(), &empty, None, Omitted::default());
+        let groups = [group()];
+        let facts = RunFacts::default();
+        let bytes = report_bytes(&ReportParts {
+            process: &p,
+            reason: Reason::Exit,
+            written_unix_ms: 6,
+            totals: &t,
+            groups: &groups,
+            facts: &facts,
+            timeline: &empty,
+            scan: None,
+            omitted: Omitted::default(),
+        });
         let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
         let keys: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();
         assert_eq!(&keys[..3], &["schema", "tool", "pid"]);
