@@ -12,6 +12,8 @@
 //! - Linear probing with backward-shift deletion: no tombstones, so a long run of
 //!   allocations and frees never degrades the probe lengths.
 
+use crate::hotpath::mapping::prefetch_line;
+
 /// Key of an empty slot. Address 0 is never a live block; it gets its own slot anyway
 /// so that the table is total.
 const EMPTY: u64 = 0;
@@ -183,18 +185,6 @@ impl<V: Copy> AddressTable<V> {
             self.keys.iter().zip(&self.values).filter(|(k, _)| **k != EMPTY).filter_map(|(k, v)| Some((*k, v.as_ref()?))),
         )
     }
-}
-
-#[inline(always)]
-fn prefetch_line<T>(p: &T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is a hint: it never faults and changes no state the program
-    // can observe; `p` is a valid reference anyway.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const T as *const i8)
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 #[cfg(test)]

@@ -69,6 +69,19 @@ fn huge_pages_disabled(setting: Option<&str>) -> bool {
     setting.is_some_and(|s| s.contains("[never]"))
 }
 
+/// Starts loading the cache line of `p` (a hint for a probe about to miss).
+#[inline(always)]
+pub fn prefetch_line<T>(p: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint: it never faults and changes no state the program
+    // can observe; `p` is a valid reference anyway.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const T as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// Returns a mapping made by `map_zeroed` that was never shared.
 pub fn unmap(p: *mut u8, bytes: usize) {
     // SAFETY: callers pass a mapping of exactly `bytes` that no one else references.

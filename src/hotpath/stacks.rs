@@ -83,12 +83,14 @@ static TABLES: AtomicPtr<Tables> = AtomicPtr::new(std::ptr::null_mut());
 use super::mapping::map_zeroed as map_anonymous;
 
 fn tables() -> Option<&'static Tables> {
+    published_tables().or_else(init_tables)
+}
+
+/// The tables if some thread made them already (never makes them).
+fn published_tables() -> Option<&'static Tables> {
     let t = TABLES.load(Ordering::Acquire);
-    if !t.is_null() {
-        // SAFETY: once published the tables are never freed.
-        return Some(unsafe { &*t });
-    }
-    init_tables()
+    // SAFETY: once published the tables are never freed.
+    (!t.is_null()).then(|| unsafe { &*t })
 }
 
 #[cold]
@@ -138,12 +140,7 @@ pub fn promote_index_if_large() {
     if INDEX_PROMOTED.load(Ordering::Relaxed) {
         return;
     }
-    let t = TABLES.load(Ordering::Acquire);
-    if t.is_null() {
-        return;
-    }
-    // SAFETY: once published the tables are never freed.
-    let t = unsafe { &*t };
+    let Some(t) = published_tables() else { return };
     if t.next_id.load(Ordering::Relaxed) < HUGE_INDEX_AT {
         return;
     }
@@ -261,14 +258,9 @@ impl Tables {
 /// caller overlaps with the rest of its work.
 #[inline]
 pub fn prefetch_index(h: u64) {
-    let Some(t) = tables() else { return };
-    let slot = t.slot((h as usize) & (INDEX_SLOTS - 1)) as *const AtomicU32 as *const i8;
-    // SAFETY: a prefetch is only a hint; it never faults, and the address is inside the
-    // index mapping anyway.
-    #[cfg(target_arch = "x86_64")]
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(slot)
-    };
+    if let Some(t) = tables() {
+        super::mapping::prefetch_line(t.slot((h as usize) & (INDEX_SLOTS - 1)));
+    }
 }
 
 /// Returns the id of `frames` (captured in dlclose `epoch`), inserting it if new.

@@ -518,17 +518,9 @@ fn prefetch_rule(lookup_ip: u64, epoch: u32, l1: Option<&[(u64, u64); L1_RULES]>
     if l1.is_some_and(|l1| l1[l1_slot(key)].0 == key) {
         return;
     }
-    let p = RULES.load(Ordering::Relaxed);
-    if p.is_null() {
-        return;
+    if let Some(table) = rule_table() {
+        super::mapping::prefetch_line(&table[shared_slot(key)]);
     }
-    let i = shared_slot(key);
-    // SAFETY: a prefetch is only a hint and never faults; the address is inside the
-    // table's mapping (i < RULE_SLOTS).
-    #[cfg(target_arch = "x86_64")]
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.add(i) as *const i8)
-    };
 }
 
 #[inline]
@@ -794,6 +786,28 @@ fn suffix_from(e: &MemoEntry, k: usize, epoch: u32, bp: u64, sp0: u64, hi: u64, 
     Some((available.min(wanted), needs_bp))
 }
 
+/// The first `n` frames an unwind wrote.
+///
+/// # Safety
+/// `frames[..n]` must all have been written.
+unsafe fn written(frames: &[std::mem::MaybeUninit<u64>; MAX_DEPTH], n: usize) -> &[u64] {
+    // SAFETY: the caller vouches that the first n (<= MAX_DEPTH) are initialised, and
+    // MaybeUninit<u64> has u64's layout.
+    unsafe { std::slice::from_raw_parts(frames.as_ptr() as *const u64, n) }
+}
+
+/// Folds `own` (a stack's frames, innermost first) into the hash state `outer` of the
+/// frames outside them, from the outermost in, keeping the state after each frame in
+/// `states`; returns the stack's hash.
+fn fold_inward(outer: u64, own: &[u64], states: &mut [u64]) -> u64 {
+    let mut h = outer;
+    for (state, &f) in states.iter_mut().zip(own).rev() {
+        h = stacks::hash_step(h, f);
+        *state = h;
+    }
+    stacks::hash_finish(h)
+}
+
 /// Captures the caller's stack (the library's own frames skipped) and returns its
 /// interned id; 0 when no stack could be taken. `state` is the calling thread's.
 #[inline(never)]
@@ -874,8 +888,6 @@ fn capture(state: &ThreadState, depth: usize, memoise: bool) -> u32 {
     let mut n = 0usize;
     let mut by_depth = false;
     let mut tail = None;
-    // Frames `[hashed_from, n)` came with their hash states from the candidate.
-    let mut hashed_from = usize::MAX;
     // The stack's hash, when it was known before the copying at the end of the unwind.
     let mut early_hash = None;
     // How far into the candidate's frames (by CFA, which only grows) this unwind is.
@@ -978,17 +990,12 @@ fn capture(state: &ThreadState, depth: usize, memoise: bool) -> u32 {
         // The candidate's states hold for the taken frames only if they run to its last.
         let states_hold = k + 1 + take == c.nframes as usize;
         if states_hold {
-            hashed_from = n;
             // The whole hash is known now: start loading the index line it probes
             // while the candidate's reads and frames are copied below.
             if let Some(e) = reads.entry.as_deref_mut() {
-                let mut h = if take > 0 { c.hashes[k + 1] } else { stacks::hash_start(epoch) };
-                for i in (0..n).rev() {
-                    // SAFETY: frames[..n] were each written above.
-                    h = stacks::hash_step(h, unsafe { frames[i].assume_init() });
-                    e.hashes[i] = h;
-                }
-                let hash = stacks::hash_finish(h);
+                let outer = if take > 0 { c.hashes[k + 1] } else { stacks::hash_start(epoch) };
+                // SAFETY: frames[..n] were each written above.
+                let hash = fold_inward(outer, unsafe { written(&frames, n) }, &mut e.hashes[..n]);
                 stacks::prefetch_index(hash);
                 early_hash = Some(hash);
             }
@@ -1019,21 +1026,12 @@ fn capture(state: &ThreadState, depth: usize, memoise: bool) -> u32 {
         break;
     }
     // SAFETY: frames[..n] were each written above (n only grows after a write).
-    let captured = unsafe { std::slice::from_raw_parts(frames.as_ptr() as *const u64, n) };
-    let hash = match reads.entry.as_deref_mut() {
-        Some(_) if early_hash.is_some() => early_hash.unwrap_or_default(),
-        Some(e) => {
-            // Hash states from the outermost frame in: taken ones as they are, the rest
-            // folded here (this unwind's own frames, after a taken suffix).
-            let from = hashed_from.min(n);
-            let mut h = if from < n { e.hashes[from] } else { stacks::hash_start(epoch) };
-            for i in (0..from).rev() {
-                h = stacks::hash_step(h, captured[i]);
-                e.hashes[i] = h;
-            }
-            stacks::hash_finish(h)
-        }
-        None => stacks::hash_frames(epoch, captured),
+    let captured = unsafe { written(&frames, n) };
+    let hash = match (early_hash, reads.entry.as_deref_mut()) {
+        (Some(hash), _) => hash,
+        // No states taken from the candidate: every frame's state is folded here.
+        (None, Some(e)) => fold_inward(stacks::hash_start(epoch), captured, &mut e.hashes[..n]),
+        (None, None) => stacks::hash_frames(epoch, captured),
     };
     if cfg!(test) {
         assert_eq!(hash, stacks::hash_frames(epoch, captured), "incremental stack hash");

@@ -351,7 +351,6 @@ struct DiagnosticsOut<'a> {
 /// The report as compact JSON bytes (a large process has thousands of frames; pretty
 /// printing tripled the file and the time to write it).
 /// Everything a report says, as `write_report_json` takes it.
-#[derive(Clone, Copy)]
 pub struct ReportParts<'a> {
     pub process: &'a ProcessInfo,
     pub reason: Reason,

@@ -9,12 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
-pub fn write_atomic(target: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    write_atomic_with(target, |w| w.write_all(bytes))
-}
-
-/// `write_atomic` for a report that `write` produces straight into the file (through a
-/// 1 MiB buffer): a 50 MB report is never held in memory whole.
+/// Writes the report that `write` produces straight into the file (through a 1 MiB
+/// buffer): a 50 MB report is never held in memory whole.
 pub fn write_atomic_with(target: &Path, write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> std::io::Result<()> {
     let dir = target.parent().unwrap_or(Path::new("."));
     let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
@@ -89,6 +85,10 @@ pub fn choose_output_dir(wanted: Option<PathBuf>) -> (PathBuf, Option<String>) {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    fn write_atomic(target: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        write_atomic_with(target, |w| w.write_all(bytes))
+    }
 
     fn tmpdir(tag: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("leaktrace-writer-{tag}-{}", std::process::id()));
