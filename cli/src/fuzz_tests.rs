@@ -25,11 +25,11 @@ fn random_value(r: &mut Rng, depth: u32) -> Value {
         1 => json!(r.below(2) == 0),
         2 => json!(r.next()),
         3 => json!(-(r.below(1000) as i64)),
-        4 => json!(["", "host", "malloc", "exit", "0x1", "leaktrace-report/1", "a;b\nc", "\u{1F600}"][r.below(8) as usize]),
+        4 => json!(["", "host", "malloc", "exit", "0x1", "leaktrace-report/2", "a;b\nc", "\u{1F600}"][r.below(8) as usize]),
         5 => json!(r.next() as f64 / 3.0),
         6 => Value::Array((0..r.below(4)).map(|_| random_value(r, depth + 1)).collect()),
         _ => {
-            let keys = ["schema", "pid", "reason", "summary", "host", "leaks", "stack", "timeline", "points", "series", "bytes", "function", "ip"];
+            let keys = ["schema", "pid", "reason", "summary", "host", "leaks", "stack", "timeline", "points", "series", "bytes", "function", "ip", "frames"];
             Value::Object((0..r.below(5)).map(|_| (keys[r.below(keys.len() as u64) as usize].to_string(), random_value(r, depth + 1))).collect())
         }
     }
@@ -72,26 +72,70 @@ fn exercise(text: &str) {
     }
 }
 
+/// A schema 1 report in schema 2's shape: its frames in one table, stacks as indices.
+fn as_version_2(v1: &Value) -> Value {
+    let mut v = v1.clone();
+    let mut table: Vec<Value> = Vec::new();
+    let mut index = |stack: &mut Value| {
+        if let Value::Array(frames) = stack {
+            for f in frames.iter_mut() {
+                let i = table.iter().position(|t| t == f).unwrap_or_else(|| {
+                    table.push(f.clone());
+                    table.len() - 1
+                });
+                *f = json!(i);
+            }
+        }
+    };
+    for g in v["leaks"].as_array_mut().unwrap() {
+        index(&mut g["stack"]);
+    }
+    for s in v["timeline"]["series"].as_array_mut().unwrap() {
+        index(&mut s["stack"]);
+    }
+    v["frames"] = Value::Array(table);
+    v["schema"] = json!("leaktrace-report/2");
+    v
+}
+
+#[test]
+fn the_sample_reads_the_same_in_both_schemas() {
+    let v1: Value = serde_json::from_str(include_str!("../tests/data/sample-report.json")).unwrap();
+    let v2 = as_version_2(&v1);
+    assert!(v2["leaks"][0]["stack"][0].is_u64());
+    let (a, b) = (model::parse(&v1.to_string(), "1.json".as_ref()).unwrap(), model::parse(&v2.to_string(), "2.json".as_ref()).unwrap());
+    assert!(!a.leaks[0].stack.is_empty());
+    for (x, y) in a.leaks.iter().zip(&b.leaks) {
+        assert_eq!(x.stack, y.stack);
+    }
+    assert_eq!(a.leaks.len(), b.leaks.len());
+}
+
 #[test]
 fn hostile_reports_never_panic() {
-    let sample: Value = serde_json::from_str(include_str!("../tests/data/sample-report.json")).unwrap();
+    let sample_v1: Value = serde_json::from_str(include_str!("../tests/data/sample-report.json")).unwrap();
+    let sample_v2 = as_version_2(&sample_v1);
     let mut r = Rng(0x9e37_79b9_7f4a_7c15);
-    for _ in 0..3000 {
-        let mut v = sample.clone();
-        for _ in 0..=r.below(4) {
-            mutate(&mut v, &mut r);
+    for sample in [&sample_v1, &sample_v2] {
+        for _ in 0..2000 {
+            let mut v = sample.clone();
+            for _ in 0..=r.below(4) {
+                mutate(&mut v, &mut r);
+            }
+            exercise(&v.to_string());
         }
-        exercise(&v.to_string());
     }
     for _ in 0..2000 {
         let mut v = random_value(&mut r, 0);
         if r.below(2) == 0 {
             if let Value::Object(m) = &mut v {
-                m.insert("schema".into(), json!("leaktrace-report/1"));
+                let schema = if r.below(2) == 0 { "leaktrace-report/1" } else { "leaktrace-report/2" };
+                m.insert("schema".into(), json!(schema));
             }
         }
         exercise(&v.to_string());
     }
+    let sample = sample_v2;
     // Counts at the top of the range in several groups and processes.
     let mut huge = sample.clone();
     for g in huge["leaks"].as_array_mut().unwrap() {

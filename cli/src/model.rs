@@ -1,12 +1,10 @@
-//! Reading `leaktrace-report/1` files (see docs/report-format.md). Unknown fields are
-//! ignored; a missing file, bad JSON or another schema major version is an error that
-//! says what to do.
+//! Reading `leaktrace-report/1` and `/2` files (see docs/report-format.md). Unknown
+//! fields are ignored; a missing file, bad JSON or another schema major version is an
+//! error that says what to do.
 use std::path::{Path, PathBuf};
 
+use leaktrace_common::report_schema::{self, READABLE_MAJORS, SCHEMA_PREFIX};
 use serde::{Deserialize, Serialize};
-
-pub const SCHEMA_PREFIX: &str = "leaktrace-report/";
-pub const SCHEMA_MAJOR: &str = "1";
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 pub struct Frame {
@@ -182,19 +180,20 @@ impl Report {
 }
 
 pub fn parse(text: &str, path: &Path) -> Result<Report, String> {
-    let value: serde_json::Value = serde_json::from_str(text)
+    let mut value: serde_json::Value = serde_json::from_str(text)
         .map_err(|e| format!("{} is not valid JSON ({e}); is it a leaktrace report?", path.display()))?;
-    let schema = value.get("schema").and_then(|s| s.as_str()).unwrap_or("");
-    let Some(major) = schema.strip_prefix(SCHEMA_PREFIX) else {
-        return Err(format!("{} is not a leaktrace report (no \"schema\": \"leaktrace-report/1\")", path.display()));
-    };
-    if major != SCHEMA_MAJOR {
+    let schema = value.get("schema").and_then(|s| s.as_str()).unwrap_or("").to_owned();
+    if !schema.starts_with(SCHEMA_PREFIX) {
+        return Err(format!("{} is not a leaktrace report (no \"schema\": \"{SCHEMA_PREFIX}N\")", path.display()));
+    }
+    if !report_schema::major_of(&value).is_some_and(|m| READABLE_MAJORS.contains(&m)) {
         return Err(format!(
             "{} uses schema {schema}, which this leaktrace ({}) cannot read; use a leaktrace of that version",
             path.display(),
             env!("CARGO_PKG_VERSION")
         ));
     }
+    report_schema::inline_frames(&mut value).map_err(|e| format!("{} is a damaged leaktrace report ({e})", path.display()))?;
     let mut report: Report = serde_json::from_value(value)
         .map_err(|e| format!("{} is a damaged leaktrace report ({e})", path.display()))?;
     report.path = path.to_path_buf();
@@ -234,12 +233,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rejects_what_is_not_a_v1_report() {
+    fn rejects_what_is_not_a_readable_report() {
         let p = Path::new("x.json");
         assert!(parse("{", p).unwrap_err().contains("not valid JSON"));
         assert!(parse("{\"a\":1}", p).unwrap_err().contains("not a leaktrace report"));
-        assert!(parse("{\"schema\":\"leaktrace-report/2\"}", p).unwrap_err().contains("cannot read"));
+        assert!(parse("{\"schema\":\"leaktrace-report/3\"}", p).unwrap_err().contains("cannot read"));
+        assert!(parse("{\"schema\":\"leaktrace-report/x\"}", p).unwrap_err().contains("cannot read"));
         assert!(parse("{\"schema\":\"leaktrace-report/1\"}", p).unwrap_err().contains("damaged"));
+        assert!(parse("{\"schema\":\"leaktrace-report/2\"}", p).unwrap_err().contains("damaged"));
         assert!(parse("[]", p).is_err());
         assert!(parse("{\"schema\": 5}", p).is_err());
     }
@@ -256,5 +257,23 @@ mod tests {
         assert_eq!(r.pid, 5);
         assert_eq!(r.leaks[0].stack[0].function.as_deref(), Some("f"));
         assert!(r.timeline.points.is_empty());
+    }
+
+    #[test]
+    fn reads_version_2_frame_tables() {
+        let r = parse(
+            r#"{"schema":"leaktrace-report/2","pid":5,"reason":"exit",
+                "summary":{"host":{"live_bytes":1,"live_blocks":1,"total_allocs":1,"total_frees":0,"peak_live_bytes":1}},
+                "frames":[{"ip":"0x1","function":"f"},{"ip":"0x2","function":"main"}],
+                "timeline":{"points":[],"series":[{"kind":"host","api":"malloc","stack_id":3,"stack":[1],"bytes":[1]}]},
+                "leaks":[{"kind":"host","api":"malloc","bytes":1,"blocks":1,"stack":[0,1]}]}"#,
+            Path::new("r.json"),
+        )
+        .unwrap();
+        let names: Vec<_> = r.leaks[0].stack.iter().map(|f| f.function.as_deref().unwrap()).collect();
+        assert_eq!(names, ["f", "main"]);
+        assert_eq!(r.series_stack(&r.timeline.series[0])[0].ip, "0x2");
+        let bad = parse(r#"{"schema":"leaktrace-report/2","frames":[],"leaks":[{"stack":[0]}]}"#, Path::new("b.json"));
+        assert!(bad.unwrap_err().contains("damaged leaktrace report (the stack of leak group 0 refers to frame 0"));
     }
 }

@@ -1,6 +1,7 @@
 //! Shared by the preload library and the `leaktrace` command, so both read the same
-//! suppressions and print frames the same way.
+//! suppressions, print frames the same way and agree on the report schema's versions.
 pub mod frame_text;
+pub mod report_schema;
 pub mod suppressions;
 
 pub use suppressions::Suppressions;

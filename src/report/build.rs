@@ -11,7 +11,7 @@ use super::timeline::Timeline;
 use crate::collector::state::{GroupSnapshot, KindTotals, Totals};
 use crate::hotpath::event::Kind;
 
-pub const SCHEMA: &str = "leaktrace-report/1";
+pub const SCHEMA: &str = "leaktrace-report/2";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reason {
@@ -103,6 +103,8 @@ pub struct Group {
     pub stack_id: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reachability: Option<Reachability>,
+    /// Written as indices into the report's frame table (see `FrameTable`).
+    #[serde(skip)]
     pub stack: Vec<Frame>,
 }
 
@@ -262,7 +264,8 @@ pub struct TimelineSeries {
     kind: &'static str,
     api: &'static str,
     stack_id: u32,
-    /// Null when a leak group of the same report has this `stack_id` (and so the stack).
+    /// None when a leak group of the same report has this `stack_id` (and so the stack).
+    #[serde(skip)]
     stack: Option<Vec<Frame>>,
     bytes: Vec<u64>,
 }
@@ -295,6 +298,63 @@ pub fn timeline_out(timeline: &Timeline, groups: &[Group], sym: &mut Symbolizer)
     }
 }
 
+/// The distinct frames of a report, each written once; stacks are lists of indices
+/// into it (schema 2). `import torch` leaves 2,000 listed groups of ~100 frames, 202k
+/// frame objects written in full, but only ~1,400 distinct ones: 51 MB of JSON became
+/// 1.5 MB.
+///
+/// Frames are told apart by their ip and the identity of their shared strings: the
+/// same return address resolves to the same `Arc`s (the symbolizer's cache), and every
+/// frame is alive while the table is built, so no address is reused. Two equal frames
+/// from separate allocations would take two entries, which a reader cannot tell apart.
+#[derive(Default)]
+struct FrameTable<'a> {
+    frames: Vec<&'a Frame>,
+    index: crate::collector::state::FxMap<FrameKey, u32>,
+}
+
+type FrameKey = (u64, usize, Option<u64>, usize, usize, Option<u32>, bool);
+
+fn identity(s: &Option<Arc<str>>) -> usize {
+    s.as_ref().map_or(0, |a| Arc::as_ptr(a) as *const u8 as usize)
+}
+
+impl<'a> FrameTable<'a> {
+    fn indices(&mut self, stack: &'a [Frame]) -> Vec<u32> {
+        stack
+            .iter()
+            .map(|f| {
+                let key = (f.ip, identity(&f.module), f.offset, identity(&f.function), identity(&f.file), f.line, f.inlined);
+                *self.index.entry(key).or_insert_with(|| {
+                    self.frames.push(f);
+                    self.frames.len() as u32 - 1
+                })
+            })
+            .collect()
+    }
+}
+
+#[derive(Serialize)]
+struct GroupOut<'a> {
+    #[serde(flatten)]
+    group: &'a Group,
+    stack: Vec<u32>,
+}
+
+#[derive(Serialize)]
+struct SeriesOut<'a> {
+    #[serde(flatten)]
+    series: &'a TimelineSeries,
+    /// Null when a leak group of the same report has this `stack_id` (and so the stack).
+    stack: Option<Vec<u32>>,
+}
+
+#[derive(Serialize)]
+struct TimelineRefs<'a> {
+    points: &'a [TimelinePoint],
+    series: Vec<SeriesOut<'a>>,
+}
+
 /// Serialized straight to bytes from these borrowed views (no intermediate JSON tree:
 /// a Python process has thousands of groups of dozens of frames).
 #[derive(Serialize)]
@@ -317,8 +377,10 @@ struct ReportOut<'a> {
     diagnostics: DiagnosticsOut<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
     scan: Option<&'a ScanOut>,
-    timeline: &'a TimelineOut,
-    leaks: &'a [Group],
+    /// Before the stacks that refer to it, for readers that stream.
+    frames: &'a [&'a Frame],
+    timeline: TimelineRefs<'a>,
+    leaks: Vec<GroupOut<'a>>,
 }
 
 #[derive(Serialize)]
@@ -380,6 +442,10 @@ pub fn write_report_json(w: impl std::io::Write, parts: &ReportParts) -> std::io
         cached.bytes += g.bytes;
         cached.blocks += g.blocks;
     }
+    let mut table = FrameTable::default();
+    let leaks: Vec<GroupOut> = groups.iter().map(|g| GroupOut { group: g, stack: table.indices(&g.stack) }).collect();
+    let series = timeline.series.iter().map(|s| SeriesOut { series: s, stack: s.stack.as_deref().map(|st| table.indices(st)) }).collect();
+    let timeline = TimelineRefs { points: &timeline.points, series };
     let report = ReportOut {
         schema: SCHEMA,
         tool: json!({ "name": "leaktrace", "version": env!("CARGO_PKG_VERSION") }),
@@ -420,8 +486,9 @@ pub fn write_report_json(w: impl std::io::Write, parts: &ReportParts) -> std::io
             cuda_untracked_copies: facts.cuda_untracked_copies,
         },
         scan: scan.map(|s| s.0),
+        frames: &table.frames,
         timeline,
-        leaks: groups,
+        leaks,
     };
     serde_json::to_writer(w, &report).map_err(std::io::Error::from)
 }
@@ -574,8 +641,21 @@ mod tests {
         let mut t = Totals::default();
         t.kinds[Kind::Host.index()] = KindTotals { live_bytes: 48, live_blocks: 3, total_allocs: 4, total_frees: 1, peak_live_bytes: 64 };
         t.kinds[Kind::Device.index()] = KindTotals { live_bytes: 1 << 20, live_blocks: 1, total_allocs: 2, total_frees: 1, peak_live_bytes: 2 << 20 };
-        let empty = TimelineOut { points: vec![], series: vec![] };
-        let groups = [group()];
+        // A second group shares the first one's innermost frame (the same Arcs, as the
+        // symbolizer hands them out); a followed stack that is no group's adds its own.
+        let first = group();
+        let mut other = first.clone();
+        other.stack_id = 8;
+        other.stack[1].ip = 0x7777;
+        let groups = [first, other];
+        let followed = vec![groups[0].stack[0].clone(), Frame { ip: 0x5555, module: None, offset: None, function: None, file: None, line: None, inlined: false }];
+        let timeline = TimelineOut {
+            points: vec![TimelinePoint { unix_ms: 5, live_bytes: 48, live_blocks: 3 }],
+            series: vec![
+                TimelineSeries { kind: "host", api: "calloc", stack_id: 7, stack: None, bytes: vec![48] },
+                TimelineSeries { kind: "host", api: "malloc", stack_id: 9, stack: Some(followed), bytes: vec![16] },
+            ],
+        };
         let facts = RunFacts::default();
         let bytes = report_bytes(&ReportParts {
             process: &p,
@@ -584,14 +664,16 @@ mod tests {
             totals: &t,
             groups: &groups,
             facts: &facts,
-            timeline: &empty,
+            timeline: &timeline,
             scan: None,
             omitted: Omitted::default(),
         });
         let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
         let keys: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();
         assert_eq!(&keys[..3], &["schema", "tool", "pid"]);
-        assert_eq!(v["schema"], "leaktrace-report/1");
+        assert_eq!(v["schema"], "leaktrace-report/2");
+        use leaktrace_common::report_schema::{CURRENT_MAJOR, SCHEMA_PREFIX};
+        assert_eq!(SCHEMA, format!("{SCHEMA_PREFIX}{CURRENT_MAJOR}"), "the readers' idea of the current version");
         assert_eq!(v["reason"], "exit");
         for k in ["pid", "ppid", "exe", "argv", "started_unix_ms", "written_unix_ms"] {
             assert!(!v[k].is_null(), "{k}");
@@ -608,11 +690,20 @@ mod tests {
         let l = &v["leaks"][0];
         assert!(l.get("device").is_none() && l.get("cached_by").is_none(), "host groups have neither: {l}");
         assert_eq!((l["kind"].as_str(), l["api"].as_str(), l["bytes"].as_u64(), l["blocks"].as_u64()), (Some("host"), Some("calloc"), Some(48), Some(3)));
-        let f = &l["stack"][0];
+        // Stacks are indices into one table of distinct frames.
+        let frames = v["frames"].as_array().unwrap();
+        let at = |i: &serde_json::Value| &frames[i.as_u64().unwrap() as usize];
+        assert_eq!(l["stack"], serde_json::json!([0, 1]));
+        assert_eq!(v["leaks"][1]["stack"], serde_json::json!([0, 2]), "the shared frame is written once");
+        assert!(v["timeline"]["series"][0]["stack"].is_null(), "group 7's stack is in leaks");
+        assert_eq!(v["timeline"]["series"][1]["stack"], serde_json::json!([0, 3]));
+        let ips: Vec<&str> = frames.iter().map(|f| f["ip"].as_str().unwrap()).collect();
+        assert_eq!(ips, ["0x1234", "0x9999", "0x7777", "0x5555"]);
+        let f = at(&l["stack"][0]);
         assert_eq!(f["ip"], "0x1234");
         assert_eq!((f["module"].as_str(), f["offset"].as_u64(), f["function"].as_str()), (Some("/bin/x"), Some(0x234), Some("leak_here")));
         assert_eq!((f["file"].as_str(), f["line"].as_u64()), (Some("/src/x.c"), Some(12)));
-        let unknown = &l["stack"][1];
+        let unknown = at(&l["stack"][1]);
         for k in ["module", "offset", "function", "file", "line"] {
             assert!(unknown[k].is_null(), "{k}");
         }

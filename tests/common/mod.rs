@@ -121,7 +121,10 @@ pub fn reports_in(dir: &Path) -> Vec<Value> {
         let name = p.file_name().unwrap().to_string_lossy().into_owned();
         if name.starts_with("leaktrace.") && name.ends_with(".json") {
             let text = std::fs::read_to_string(&p).unwrap();
-            out.push(serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name} is not JSON: {e}")));
+            let mut report: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name} is not JSON: {e}"));
+            // Stacks are frame-table indices in the file; every test reads them as frames.
+            leaktrace_common::report_schema::inline_frames(&mut report).unwrap_or_else(|e| panic!("{name}: {e}"));
+            out.push(report);
         }
     }
     out

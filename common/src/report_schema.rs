@@ -1,0 +1,101 @@
+//! The versions of the report schema as a reader meets them (docs/report-format.md).
+//!
+//! - `leaktrace-report/1`: every stack lists its frames in full.
+//! - `leaktrace-report/2`: the report has one `frames` table of distinct frames and
+//!   every stack (`leaks[].stack`, `timeline.series[].stack`) lists indices into it.
+//!
+//! Readers of both turn a report into the version 1 shape with `inline_frames`, so that
+//! everything after the parse sees frames in full.
+use serde_json::Value;
+
+pub const SCHEMA_PREFIX: &str = "leaktrace-report/";
+/// The major version the library writes.
+pub const CURRENT_MAJOR: u32 = 2;
+/// The major versions `inline_frames` reads.
+pub const READABLE_MAJORS: [u32; 2] = [1, 2];
+
+/// The major version of a report's `schema` field: `None` when the field is missing or
+/// is not `leaktrace-report/<number>`.
+pub fn major_of(report: &Value) -> Option<u32> {
+    report.get("schema")?.as_str()?.strip_prefix(SCHEMA_PREFIX)?.parse().ok()
+}
+
+/// Replaces every stack's frame indices by the frames of the report's table (version 2);
+/// a version 1 report is left as it is. The error says which stack refers to what.
+pub fn inline_frames(report: &mut Value) -> Result<(), String> {
+    if major_of(report) != Some(2) {
+        return Ok(());
+    }
+    let table = match report.get_mut("frames").map(Value::take) {
+        Some(Value::Array(frames)) => frames,
+        Some(Value::Null) | None => Vec::new(),
+        Some(_) => return Err("\"frames\" is not a list".into()),
+    };
+    let expand = |stack: &mut Value, owner: &str| -> Result<(), String> {
+        let Value::Array(items) = stack else {
+            return if stack.is_null() { Ok(()) } else { Err(format!("the stack of {owner} is not a list")) };
+        };
+        for item in items.iter_mut() {
+            let frame = item
+                .as_u64()
+                .and_then(|i| table.get(usize::try_from(i).ok()?))
+                .ok_or_else(|| format!("the stack of {owner} refers to frame {item}, but the frame table has {} frames", table.len()))?;
+            *item = frame.clone();
+        }
+        Ok(())
+    };
+    if let Some(Value::Array(groups)) = report.get_mut("leaks") {
+        for (i, g) in groups.iter_mut().enumerate() {
+            if let Some(stack) = g.get_mut("stack") {
+                expand(stack, &format!("leak group {i}"))?;
+            }
+        }
+    }
+    if let Some(Value::Array(series)) = report.get_mut("timeline").and_then(|t| t.get_mut("series")) {
+        for (i, s) in series.iter_mut().enumerate() {
+            if let Some(stack) = s.get_mut("stack") {
+                expand(stack, &format!("timeline series {i}"))?;
+            }
+        }
+    }
+    report["frames"] = Value::Array(table);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn version_2_stacks_become_frames() {
+        let mut r = json!({
+            "schema": "leaktrace-report/2",
+            "frames": [{"ip": "0x1", "function": "a"}, {"ip": "0x2", "function": "b"}],
+            "timeline": {"series": [{"stack": null}, {"stack": [1]}]},
+            "leaks": [{"stack": [0, 1]}, {"stack": []}]
+        });
+        inline_frames(&mut r).unwrap();
+        assert_eq!(r["leaks"][0]["stack"][1]["function"], "b");
+        assert_eq!(r["leaks"][1]["stack"], json!([]));
+        assert!(r["timeline"]["series"][0]["stack"].is_null());
+        assert_eq!(r["timeline"]["series"][1]["stack"][0]["ip"], "0x2");
+    }
+
+    #[test]
+    fn version_1_is_left_alone_and_bad_indices_are_named() {
+        let v1 = json!({"schema": "leaktrace-report/1", "leaks": [{"stack": [{"ip": "0x1"}]}]});
+        let mut r = v1.clone();
+        inline_frames(&mut r).unwrap();
+        assert_eq!(r, v1);
+        assert_eq!(major_of(&r), Some(1));
+        let mut bad = json!({"schema": "leaktrace-report/2", "frames": [{}], "leaks": [{"stack": [0, 5]}]});
+        let e = inline_frames(&mut bad).unwrap_err();
+        assert!(e.contains("leak group 0") && e.contains("frame 5") && e.contains("has 1 frames"), "{e}");
+        let mut bad = json!({"schema": "leaktrace-report/2", "frames": [{}], "leaks": [{"stack": [{"ip": "0x1"}]}]});
+        assert!(inline_frames(&mut bad).is_err());
+        let mut bad = json!({"schema": "leaktrace-report/2", "frames": 3});
+        assert!(inline_frames(&mut bad).is_err());
+        assert_eq!(major_of(&json!({"schema": "leaktrace-report/x"})), None);
+    }
+}
