@@ -6,7 +6,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::process::ProcessInfo;
-use super::symbolize::Symbolizer;
+use super::symbolize::{RawFrame, Symbolizer};
 use super::timeline::Timeline;
 use crate::collector::state::{GroupSnapshot, KindTotals, Totals};
 use crate::hotpath::event::Kind;
@@ -124,9 +124,15 @@ pub struct RunFacts {
     pub cuda_untracked_copies: u64,
 }
 
-/// The symbolized frames of an interned stack (innermost first, inlined frames expanded).
-pub fn resolve_stack(stack_id: u32, sym: &mut Symbolizer) -> Vec<Frame> {
-    let raw = sym.raw_stack(stack_id);
+/// The symbolized frames of interned stacks (innermost first, inlined frames expanded),
+/// every address among them symbolized in one batch (see `Symbolizer::symbolize_all`).
+pub fn resolve_stacks(ids: &[u32], sym: &mut Symbolizer) -> Vec<Vec<Frame>> {
+    let raws: Vec<Vec<RawFrame>> = ids.iter().map(|&id| sym.raw_stack(id)).collect();
+    sym.symbolize_all(raws.iter().flatten().filter_map(|rf| rf.module));
+    raws.into_iter().map(|raw| symbolized(raw, sym)).collect()
+}
+
+fn symbolized(raw: Vec<RawFrame>, sym: &mut Symbolizer) -> Vec<Frame> {
     let mut stack = Vec::with_capacity(raw.len());
     for rf in raw {
         let (module, offset) = match rf.module {
@@ -202,10 +208,11 @@ pub fn select_groups(
 }
 
 pub fn resolve_groups(selected: &[(&GroupSnapshot, Option<Reachability>)], sym: &mut Symbolizer) -> Vec<Group> {
+    let ids: Vec<u32> = selected.iter().map(|(g, _)| g.stack).collect();
     selected
         .iter()
-        .map(|&(g, reachability)| {
-            let stack = resolve_stack(g.stack, sym);
+        .zip(resolve_stacks(&ids, sym))
+        .map(|(&(g, reachability), stack)| {
             let kind = g.api.kind();
             Group {
                 kind: kind.name(),
@@ -278,6 +285,10 @@ pub struct TimelineOut {
 
 /// The timeline; followed stacks that are not among `groups` are symbolized here.
 pub fn timeline_out(timeline: &Timeline, groups: &[Group], sym: &mut Symbolizer) -> TimelineOut {
+    let listed: std::collections::HashSet<u32> = groups.iter().map(|g| g.stack_id).collect();
+    let followed: Vec<u32> = timeline.series.iter().map(|s| s.stack).filter(|id| !listed.contains(id)).collect();
+    // In series order, as the series below take them.
+    let mut stacks = resolve_stacks(&followed, sym).into_iter();
     TimelineOut {
         points: timeline
             .points
@@ -291,7 +302,7 @@ pub fn timeline_out(timeline: &Timeline, groups: &[Group], sym: &mut Symbolizer)
                 kind: s.api.kind().name(),
                 api: s.api.name(),
                 stack_id: s.stack,
-                stack: (!groups.iter().any(|g| g.stack_id == s.stack)).then(|| resolve_stack(s.stack, sym)),
+                stack: (!listed.contains(&s.stack)).then(|| stacks.next().unwrap_or_default()),
                 bytes: s.bytes.clone(),
             })
             .collect(),

@@ -58,16 +58,67 @@ type Reader = gimli::EndianSlice<'static, gimli::RunTimeEndian>;
 
 /// A module file, mapped for the rest of the process (the symbolizer keeps every module
 /// it met; unloaded ones are still named from their files): its DWARF, if any, and its
-/// ELF symbol table, read through an index of our own whose names are decoded only for
-/// the symbols a report asks for. addr2line's `Loader` decodes every symbol name when it
-/// opens a file: libtorch_cpu has 546k symbols and 78 MB of names, ~120 ms of each
-/// forked worker's final report.
+/// ELF symbol tables, whose names are decoded only for the symbols a report asks for.
+/// addr2line's `Loader` decodes every symbol name when it opens a file: libtorch_cpu has
+/// 546k symbols and 78 MB of names, ~120 ms of each forked worker's final report.
 struct ModuleFile {
     file: object::File<'static>,
     dwarf: Option<addr2line::Context<Reader>>,
-    /// `(start, end or start when the size is unknown, index, from .dynsym)`, by start;
-    /// built on the first lookup DWARF cannot answer.
-    symbols: Option<Vec<(u64, u64, u32, bool)>>,
+}
+
+/// A function symbol: `start`, `end` (`start` when its size is unknown), its index and
+/// table (`.dynsym` or not).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct SymbolEntry {
+    start: u64,
+    end: u64,
+    index: u32,
+    dynamic: bool,
+}
+
+impl SymbolEntry {
+    /// Of two symbols at the same address, the one to name it by: one with a size, then
+    /// one from `.symtab`, then the lower index (so the choice never depends on order).
+    fn preferred_over(&self, other: &SymbolEntry) -> bool {
+        let rank = |e: &SymbolEntry| (e.end == e.start, e.dynamic, e.index);
+        rank(self) < rank(other)
+    }
+}
+
+/// For each of `probes` (ascending), the symbol that holds it: the one with the greatest
+/// start at or below it; a symbol of known size must also cover it, one of unknown
+/// size (some assembly routines) is taken as reaching up to the next symbol.
+///
+/// One pass over the symbols, in any order, instead of sorting them into an index: a
+/// report asks for a few hundred addresses in a module of half a million symbols, and
+/// each forked worker would otherwise sort libtorch_cpu's anew (~40 ms). Each symbol
+/// is kept only if it is the highest so far to start in its gap between two probes;
+/// a probe whose gap holds none takes the previous probe's symbol.
+fn nearest_symbols(probes: &[u64], symbols: impl Iterator<Item = SymbolEntry>) -> Vec<Option<SymbolEntry>> {
+    // gap[k]: the best symbol starting in (probes[k - 1], probes[k]].
+    let mut gap: Vec<Option<SymbolEntry>> = vec![None; probes.len()];
+    for sym in symbols {
+        let k = probes.partition_point(|&p| p < sym.start);
+        let Some(slot) = gap.get_mut(k) else { continue };
+        let better = match slot {
+            None => true,
+            Some(cur) => sym.start > cur.start || (sym.start == cur.start && sym.preferred_over(cur)),
+        };
+        if better {
+            *slot = Some(sym);
+        }
+    }
+    let mut best: Option<SymbolEntry> = None;
+    probes
+        .iter()
+        .zip(gap)
+        .map(|(&probe, in_gap)| {
+            if in_gap.is_some() {
+                best = in_gap;
+            }
+            best.filter(|e| e.end == e.start || probe < e.end)
+        })
+        .collect()
 }
 
 impl ModuleFile {
@@ -88,7 +139,7 @@ impl ModuleFile {
             });
             dwarf.ok().and_then(|d| addr2line::Context::from_dwarf(d).ok())
         });
-        Some(ModuleFile { file, dwarf: dwarf.flatten(), symbols: None })
+        Some(ModuleFile { file, dwarf: dwarf.flatten() })
     }
 
     fn frames(&self, probe: u64) -> Vec<SymFrame> {
@@ -110,32 +161,30 @@ impl ModuleFile {
         out
     }
 
-    /// The name of the function that holds `probe` (an address in the file's terms).
-    fn symbol_name(&mut self, probe: u64) -> Option<String> {
+    /// The names of the functions that hold `probes` (ascending; addresses in the
+    /// file's terms), from `.symtab` and `.dynsym`.
+    fn symbol_names(&self, probes: &[u64]) -> Vec<Option<String>> {
         use object::{Object, ObjectSymbol, ObjectSymbolTable, SymbolIndex, SymbolKind};
         let file = &self.file;
-        let entries = self.symbols.get_or_insert_with(|| {
-            let mut entries = Vec::new();
-            for (dynamic, symbols) in [(false, file.symbols()), (true, file.dynamic_symbols())] {
-                for s in symbols {
-                    if s.address() != 0 && s.is_definition() && matches!(s.kind(), SymbolKind::Text | SymbolKind::Unknown) {
-                        entries.push((s.address(), s.address().saturating_add(s.size()), s.index().0 as u32, dynamic));
-                    }
-                }
-            }
-            entries.sort_unstable_by_key(|e| e.0);
-            entries
+        let entries = [(false, file.symbols()), (true, file.dynamic_symbols())].into_iter().flat_map(|(dynamic, symbols)| {
+            symbols.filter(|s| s.address() != 0 && s.is_definition() && matches!(s.kind(), SymbolKind::Text | SymbolKind::Unknown)).map(
+                move |s| SymbolEntry {
+                    start: s.address(),
+                    end: s.address().saturating_add(s.size()),
+                    index: s.index().0 as u32,
+                    dynamic,
+                },
+            )
         });
-        let i = entries.partition_point(|e| e.0 <= probe).checked_sub(1)?;
-        let (start, end, index, dynamic) = entries[i];
-        // A symbol of known size must cover the address; one of unknown size (some
-        // assembly routines) is taken as reaching up to the next symbol.
-        if end > start && probe >= end {
-            return None;
-        }
-        let table = if dynamic { file.dynamic_symbol_table()? } else { file.symbol_table()? };
-        let name = table.symbol_by_index(SymbolIndex(index as usize)).ok()?.name().ok()?;
-        Some(addr2line::demangle_auto(Cow::Borrowed(name), None).into_owned())
+        nearest_symbols(probes, entries)
+            .into_iter()
+            .map(|e| {
+                let e = e?;
+                let table = if e.dynamic { file.dynamic_symbol_table()? } else { file.symbol_table()? };
+                let name = table.symbol_by_index(SymbolIndex(e.index as usize)).ok()?.name().ok()?;
+                Some(addr2line::demangle_auto(Cow::Borrowed(name), None).into_owned())
+            })
+            .collect()
     }
 }
 
@@ -221,29 +270,105 @@ impl Symbolizer {
         self.files.get_mut(&module).and_then(|f| f.as_mut())
     }
 
-    /// Function/file/line for a return address (innermost inlined frame first).
-    pub fn symbolize(&mut self, module: u32, offset: u64) -> &[SymFrame] {
-        if !self.symbols.contains_key(&(module, offset)) {
-            // A return address points after the call; look up the call instruction.
-            let probe = offset.saturating_sub(1);
-            let frames = match self.file(module) {
+    /// Symbolizes every `(module, offset)` of `wanted` not done before, module by
+    /// module: DWARF first, then one pass over the symbol tables for the addresses
+    /// DWARF names no function for.
+    pub fn symbolize_all(&mut self, wanted: impl IntoIterator<Item = (u32, u64)>) {
+        let mut by_module: FxMap<u32, Vec<u64>> = FxMap::default();
+        for (module, offset) in wanted {
+            if !self.symbols.contains_key(&(module, offset)) {
+                by_module.entry(module).or_default().push(offset);
+            }
+        }
+        for (module, mut offsets) in by_module {
+            offsets.sort_unstable();
+            offsets.dedup();
+            let resolved: Vec<Vec<SymFrame>> = match self.file(module) {
                 Some(file) => {
-                    let mut frames = file.frames(probe);
-                    if frames.iter().all(|f| f.function.is_none()) {
-                        if let Some(name) = file.symbol_name(probe) {
-                            match frames.last_mut() {
-                                Some(last) => last.function = Some(name.into()),
-                                None => frames.push(SymFrame { function: Some(name.into()), ..Default::default() }),
-                            }
+                    // A return address points after the call; look up the call instruction.
+                    let mut frames: Vec<Vec<SymFrame>> = offsets.iter().map(|o| file.frames(o.saturating_sub(1))).collect();
+                    let unnamed: Vec<usize> = (0..frames.len()).filter(|&i| frames[i].iter().all(|f| f.function.is_none())).collect();
+                    let probes: Vec<u64> = unnamed.iter().map(|&i| offsets[i].saturating_sub(1)).collect();
+                    for (i, name) in unnamed.into_iter().zip(file.symbol_names(&probes)) {
+                        let Some(name) = name else { continue };
+                        match frames[i].last_mut() {
+                            Some(last) => last.function = Some(name.into()),
+                            None => frames[i].push(SymFrame { function: Some(name.into()), ..Default::default() }),
                         }
                     }
                     frames
                 }
-                None => Vec::new(),
+                None => vec![Vec::new(); offsets.len()],
             };
-            self.symbols.insert((module, offset), frames);
+            for (offset, frames) in offsets.into_iter().zip(resolved) {
+                self.symbols.insert((module, offset), frames);
+            }
         }
+    }
+
+    /// Function/file/line for a return address (innermost inlined frame first). Ask for
+    /// many at once with `symbolize_all` first: alone, an address a module's DWARF does
+    /// not name costs a pass over its symbol tables.
+    pub fn symbolize(&mut self, module: u32, offset: u64) -> &[SymFrame] {
+        self.symbolize_all([(module, offset)]);
         &self.symbols[&(module, offset)]
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sym(start: u64, size: u64, index: u32, dynamic: bool) -> SymbolEntry {
+        SymbolEntry { start, end: start + size, index, dynamic }
+    }
+
+    /// The rule `nearest_symbols` implements, the slow way: sort, then search.
+    fn by_index(probes: &[u64], symbols: &[SymbolEntry]) -> Vec<Option<SymbolEntry>> {
+        let mut sorted = symbols.to_vec();
+        // By address; at one address the preferred symbol last, where the search lands.
+        sorted.sort_by_key(|e| (e.start, std::cmp::Reverse((e.end == e.start, e.dynamic, e.index))));
+        probes
+            .iter()
+            .map(|&p| {
+                let i = sorted.partition_point(|e| e.start <= p).checked_sub(1)?;
+                Some(sorted[i]).filter(|e| e.end == e.start || p < e.end)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn nearest_symbol_by_address_size_and_preference() {
+        let symbols = [
+            sym(0x100, 0x50, 1, false),
+            sym(0x100, 0x50, 9, true), // the same function in .dynsym: .symtab's is named
+            sym(0x200, 0, 2, false),   // unknown size: reaches the next symbol
+            sym(0x300, 0x10, 3, false),
+            sym(0x300, 0, 4, false), // same start, unknown size: the sized one wins
+        ];
+        let probes = [0x50, 0x100, 0x120, 0x160, 0x200, 0x2ff, 0x305, 0x310, 0x310, 0x5000];
+        let got: Vec<Option<u32>> = nearest_symbols(&probes, symbols.iter().copied()).iter().map(|e| e.map(|e| e.index)).collect();
+        assert_eq!(got, [None, Some(1), Some(1), None, Some(2), Some(2), Some(3), None, None, None]);
+        // Order of the symbols does not matter.
+        let reversed: Vec<_> = nearest_symbols(&probes, symbols.iter().rev().copied()).iter().map(|e| e.map(|e| e.index)).collect();
+        assert_eq!(got, reversed);
+    }
+
+    #[test]
+    fn one_pass_agrees_with_a_sorted_index() {
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        for _ in 0..200 {
+            let symbols: Vec<SymbolEntry> =
+                (0..next(60)).map(|i| sym(next(4000), if next(3) == 0 { 0 } else { next(300) }, i as u32, next(2) == 0)).collect();
+            let mut probes: Vec<u64> = (0..next(40)).map(|_| next(4500)).collect();
+            probes.sort_unstable();
+            assert_eq!(nearest_symbols(&probes, symbols.iter().copied()), by_index(&probes, &symbols), "{symbols:?} {probes:?}");
+        }
+    }
+}
