@@ -263,20 +263,15 @@ pub fn prefetch_index(h: u64) {
     }
 }
 
-/// Returns the id of `frames` (captured in dlclose `epoch`), inserting it if new.
-#[inline]
+/// Tests: the id of `frames` (captured in dlclose `epoch`), inserting it if new.
+#[cfg(test)]
 pub fn intern(epoch: u32, frames: &[u64]) -> u32 {
-    intern_sharing(epoch, frames, None)
+    intern_hashed(epoch, frames, None, hash_frames(epoch, frames))
 }
 
-/// `intern`, for a stack whose outer frames are those of an earlier one (`tail`): a new
-/// record then stores only its own frames.
-#[inline]
-pub fn intern_sharing(epoch: u32, frames: &[u64], tail: Option<SharedTail>) -> u32 {
-    intern_hashed(epoch, frames, tail, hash_frames(epoch, frames))
-}
-
-/// `intern_sharing`, with the frames' hash (`hash_frames`) already known.
+/// Returns the id of `frames` (captured in dlclose `epoch`, with hash `h` as
+/// `hash_frames` gives it), inserting it if new. With `tail`, the stack's outer frames
+/// are those of an earlier one: a new record then stores only its own frames.
 #[inline]
 pub fn intern_hashed(epoch: u32, frames: &[u64], tail: Option<SharedTail>, h: u64) -> u32 {
     let Some(t) = tables() else { return 0 };
@@ -463,7 +458,7 @@ mod tests {
             let mut whole = own.clone();
             whole.extend_from_slice(&parent_frames[first..first + count]);
             let tail = SharedTail { own: own.len(), parent, first, count };
-            let id = intern_sharing(3, &whole, Some(tail));
+            let id = intern_hashed(3, &whole, Some(tail), hash_frames(3, &whole));
             assert_eq!(frames(id).unwrap(), whole, "step {step}");
             assert_eq!(innermost(id), Some(whole[0]));
             // The same frames interned flat, or with a different parent, are the same stack.
@@ -475,7 +470,7 @@ mod tests {
         assert!(t.parts(parent).unwrap().chain <= MAX_CHAIN);
         // A tail that does not match the frames it claims to describe is not trusted.
         let bogus = SharedTail { own: 1, parent, first: 0, count: 500 };
-        let id = intern_sharing(3, &[1, 2, 3], Some(bogus));
+        let id = intern_hashed(3, &[1, 2, 3], Some(bogus), hash_frames(3, &[1, 2, 3]));
         assert_eq!(frames(id).unwrap(), [1, 2, 3]);
     }
 }

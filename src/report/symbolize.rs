@@ -77,11 +77,10 @@ struct SymbolEntry {
 }
 
 impl SymbolEntry {
-    /// Of two symbols at the same address, the one to name it by: one with a size, then
-    /// one from `.symtab`, then the lower index (so the choice never depends on order).
-    fn preferred_over(&self, other: &SymbolEntry) -> bool {
-        let rank = |e: &SymbolEntry| (e.end == e.start, e.dynamic, e.index);
-        rank(self) < rank(other)
+    /// Of symbols at one address, the lowest rank names it: one with a size, then one
+    /// from `.symtab`, then the lower index (so the choice never depends on order).
+    fn rank(&self) -> (bool, bool, u32) {
+        (self.end == self.start, self.dynamic, self.index)
     }
 }
 
@@ -102,7 +101,7 @@ fn nearest_symbols(probes: &[u64], symbols: impl Iterator<Item = SymbolEntry>) -
         let Some(slot) = gap.get_mut(k) else { continue };
         let better = match slot {
             None => true,
-            Some(cur) => sym.start > cur.start || (sym.start == cur.start && sym.preferred_over(cur)),
+            Some(cur) => (sym.start, std::cmp::Reverse(sym.rank())) > (cur.start, std::cmp::Reverse(cur.rank())),
         };
         if better {
             *slot = Some(sym);
@@ -327,7 +326,7 @@ mod tests {
     fn by_index(probes: &[u64], symbols: &[SymbolEntry]) -> Vec<Option<SymbolEntry>> {
         let mut sorted = symbols.to_vec();
         // By address; at one address the preferred symbol last, where the search lands.
-        sorted.sort_by_key(|e| (e.start, std::cmp::Reverse((e.end == e.start, e.dynamic, e.index))));
+        sorted.sort_by_key(|e| (e.start, std::cmp::Reverse(e.rank())));
         probes
             .iter()
             .map(|&p| {
