@@ -41,8 +41,10 @@ pub struct BlockIndex<'a> {
     /// Regions (address >> 30) that hold directory-sized blocks, ascending, each with
     /// its page table: per page, the index range of the blocks that overlap it.
     regions: Vec<(u64, Vec<(u32, u32)>)>,
-    /// Indices of the larger blocks, by start.
-    large: Vec<u32>,
+    /// The larger blocks by start: `(start, end, index)`, kept dense so that the search
+    /// (asked for every in-range word the directory does not answer: pointers into
+    /// libraries, stacks, the allocator's own pages) reads no block records.
+    large: Vec<(u64, u64, u32)>,
 }
 
 impl<'a> BlockIndex<'a> {
@@ -56,7 +58,7 @@ impl<'a> BlockIndex<'a> {
         for (i, b) in blocks.iter().enumerate() {
             let i = i as u32;
             if b.size > DIRECTORY_MAX_BLOCK {
-                large.push(i);
+                large.push((b.start, b.start.saturating_add(b.size), i));
                 continue;
             }
             let last = b.start.saturating_add(b.size.max(1) - 1);
@@ -77,12 +79,19 @@ impl<'a> BlockIndex<'a> {
         BlockIndex { blocks, lo, hi, regions, large }
     }
 
-    #[inline]
+    /// The block that contains `word`, if any. Runs once per word scanned.
+    #[inline(always)]
     pub fn find(&self, word: u64) -> Option<usize> {
-        // Most words are small integers or other non-heap values.
+        // Most words are small integers or other non-heap values: this test stays in the
+        // caller's loop, and only the rest is a call.
         if word < self.lo || word >= self.hi {
             return None;
         }
+        self.find_in_range(word)
+    }
+
+    #[inline(never)]
+    fn find_in_range(&self, word: u64) -> Option<usize> {
         let contains = |i: usize| {
             let b = &self.blocks[i];
             // A zero-sized block is still an allocation: its address counts.
@@ -100,16 +109,18 @@ impl<'a> BlockIndex<'a> {
                 }
             }
         }
-        let k = self.large.partition_point(|&i| self.blocks[i as usize].start <= word);
-        let i = *self.large.get(k.checked_sub(1)?)? as usize;
-        contains(i).then_some(i)
+        let k = self.large.partition_point(|&(start, _, _)| start <= word);
+        let &(_, end, i) = self.large.get(k.checked_sub(1)?)?;
+        (word < end).then_some(i as usize)
     }
 }
 
 /// Reads the aligned words of `[start, start + len)`; returns false where the memory
 /// cannot be read (the range is then skipped).
 pub trait Memory {
-    fn words(&self, start: u64, len: u64, visit: &mut dyn FnMut(u64)) -> bool;
+    /// Generic, not `dyn`: the visitor runs once per word of the heap (tens of millions
+    /// in a large process) and must inline into the loop that reads the words.
+    fn words(&self, start: u64, len: u64, visit: &mut impl FnMut(u64)) -> bool;
 }
 
 /// Working memory for `classify_into`, allocated before other threads are stopped
@@ -154,7 +165,7 @@ pub struct Roots<'r> {
 }
 
 /// Classifies every block against `roots`, without allocating.
-pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &dyn Memory, s: &mut Scratch) {
+pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut Scratch) {
     let Scratch { index, verdicts, reached, indirect, work } = s;
     let index = &*index;
     let mark_from = |start: u64, len: u64, reached: &mut Vec<bool>, work: &mut Vec<usize>, keeps_cuda: bool| {
@@ -222,7 +233,7 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &dyn Memory, s: &mut 
 }
 
 /// Classifies every block given the program's and the CUDA libraries' root ranges.
-pub fn classify(blocks: &[Block], roots: &[(u64, u64)], runtime_roots: &[(u64, u64)], mem: &dyn Memory) -> Vec<Verdict> {
+pub fn classify(blocks: &[Block], roots: &[(u64, u64)], runtime_roots: &[(u64, u64)], mem: &impl Memory) -> Vec<Verdict> {
     let mut s = Scratch::new(blocks);
     classify_into(blocks, &Roots { program: roots, runtime: runtime_roots, inherited: &[], changed_since_fork: &[] }, mem, &mut s);
     s.verdicts
@@ -237,7 +248,7 @@ mod tests {
     struct Fake(BTreeMap<u64, u64>);
 
     impl Memory for Fake {
-        fn words(&self, start: u64, len: u64, visit: &mut dyn FnMut(u64)) -> bool {
+        fn words(&self, start: u64, len: u64, visit: &mut impl FnMut(u64)) -> bool {
             let first = (start + 7) & !7;
             for (_, w) in self.0.range(first..start + len) {
                 visit(*w);
