@@ -12,26 +12,34 @@
 //! - Linear probing with backward-shift deletion: no tombstones, so a long run of
 //!   allocations and frees never degrades the probe lengths.
 
-use crate::hotpath::mapping::prefetch_line;
+use crate::hotpath::mapping::{prefetch_line, ZeroedArray};
 
 /// Key of an empty slot. Address 0 is never a live block; it gets its own slot anyway
 /// so that the table is total.
 const EMPTY: u64 = 0;
 const MIN_CAPACITY: usize = 1024;
 
-#[derive(Clone, Debug)]
-pub struct AddressTable<V: Copy> {
-    keys: Vec<u64>,
-    values: Vec<Option<V>>,
+/// A value the table stores, as two words: the arrays then start as zero pages the
+/// kernel hands out as they are touched (`ZeroedArray`), where `Option<V>` slots had to
+/// be written one by one each time the table grew. An empty slot's value is never read.
+pub trait Packed: Copy {
+    fn pack(self) -> [u64; 2];
+    fn unpack(words: [u64; 2]) -> Self;
+}
+
+pub struct AddressTable<V: Packed> {
+    keys: ZeroedArray<u64>,
+    /// `values[i]` is meaningful where `keys[i]` is not `EMPTY`.
+    values: ZeroedArray<[u64; 2]>,
     /// The value stored under address 0.
     zero: Option<V>,
     len: usize,
     mask: usize,
 }
 
-impl<V: Copy> Default for AddressTable<V> {
+impl<V: Packed> Default for AddressTable<V> {
     fn default() -> Self {
-        AddressTable { keys: Vec::new(), values: Vec::new(), zero: None, len: 0, mask: 0 }
+        AddressTable { keys: ZeroedArray::default(), values: ZeroedArray::default(), zero: None, len: 0, mask: 0 }
     }
 }
 
@@ -45,7 +53,7 @@ fn home(addr: u64, mask: usize) -> usize {
     (((window << 6) | ((addr >> 4) & 63)) as usize) & mask
 }
 
-impl<V: Copy> AddressTable<V> {
+impl<V: Packed> AddressTable<V> {
     pub fn new() -> Self {
         Self::default()
     }
@@ -88,11 +96,11 @@ impl<V: Copy> AddressTable<V> {
         }
     }
 
-    pub fn get(&self, addr: u64) -> Option<&V> {
+    pub fn get(&self, addr: u64) -> Option<V> {
         if addr == EMPTY {
-            return self.zero.as_ref();
+            return self.zero;
         }
-        self.find(addr).and_then(|i| self.values[i].as_ref())
+        self.find(addr).map(|i| V::unpack(self.values[i]))
     }
 
     /// Stores `value` under `addr`; returns the value it replaces.
@@ -113,11 +121,11 @@ impl<V: Copy> AddressTable<V> {
         loop {
             let k = self.keys[i];
             if k == addr {
-                return self.values[i].replace(value);
+                return Some(V::unpack(std::mem::replace(&mut self.values[i], value.pack())));
             }
             if k == EMPTY {
                 self.keys[i] = addr;
-                self.values[i] = Some(value);
+                self.values[i] = value.pack();
                 self.len += 1;
                 return None;
             }
@@ -136,7 +144,7 @@ impl<V: Copy> AddressTable<V> {
             return old;
         }
         let mut hole = self.find(addr)?;
-        let value = self.values[hole].take();
+        let value = V::unpack(self.values[hole]);
         self.len -= 1;
         // Backward shift: pull later members of the probe run into the hole when their
         // home slot is not after the hole (cyclically), so every key stays reachable
@@ -152,21 +160,32 @@ impl<V: Copy> AddressTable<V> {
             let wraps_past_hole = if hole <= j { h <= hole || h > j } else { h <= hole && h > j };
             if wraps_past_hole {
                 self.keys[hole] = k;
-                self.values[hole] = self.values[j].take();
+                self.values[hole] = self.values[j];
                 hole = j;
             }
         }
         self.keys[hole] = EMPTY;
-        value
+        Some(value)
     }
 
     #[cold]
     fn grow(&mut self) {
         let capacity = (self.keys.len() * 2).max(MIN_CAPACITY);
-        let old_keys = std::mem::replace(&mut self.keys, vec![EMPTY; capacity]);
-        let old_values = std::mem::replace(&mut self.values, vec![None; capacity]);
+        let old_keys = std::mem::replace(&mut self.keys, ZeroedArray::new(capacity));
+        let old_values = std::mem::replace(&mut self.values, ZeroedArray::new(capacity));
         self.mask = capacity - 1;
-        for (k, v) in old_keys.into_iter().zip(old_values) {
+        // Each move is a miss in the new arrays: start loading the home slots of the
+        // keys a little ahead, so that the misses overlap (the collector stops taking
+        // events while it grows, and producers fill their rings meanwhile).
+        const AHEAD: usize = 16;
+        for (n, (&k, &v)) in old_keys.iter().zip(old_values.iter()).enumerate() {
+            if let Some(&ahead) = old_keys.get(n + AHEAD) {
+                if ahead != EMPTY {
+                    let h = home(ahead, self.mask);
+                    prefetch_line(&self.keys[h]);
+                    prefetch_line(&self.values[h]);
+                }
+            }
             if k == EMPTY {
                 continue;
             }
@@ -179,11 +198,9 @@ impl<V: Copy> AddressTable<V> {
         }
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (u64, &V)> {
-        let zero = self.zero.as_ref().map(|v| (EMPTY, v));
-        zero.into_iter().chain(
-            self.keys.iter().zip(&self.values).filter(|(k, _)| **k != EMPTY).filter_map(|(k, v)| Some((*k, v.as_ref()?))),
-        )
+    pub fn iter(&self) -> impl Iterator<Item = (u64, V)> + '_ {
+        let zero = self.zero.map(|v| (EMPTY, v));
+        zero.into_iter().chain(self.keys.iter().zip(self.values.iter()).filter(|(k, _)| **k != EMPTY).map(|(&k, &v)| (k, V::unpack(v))))
     }
 }
 
@@ -192,6 +209,27 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
+    impl Packed for u32 {
+        fn pack(self) -> [u64; 2] {
+            [self as u64, !(self as u64)]
+        }
+
+        fn unpack([v, check]: [u64; 2]) -> u32 {
+            assert_eq!(check, !v, "a value read from a slot never written");
+            v as u32
+        }
+    }
+
+    impl Packed for usize {
+        fn pack(self) -> [u64; 2] {
+            (self as u32).pack()
+        }
+
+        fn unpack(words: [u64; 2]) -> usize {
+            u32::unpack(words) as usize
+        }
+    }
+
     #[test]
     fn insert_get_remove_and_zero_address() {
         let mut t = AddressTable::new();
@@ -199,8 +237,8 @@ mod tests {
         assert_eq!(t.insert(0x1000, 2), Some(1));
         assert_eq!(t.insert(0, 7), None);
         assert_eq!(t.len(), 2);
-        assert_eq!(t.get(0x1000), Some(&2));
-        assert_eq!(t.get(0), Some(&7));
+        assert_eq!(t.get(0x1000), Some(2));
+        assert_eq!(t.get(0), Some(7));
         assert_eq!(t.remove(0x1000), Some(2));
         assert_eq!(t.remove(0x1000), None);
         assert_eq!(t.remove(0), Some(7));
@@ -220,7 +258,7 @@ mod tests {
             assert_eq!(t.remove(a), Some(i));
         }
         for (i, &a) in addrs.iter().enumerate() {
-            let expect = if i % 3 == 0 { None } else { Some(&i) };
+            let expect = if i % 3 == 0 { None } else { Some(i) };
             assert_eq!(t.get(a), expect, "address {a:#x}");
         }
     }
@@ -248,9 +286,9 @@ mod tests {
             assert_eq!(t.len(), m.len());
         }
         for (k, v) in &m {
-            assert_eq!(t.get(*k), Some(v));
+            assert_eq!(t.get(*k), Some(*v));
         }
-        let mut seen: Vec<(u64, u32)> = t.iter().map(|(k, v)| (k, *v)).collect();
+        let mut seen: Vec<(u64, u32)> = t.iter().collect();
         seen.sort_unstable();
         let mut want: Vec<(u64, u32)> = m.into_iter().collect();
         want.sort_unstable();
