@@ -16,6 +16,8 @@ pub mod hotpath;
 pub mod interpose;
 pub mod report;
 pub mod scan;
+#[cfg(test)]
+mod test_rng;
 
 #[cfg(not(test))]
 #[global_allocator]

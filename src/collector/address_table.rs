@@ -270,11 +270,9 @@ mod tests {
     fn agrees_with_a_hash_map() {
         let mut t = AddressTable::new();
         let mut m = HashMap::new();
-        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut rng = crate::test_rng::TestRng::new(0x2545_f491_4f6c_dd1d);
         for step in 0..200_000u32 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.next_u64();
             let window = (x >> 8) % 6;
             let granule = (x >> 16) % 256;
             let addr = (window << 24) | (granule << 4) | if step > 150_000 { 0 } else { ((x >> 32) % 64) << 12 };

@@ -512,13 +512,8 @@ mod tests {
     fn every_key_keeps_one_group_while_stacks_change_hands() {
         let mut c = Collector::new();
         let mut reference: HashMap<GroupKey, u32> = HashMap::new();
-        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
-        let mut next = |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut rng = crate::test_rng::TestRng::new(0x2545_f491_4f6c_dd1d);
+        let mut next = |n: u64| rng.below(n);
         let apis = [Api::Malloc, Api::Calloc, Api::Realloc, Api::CudaMalloc];
         for _ in 0..50_000 {
             let stack = if next(50) == 0 { (1 << 24) + next(4) as u32 } else { next(300) as u32 };

@@ -425,13 +425,8 @@ mod tests {
 
     #[test]
     fn probe_buckets_count_what_a_binary_search_counts() {
-        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-        let mut next = |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut rng = crate::test_rng::TestRng::new(0x9e37_79b9_7f4a_7c15);
+        let mut next = |n: u64| rng.below(n);
         for round in 0..300 {
             // Spans from a few bytes to most of the address space, with repeats and clusters.
             let span = 1u64 << next(48);
@@ -472,13 +467,8 @@ mod tests {
 
     #[test]
     fn one_pass_agrees_with_a_sorted_index() {
-        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
-        let mut next = |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut rng = crate::test_rng::TestRng::new(0x2545_f491_4f6c_dd1d);
+        let mut next = |n: u64| rng.below(n);
         for _ in 0..200 {
             let symbols: Vec<SymbolEntry> =
                 (0..next(60)).map(|i| sym(next(4000), if next(3) == 0 { 0 } else { next(300) }, i as u32, next(2) == 0)).collect();

@@ -329,13 +329,8 @@ mod tests {
     fn the_page_directory_finds_what_a_search_of_every_block_finds() {
         // Small, page-straddling, zero-sized and large blocks, with gaps, from a fixed
         // pseudo-random sequence.
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rng = crate::test_rng::TestRng::new(0x2545_f491_4f6c_dd1d);
+        let mut next = move || rng.next_u64();
         let mut blocks = Vec::new();
         let mut at = 0x5555_0000_0000u64;
         for _ in 0..5000 {

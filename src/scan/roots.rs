@@ -613,11 +613,9 @@ mod tests {
         let pieces = [(2u64, 40u64), (40, 64), (100, 101), (130, 300), (301, 302), (400, 512)];
         let readable: Vec<(u64, u64)> = pieces.iter().map(|&(a, b)| (at(a), at(b))).collect();
         let mem = ProcessMemory { readable: &readable };
-        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rng = crate::test_rng::TestRng::new(0x9e37_79b9_7f4a_7c15);
         for _ in 0..2000 {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
+            let rng = rng.next_u64();
             // Byte ranges that may start or end mid-word, or outside the buffer.
             let start = base - 64 + rng % (520 * 8);
             let len = (rng >> 20) % (300 * 8);
