@@ -226,14 +226,12 @@ impl Collector {
     }
 
     fn group_of_hashed(&mut self, key: GroupKey) -> u32 {
-        match self.group_index.get(&key) {
-            Some(&idx) => idx,
-            None => {
-                let idx = self.new_group(key);
-                self.group_index.insert(key, idx);
-                idx
-            }
+        let next = self.groups.len() as u32;
+        let idx = *self.group_index.entry(key).or_insert(next);
+        if idx == next {
+            self.new_group(key);
         }
+        idx
     }
 
     fn new_group(&mut self, key: GroupKey) -> u32 {

@@ -54,12 +54,18 @@ pub fn promote_to_huge_pages(p: *mut u8, bytes: usize) -> bool {
     if huge_pages_disabled(std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok().as_deref()) {
         return true;
     }
-    // SAFETY: madvise only gives the kernel hints about [p, p + bytes), a live
-    // anonymous mapping of ours; neither advice changes its contents.
-    unsafe {
-        libc::madvise(p as *mut libc::c_void, bytes, libc::MADV_HUGEPAGE);
-        libc::madvise(p as *mut libc::c_void, bytes, MADV_COLLAPSE) == 0
-    }
+    advise_huge_pages(p, bytes);
+    // SAFETY: as in `advise_huge_pages`; the collapse copies the touched pages into huge
+    // ones without changing their contents.
+    unsafe { libc::madvise(p as *mut libc::c_void, bytes, MADV_COLLAPSE) == 0 }
+}
+
+/// Asks for 2 MiB pages at the next faults in `[p, p + bytes)`, a mapping of ours.
+/// Refused (no transparent huge pages, or the administrator's `never`): small pages.
+fn advise_huge_pages(p: *mut u8, bytes: usize) {
+    // SAFETY: madvise only gives the kernel a hint about a live anonymous mapping of
+    // ours; it changes no contents.
+    unsafe { libc::madvise(p as *mut libc::c_void, bytes, libc::MADV_HUGEPAGE) };
 }
 
 /// Whether the kernel's transparent-huge-page setting (the text of
@@ -145,9 +151,7 @@ impl<T: Zeroable> ZeroedArray<T> {
         } else if size >= HUGE_PAGE {
             let bytes = size.next_multiple_of(HUGE_PAGE);
             map_zeroed_aligned(bytes).map(|p| {
-                // SAFETY: advice about a fresh anonymous mapping of ours; it changes no
-                // contents. Refused (no transparent huge pages, or `never`): small pages.
-                unsafe { libc::madvise(p as *mut libc::c_void, bytes, libc::MADV_HUGEPAGE) };
+                advise_huge_pages(p, bytes);
                 (p, bytes)
             })
         } else {

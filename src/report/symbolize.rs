@@ -355,9 +355,10 @@ impl Symbolizer {
             let resolved: Vec<Vec<SymFrame>> = match self.file(module) {
                 Some(file) => {
                     // A return address points after the call; look up the call instruction.
-                    let mut frames: Vec<Vec<SymFrame>> = offsets.iter().map(|o| file.frames(o.saturating_sub(1))).collect();
+                    let calls: Vec<u64> = offsets.iter().map(|o| o.saturating_sub(1)).collect();
+                    let mut frames: Vec<Vec<SymFrame>> = calls.iter().map(|&c| file.frames(c)).collect();
                     let unnamed: Vec<usize> = (0..frames.len()).filter(|&i| frames[i].iter().all(|f| f.function.is_none())).collect();
-                    let probes: Vec<u64> = unnamed.iter().map(|&i| offsets[i].saturating_sub(1)).collect();
+                    let probes: Vec<u64> = unnamed.iter().map(|&i| calls[i]).collect();
                     for (i, name) in unnamed.into_iter().zip(file.symbol_names(&probes)) {
                         let Some(name) = name else { continue };
                         match frames[i].last_mut() {
