@@ -12,11 +12,28 @@
 //! earlier stack's frames it shares. Chains are at most `MAX_CHAIN` records long, so
 //! reading a stack back stays cheap; identity is still the whole frame list (hash, then
 //! frame by frame).
+//!
+//! **Two indexes, one probe sequence.** A stack's probes go first to a window of
+//! `FIRST_PROBES` slots in a small index (256 KiB), then to the large one (32 MiB). A
+//! program with a few thousand stacks (a Python interpreter starting up: 14k) never
+//! touches the large index: spread over 32 MiB, its stacks had faulted in 3,300 pages of
+//! it, two page faults each. Both indexes together are one linear-probing sequence whose
+//! slots only ever go from empty to filled, so concurrent interning still agrees on ids.
+//!
+//! **Tagged slots.** A slot holds a stack id in its low `ID_BITS` and ten bits of the
+//! stack's hash above them: a probe that meets another stack's slot tells it apart
+//! without reading that stack's record (a cache miss in the record array).
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
-const MAX_STACKS: usize = 1 << 22;
+const ID_BITS: u32 = 22;
+const ID_MASK: u32 = (1 << ID_BITS) - 1;
+const MAX_STACKS: usize = 1 << ID_BITS;
+const FIRST_INDEX_SLOTS: usize = 1 << 16;
+/// Probes in the small index before the large one: one or two cache lines.
+const FIRST_PROBES: usize = 16;
 const INDEX_SLOTS: usize = 1 << 23;
 const FRAME_CAPACITY: usize = 1 << 27;
+/// Probes in the large index.
 const MAX_PROBES: usize = 64;
 /// Longest run of records that refer to one another for their outer frames.
 const MAX_CHAIN: u64 = 8;
@@ -66,11 +83,14 @@ pub struct SharedTail {
 
 struct Tables {
     records: *const Record,
+    first_index: *const AtomicU32,
     index: *const AtomicU32,
     frames: *mut u64,
     next_id: AtomicU32,
     next_frame: AtomicU64,
     overflows: AtomicU64,
+    /// Stacks whose slot is in the large index.
+    in_large_index: AtomicU32,
 }
 
 // SAFETY: every shared field is atomic or points into mappings that live forever and
@@ -96,6 +116,7 @@ fn published_tables() -> Option<&'static Tables> {
 #[cold]
 fn init_tables() -> Option<&'static Tables> {
     let records = map_anonymous(MAX_STACKS * std::mem::size_of::<Record>())?;
+    let first_index = map_anonymous(FIRST_INDEX_SLOTS * 4)?;
     let index = super::mapping::map_zeroed_aligned(INDEX_SLOTS * 4)?;
     let frames = map_anonymous(FRAME_CAPACITY * 8)?;
     let header = map_anonymous(std::mem::size_of::<Tables>())? as *mut Tables;
@@ -103,12 +124,14 @@ fn init_tables() -> Option<&'static Tables> {
     unsafe {
         header.write(Tables {
             records: records as *const Record,
+            first_index: first_index as *const AtomicU32,
             index: index as *const AtomicU32,
             frames: frames as *mut u64,
             // id 0 is reserved for "no stack".
             next_id: AtomicU32::new(1),
             next_frame: AtomicU64::new(0),
             overflows: AtomicU64::new(0),
+            in_large_index: AtomicU32::new(0),
         });
     }
     match TABLES.compare_exchange(std::ptr::null_mut(), header, Ordering::AcqRel, Ordering::Acquire) {
@@ -121,10 +144,9 @@ fn init_tables() -> Option<&'static Tables> {
     }
 }
 
-/// Interned stacks past which the index moves to huge pages. By then a third of its
+/// Stacks in the large index past which it moves to huge pages. By then a third of its
 /// 4 KiB pages are touched and its probes start to miss the cache (`import torch`
-/// interns 880k stacks); a small program keeps the few pages it touched instead of
-/// 32 MB.
+/// interns 880k stacks); a program that fits the small index never touches it.
 const HUGE_INDEX_AT: u32 = 4096;
 /// Collapses tried so far; the kernel may refuse a region that a thread is writing at
 /// that moment, so a few later calls try again.
@@ -141,7 +163,7 @@ pub fn promote_index_if_large() {
         return;
     }
     let Some(t) = published_tables() else { return };
-    if t.next_id.load(Ordering::Relaxed) < HUGE_INDEX_AT {
+    if t.in_large_index.load(Ordering::Relaxed) < HUGE_INDEX_AT {
         return;
     }
     let tries = INDEX_PROMOTIONS.fetch_add(1, Ordering::Relaxed) + 1;
@@ -181,9 +203,18 @@ impl Tables {
         unsafe { &*self.records.add(id as usize) }
     }
 
-    fn slot(&self, i: usize) -> &AtomicU32 {
-        // SAFETY: i is masked to INDEX_SLOTS by callers.
-        unsafe { &*self.index.add(i) }
+    /// Probe `k` of the sequence of hash `h`: the small index's window, then the large
+    /// index.
+    fn probe(&self, h: u64, k: usize) -> &AtomicU32 {
+        if k < FIRST_PROBES {
+            let i = (h as usize).wrapping_add(k) & (FIRST_INDEX_SLOTS - 1);
+            // SAFETY: i < FIRST_INDEX_SLOTS, the small index's length.
+            unsafe { &*self.first_index.add(i) }
+        } else {
+            let i = (h as usize).wrapping_add(k - FIRST_PROBES) & (INDEX_SLOTS - 1);
+            // SAFETY: i < INDEX_SLOTS, the large index's length.
+            unsafe { &*self.index.add(i) }
+        }
     }
 
     fn frames_of(&self, location: u64) -> &'static [u64] {
@@ -259,8 +290,17 @@ impl Tables {
 #[inline]
 pub fn prefetch_index(h: u64) {
     if let Some(t) = tables() {
-        super::mapping::prefetch_line(t.slot((h as usize) & (INDEX_SLOTS - 1)));
+        super::mapping::prefetch_line(t.probe(h, 0));
+        if t.in_large_index.load(Ordering::Relaxed) != 0 {
+            super::mapping::prefetch_line(t.probe(h, FIRST_PROBES));
+        }
     }
+}
+
+/// The tag bits a slot of a stack with hash `h` carries above its id.
+#[inline(always)]
+fn tag_of(h: u64) -> u32 {
+    ((h >> 54) as u32) << ID_BITS
 }
 
 /// Tests: the id of `frames` (captured in dlclose `epoch`), inserting it if new.
@@ -275,32 +315,38 @@ pub fn intern(epoch: u32, frames: &[u64]) -> u32 {
 #[inline]
 pub fn intern_hashed(epoch: u32, frames: &[u64], tail: Option<SharedTail>, h: u64) -> u32 {
     let Some(t) = tables() else { return 0 };
-    let mut i = (h as usize) & (INDEX_SLOTS - 1);
+    let tag = tag_of(h);
     let mut new_id = 0u32;
-    for _ in 0..MAX_PROBES {
-        let slot = t.slot(i);
-        let cur = slot.load(Ordering::Acquire);
-        if cur != 0 {
-            let rec = t.record(cur - 1);
-            if rec.hash.load(Ordering::Relaxed) == h && rec.epoch.load(Ordering::Relaxed) == epoch && t.equals(cur - 1, frames) {
-                return cur - 1;
+    for k in 0..FIRST_PROBES + MAX_PROBES {
+        let slot = t.probe(h, k);
+        // A slot goes from empty to filled once: a failed claim reads it again.
+        loop {
+            let cur = slot.load(Ordering::Acquire);
+            if cur != 0 {
+                let id = cur & ID_MASK;
+                if cur & !ID_MASK == tag {
+                    let rec = t.record(id);
+                    if rec.hash.load(Ordering::Relaxed) == h && rec.epoch.load(Ordering::Relaxed) == epoch && t.equals(id, frames) {
+                        return id;
+                    }
+                }
+                break;
             }
-            i = (i + 1) & (INDEX_SLOTS - 1);
-            continue;
-        }
-        if new_id == 0 {
-            match make_record(t, h, epoch, frames, tail) {
-                Some(id) => new_id = id,
-                None => {
-                    t.overflows.fetch_add(1, Ordering::Relaxed);
-                    return 0;
+            if new_id == 0 {
+                match make_record(t, h, epoch, frames, tail) {
+                    Some(id) => new_id = id,
+                    None => {
+                        t.overflows.fetch_add(1, Ordering::Relaxed);
+                        return 0;
+                    }
                 }
             }
-        }
-        match slot.compare_exchange(0, new_id + 1, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return new_id,
-            // Someone else filled this slot; look at it on the next iteration.
-            Err(_) => continue,
+            if slot.compare_exchange(0, new_id | tag, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                if k >= FIRST_PROBES {
+                    t.in_large_index.fetch_add(1, Ordering::Relaxed);
+                }
+                return new_id;
+            }
         }
     }
     t.overflows.fetch_add(1, Ordering::Relaxed);
@@ -406,8 +452,11 @@ mod tests {
     fn the_index_moves_to_huge_pages_once_large_and_keeps_every_id() {
         // Enough stacks of our own to pass the threshold whatever the other tests
         // interned; another thread keeps interning while the kernel collapses the index.
+        // The small index holds at most FIRST_INDEX_SLOTS of them.
         let stack = |i: u64| [0x7000_0000 + i, 0x7100_0000 + i * 3, 0xfeed_0000];
-        let ids: Vec<u32> = (0..HUGE_INDEX_AT as u64 + 100).map(|i| intern(7, &stack(i))).collect();
+        let n = (FIRST_INDEX_SLOTS + HUGE_INDEX_AT as usize + 100) as u64;
+        let ids: Vec<u32> = (0..n).map(|i| intern(7, &stack(i))).collect();
+        assert!(tables().unwrap().in_large_index.load(Ordering::Relaxed) >= HUGE_INDEX_AT);
         assert!(ids.iter().all(|&id| id != 0));
         std::thread::scope(|s| {
             s.spawn(|| {
@@ -422,6 +471,24 @@ mod tests {
         assert!(INDEX_PROMOTED.load(Ordering::Relaxed), "a collapse succeeded or the tries ran out");
         for (i, &id) in ids.iter().enumerate() {
             assert_eq!(intern(7, &stack(i as u64)), id, "stack {i} after the move");
+        }
+    }
+
+    #[test]
+    fn stacks_that_share_a_tag_and_a_window_are_told_apart_by_their_frames() {
+        // Hashes equal in the bits that pick the slot and the tag: only the record's
+        // full hash and frames tell these stacks apart, in the small index and past it.
+        let h = hash_frames(9, &[0xabc]) & !(((1u64 << 54) - 1) ^ ((1 << 23) - 1));
+        let stacks: Vec<[u64; 2]> = (0..FIRST_PROBES as u64 + 8).map(|i| [0x4242_0000, i]).collect();
+        let ids: Vec<u32> = stacks.iter().enumerate().map(|(i, f)| intern_hashed(9, f, None, h | (i as u64) << 23)).collect();
+        let mut distinct = ids.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), ids.len());
+        for (i, (f, &id)) in stacks.iter().zip(&ids).enumerate() {
+            assert_ne!(id, 0);
+            assert_eq!(intern_hashed(9, f, None, h | (i as u64) << 23), id, "stack {i} found again");
+            assert_eq!(frames(id).unwrap(), f);
         }
     }
 

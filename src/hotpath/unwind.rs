@@ -452,8 +452,16 @@ pub fn walk_own_stack(stack_end: u64, callee_saved: &mut [u64; 6], mut f: impl F
 
 // ---- rule cache ----------------------------------------------------------------------
 
+// Two tables, like the stack index (`hotpath::stacks`): a lookup probes a window of
+// the small table, then the large one. A program with a few thousand return addresses
+// (Python starting up: ~1,000) stays in the small one; spread over the large table
+// they had faulted in nearly all of its 1,024 pages.
+const FIRST_RULE_SLOTS: usize = 1 << 14;
+const FIRST_RULE_PROBES: usize = 8;
 const RULE_SLOTS: usize = 1 << 18;
 const RULE_PROBES: usize = 16;
+/// Both tables, in one mapping: the small one first.
+const RULE_TABLE_ENTRIES: usize = FIRST_RULE_SLOTS + RULE_SLOTS;
 
 struct RuleEntry {
     key: AtomicU64,
@@ -461,22 +469,27 @@ struct RuleEntry {
 }
 
 static RULES: AtomicPtr<RuleEntry> = AtomicPtr::new(std::ptr::null_mut());
+/// Entries filled in the large table.
 static RULES_USED: AtomicUsize = AtomicUsize::new(0);
 
-fn rule_table() -> Option<&'static [RuleEntry]> {
+/// The small table and the large one.
+fn rule_tables() -> Option<(&'static [RuleEntry], &'static [RuleEntry])> {
     let mut p = RULES.load(Ordering::Acquire);
     if p.is_null() {
-        let m = super::mapping::map_zeroed(RULE_SLOTS * std::mem::size_of::<RuleEntry>())?;
+        let bytes = RULE_TABLE_ENTRIES * std::mem::size_of::<RuleEntry>();
+        let m = super::mapping::map_zeroed(bytes)?;
         match RULES.compare_exchange(std::ptr::null_mut(), m as *mut RuleEntry, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => p = m as *mut RuleEntry,
             Err(winner) => {
-                super::mapping::unmap(m, RULE_SLOTS * std::mem::size_of::<RuleEntry>());
+                super::mapping::unmap(m, bytes);
                 p = winner;
             }
         }
     }
-    // SAFETY: the mapping holds RULE_SLOTS zero-initialised entries and lives forever.
-    Some(unsafe { std::slice::from_raw_parts(p, RULE_SLOTS) })
+    // SAFETY: the mapping holds RULE_TABLE_ENTRIES zero-initialised entries and lives
+    // forever.
+    let all = unsafe { std::slice::from_raw_parts(p, RULE_TABLE_ENTRIES) };
+    Some(all.split_at(FIRST_RULE_SLOTS))
 }
 
 #[inline]
@@ -490,7 +503,8 @@ fn l1_slot(key: u64) -> usize {
     (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 54) as usize & (L1_RULES - 1)
 }
 
-/// Where a probe for `key` starts in the shared rule cache.
+/// Where a probe for `key` starts in the shared rule cache (both tables: the small one
+/// takes the low bits).
 #[inline(always)]
 fn shared_slot(key: u64) -> usize {
     (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 46) as usize & (RULE_SLOTS - 1)
@@ -518,37 +532,45 @@ fn prefetch_rule(lookup_ip: u64, epoch: u32, l1: Option<&[(u64, u64); L1_RULES]>
     if l1.is_some_and(|l1| l1[l1_slot(key)].0 == key) {
         return;
     }
-    if let Some(table) = rule_table() {
-        super::mapping::prefetch_line(&table[shared_slot(key)]);
+    if let Some((first, large)) = rule_tables() {
+        let i = shared_slot(key);
+        super::mapping::prefetch_line(&first[i & (FIRST_RULE_SLOTS - 1)]);
+        if RULES_USED.load(Ordering::Relaxed) != 0 {
+            super::mapping::prefetch_line(&large[i]);
+        }
     }
 }
 
 #[inline]
 fn rule_for(lookup_ip: u64, epoch: u32) -> u64 {
     let key = rule_key(lookup_ip, epoch);
-    let Some(table) = rule_table() else { return compute_rule(lookup_ip) };
-    let mut i = shared_slot(key);
-    for _ in 0..RULE_PROBES {
-        let e = &table[i];
-        let k = e.key.load(Ordering::Acquire);
-        if k == key {
+    let Some((first, large)) = rule_tables() else { return compute_rule(lookup_ip) };
+    let start = shared_slot(key);
+    let probes = (0..FIRST_RULE_PROBES)
+        .map(|k| &first[(start + k) & (FIRST_RULE_SLOTS - 1)])
+        .chain((0..RULE_PROBES).map(|k| &large[(start + k) & (RULE_SLOTS - 1)]));
+    for (k, e) in probes.enumerate() {
+        let found = e.key.load(Ordering::Acquire);
+        if found == key {
             let r = e.rule.load(Ordering::Acquire);
             if r != 0 {
                 return r;
             }
             return compute_rule(lookup_ip);
         }
-        if k == 0 {
+        if found == 0 {
             let r = compute_rule(lookup_ip);
-            if RULES_USED.load(Ordering::Relaxed) < RULE_SLOTS * 3 / 4
+            let in_large = k >= FIRST_RULE_PROBES;
+            if (!in_large || RULES_USED.load(Ordering::Relaxed) < RULE_SLOTS * 3 / 4)
                 && e.key.compare_exchange(0, key, Ordering::AcqRel, Ordering::Relaxed).is_ok()
             {
-                RULES_USED.fetch_add(1, Ordering::Relaxed);
+                if in_large {
+                    RULES_USED.fetch_add(1, Ordering::Relaxed);
+                }
                 e.rule.store(r, Ordering::Release);
             }
             return r;
         }
-        i = (i + 1) & (RULE_SLOTS - 1);
     }
     compute_rule(lookup_ip)
 }

@@ -236,6 +236,25 @@ unsafe impl GlobalAlloc for RealAllocator {
         }
     }
 
+    /// Through calloc: a large zeroed buffer (the scan's block directory) then comes as
+    /// fresh pages the kernel zeroes when first touched, instead of being written whole.
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if layout.align() <= MIN_ALIGN {
+            if let Some(f) = real::calloc() {
+                // SAFETY: plain zeroed allocation of layout.size() bytes.
+                return unsafe { f(1, layout.size()) as *mut u8 };
+            }
+        }
+        // SAFETY: the default strategy: allocate, then zero the layout's bytes.
+        unsafe {
+            let p = self.alloc(layout);
+            if !p.is_null() {
+                std::ptr::write_bytes(p, 0, layout.size());
+            }
+            p
+        }
+    }
+
     unsafe fn dealloc(&self, p: *mut u8, _layout: Layout) {
         if real::arena_owns(p as *mut c_void) {
             return;
