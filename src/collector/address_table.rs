@@ -18,6 +18,9 @@ use crate::hotpath::mapping::{prefetch_line, ZeroedArray};
 /// so that the table is total.
 const EMPTY: u64 = 0;
 const MIN_CAPACITY: usize = 1024;
+/// Growing to this many slots (6 MiB of new arrays) takes longer than a producer's
+/// large ring lasts at full speed.
+const STALLING_CAPACITY: usize = 1 << 18;
 
 /// A value the table stores, as two words: the arrays then start as zero pages the
 /// kernel hands out as they are touched (`ZeroedArray`), where `Option<V>` slots had to
@@ -171,6 +174,8 @@ impl<V: Packed> AddressTable<V> {
     #[cold]
     fn grow(&mut self) {
         let capacity = (self.keys.len() * 2).max(MIN_CAPACITY);
+        // Producers whose rings fill meanwhile move to larger ones instead of waiting.
+        let _stall = (capacity >= STALLING_CAPACITY).then(crate::hotpath::channel::ConsumerStall::begin);
         let old_keys = std::mem::replace(&mut self.keys, ZeroedArray::new(capacity));
         let old_values = std::mem::replace(&mut self.values, ZeroedArray::new(capacity));
         self.mask = capacity - 1;
@@ -286,6 +291,8 @@ mod tests {
         for (k, v) in &m {
             assert_eq!(t.get(*k), Some(*v));
         }
+        // It never stalled the consumer: the channel's tests count on their rings filling.
+        assert!(t.keys.len() < STALLING_CAPACITY);
         let mut seen: Vec<(u64, u32)> = t.iter().collect();
         seen.sort_unstable();
         let mut want: Vec<(u64, u32)> = m.into_iter().collect();

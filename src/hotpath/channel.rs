@@ -25,6 +25,13 @@
 //! release and outcome may straddle the move). Only the consumer lets go of a
 //! predecessor, once it is empty and after unlinking it, so a ring is never reused while
 //! a successor still waits on it.
+//!
+//! **A stalled consumer does not stall the program.** Growing the collector's live-block
+//! table takes tens of milliseconds at a few million blocks (the kernel zeroes the new
+//! arrays), longer than a large ring lasts at full speed. While the consumer says it is
+//! stalled (`ConsumerStall`), a thread that fills its large ring moves on once more, to
+//! a huge one, instead of waiting. Only then: a program that allocates faster than the
+//! consumer keeps up waits on its large ring, which stays in the consumer's cache.
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use super::event::{Api, Event, EventKind};
@@ -39,6 +46,8 @@ const SMALL_SLOTS: u64 = 8192;
 /// that allocates faster than the consumer can follow 5–10% (its rings fall out of the
 /// consumer's cache).
 const LARGE_SLOTS: u64 = 32768;
+/// The ring of a thread that filled its large one while the consumer was stalled (8 MiB).
+const HUGE_SLOTS: u64 = 1 << 18;
 /// A producer that finds its ring this full wakes a sleeping consumer: at 10+ M events
 /// a second a small ring fills in under a millisecond, about the consumer's idle sleep.
 /// The same for both sizes: a large ring is there to absorb the consumer's wake-up.
@@ -55,6 +64,8 @@ static TICKETS: [Padded<AtomicU64>; BUCKETS] = [ZERO_TICKETS; BUCKETS];
 static FULL_WAITS: AtomicU64 = AtomicU64::new(0);
 static RINGS_GROWN: AtomicU64 = AtomicU64::new(0);
 static CLOSED: AtomicBool = AtomicBool::new(false);
+/// How many long steps that take no events the consumer is in (see `ConsumerStall`).
+static CONSUMER_STALLS: AtomicU32 = AtomicU32::new(0);
 /// 1 while the consumer sleeps in `park_consumer` (a futex word).
 static CONSUMER_PARKED: AtomicU32 = AtomicU32::new(0);
 static RINGS: AtomicPtr<ThreadRing> = AtomicPtr::new(std::ptr::null_mut());
@@ -199,11 +210,39 @@ fn adopt(state: &ThreadState, ring: &'static ThreadRing) {
     }
 }
 
-/// Moves the calling thread from its full small ring `old` to a large one. Returns
-/// `None` (the caller waits instead) when no memory can be had.
+/// Marks the consumer as stalled while it lives: held around a long step (growing a
+/// table) during which the consumer takes no events.
+pub struct ConsumerStall(());
+
+impl ConsumerStall {
+    pub fn begin() -> ConsumerStall {
+        CONSUMER_STALLS.fetch_add(1, Ordering::Relaxed);
+        ConsumerStall(())
+    }
+}
+
+impl Drop for ConsumerStall {
+    fn drop(&mut self) {
+        CONSUMER_STALLS.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The ring size a thread whose full ring holds `capacity` slots moves to, if any.
+fn next_capacity(capacity: u64) -> Option<u64> {
+    if capacity < LARGE_SLOTS {
+        Some(LARGE_SLOTS)
+    } else if capacity < HUGE_SLOTS && CONSUMER_STALLS.load(Ordering::Relaxed) != 0 {
+        Some(HUGE_SLOTS)
+    } else {
+        None
+    }
+}
+
+/// Moves the calling thread from its full ring `old` to one of `capacity` slots.
+/// Returns `None` (the caller waits instead) when no memory can be had.
 #[cold]
-fn grow(state: &ThreadState, old: &'static ThreadRing) -> Option<&'static ThreadRing> {
-    let ring = take_ring(LARGE_SLOTS)?;
+fn grow(state: &ThreadState, old: &'static ThreadRing, capacity: u64) -> Option<&'static ThreadRing> {
+    let ring = take_ring(capacity)?;
     old.superseded.store(true, Ordering::Release);
     // Release: the consumer that sees the link sees every event published into `old`.
     ring.predecessor.store(old as *const ThreadRing as *mut ThreadRing, Ordering::Release);
@@ -270,8 +309,8 @@ enum Room {
 fn make_room(state: &ThreadState, ring: &'static ThreadRing, t: u64, mut help: impl FnMut()) -> Room {
     let mut h = ring.head.0.load(Ordering::Acquire);
     if t.wrapping_sub(h) >= ring.capacity {
-        if ring.capacity < LARGE_SLOTS {
-            if let Some(larger) = grow(state, ring) {
+        if let Some(capacity) = next_capacity(ring.capacity) {
+            if let Some(larger) = grow(state, ring, capacity) {
                 wake_consumer();
                 return match make_room(state, larger, larger.producer.0.tail.load(Ordering::Relaxed), help) {
                     Room::Ready => Room::Moved(larger),
@@ -348,7 +387,8 @@ pub fn full_waits() -> u64 {
     FULL_WAITS.load(Ordering::Relaxed)
 }
 
-/// How many threads moved to a large ring (each does so at most once per ring it owns).
+/// How many times a thread moved to a larger ring (at most twice per thread: to a
+/// large ring, then, while the consumer was stalled, to a huge one).
 pub fn rings_grown() -> u64 {
     RINGS_GROWN.load(Ordering::Relaxed)
 }
@@ -669,6 +709,49 @@ mod tests {
         assert!(large.predecessor.load(Ordering::Acquire).is_null());
         assert_eq!(small.owner.load(Ordering::Acquire), 0);
         assert!(!small.superseded.load(Ordering::Acquire));
+        assert!(!drained.pending());
+    }
+
+    #[test]
+    fn while_the_consumer_is_stalled_a_thread_moves_on_to_a_huge_ring_and_keeps_its_order() {
+        let (_turn, mut state) = turn_with_rings_drained();
+        let drained = state.as_mut().unwrap();
+        // More than a small and a large ring hold, published while nothing drains: the
+        // thread moves twice instead of waiting.
+        const N: u64 = SMALL_SLOTS + LARGE_SLOTS + 1000;
+        let grown_before = rings_grown();
+        let (rings, tid) = {
+            let _stall = ConsumerStall::begin();
+            std::thread::spawn(move || {
+                let mut rings = vec![thread::with(|s| {
+                    publish(s, EventKind::Alloc, Api::Malloc, 1, 0x6000_0000 << 4, 8, || panic!("waited"));
+                    s.ring.get()
+                })];
+                for i in 1..N {
+                    publish_here(EventKind::Alloc, Api::Malloc, 1, (0x6000_0000 + i) << 4, 8, || panic!("waited at event {i}"));
+                    let now = thread::with(|s| s.ring.get());
+                    if rings.last() != Some(&now) {
+                        rings.push(now);
+                    }
+                }
+                (rings, thread::tid())
+            })
+            .join()
+            .unwrap()
+        };
+        // SAFETY: rings are never freed.
+        let capacities: Vec<u64> = rings.iter().map(|&r| unsafe { &*(r as *const ThreadRing) }.capacity).collect();
+        assert_eq!(capacities, [SMALL_SLOTS, LARGE_SLOTS, HUGE_SLOTS]);
+        assert_eq!(rings_grown(), grown_before + 2);
+        let mut addrs = Vec::new();
+        while drained.drain(4096, false, |e: Event| {
+            if e.tid == tid {
+                addrs.push(e.addr)
+            }
+        }) > 0
+        {}
+        let want: Vec<u64> = (0..N).map(|i| (0x6000_0000 + i) << 4).collect();
+        assert!(addrs == want, "every event once, in publish order");
         assert!(!drained.pending());
     }
 
