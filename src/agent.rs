@@ -4,6 +4,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::collector::lock::SpinLock;
@@ -420,10 +421,15 @@ fn write_report(reason: Reason) {
     let snapshot = c.model.snapshot();
     // The scan runs for the final report and for snapshots asked with the signal.
     let scan_now = (final_report || reason == Reason::Signal) && SCAN_AT_EXIT.load(Ordering::Relaxed);
+    // The final report's names are found on another core while this one gathers the
+    // blocks and scans: the largest groups are the ones reported, unless the scan finds
+    // smaller ones leaked (named afterwards).
+    let presymbolizer = (final_report && scan_now).then(|| Presymbolizer::start(&snapshot)).flatten();
     let live = scan_now.then(|| c.model.live_blocks());
     drop(state);
     // The scan stops the other threads: it runs holding none of our locks.
-    let scan = live.map(|live| reachability_scan(&live));
+    let scan = live.map(|live| reachability_scan(&live, presymbolizer.as_ref().map_or(0, Presymbolizer::tid)));
+    drop(presymbolizer);
     let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(30)) else {
         stderr_line("leaktrace: report writer busy for 30 s; report skipped");
         return;
@@ -500,6 +506,59 @@ fn write_report(reason: Reason) {
     }
 }
 
+/// A thread that names the frames of the largest groups into the report's symbolizer
+/// while the final report gathers and scans (`write_report`). Dropping it waits for it.
+struct Presymbolizer {
+    handle: Option<std::thread::JoinHandle<()>>,
+    tid: Arc<AtomicU32>,
+}
+
+impl Presymbolizer {
+    /// `None` when no thread can be started (the report then names everything itself).
+    fn start(snapshot: &crate::collector::state::Snapshot) -> Option<Presymbolizer> {
+        let limit = lock_bounded(&REPORT, Duration::from_secs(1))?.as_ref()?.config.report_groups;
+        let ids: Vec<u32> = snapshot.groups.iter().take(limit).map(|g| g.stack).collect();
+        let tid = Arc::new(AtomicU32::new(0));
+        let published = tid.clone();
+        let handle = std::thread::Builder::new()
+            .name("leaktrace-names".into())
+            .spawn(move || {
+                thread::mark_internal();
+                published.store(thread::tid(), Ordering::SeqCst);
+                let _ = catch_unwind(AssertUnwindSafe(|| {
+                    if let Some(mut r) = lock_bounded(&REPORT, Duration::from_secs(30)) {
+                        if let Some(r) = r.as_mut() {
+                            build::presymbolize(&ids, &mut r.symbolizer);
+                        }
+                    }
+                }));
+            })
+            .ok()?;
+        Some(Presymbolizer { handle: Some(handle), tid })
+    }
+
+    /// The thread's kernel id (0 if it has not started yet): the scan must not stop it.
+    fn tid(&self) -> u32 {
+        let start = Instant::now();
+        loop {
+            let t = self.tid.load(Ordering::SeqCst);
+            let done = self.handle.as_ref().is_none_or(|h| h.is_finished());
+            if t != 0 || done || start.elapsed() > Duration::from_millis(100) {
+                return t;
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+impl Drop for Presymbolizer {
+    fn drop(&mut self) {
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
 /// The final report when the process is being ended by `sig`.
 fn finish_as(sig: i32) {
     if let Some(mut r) = lock_bounded(&REPORT, Duration::from_secs(2)) {
@@ -524,7 +583,7 @@ type ScanResult = (
 /// others reachable but are not counted). Device and managed memory is a target only:
 /// its contents are not host memory to read (managed pages would migrate); page-locked
 /// host memory is read like the heap.
-fn reachability_scan(input: &crate::collector::state::ScanInput) -> ScanResult {
+fn reachability_scan(input: &crate::collector::state::ScanInput, names_thread: u32) -> ScanResult {
     let live = &input.blocks;
     let blocks: Vec<crate::scan::mark::Block> = live
         .iter()
@@ -538,7 +597,7 @@ fn reachability_scan(input: &crate::collector::state::ScanInput) -> ScanResult {
     // The collector, running or on its way out (the final report stops its loop: a
     // thread that is exiting never answers the stop signal).
     let collector = COLLECTOR_TID.load(Ordering::SeqCst);
-    let own: Vec<u32> = (collector != 0).then_some(collector).into_iter().collect();
+    let own: Vec<u32> = [collector, names_thread].into_iter().filter(|&t| t != 0).collect();
     let (mut verdicts, info) = crate::scan::scan(&blocks, &input.inherited, &own);
     if let Some((lo, hi)) = crate::scan::roots::loader_range() {
         for (b, v) in live.iter().zip(verdicts.iter_mut()) {

@@ -126,6 +126,13 @@ pub struct RunFacts {
 
 /// The symbolized frames of interned stacks (innermost first, inlined frames expanded),
 /// every address among them symbolized in one batch (see `Symbolizer::symbolize_all`).
+/// Names every frame of the stacks `ids` into `sym`'s cache: what `resolve_stacks` of
+/// those stacks will then find done.
+pub fn presymbolize(ids: &[u32], sym: &mut Symbolizer) {
+    let raws: Vec<RawFrame> = ids.iter().flat_map(|&id| sym.raw_stack(id)).collect();
+    sym.symbolize_all(raws.iter().filter_map(|rf| rf.module));
+}
+
 pub fn resolve_stacks(ids: &[u32], sym: &mut Symbolizer) -> Vec<Vec<Frame>> {
     let raws: Vec<Vec<RawFrame>> = ids.iter().map(|&id| sym.raw_stack(id)).collect();
     sym.symbolize_all(raws.iter().flatten().filter_map(|rf| rf.module));
