@@ -301,7 +301,7 @@ fn collector_main() {
             let mut g = STATE.lock();
             g.as_mut().map(|c| drain_into(c, 1 << 16, false)).unwrap_or(0)
         };
-        stacks::promote_index_if_large();
+        stacks::promote_tables_if_large();
         if SNAPSHOT_REQUESTED.swap(false, Ordering::AcqRel) {
             write_report(Reason::Signal);
         }

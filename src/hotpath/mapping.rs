@@ -62,7 +62,7 @@ pub fn promote_to_huge_pages(p: *mut u8, bytes: usize) -> bool {
 
 /// Asks for 2 MiB pages at the next faults in `[p, p + bytes)`, a mapping of ours.
 /// Refused (no transparent huge pages, or the administrator's `never`): small pages.
-fn advise_huge_pages(p: *mut u8, bytes: usize) {
+pub fn advise_huge_pages(p: *mut u8, bytes: usize) {
     // SAFETY: madvise only gives the kernel a hint about a live anonymous mapping of
     // ours; it changes no contents.
     unsafe { libc::madvise(p as *mut libc::c_void, bytes, libc::MADV_HUGEPAGE) };
