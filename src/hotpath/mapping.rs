@@ -71,7 +71,7 @@ pub fn advise_huge_pages(p: *mut u8, bytes: usize) {
 /// Whether the kernel's transparent-huge-page setting (the text of
 /// `/sys/kernel/mm/transparent_hugepage/enabled`, e.g. `always [madvise] never`) says
 /// `never`. No file: no such pages at all, and madvise refuses by itself.
-fn huge_pages_disabled(setting: Option<&str>) -> bool {
+pub fn huge_pages_disabled(setting: Option<&str>) -> bool {
     setting.is_some_and(|s| s.contains("[never]"))
 }
 
