@@ -2,6 +2,7 @@
 //! globally, or allocates on the common path.
 pub mod channel;
 pub mod event;
+pub mod hit_tree;
 pub mod mapping;
 pub mod stacks;
 pub mod thread;

@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use gimli::{BaseAddresses, CfaRule, EhFrame, EhFrameHdr, NativeEndian, Pointer, RegisterRule, UnwindContext, UnwindSection, X86_64};
 
+use super::hit_tree::HitTree;
 use super::thread::{self, ThreadState};
 use super::stacks;
 
@@ -585,6 +586,10 @@ const STEP_USES_BP: u8 = 1;
 /// This step reloaded RBP from a stack slot.
 const STEP_RELOADS_BP: u8 = 2;
 
+// repr(C), header first: a memo hit reads the header and the first stack words
+// together, from one or two lines of one page (the compiler's own order put the header
+// after the 6 KiB of arrays, a second page per entry looked at).
+#[repr(C)]
 struct MemoEntry {
     sp: u64,
     bp: u64,
@@ -619,6 +624,8 @@ struct Memo {
     /// The entry of the latest capture (answered or written), the likeliest to share
     /// outer frames with the next one.
     last: usize,
+    /// This thread's `HitTree` (a separate mapping, made on first use), 0 when none.
+    tree: usize,
     /// `entries[i].sp`, kept together so a lookup scans one or two cache lines.
     sps: [u64; MEMO_ENTRIES],
     entries: [MemoEntry; MEMO_ENTRIES],
@@ -634,6 +641,11 @@ extern "C" fn memo_destructor(p: *mut c_void) {
         s.exiting.set(true);
     });
     if !p.is_null() {
+        // SAFETY: p is this thread's memo (see below); nothing else uses it any more.
+        let tree = unsafe { (*(p as *const Memo)).tree };
+        if tree != 0 {
+            super::mapping::unmap(tree as *mut u8, std::mem::size_of::<HitTree>());
+        }
         // p is the mapping made in `memo_for_thread` for this thread only.
         super::mapping::unmap(p as *mut u8, std::mem::size_of::<Memo>());
     }
@@ -660,6 +672,46 @@ fn memo_for_thread(state: &ThreadState) -> Option<&'static mut Memo> {
     state.memo.set(m as usize);
     // SAFETY: fresh mapping owned by this thread.
     Some(unsafe { &mut *(m as *mut Memo) })
+}
+
+/// Paths up to this many reads that the hit tree answers are copied into the memo, so
+/// that a loop the memo holds again is answered there (Python's captures read ~17
+/// words). Longer ones are left in the tree: a PyTorch step's ~1,500 paths of 60–110
+/// reads would only push each other out of 16 entries.
+const PROMOTE_READS: usize = 48;
+
+/// Makes a memo entry of a path the hit tree answered. It has no frames, so it never
+/// lends outer frames to another unwind (`m.last` never points to it).
+fn promote(m: &mut Memo, sp0: u64, bp_key: Option<u64>, reads: &[(u64, u64)], epoch: u32, id: u32) {
+    let slot = m.next % MEMO_ENTRIES;
+    m.next = m.next.wrapping_add(1);
+    if m.last == slot {
+        m.last = usize::MAX;
+    }
+    m.sps[slot] = sp0;
+    let e = &mut m.entries[slot];
+    e.sp = sp0;
+    e.bp = bp_key.unwrap_or(0);
+    e.bp_used = bp_key.is_some();
+    e.by_depth = false;
+    e.epoch = epoch;
+    e.stack_id = id;
+    e.nframes = 0;
+    e.reads[..reads.len()].copy_from_slice(reads);
+    e.nreads = reads.len() as u32;
+}
+
+/// The thread's hit tree behind the memo's `tree` slot, mapped on first use; `None` if
+/// no memory can be had (the tree is only a shortcut).
+fn tree_for<'a>(slot: &'a mut Option<&mut usize>) -> Option<&'a mut HitTree> {
+    let slot = slot.as_deref_mut()?;
+    if *slot == 0 {
+        // Zeroed memory is a valid empty tree.
+        *slot = super::mapping::map_zeroed(std::mem::size_of::<HitTree>())? as usize;
+    }
+    // SAFETY: the mapping holds one HitTree, owned by this thread alone (the slot is in
+    // its memo); hooks do not nest (guard).
+    Some(unsafe { &mut *(*slot as *mut HitTree) })
 }
 
 fn stack_bounds(state: &ThreadState) -> Option<(u64, u64)> {
@@ -846,6 +898,8 @@ fn capture_unmemoised(state: &ThreadState, depth: usize) -> u32 {
 
 #[cfg(test)]
 static SUFFIXES_TAKEN: AtomicU64 = AtomicU64::new(0);
+#[cfg(test)]
+static TREE_ANSWERS: AtomicU64 = AtomicU64::new(0);
 
 #[inline(always)]
 fn capture(state: &ThreadState, depth: usize, memoise: bool) -> u32 {
@@ -876,8 +930,43 @@ fn capture(state: &ThreadState, depth: usize, memoise: bool) -> u32 {
                     continue 'entries;
                 }
             }
-            m.last = i;
+            if e.nframes > 0 {
+                m.last = i;
+            }
             return e.stack_id;
+        }
+        if m.tree != 0 {
+            // SAFETY: the tree is this thread's own mapping (`tree_for`), used by it alone.
+            let tree = unsafe { &*(m.tree as *const HitTree) };
+            let mut path = [std::mem::MaybeUninit::<(u64, u64)>::uninit(); PROMOTE_READS];
+            let (mut len, mut bp_key, mut fits) = (0usize, None, true);
+            let hit = tree.lookup(
+                sp0,
+                bp0,
+                epoch,
+                // SAFETY: every address in the tree under the root of `sp0` was checked
+                // to lie in this thread's stack, in [sp0, hi), when it was read with the
+                // same stack pointer, so it is mapped now.
+                |addr| unsafe { std::ptr::read(addr as *const u64) },
+                |addr, val| match addr {
+                    None => bp_key = Some(val),
+                    Some(a) if len < PROMOTE_READS => {
+                        path[len].write((a, val));
+                        len += 1;
+                    }
+                    Some(_) => fits = false,
+                },
+            );
+            if let Some(id) = hit {
+                #[cfg(test)]
+                TREE_ANSWERS.fetch_add(1, Ordering::Relaxed);
+                if fits && len > 0 {
+                    // SAFETY: path[..len] were each written above.
+                    let path = unsafe { std::slice::from_raw_parts(path.as_ptr() as *const (u64, u64), len) };
+                    promote(m, sp0, bp_key, path, epoch, id);
+                }
+                return id;
+            }
         }
     }
 
@@ -885,7 +974,7 @@ fn capture(state: &ThreadState, depth: usize, memoise: bool) -> u32 {
     let mut frames = [std::mem::MaybeUninit::<u64>::uninit(); MAX_DEPTH];
     // The entry this unwind becomes, and the latest other entry: a candidate to share
     // outer frames with (consecutive allocations usually differ in a few inner frames).
-    let (mut l1, mut reads, candidate) = match memo {
+    let (mut l1, mut reads, candidate, mut tree_slot) = match memo {
         Some(m) => {
             let slot = m.next % MEMO_ENTRIES;
             m.next = m.next.wrapping_add(1);
@@ -903,9 +992,9 @@ fn capture(state: &ThreadState, depth: usize, memoise: bool) -> u32 {
             };
             // Invalid until the unwind completes.
             entry.nreads = 0;
-            (Some(&mut m.l1), Recorder { entry: Some(entry), n: 0, overflow: false }, candidate)
+            (Some(&mut m.l1), Recorder { entry: Some(entry), n: 0, overflow: false }, candidate, Some(&mut m.tree))
         }
-        None => (None, Recorder { entry: None, n: 0, overflow: false }, None),
+        None => (None, Recorder { entry: None, n: 0, overflow: false }, None, None),
     };
     let mut n = 0usize;
     let mut by_depth = false;
@@ -1058,9 +1147,18 @@ fn capture(state: &ThreadState, depth: usize, memoise: bool) -> u32 {
     if cfg!(test) {
         assert_eq!(hash, stacks::hash_frames(epoch, captured), "incremental stack hash");
     }
+    let known_before = stacks::count();
     let id = stacks::intern_hashed(epoch, captured, tail, hash);
     if let Some(e) = reads.entry {
         if !reads.overflow && reads.n > 0 && id != 0 {
+            // A stack seen before is a path the program comes back to: file it in the
+            // tree. (A new one would mostly fill the tree with paths taken once, as
+            // `import torch`'s 880k are.)
+            if id < known_before {
+                if let Some(tree) = tree_for(&mut tree_slot) {
+                    tree.insert(sp0, bp_used.then_some(bp0), &e.reads[..reads.n], epoch, id);
+                }
+            }
             e.sp = sp0;
             e.bp = bp0;
             e.bp_used = bp_used;
@@ -1210,5 +1308,23 @@ mod tests {
             .unwrap();
         }
         assert!(SUFFIXES_TAKEN.load(Ordering::Relaxed) > 100, "the outer part was reused {} times", SUFFIXES_TAKEN.load(Ordering::Relaxed));
+    }
+
+    #[test]
+    fn paths_the_memo_no_longer_holds_are_answered_by_the_tree_exactly() {
+        assert!(init());
+        // More paths than the memo has entries, taken in turn: from the second round on
+        // the memo has lost each one by the time it comes back, and the tree answers.
+        std::thread::spawn(|| {
+            for round in 0..6u32 {
+                for p in 0..60u32 {
+                    let (memoised, full) = down_f(p % 11, p.wrapping_mul(2_654_435_761) >> 7, 64);
+                    assert_eq!(memoised, full, "path {p} in round {round}");
+                }
+            }
+        })
+        .join()
+        .unwrap();
+        assert!(TREE_ANSWERS.load(Ordering::Relaxed) > 60, "the tree answered {} captures", TREE_ANSWERS.load(Ordering::Relaxed));
     }
 }

@@ -1,0 +1,283 @@
+//! The second level of the unwind memo: a per-thread decision tree over the stack words
+//! that earlier unwinds read, consulted when the 16-entry memo misses.
+//!
+//! A training step of a PyTorch model allocates from ~1,500 call paths, each once, then
+//! the next step repeats them: far more than the memo holds, so nearly every capture of
+//! the loop was unwound again (86% of them in `torch_train.py`'s steady state). Keeping
+//! thousands of whole memo entries would not help by itself: paths that share a stack
+//! pointer share their inner frames too (the allocator's path) and differ further out
+//! (which operator called it), so comparing a capture with one stored path after another
+//! would reread that shared prefix each time.
+//!
+//! So the stored paths form a tree. A root per stack pointer; under it, each node is one
+//! (address, value) pair an unwind read, and a path from the root to a leaf is one
+//! earlier capture's reads, ending in its stack id. Paths that read the same words share
+//! their first nodes. A lookup reads the word at each node's address and follows the
+//! child whose value is there; a leaf reached means every word that capture read holds
+//! what it held then — the memo's own condition — so the unwind would give the same
+//! stack. Any mismatch ends the lookup as a miss (no backtracking: a miss is only slower).
+//!
+//! The start RBP, which some unwinds depend on (see the memo), is a pseudo-read at the
+//! head of a path (`BP_REGISTER`). Nothing here reads memory: the caller passes `read`,
+//! and every address handed in was checked to lie in the thread's live stack above the
+//! same stack pointer when it was recorded.
+//!
+//! Fixed size, no allocation: when the nodes run out, or a dlclose changes what the
+//! recorded reads mean, the tree starts empty again.
+
+/// Nodes per thread (32 bytes each: 4 MiB of address space, touched as used).
+pub const NODES: usize = 1 << 17;
+/// Direct-mapped roots by stack pointer.
+pub const ROOTS: usize = 1 << 12;
+/// The address a path's start-RBP pseudo-read is filed under (no stack word lies at 1).
+const BP_REGISTER: u64 = 1;
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Node {
+    addr: u64,
+    val: u64,
+    /// First node of the paths that continue after this one (0: none).
+    child: u32,
+    /// Next node of the same parent (0: none).
+    sibling: u32,
+    /// Nonzero on a leaf: the stack this path's capture found.
+    stack_id: u32,
+    _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Root {
+    sp: u64,
+    first: u32,
+    _pad: u32,
+}
+
+/// All-zero bytes are a valid, empty tree (the unwinder maps it zeroed).
+#[repr(C)]
+pub struct HitTree {
+    /// `epoch + 1` of the dlclose epoch its paths were read in; 0 while never used.
+    epoch_tag: u32,
+    /// Nodes handed out; node 0 is the null link.
+    used: u32,
+    roots: [Root; ROOTS],
+    nodes: [Node; NODES],
+}
+
+#[inline(always)]
+fn root_slot(sp: u64) -> usize {
+    ((sp >> 3).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 52) as usize & (ROOTS - 1)
+}
+
+impl HitTree {
+    /// The stack id of an earlier capture at stack pointer `sp0` (start RBP `bp0`) all
+    /// of whose reads `read` still finds, if the tree holds one. `on_path` sees the
+    /// nodes the lookup follows, in order, as `(Some(address), value)` for a stack word
+    /// and `(None, value)` for the start RBP.
+    #[inline]
+    pub fn lookup(
+        &self,
+        sp0: u64,
+        bp0: u64,
+        epoch: u32,
+        read: impl Fn(u64) -> u64,
+        mut on_path: impl FnMut(Option<u64>, u64),
+    ) -> Option<u32> {
+        if self.epoch_tag != epoch.wrapping_add(1) || self.epoch_tag == 0 {
+            return None;
+        }
+        let root = &self.roots[root_slot(sp0)];
+        if root.sp != sp0 {
+            return None;
+        }
+        let mut list = root.first;
+        while list != 0 {
+            let mut c = list;
+            let node = loop {
+                let n = self.nodes.get(c as usize)?;
+                let actual = if n.addr == BP_REGISTER { bp0 } else { read(n.addr) };
+                if actual == n.val {
+                    on_path((n.addr != BP_REGISTER).then_some(n.addr), n.val);
+                    break n;
+                }
+                c = n.sibling;
+                if c == 0 {
+                    return None;
+                }
+            };
+            if node.stack_id != 0 {
+                return Some(node.stack_id);
+            }
+            list = node.child;
+        }
+        None
+    }
+
+    /// Files a finished capture: at `sp0`, with the start RBP if its unwind depended on
+    /// it, the `reads` it made (address, value), and the stack it found.
+    pub fn insert(&mut self, sp0: u64, bp0: Option<u64>, reads: &[(u64, u64)], epoch: u32, stack_id: u32) {
+        if stack_id == 0 || reads.is_empty() {
+            return;
+        }
+        let tag = epoch.wrapping_add(1);
+        let need = reads.len() + usize::from(bp0.is_some());
+        if need >= NODES {
+            return;
+        }
+        if self.epoch_tag != tag || self.used == 0 || self.used as usize + need > NODES {
+            self.reset(tag);
+        }
+        let slot = root_slot(sp0);
+        if self.roots[slot].sp != sp0 {
+            // Another stack pointer's paths go: unreachable now, their nodes wait for
+            // the next reset.
+            self.roots[slot] = Root { sp: sp0, first: 0, _pad: 0 };
+        }
+        let mut seq = bp0.map(|b| (BP_REGISTER, b)).into_iter().chain(reads.iter().copied()).peekable();
+        let mut parent: Option<usize> = None;
+        while let Some((addr, val)) = seq.next() {
+            let last = seq.peek().is_none();
+            let list = match parent {
+                None => self.roots[slot].first,
+                Some(p) => self.nodes[p].child,
+            };
+            let mut c = list;
+            while c != 0 && !(self.nodes[c as usize].addr == addr && self.nodes[c as usize].val == val) {
+                c = self.nodes[c as usize].sibling;
+            }
+            if c != 0 {
+                let n = &self.nodes[c as usize];
+                // Already filed, or a path that ends where this one goes on (or the
+                // reverse): an unwind is a function of the words it reads, so neither
+                // happens with the same epoch; leave the tree as it is if it does.
+                if last || n.stack_id != 0 {
+                    return;
+                }
+                parent = Some(c as usize);
+                continue;
+            }
+            let idx = self.used;
+            self.used += 1;
+            self.nodes[idx as usize] =
+                Node { addr, val, child: 0, sibling: list, stack_id: if last { stack_id } else { 0 }, _pad: 0 };
+            match parent {
+                None => self.roots[slot].first = idx,
+                Some(p) => self.nodes[p].child = idx,
+            }
+            parent = Some(idx as usize);
+        }
+    }
+
+    fn reset(&mut self, tag: u32) {
+        self.epoch_tag = tag;
+        self.used = 1;
+        self.roots.fill(Root::default());
+    }
+
+    #[cfg(test)]
+    fn nodes_used(&self) -> usize {
+        self.used as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn empty() -> Box<HitTree> {
+        // SAFETY: HitTree is plain integers; all-zero is its documented empty state.
+        unsafe { Box::<HitTree>::new_zeroed().assume_init() }
+    }
+
+    fn reader(mem: &HashMap<u64, u64>) -> impl Fn(u64) -> u64 + '_ {
+        move |a| mem.get(&a).copied().unwrap_or(0xdead)
+    }
+
+    #[test]
+    fn a_path_is_found_while_every_word_it_read_holds() {
+        let mut t = empty();
+        let mut mem: HashMap<u64, u64> = [(0x1008, 11), (0x1040, 22), (0x1100, 33)].into();
+        t.insert(0x1000, None, &[(0x1008, 11), (0x1040, 22), (0x1100, 33)], 0, 7);
+        assert_eq!(t.lookup(0x1000, 0, 0, reader(&mem), |_, _| {}), Some(7));
+        // Another stack pointer, another epoch: nothing.
+        assert_eq!(t.lookup(0x1010, 0, 0, reader(&mem), |_, _| {}), None);
+        assert_eq!(t.lookup(0x1000, 0, 1, reader(&mem), |_, _| {}), None);
+        // Any word changed: a miss.
+        mem.insert(0x1100, 34);
+        assert_eq!(t.lookup(0x1000, 0, 0, reader(&mem), |_, _| {}), None);
+    }
+
+    #[test]
+    fn paths_sharing_their_first_reads_share_nodes_and_part_where_they_differ() {
+        let mut t = empty();
+        let shared = [(0x2008, 1), (0x2020, 2), (0x2040, 3)];
+        for op in 0..50u64 {
+            let mut reads = shared.to_vec();
+            reads.push((0x2080, 100 + op));
+            reads.push((0x2100 + op * 8, 200 + op));
+            t.insert(0x2000, None, &reads, 5, 10 + op as u32);
+        }
+        // 3 shared nodes, then 2 per path.
+        assert_eq!(t.nodes_used(), 1 + 3 + 50 * 2);
+        for op in 0..50u64 {
+            let mut mem: HashMap<u64, u64> = shared.iter().copied().collect();
+            mem.insert(0x2080, 100 + op);
+            mem.insert(0x2100 + op * 8, 200 + op);
+            assert_eq!(t.lookup(0x2000, 0, 5, reader(&mem), |_, _| {}), Some(10 + op as u32), "path {op}");
+        }
+    }
+
+    #[test]
+    fn a_lookup_reports_the_path_it_followed() {
+        let mut t = empty();
+        t.insert(0x4000, Some(0x99), &[(0x4008, 1), (0x4010, 2)], 0, 3);
+        t.insert(0x4000, Some(0x99), &[(0x4008, 1), (0x4018, 5)], 0, 4);
+        let mem: HashMap<u64, u64> = [(0x4008, 1), (0x4010, 2), (0x4018, 5)].into();
+        let mut path = Vec::new();
+        assert_eq!(t.lookup(0x4000, 0x99, 0, reader(&mem), |a, v| path.push((a, v))), Some(4));
+        assert_eq!(path, [(None, 0x99), (Some(0x4008), 1), (Some(0x4018), 5)]);
+    }
+
+    #[test]
+    fn the_start_rbp_counts_only_for_paths_that_depended_on_it() {
+        let mut t = empty();
+        let mem: HashMap<u64, u64> = [(0x3008, 1), (0x3010, 2)].into();
+        t.insert(0x3000, Some(0x7777), &[(0x3008, 1)], 0, 4);
+        assert_eq!(t.lookup(0x3000, 0x7777, 0, reader(&mem), |_, _| {}), Some(4));
+        assert_eq!(t.lookup(0x3000, 0x7778, 0, reader(&mem), |_, _| {}), None);
+        t.insert(0x3000, None, &[(0x3010, 2)], 0, 5);
+        assert_eq!(t.lookup(0x3000, 0x1234, 0, reader(&mem), |_, _| {}), Some(5));
+    }
+
+    #[test]
+    fn a_full_tree_starts_again_and_a_new_epoch_forgets_everything() {
+        let mut t = empty();
+        let per_path = 64;
+        let paths = NODES / per_path + 3;
+        for p in 0..paths as u64 {
+            let reads: Vec<(u64, u64)> = (0..per_path as u64).map(|k| (0x10_0000 + k * 8, p * 1000 + k)).collect();
+            t.insert(0x10_0000 - 8, None, &reads, 2, p as u32 + 1);
+            assert!(t.nodes_used() <= NODES);
+            let mem: HashMap<u64, u64> = reads.iter().copied().collect();
+            assert_eq!(t.lookup(0x10_0000 - 8, 0, 2, reader(&mem), |_, _| {}), Some(p as u32 + 1));
+        }
+        let reads = [(0x5008, 9)];
+        t.insert(0x5000, None, &reads, 3, 99);
+        assert_eq!(t.nodes_used(), 2, "an insert in a new epoch empties the tree first");
+        let mem: HashMap<u64, u64> = reads.into_iter().collect();
+        assert_eq!(t.lookup(0x5000, 0, 3, reader(&mem), |_, _| {}), Some(99));
+    }
+
+    #[test]
+    fn a_path_never_continues_past_another_paths_leaf() {
+        let mut t = empty();
+        t.insert(0x6000, None, &[(0x6008, 1)], 0, 1);
+        // Impossible for real unwinds (same words read, different decisions); the tree
+        // keeps the first.
+        t.insert(0x6000, None, &[(0x6008, 1), (0x6010, 2)], 0, 2);
+        let mem: HashMap<u64, u64> = [(0x6008, 1), (0x6010, 2)].into();
+        assert_eq!(t.lookup(0x6000, 0, 0, reader(&mem), |_, _| {}), Some(1));
+    }
+}
