@@ -22,11 +22,28 @@
 //! and every address handed in was checked to lie in the thread's live stack above the
 //! same stack pointer when it was recorded.
 //!
-//! Fixed size, no allocation: when the nodes run out, or a dlclose changes what the
-//! recorded reads mean, the tree starts empty again.
+//! No allocation: the tree is one mapping of `MAX_NODES` nodes, touched as used. A thread
+//! starts with a limit of `FIRST_LIMIT` nodes and doubles it each time the tree fills,
+//! up to `MAX_NODES`, while a budget shared by all threads (`BUDGET_NODES`) lasts: a
+//! training step's paths need 64k–128k nodes (a tree of 64k was emptied every step and
+//! answered nothing), a Python loop's fewer. A tree full at its limit, or read in an
+//! older dlclose epoch, starts empty again; one that filled without answering a quarter
+//! as many captures as it filed also stops filing for as many captures (paths taken
+//! once, as during `import torch`, would only churn it).
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// Nodes per thread (32 bytes each: 4 MiB of address space, touched as used).
-pub const NODES: usize = 1 << 17;
+/// Nodes a thread's tree may grow to (32 bytes each: 16 MiB of address space).
+pub const MAX_NODES: usize = 1 << 19;
+/// A thread's first limit (1 MiB of nodes).
+const FIRST_LIMIT: usize = 1 << 15;
+/// Nodes all threads' trees may hold together (64 MiB).
+const BUDGET_NODES: usize = 1 << 21;
+static BUDGET: AtomicUsize = AtomicUsize::new(BUDGET_NODES);
+
+/// Takes `n` nodes from the shared budget, if it has them.
+fn take_budget(n: usize) -> bool {
+    BUDGET.fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| b.checked_sub(n)).is_ok()
+}
 /// Direct-mapped roots by stack pointer.
 pub const ROOTS: usize = 1 << 12;
 /// The address a path's start-RBP pseudo-read is filed under (no stack word lies at 1).
@@ -61,8 +78,15 @@ pub struct HitTree {
     epoch_tag: u32,
     /// Nodes handed out; node 0 is the null link.
     used: u32,
+    /// Nodes this tree may use (taken from `BUDGET`); 0 until the first filing.
+    limit: u32,
+    /// Captures answered and filed since the tree last started empty.
+    answered: u32,
+    filed: u32,
+    /// Filings still to skip after the tree filled up to no purpose.
+    skip: u32,
     roots: [Root; ROOTS],
-    nodes: [Node; NODES],
+    nodes: [Node; MAX_NODES],
 }
 
 #[inline(always)]
@@ -77,7 +101,7 @@ impl HitTree {
     /// and `(None, value)` for the start RBP.
     #[inline]
     pub fn lookup(
-        &self,
+        &mut self,
         sp0: u64,
         bp0: u64,
         epoch: u32,
@@ -107,7 +131,9 @@ impl HitTree {
                 }
             };
             if node.stack_id != 0 {
-                return Some(node.stack_id);
+                let id = node.stack_id;
+                self.answered = self.answered.saturating_add(1);
+                return Some(id);
             }
             list = node.child;
         }
@@ -120,14 +146,35 @@ impl HitTree {
         if stack_id == 0 || reads.is_empty() {
             return;
         }
-        let tag = epoch.wrapping_add(1);
-        let need = reads.len() + usize::from(bp0.is_some());
-        if need >= NODES {
+        if self.skip > 0 {
+            self.skip -= 1;
             return;
         }
-        if self.epoch_tag != tag || self.used == 0 || self.used as usize + need > NODES {
-            self.reset(tag);
+        let tag = epoch.wrapping_add(1);
+        let need = reads.len() + usize::from(bp0.is_some());
+        if self.limit == 0 {
+            if !take_budget(FIRST_LIMIT) {
+                return;
+            }
+            self.limit = FIRST_LIMIT as u32;
         }
+        if need >= self.limit as usize {
+            return;
+        }
+        if self.epoch_tag != tag || self.used == 0 {
+            self.reset(tag);
+        } else if self.used as usize + need > self.limit as usize {
+            let limit = self.limit as usize;
+            if limit < MAX_NODES && take_budget(limit) {
+                self.limit = (2 * limit) as u32;
+            } else {
+                if self.answered < self.filed / 4 {
+                    self.skip = self.filed;
+                }
+                self.reset(tag);
+            }
+        }
+        self.filed = self.filed.saturating_add(1);
         let slot = root_slot(sp0);
         if self.roots[slot].sp != sp0 {
             // Another stack pointer's paths go: unreachable now, their nodes wait for
@@ -172,7 +219,15 @@ impl HitTree {
     fn reset(&mut self, tag: u32) {
         self.epoch_tag = tag;
         self.used = 1;
+        self.answered = 0;
+        self.filed = 0;
         self.roots.fill(Root::default());
+    }
+
+    /// Gives the tree's nodes back to the shared budget (its thread is ending).
+    pub fn release(&mut self) {
+        BUDGET.fetch_add(self.limit as usize, Ordering::AcqRel);
+        self.limit = 0;
     }
 
     #[cfg(test)]
@@ -252,22 +307,50 @@ mod tests {
     }
 
     #[test]
-    fn a_full_tree_starts_again_and_a_new_epoch_forgets_everything() {
+    fn a_tree_grows_to_its_maximum_then_starts_again_and_a_new_epoch_forgets_everything() {
         let mut t = empty();
         let per_path = 64;
-        let paths = NODES / per_path + 3;
+        let paths = MAX_NODES / per_path + 3;
+        let mut limits = Vec::new();
         for p in 0..paths as u64 {
             let reads: Vec<(u64, u64)> = (0..per_path as u64).map(|k| (0x10_0000 + k * 8, p * 1000 + k)).collect();
             t.insert(0x10_0000 - 8, None, &reads, 2, p as u32 + 1);
-            assert!(t.nodes_used() <= NODES);
+            assert!(t.nodes_used() <= t.limit as usize && t.limit as usize <= MAX_NODES);
+            if limits.last() != Some(&t.limit) {
+                limits.push(t.limit);
+            }
             let mem: HashMap<u64, u64> = reads.iter().copied().collect();
             assert_eq!(t.lookup(0x10_0000 - 8, 0, 2, reader(&mem), |_, _| {}), Some(p as u32 + 1));
         }
+        assert_eq!(limits, [1 << 15, 1 << 16, 1 << 17, 1 << 18, 1 << 19]);
+        assert!(t.nodes_used() < 8 * per_path, "it started again once full");
         let reads = [(0x5008, 9)];
         t.insert(0x5000, None, &reads, 3, 99);
         assert_eq!(t.nodes_used(), 2, "an insert in a new epoch empties the tree first");
         let mem: HashMap<u64, u64> = reads.into_iter().collect();
         assert_eq!(t.lookup(0x5000, 0, 3, reader(&mem), |_, _| {}), Some(99));
+        t.release();
+    }
+
+    #[test]
+    fn a_tree_that_filled_to_no_purpose_stops_filing_for_a_while() {
+        let mut t = empty();
+        let per_path = 64;
+        let path = |p: u64| -> Vec<(u64, u64)> { (0..per_path as u64).map(|k| (0x20_0000 + k * 8, p * 1000 + k)).collect() };
+        // Paths filed once and never asked for again, until the tree is full at its
+        // largest and starts again.
+        let mut p = 0u64;
+        while t.limit as usize != MAX_NODES || t.nodes_used() > 2 * per_path {
+            t.insert(0x20_0000 - 8, None, &path(p), 0, p as u32 + 1);
+            p += 1;
+        }
+        let filed_before_reset = p as usize - 1;
+        assert!(t.skip as usize >= filed_before_reset - 1, "skip {}", t.skip);
+        // The next filings are skipped: nothing new is found.
+        t.insert(0x20_0000 - 8, None, &path(p), 0, p as u32 + 1);
+        let mem: HashMap<u64, u64> = path(p).into_iter().collect();
+        assert_eq!(t.lookup(0x20_0000 - 8, 0, 0, reader(&mem), |_, _| {}), None);
+        t.release();
     }
 
     #[test]

@@ -644,6 +644,8 @@ extern "C" fn memo_destructor(p: *mut c_void) {
         // SAFETY: p is this thread's memo (see below); nothing else uses it any more.
         let tree = unsafe { (*(p as *const Memo)).tree };
         if tree != 0 {
+            // SAFETY: the tree is this thread's mapping (`tree_for`), about to go.
+            unsafe { (*(tree as *mut HitTree)).release() };
             super::mapping::unmap(tree as *mut u8, std::mem::size_of::<HitTree>());
         }
         // p is the mapping made in `memo_for_thread` for this thread only.
@@ -937,7 +939,7 @@ fn capture(state: &ThreadState, depth: usize, memoise: bool) -> u32 {
         }
         if m.tree != 0 {
             // SAFETY: the tree is this thread's own mapping (`tree_for`), used by it alone.
-            let tree = unsafe { &*(m.tree as *const HitTree) };
+            let tree = unsafe { &mut *(m.tree as *mut HitTree) };
             let mut path = [std::mem::MaybeUninit::<(u64, u64)>::uninit(); PROMOTE_READS];
             let (mut len, mut bp_key, mut fits) = (0usize, None, true);
             let hit = tree.lookup(
