@@ -265,3 +265,28 @@ fn dlopen_dlclose_churn_keeps_every_leak_named() {
     assert_eq!((sum(&g, "blocks"), sum(&g, "bytes")), (200, 200 * 777), "{:#}", r["leaks"]);
     assert_eq!(host(&r, "total_allocs") - host(&r, "total_frees"), host(&r, "live_blocks"));
 }
+
+/// 40 dlopen'ed modules with TLS, each touched at once: glibc grows the thread's DTV with
+/// malloc from inside `__tls_get_addr`. A hook that reached its own thread state through
+/// `__tls_get_addr` recursed there until the stack overflowed — seen with glibc 2.39
+/// (Ubuntu 24.04: `import torch` loading its CUDA libraries); glibc 2.36 (Debian 12, CI)
+/// never recursed, so here this guards the behaviour rather than reproducing the crash.
+#[test]
+fn modules_with_tls_loaded_in_turn_never_recurse_through_the_hooks() {
+    let plugins: Vec<_> = (1..=40).map(|i| build_fixture("tls_plugin.c", &["-shared", "-fPIC", &format!("-DPLUGIN_ID={i}")])).collect();
+    let bin = build_fixture("tls_dlopen.c", &[]);
+    let mut cmd = Command::new(&bin);
+    cmd.args(&plugins);
+    let run = run_traced(cmd, "tls_dlopen");
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(run.stdout(), "loaded 40\n");
+    let r = run.report();
+    // Every module's own block was freed at once. What remains under `touch_tls` is
+    // glibc's: the modules' TLS blocks and DTV, allocated inside `__tls_get_addr`.
+    let mallocs: Vec<_> = groups_with(&r, "touch_tls")
+        .into_iter()
+        .filter(|g| g["stack"][0]["function"].as_str().is_some_and(|f| f.starts_with("touch_tls")))
+        .collect();
+    assert!(mallocs.is_empty(), "{mallocs:#?}");
+    assert_eq!(host(&r, "total_allocs") - host(&r, "total_frees"), host(&r, "live_blocks"), "{:#}", r["summary"]);
+}

@@ -1,9 +1,10 @@
 //! Per-thread state of the hot path: the reentrancy guard, the "internal thread" mark,
 //! the cached kernel thread id and the stack bounds used by the unwinder.
 //!
-//! Every field is a `Cell` of a plain type with a `const` initialiser and no destructor,
-//! so the `thread_local!` below compiles to a bare TLS slot: touching it never allocates
-//! and never registers a destructor (which would call malloc and recurse).
+//! Every field is a `Cell` of a plain type whose initial value is zero and which has no
+//! destructor, so the state is a bare block of static TLS (below): touching it never
+//! allocates, never registers a destructor (which would call malloc and recurse), and
+//! never calls `__tls_get_addr`.
 use std::cell::Cell;
 
 pub struct ThreadState {
@@ -29,25 +30,52 @@ pub struct ThreadState {
     errno_slot: Cell<usize>,
 }
 
-thread_local! {
-    static STATE: ThreadState = const {
-        ThreadState {
-            busy: Cell::new(false),
-            internal: Cell::new(false),
-            tid: Cell::new(0),
-            stack_lo: Cell::new(0),
-            stack_hi: Cell::new(0),
-            memo: Cell::new(0),
-            exiting: Cell::new(false),
-            ring: Cell::new(0),
-            in_cuda: Cell::new(false),
-            errno_slot: Cell::new(0),
-        }
-    };
+/// The thread's state lives in an initial-exec TLS block of this library, reached from
+/// `%fs` through one GOT entry, never through `__tls_get_addr`. A `thread_local!` in a
+/// shared library is general-dynamic: its first access from a thread after a `dlopen`
+/// raised the TLS generation goes through `__tls_get_addr`'s slow path, which may grow
+/// the thread's DTV with `malloc` — our hook, which asks for its state again, and so on
+/// until the stack overflows. A real PyTorch job on a GPU machine crashed that way while
+/// `import torch` dlopen'ed its CUDA libraries. The price of initial-exec is the
+/// `STATIC_TLS` flag: the block (under 100 bytes) comes from the static TLS surplus if
+/// the library is ever `dlopen`ed late instead of preloaded.
+///
+/// All-zero bytes are the initial state (`false`, 0 everywhere).
+const STATE_BYTES: usize = std::mem::size_of::<ThreadState>();
+
+std::arch::global_asm!(
+    ".pushsection .tbss,\"awT\",@nobits",
+    ".p2align 4",
+    ".globl leaktrace_thread_state_block",
+    ".hidden leaktrace_thread_state_block",
+    ".type leaktrace_thread_state_block, @tls_object",
+    ".size leaktrace_thread_state_block, {bytes}",
+    "leaktrace_thread_state_block:",
+    ".zero {bytes}",
+    ".popsection",
+    bytes = const STATE_BYTES,
+);
+
+#[inline(always)]
+fn state() -> &'static ThreadState {
+    let p: usize;
+    // SAFETY: reads the thread pointer and adds the block's offset from the GOT; no
+    // other memory is touched. The block is this thread's, as long as the thread lives,
+    // zero-initialised (a valid ThreadState: every field is a Cell of 0 or false), and
+    // aligned to 16.
+    unsafe {
+        std::arch::asm!(
+            "mov {p}, qword ptr fs:[0]",
+            "add {p}, qword ptr [rip + leaktrace_thread_state_block@GOTTPOFF]",
+            p = out(reg) p,
+            options(pure, readonly, nostack, preserves_flags)
+        );
+        &*(p as *const ThreadState)
+    }
 }
 
 pub fn with<R>(f: impl FnOnce(&ThreadState) -> R) -> R {
-    STATE.with(f)
+    f(state())
 }
 
 /// Held while a hook records an event: dropping it re-arms tracking for this thread and
@@ -66,7 +94,7 @@ impl HookGuard {
     /// or it is one of the library's own threads.
     #[inline(always)]
     pub fn enter() -> Option<HookGuard> {
-        STATE.with(|s| {
+        with(|s| {
             if s.busy.get() || s.internal.get() {
                 None
             } else {
@@ -115,39 +143,39 @@ impl ThreadState {
 /// the outermost hooked CUDA call (the one that records).
 #[inline]
 pub fn cuda_call<R>(f: impl FnOnce() -> R) -> (R, bool) {
-    let outer = !STATE.with(|s| s.in_cuda.replace(true));
+    let outer = !with(|s| s.in_cuda.replace(true));
     let r = f();
     if outer {
-        STATE.with(|s| s.in_cuda.set(false));
+        with(|s| s.in_cuda.set(false));
     }
     (r, outer)
 }
 
 /// Whether this thread is inside a hooked CUDA call.
 pub fn in_cuda_call() -> bool {
-    STATE.with(|s| s.in_cuda.get())
+    with(|s| s.in_cuda.get())
 }
 
 /// Marks the calling thread as the library's own: none of its allocations are tracked.
 pub fn mark_internal() {
-    STATE.with(|s| s.internal.set(true));
+    with(|s| s.internal.set(true));
 }
 
 /// Runs `f` with tracking off for this thread, restoring the previous mark afterwards.
 pub fn untracked<R>(f: impl FnOnce() -> R) -> R {
-    let was = STATE.with(|s| s.internal.replace(true));
+    let was = with(|s| s.internal.replace(true));
     let r = f();
-    STATE.with(|s| s.internal.set(was));
+    with(|s| s.internal.set(was));
     r
 }
 
 pub fn is_busy_or_internal() -> bool {
-    STATE.with(|s| s.busy.get() || s.internal.get())
+    with(|s| s.busy.get() || s.internal.get())
 }
 
 #[inline(always)]
 pub fn tid() -> u32 {
-    STATE.with(|s| {
+    with(|s| {
         let t = s.tid.get();
         if t != 0 {
             return t;
@@ -162,13 +190,13 @@ pub fn tid() -> u32 {
 /// An address unique to the calling thread while it lives, identical in a forked
 /// child for the thread that called fork (unlike the kernel tid).
 pub fn identity() -> usize {
-    STATE.with(|s| s as *const ThreadState as usize)
+    with(|s| s as *const ThreadState as usize)
 }
 
 /// In a forked child the calling thread has a new kernel id and a new stack mapping
 /// owner; cached values from the parent are dropped.
 pub fn reset_after_fork() {
-    STATE.with(|s| {
+    with(|s| {
         s.tid.set(0);
         s.busy.set(false);
         s.in_cuda.set(false);

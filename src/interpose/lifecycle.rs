@@ -55,23 +55,31 @@ fn host_tracking_state() -> String {
     // Our own address of `malloc` cannot be taken directly: references from inside a
     // shared object to its exported symbols are themselves interposed. Compare the
     // owning modules instead, found with dladdr.
-    fn owner(addr: *const c_void) -> Option<(usize, String)> {
+    // The module owning `addr`, and whether `addr` is that module's own definition of
+    // `malloc` (not some other code of it).
+    fn owner(addr: *const c_void) -> Option<(usize, String, bool)> {
         let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
-        // SAFETY: dladdr fills info for any address; dli_fname is a loader-owned C string.
+        // SAFETY: dladdr fills info for any address; dli_fname and dli_sname are
+        // loader-owned C strings.
         unsafe {
             if libc::dladdr(addr, info.as_mut_ptr()) == 0 || (*info.as_ptr()).dli_fname.is_null() {
                 return None;
             }
             let i = &*info.as_ptr();
-            Some((i.dli_fbase as usize, CStr::from_ptr(i.dli_fname).to_string_lossy().into_owned()))
+            let defines = !i.dli_sname.is_null() && CStr::from_ptr(i.dli_sname) == c"malloc" && std::ptr::eq(i.dli_saddr, addr);
+            Some((i.dli_fbase as usize, CStr::from_ptr(i.dli_fname).to_string_lossy().into_owned(), defines))
         }
     }
     // SAFETY: dlsym with a valid handle and NUL-terminated name.
     let bound = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) };
     let ours = owner(host_tracking_state as *const () as *const c_void);
     let theirs = owner(bound);
+    // A program built without PIE that takes malloc's address has a canonical PLT entry
+    // for it, and dlsym answers with that stub's address; the stub jumps to whatever the
+    // program's calls bind to (us). Only another module's own definition of `malloc`
+    // means that allocator comes first.
     match (ours, theirs) {
-        (Some((our_base, _)), Some((their_base, their_name))) if our_base != their_base => {
+        (Some((our_base, _, _)), Some((their_base, their_name, true))) if our_base != their_base => {
             let msg = format!(
                 "inactive: malloc is bound to {their_name}, preloaded before leaktrace; put libleaktrace.so first in LD_PRELOAD"
             );
