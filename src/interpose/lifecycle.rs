@@ -56,18 +56,28 @@ fn host_tracking_state() -> String {
     // shared object to its exported symbols are themselves interposed. Compare the
     // owning modules instead, found with dladdr.
     // The module owning `addr`, and whether `addr` is that module's own definition of
-    // `malloc` (not some other code of it).
+    // `malloc`: a symbol of that name, at that address, in a section of the module. (A
+    // program built without PIE that takes malloc's address holds an *undefined*
+    // `malloc` whose value is its PLT stub — the canonical address that `dlsym`
+    // returns — and that stub jumps to whatever the calls bind to: us.)
     fn owner(addr: *const c_void) -> Option<(usize, String, bool)> {
+        extern "C" {
+            fn dladdr1(addr: *const c_void, info: *mut libc::Dl_info, extra: *mut *mut c_void, flags: c_int) -> c_int;
+        }
+        const RTLD_DL_SYMENT: c_int = 1;
         let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
-        // SAFETY: dladdr fills info for any address; dli_fname and dli_sname are
-        // loader-owned C strings.
+        let mut sym: *mut c_void = std::ptr::null_mut();
+        // SAFETY: dladdr1 fills info (and sym, the matching ElfW(Sym) or null) for any
+        // address; dli_fname and dli_sname are loader-owned C strings.
         unsafe {
-            if libc::dladdr(addr, info.as_mut_ptr()) == 0 || (*info.as_ptr()).dli_fname.is_null() {
+            if dladdr1(addr, info.as_mut_ptr(), &mut sym, RTLD_DL_SYMENT) == 0 || (*info.as_ptr()).dli_fname.is_null() {
                 return None;
             }
             let i = &*info.as_ptr();
-            let defines = !i.dli_sname.is_null() && CStr::from_ptr(i.dli_sname) == c"malloc" && std::ptr::eq(i.dli_saddr, addr);
-            Some((i.dli_fbase as usize, CStr::from_ptr(i.dli_fname).to_string_lossy().into_owned(), defines))
+            let named = !i.dli_sname.is_null() && CStr::from_ptr(i.dli_sname) == c"malloc" && std::ptr::eq(i.dli_saddr, addr);
+            // Elf64_Sym: st_name (4), st_info (1), st_other (1), st_shndx (2), ...
+            let defined = !sym.is_null() && std::ptr::read_unaligned((sym as *const u8).add(6) as *const u16) != 0;
+            Some((i.dli_fbase as usize, CStr::from_ptr(i.dli_fname).to_string_lossy().into_owned(), named && defined))
         }
     }
     // SAFETY: dlsym with a valid handle and NUL-terminated name.
