@@ -39,15 +39,15 @@ const FIRST_LIMIT: usize = 1 << 15;
 /// Nodes all threads' trees may hold together (64 MiB).
 const BUDGET_NODES: usize = 1 << 21;
 static BUDGET: AtomicUsize = AtomicUsize::new(BUDGET_NODES);
+/// Direct-mapped roots by stack pointer.
+pub const ROOTS: usize = 1 << 12;
+/// The address a path's start-RBP pseudo-read is filed under (no stack word lies at 1).
+const BP_REGISTER: u64 = 1;
 
 /// Takes `n` nodes from the shared budget, if it has them.
 fn take_budget(n: usize) -> bool {
     BUDGET.fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| b.checked_sub(n)).is_ok()
 }
-/// Direct-mapped roots by stack pointer.
-pub const ROOTS: usize = 1 << 12;
-/// The address a path's start-RBP pseudo-read is filed under (no stack word lies at 1).
-const BP_REGISTER: u64 = 1;
 
 #[repr(C)]
 #[derive(Clone, Copy, Default)]

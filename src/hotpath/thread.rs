@@ -82,8 +82,8 @@ pub fn with<R>(f: impl FnOnce(&ThreadState) -> R) -> R {
 /// puts back the `errno` the program had (whatever recording did to it).
 ///
 /// It carries the thread's state so that the recording step reaches it without another
-/// TLS lookup: in a shared library each `thread_local!` access is a `__tls_get_addr`
-/// call, and the hot path used to make five of them per event.
+/// TLS lookup (the hot path used to make five of them per event, each a
+/// `__tls_get_addr` call before the state moved to initial-exec TLS).
 pub struct HookGuard {
     state: *const ThreadState,
     errno: i32,

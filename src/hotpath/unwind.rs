@@ -635,6 +635,16 @@ struct Memo {
     l1: [(u64, u64); L1_RULES],
 }
 
+impl Memo {
+    /// The entry the next capture at `sp0` overwrites (in turn), filed under `sp0`.
+    fn take_slot(&mut self, sp0: u64) -> usize {
+        let slot = self.next % MEMO_ENTRIES;
+        self.next = self.next.wrapping_add(1);
+        self.sps[slot] = sp0;
+        slot
+    }
+}
+
 extern "C" fn memo_destructor(p: *mut c_void) {
     thread::with(|s| {
         s.memo.set(0);
@@ -685,12 +695,10 @@ const PROMOTE_READS: usize = 48;
 /// Makes a memo entry of a path the hit tree answered. It has no frames, so it never
 /// lends outer frames to another unwind (`m.last` never points to it).
 fn promote(m: &mut Memo, sp0: u64, bp_key: Option<u64>, reads: &[(u64, u64)], epoch: u32, id: u32) {
-    let slot = m.next % MEMO_ENTRIES;
-    m.next = m.next.wrapping_add(1);
+    let slot = m.take_slot(sp0);
     if m.last == slot {
         m.last = usize::MAX;
     }
-    m.sps[slot] = sp0;
     let e = &mut m.entries[slot];
     e.sp = sp0;
     e.bp = bp_key.unwrap_or(0);
@@ -978,11 +986,9 @@ fn capture(state: &ThreadState, depth: usize, memoise: bool) -> u32 {
     // outer frames with (consecutive allocations usually differ in a few inner frames).
     let (mut l1, mut reads, candidate, mut tree_slot) = match memo {
         Some(m) => {
-            let slot = m.next % MEMO_ENTRIES;
-            m.next = m.next.wrapping_add(1);
+            let slot = m.take_slot(sp0);
             let last = m.last;
             m.last = slot;
-            m.sps[slot] = sp0;
             let (entry, candidate) = if last == slot || last >= MEMO_ENTRIES {
                 (&mut m.entries[slot], None)
             } else if last < slot {

@@ -84,10 +84,7 @@ fn host_tracking_state() -> String {
     let bound = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) };
     let ours = owner(host_tracking_state as *const () as *const c_void);
     let theirs = owner(bound);
-    // A program built without PIE that takes malloc's address has a canonical PLT entry
-    // for it, and dlsym answers with that stub's address; the stub jumps to whatever the
-    // program's calls bind to (us). Only another module's own definition of `malloc`
-    // means that allocator comes first.
+    // Only another module's own definition of `malloc` means that allocator comes first.
     match (ours, theirs) {
         (Some((our_base, _, _)), Some((their_base, their_name, true))) if our_base != their_base => {
             let msg = format!(
