@@ -30,6 +30,13 @@
 //! older dlclose epoch, starts empty again; one that filled without answering a quarter
 //! as many captures as it filed also stops filing for as many captures (paths taken
 //! once, as during `import torch`, would only churn it).
+//!
+//! A lookup that fails still walks every sibling list down to where the capture's path
+//! leaves the tree, a cache miss per node. While `import torch` runs, most captures
+//! take paths new to their root (898k unwinds, 879k of them new stacks), so a root
+//! whose lookups keep failing is looked in only now and then until one answers again
+//! (`GATE_AFTER`, `GATE_EVERY`): a skipped lookup costs at most the unwind it would
+//! have saved, and that root's paths are answered again after its next answer.
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Nodes a thread's tree may grow to (32 bytes each: 16 MiB of address space).
@@ -41,6 +48,10 @@ const BUDGET_NODES: usize = 1 << 21;
 static BUDGET: AtomicUsize = AtomicUsize::new(BUDGET_NODES);
 /// Direct-mapped roots by stack pointer.
 pub const ROOTS: usize = 1 << 12;
+/// A root whose lookups failed this many times in a row is looked in only once per
+/// `GATE_EVERY` captures there (paths new to it, as while `import torch` runs).
+const GATE_AFTER: u32 = 8;
+const GATE_EVERY: u32 = 8;
 /// The address a path's start-RBP pseudo-read is filed under (no stack word lies at 1).
 const BP_REGISTER: u64 = 1;
 
@@ -68,7 +79,8 @@ struct Node {
 struct Root {
     sp: u64,
     first: u32,
-    _pad: u32,
+    /// Lookups under this root that failed since its last answer.
+    misses: u32,
 }
 
 /// All-zero bytes are a valid, empty tree (the unwinder maps it zeroed).
@@ -85,6 +97,8 @@ pub struct HitTree {
     filed: u32,
     /// Filings still to skip after the tree filled up to no purpose.
     skip: u32,
+    /// Counts lookups under roots that keep failing, to try one in `GATE_EVERY`.
+    gated: u32,
     roots: [Root; ROOTS],
     nodes: [Node; MAX_NODES],
 }
@@ -98,7 +112,9 @@ impl HitTree {
     /// The stack id of an earlier capture at stack pointer `sp0` (start RBP `bp0`) all
     /// of whose reads `read` still finds, if the tree holds one. `on_path` sees the
     /// nodes the lookup follows, in order, as `(Some(address), value)` for a stack word
-    /// and `(None, value)` for the start RBP.
+    /// and `(None, value)` for the start RBP. Under a root whose last `GATE_AFTER`
+    /// lookups all failed, only one lookup in `GATE_EVERY` is made (the others return
+    /// `None` at once) until one answers.
     #[inline]
     pub fn lookup(
         &mut self,
@@ -106,16 +122,34 @@ impl HitTree {
         bp0: u64,
         epoch: u32,
         read: impl Fn(u64) -> u64,
-        mut on_path: impl FnMut(Option<u64>, u64),
+        on_path: impl FnMut(Option<u64>, u64),
     ) -> Option<u32> {
         if self.epoch_tag != epoch.wrapping_add(1) || self.epoch_tag == 0 {
             return None;
         }
-        let root = &self.roots[root_slot(sp0)];
+        let slot = root_slot(sp0);
+        let root = &self.roots[slot];
         if root.sp != sp0 {
             return None;
         }
-        let mut list = root.first;
+        if root.misses >= GATE_AFTER {
+            self.gated = self.gated.wrapping_add(1);
+            if self.gated % GATE_EVERY != 0 {
+                return None;
+            }
+        }
+        let found = self.walk(root.first, bp0, read, on_path);
+        let root = &mut self.roots[slot];
+        match found {
+            Some(_) => root.misses = 0,
+            None => root.misses = root.misses.saturating_add(1),
+        }
+        found
+    }
+
+    #[inline(always)]
+    fn walk(&mut self, first: u32, bp0: u64, read: impl Fn(u64) -> u64, mut on_path: impl FnMut(Option<u64>, u64)) -> Option<u32> {
+        let mut list = first;
         while list != 0 {
             let mut c = list;
             let node = loop {
@@ -179,7 +213,7 @@ impl HitTree {
         if self.roots[slot].sp != sp0 {
             // Another stack pointer's paths go: unreachable now, their nodes wait for
             // the next reset.
-            self.roots[slot] = Root { sp: sp0, first: 0, _pad: 0 };
+            self.roots[slot] = Root { sp: sp0, first: 0, misses: 0 };
         }
         let mut seq = bp0.map(|b| (BP_REGISTER, b)).into_iter().chain(reads.iter().copied()).peekable();
         let mut parent: Option<usize> = None;
@@ -282,6 +316,29 @@ mod tests {
             mem.insert(0x2100 + op * 8, 200 + op);
             assert_eq!(t.lookup(0x2000, 0, 5, reader(&mem), |_, _| {}), Some(10 + op as u32), "path {op}");
         }
+    }
+
+    #[test]
+    fn a_root_whose_lookups_keep_failing_is_tried_now_and_then_and_opens_on_an_answer() {
+        let mut t = empty();
+        t.insert(0x5000, None, &[(0x5008, 1), (0x5010, 2)], 0, 9);
+        let held: HashMap<u64, u64> = [(0x5008, 1), (0x5010, 2)].into();
+        let new_path: HashMap<u64, u64> = [(0x5008, 1), (0x5010, 3)].into();
+        for _ in 0..GATE_AFTER {
+            assert_eq!(t.lookup(0x5000, 0, 0, reader(&new_path), |_, _| {}), None);
+        }
+        // Gated: the path the tree holds is looked for in one capture of GATE_EVERY.
+        let tries: Vec<Option<u32>> = (0..GATE_EVERY).map(|_| t.lookup(0x5000, 0, 0, reader(&held), |_, _| {})).collect();
+        let first = tries.iter().position(|r| *r == Some(9)).expect("one lookup in GATE_EVERY is made");
+        assert!(first > 0 && tries[..first].iter().all(|r| r.is_none()), "{tries:?}");
+        // The answer opened the root again: every lookup is made.
+        for _ in 0..2 * GATE_EVERY {
+            assert_eq!(t.lookup(0x5000, 0, 0, reader(&held), |_, _| {}), Some(9));
+        }
+        // Another root is not gated by this one's misses.
+        t.insert(0x6000, None, &[(0x6008, 4)], 0, 10);
+        let other: HashMap<u64, u64> = [(0x6008, 4)].into();
+        assert_eq!(t.lookup(0x6000, 0, 0, reader(&other), |_, _| {}), Some(10));
     }
 
     #[test]
