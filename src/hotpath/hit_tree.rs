@@ -134,7 +134,7 @@ impl HitTree {
         }
         if root.misses >= GATE_AFTER {
             self.gated = self.gated.wrapping_add(1);
-            if self.gated % GATE_EVERY != 0 {
+            if !self.gated.is_multiple_of(GATE_EVERY) {
                 return None;
             }
         }
