@@ -31,17 +31,23 @@ impl<T> SpinLock<T> {
         Some(Guard { lock: self })
     }
 
+    /// Spins, then yields, then naps: the lock is held for microseconds while events are
+    /// drained, but for as long as a fork takes while it is parked (tens of milliseconds
+    /// in a large process), and a waiter yielding all that time keeps a core busy that
+    /// the new child or the program's other threads could use.
     pub fn lock(&self) -> Guard<'_, T> {
         let mut spins = 0u32;
         loop {
             if let Some(g) = self.try_lock() {
                 return g;
             }
-            spins += 1;
+            spins = spins.saturating_add(1);
             if spins < 100 {
                 std::hint::spin_loop();
-            } else {
+            } else if spins < 200 {
                 std::thread::yield_now();
+            } else {
+                std::thread::sleep(std::time::Duration::from_micros(50));
             }
         }
     }
