@@ -188,10 +188,13 @@ fn leaked(g: &GroupSnapshot, r: Option<Reachability>) -> (u64, u64) {
     }
 }
 
-/// The groups a report lists, at most `limit`: most leaked bytes first (with a scan,
-/// memory still reachable comes after every leak), then most outstanding bytes. A
-/// process fresh from `import torch` holds half a million groups of static data; the
-/// rest are added up in `Omitted`.
+/// The groups a report lists, at most `limit` host groups and at most `limit` CUDA
+/// groups: most leaked bytes first (with a scan, memory still reachable comes after
+/// every leak), then most outstanding bytes. A process fresh from `import torch` holds
+/// half a million groups of static data; the rest are added up in `Omitted`. The two
+/// limits are apart because the host's small definite leaks would otherwise push out
+/// every device group that the scan finds reachable (PyTorch's cache, a pointer still
+/// in a dead Python object), and a report on a GPU job must show its device memory.
 pub fn select_groups(
     groups: &[GroupSnapshot],
     reach: impl Fn(&GroupSnapshot) -> Option<Reachability>,
@@ -201,16 +204,21 @@ pub fn select_groups(
     // `groups` is already in the collector's order (bytes, blocks, stack): a stable sort keeps it for ties.
     all.sort_by_key(|(g, r)| std::cmp::Reverse(leaked(g, *r).0));
     let mut omitted = Omitted::default();
-    if all.len() > limit {
-        for (g, r) in all.drain(limit..) {
-            let (lb, lk) = leaked(g, r);
-            omitted.groups += 1;
-            omitted.bytes += g.stats.live_bytes;
-            omitted.blocks += g.stats.live_blocks;
-            omitted.leaked_bytes += lb;
-            omitted.leaked_blocks += lk;
+    let mut listed = [0usize; 2];
+    all.retain(|&(g, r)| {
+        let class = usize::from(g.api.kind() != Kind::Host);
+        if listed[class] < limit {
+            listed[class] += 1;
+            return true;
         }
-    }
+        let (lb, lk) = leaked(g, r);
+        omitted.groups += 1;
+        omitted.bytes += g.stats.live_bytes;
+        omitted.blocks += g.stats.live_blocks;
+        omitted.leaked_bytes += lb;
+        omitted.leaked_blocks += lk;
+        false
+    });
     (all, omitted)
 }
 
@@ -782,6 +790,12 @@ mod tests {
         let (kept, omitted) = select_groups(&groups, |_| None, 3);
         assert_eq!(kept.iter().map(|(g, _)| g.stack).collect::<Vec<_>>(), vec![1, 2, 3]);
         assert_eq!((omitted.groups, omitted.leaked_bytes), (1, 5));
+        // Host groups do not crowd out device groups: each class has its own limit.
+        let device = |stack: u32, bytes: u64| GroupSnapshot { api: Api::CudaMalloc, device: Some(0), ..g(stack, bytes) };
+        let groups = vec![device(7, 4000), g(1, 1000), g(2, 500), g(3, 10), device(8, 50), g(4, 5)];
+        let (mixed, left_out) = select_groups(&groups, reach, 2);
+        assert_eq!(mixed.iter().map(|(g, _)| g.stack).collect::<Vec<_>>(), vec![7, 2, 8, 3], "two of each class, leaks first");
+        assert_eq!((left_out.groups, left_out.bytes), (2, 1005));
         // The exit summary counts what was left out.
         let shown = group();
         let s = summary_text(10, &[&shown], 0, 10, None, omitted);
