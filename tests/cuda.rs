@@ -221,6 +221,21 @@ fn device_pointers_kept_in_host_memory_are_reachable_dropped_ones_definite() {
     assert_eq!(r["summary"]["device"]["reachability"]["definite"]["bytes"], 32768);
 }
 
+/// On a real H100 PyTorch's thousands of small definite host leaks pushed every device
+/// group out of the listed ones; the limit now counts host and CUDA groups apart.
+#[test]
+fn host_groups_do_not_crowd_device_groups_out_of_the_report() {
+    let mut cmd = app(&build().runtime_app, "scan");
+    cmd.env("LEAKTRACE_REPORT_GROUPS", "1");
+    let r = run_traced(cmd, "cuda-groups-limit").report();
+    let kinds: Vec<_> = r["leaks"].as_array().unwrap().iter().map(|g| g["kind"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(kinds.iter().filter(|k| *k == "host").count(), 1, "{kinds:?}");
+    assert_eq!(kinds.iter().filter(|k| *k != "host").count(), 1, "{kinds:?}");
+    expect(&r, "leak_dropped", "cudaMalloc", "device", 32768, Some(0));
+    assert_eq!(r["summary"]["leak_groups"], 2);
+    assert!(r["summary"]["omitted"]["groups"].as_u64().unwrap() >= 1, "the other groups are counted: {}", r["summary"]["omitted"]);
+}
+
 #[test]
 fn the_library_links_no_cuda_library() {
     let out = Command::new("readelf").arg("-d").arg(lib_path()).output().expect("readelf (binutils)");
