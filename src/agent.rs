@@ -302,7 +302,10 @@ fn collector_main() {
             g.as_mut().map(|c| drain_into(c, 1 << 16, false)).unwrap_or(0)
         };
         stacks::promote_tables_if_large();
-        if SNAPSHOT_REQUESTED.swap(false, Ordering::AcqRel) {
+        // A load first: the flag shares a cache line with statics the unwinder reads on
+        // every capture, and a locked write on every turn of this loop would take that
+        // line from every allocating core.
+        if SNAPSHOT_REQUESTED.load(Ordering::Relaxed) && SNAPSHOT_REQUESTED.swap(false, Ordering::AcqRel) {
             write_report(Reason::Signal);
         }
         if interval > 0 && last_report.elapsed() >= Duration::from_millis(interval) {

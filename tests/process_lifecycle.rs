@@ -49,6 +49,34 @@ fn forked_child_gets_its_own_report_without_the_parents_leaks() {
     assert!(groups_with(parent, "inherited_then_freed").is_empty());
 }
 
+/// A forked child's verdicts against what it inherited, whether it exits at once or
+/// after its collector had time to run: kept in an inherited block, realloc'ed, a chunk
+/// an inherited block just freed reused and leaked, half the inherited blocks freed.
+#[test]
+fn a_forked_childs_leaks_are_classified_the_same_early_and_late() {
+    let bin = build_fixture("fork_reach.c", &[]);
+    for ms in ["0", "150"] {
+        let mut cmd = Command::new(&bin);
+        cmd.arg(ms);
+        let run = run_traced(cmd, &format!("fork-reach-{ms}"));
+        assert_eq!((run.code(), run.stdout()), (Some(0), "child status 0\n".to_owned()), "stderr:\n{}", run.stderr());
+        let reports = run.reports();
+        let child = reports.iter().find(|r| !r["fork"]["forked_from_pid"].is_null()).expect("the child's report");
+        let verdict = |f: &str, class: &str| sum(&groups_with(child, f), "bytes").min(
+            groups_with(child, f).iter().map(|g| g["reachability"][class]["bytes"].as_u64().unwrap()).sum());
+        assert_eq!(verdict("kept_in_inherited", "reachable"), 1111, "after {ms} ms: held by an inherited block");
+        assert_eq!(verdict("realloc_inherited", "reachable"), 3333, "after {ms} ms");
+        assert_eq!(verdict("reuse_inherited_address", "reachable"), 200, "after {ms} ms");
+        assert_eq!(verdict("child_dropped", "definite"), 2222, "after {ms} ms");
+        // Only a dropped block at a freed inherited block's address points to it.
+        assert_eq!(verdict("leak_into_reused_address", "indirect"), 4444, "after {ms} ms");
+        assert!(groups_with(child, "parent_allocates").is_empty(), "after {ms} ms: the parent's blocks are not the child's");
+        assert_eq!(child["fork"]["inherited_frees"], 20_000 / 2 + 3, "after {ms} ms");
+        assert_eq!(host(child, "total_allocs") - host(child, "total_frees"), host(child, "live_blocks"));
+        assert_eq!(child["summary"]["host"]["reachability"]["definite"]["bytes"], 2222 + 200, "after {ms} ms: {:#}", child["summary"]["host"]);
+    }
+}
+
 #[test]
 fn a_dlclosed_plugin_is_still_symbolized() {
     let plugin = build_fixture("plugin.c", &["-shared", "-fPIC"]);
