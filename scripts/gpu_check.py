@@ -4,6 +4,7 @@ programs against stub libraries). Run on a machine with one NVIDIA GPU, the CUDA
 and PyTorch, from the repository root, with a built library:
 
     python3 scripts/gpu_check.py target/release/libleaktrace.so [OUTDIR]
+    python3 scripts/gpu_check.py --compare OLD.so NEW.so   # timing only, see compare()
 
 Each case runs a program plain and under the library: the exit status and stdout must be
 the same, and the report must hold the planted device leaks with their API, kind, size
@@ -25,7 +26,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIX = os.path.join(ROOT, "tests", "fixtures", "cuda")
-LIB = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else os.path.join(ROOT, "target/release/libleaktrace.so")
+LIB = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1] != "--compare" else os.path.join(ROOT, "target/release/libleaktrace.so")
 OUT = sys.argv[2] if len(sys.argv) > 2 else tempfile.mkdtemp(prefix="gpu-check-")
 PASSED, FAILED = [], []
 TIMES = {}
@@ -335,7 +336,38 @@ def other_frameworks():
             show(r)
 
 
+def compare(libs, rounds=3):
+    """Times two builds of the library against each other, in alternating runs: JAX's
+    `x @ x` (16 threads allocating: the collector's throughput shows) and the PyTorch
+    job's 300 steps. Prints medians and the full-ring waits of each."""
+    jax_code = "import jax.numpy as jnp\nx = jnp.ones((1024, 1024))\nprint(float((x @ x).sum()))\n"
+    workloads = [("jax", [sys.executable, "-c", jax_code]), ("torch", [sys.executable, os.path.join(ROOT, "scripts", "gpu_torch.py"), "300"])]
+    for name, argv in workloads:
+        got = {lib: [] for lib in ["plain"] + libs}
+        for _ in range(rounds):
+            for lib in got:
+                out = tempfile.mkdtemp(prefix="compare-")
+                env = dict(os.environ)
+                env.pop("LD_PRELOAD", None)
+                if lib != "plain":
+                    env.update(LD_PRELOAD=os.path.abspath(lib), LEAKTRACE_OUTPUT=out, LEAKTRACE_SUMMARY="0")
+                t = time.perf_counter()
+                rc = subprocess.run(argv, capture_output=True, env=env, timeout=600).returncode
+                wall = time.perf_counter() - t
+                if rc != 0:
+                    print(f"{name}: exit status {rc} under {lib}: not a valid timing")
+                waits = [json.load(open(p))["diagnostics"]["buffer_full_waits"] for p in glob.glob(os.path.join(out, "leaktrace.python*.json"))]
+                got[lib].append((wall, sum(waits)))
+                shutil.rmtree(out, ignore_errors=True)
+        for lib, runs in got.items():
+            print(f"{name:<6} {os.path.basename(lib):<28} wall median {statistics.median(w for w, _ in runs):6.2f} s "
+                  f"(runs {' '.join(f'{w:.2f}' for w, _ in runs)}), full-ring waits median {statistics.median(n for _, n in runs):.0f}")
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--compare":
+        compare(sys.argv[2:])
+        return
     print(f"library {LIB}; reports under {OUT}")
     subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"])
     with tempfile.TemporaryDirectory() as d:
