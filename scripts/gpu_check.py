@@ -71,25 +71,36 @@ def load(path):
     return r
 
 
+def env_for(lib, out, extra=None):
+    """A run's environment (with `extra`): plain where `lib` is None, else under `lib`
+    with its reports in `out` and no exit summary."""
+    env = dict(os.environ, **(extra or {}))
+    env.pop("LD_PRELOAD", None)
+    if lib:
+        env.update(LD_PRELOAD=os.path.abspath(lib), LEAKTRACE_OUTPUT=out, LEAKTRACE_SUMMARY="0")
+    return env
+
+
+def train_seconds(stderr):
+    """The training time `gpu_torch.py` prints on stderr (`train_s <seconds>`), if any."""
+    return next((float(line.split()[1]) for line in stderr.splitlines() if line.startswith("train_s ")), None)
+
+
 def run(tag, argv, env=None, timeout=600):
     """Plain, then traced. Returns (plain, traced, [reports]) or None after a failed check."""
-    env = dict(os.environ, **(env or {}))
-    env.pop("LD_PRELOAD", None)
     t = time.perf_counter()
-    plain = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout)
+    plain = subprocess.run(argv, capture_output=True, text=True, env=env_for(None, None, env), timeout=timeout)
     TIMES.setdefault(tag, {})["plain"] = time.perf_counter() - t
     out = os.path.join(OUT, tag)
     os.makedirs(out, exist_ok=True)
     t = time.perf_counter()
-    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=dict(env, LD_PRELOAD=LIB, LEAKTRACE_OUTPUT=out, LEAKTRACE_SUMMARY="0"))
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_for(LIB, out, env))
     stdout, stderr = child.communicate(timeout=timeout)
     traced = subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)
     TIMES[tag]["leaktrace"] = time.perf_counter() - t
     for name, proc in (("plain", plain), ("leaktrace", traced)):
-        for line in proc.stderr.splitlines():
-            if line.startswith("train_s "):
-                TIMES[tag][f"train_s {name}"] = float(line.split()[1])
+        if (seconds := train_seconds(proc.stderr)) is not None:
+            TIMES[tag][f"train_s {name}"] = seconds
     with open(os.path.join(out, "stderr.txt"), "w") as f:
         f.write(traced.stderr)
     ok = check(f"{tag}: exit status {plain.returncode} unchanged", plain.returncode == traced.returncode,
@@ -295,15 +306,12 @@ def torch_timing(rounds=3):
     out = tempfile.mkdtemp(prefix="timing-")
     for _ in range(rounds):
         for name in got:
-            env = dict(os.environ)
-            env.pop("LD_PRELOAD", None)
-            if name == "leaktrace":
-                env.update(LD_PRELOAD=LIB, LEAKTRACE_OUTPUT=out, LEAKTRACE_SUMMARY="0")
+            env = env_for(LIB if name == "leaktrace" else None, out)
             t = time.perf_counter()
             r = subprocess.run([py, script, "300"], capture_output=True, text=True, env=env, timeout=300)
             wall = time.perf_counter() - t
-            steps = [float(x.split()[1]) for x in r.stderr.splitlines() if x.startswith("train_s ")]
-            got[name].append((steps[0] if steps else float("nan"), wall))
+            steps = train_seconds(r.stderr)
+            got[name].append((float("nan") if steps is None else steps, wall))
     med = {k: (statistics.median(a for a, _ in v), statistics.median(b for _, b in v)) for k, v in got.items()}
     print(f"torch timing, medians of {rounds}: 300 steps {med['plain'][0]:.2f} s plain, {med['leaktrace'][0]:.2f} s traced "
           f"({med['leaktrace'][0] / med['plain'][0]:.2f}x); whole process {med['plain'][1]:.2f} s plain, "
@@ -347,10 +355,7 @@ def compare(libs, rounds=3):
         for _ in range(rounds):
             for lib in got:
                 out = tempfile.mkdtemp(prefix="compare-")
-                env = dict(os.environ)
-                env.pop("LD_PRELOAD", None)
-                if lib != "plain":
-                    env.update(LD_PRELOAD=os.path.abspath(lib), LEAKTRACE_OUTPUT=out, LEAKTRACE_SUMMARY="0")
+                env = env_for(None if lib == "plain" else lib, out)
                 t = time.perf_counter()
                 rc = subprocess.run(argv, capture_output=True, env=env, timeout=600).returncode
                 wall = time.perf_counter() - t
