@@ -48,6 +48,12 @@ struct Consumer {
 static STATE: SpinLock<Option<Consumer>> = SpinLock::new(None);
 static SNAPSHOT_REQUESTED: AtomicBool = AtomicBool::new(false);
 static SCAN_AT_EXIT: AtomicBool = AtomicBool::new(false);
+/// Set in a forked child that will scan at exit: its collector thread gathers the
+/// inherited blocks while the child runs (`prepare_inherited`).
+static PREPARE_INHERITED: AtomicBool = AtomicBool::new(false);
+/// A child that execs does so within a millisecond or two: one still here after this
+/// long is a worker, worth the preparation.
+const PREPARE_AFTER: Duration = Duration::from_millis(20);
 /// A termination signal to die by once the final report is written (0: none).
 static TERMINATING_SIGNAL: AtomicI32 = AtomicI32::new(0);
 /// Set while a collector thread runs in this process.
@@ -284,6 +290,7 @@ fn collector_main() {
     COLLECTOR_RUNNING.store(true, Ordering::SeqCst);
     let interval = REPORT.lock().as_ref().map(|r| r.config.interval_ms).unwrap_or(0);
     let mut last_report = Instant::now();
+    let born = Instant::now();
     let mut idle_sleep_us = 200u64;
     while active() && !COLLECTOR_STOP.load(Ordering::Acquire) {
         let sig = TERMINATING_SIGNAL.load(Ordering::Acquire);
@@ -302,6 +309,9 @@ fn collector_main() {
             g.as_mut().map(|c| drain_into(c, 1 << 16, false)).unwrap_or(0)
         };
         stacks::promote_tables_if_large();
+        if born.elapsed() >= PREPARE_AFTER && PREPARE_INHERITED.load(Ordering::Relaxed) && PREPARE_INHERITED.swap(false, Ordering::AcqRel) {
+            prepare_inherited();
+        }
         // A load first: the flag shares a cache line with statics the unwinder reads on
         // every capture, and a locked write on every turn of this loop would take that
         // line from every allocating core.
@@ -321,6 +331,18 @@ fn collector_main() {
     }
     COLLECTOR_RUNNING.store(false, Ordering::SeqCst);
     COLLECTORS_LIVE.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// In a forked child, gathers the blocks it inherited and sorts them, the sort without
+/// holding the collector, so that the exit report's scan starts from a ready list (a
+/// DataLoader worker's exit, which its parent waits for, took 40–75 ms longer without).
+fn prepare_inherited() {
+    let gathered = STATE.lock().as_mut().and_then(|c| c.model.gather_inherited());
+    let Some((mut list, generation)) = gathered else { return };
+    list.sort_unstable_by_key(|b| b.0);
+    if let Some(c) = STATE.lock().as_mut() {
+        c.model.install_inherited(list, generation);
+    }
 }
 
 /// Called from a termination signal handler (async-signal-safe). Returns false when the
@@ -428,7 +450,7 @@ fn write_report(reason: Reason) {
     // blocks and scans: the largest groups are the ones reported, unless the scan finds
     // smaller ones leaked (named afterwards).
     let presymbolizer = (final_report && scan_now).then(|| Presymbolizer::start(&snapshot)).flatten();
-    let live = scan_now.then(|| c.model.live_blocks());
+    let live = scan_now.then(|| if final_report { c.model.take_live_blocks() } else { c.model.live_blocks() });
     drop(state);
     // The scan stops the other threads: it runs holding none of our locks.
     let scan = live.map(|live| reachability_scan(&live, presymbolizer.as_ref().map_or(0, Presymbolizer::tid)));
@@ -705,6 +727,7 @@ pub fn fork_child() {
     if active() {
         let follow = REPORT.lock().as_ref().map(|r| r.config.follow_fork).unwrap_or(false);
         if follow {
+            PREPARE_INHERITED.store(SCAN_AT_EXIT.load(Ordering::Relaxed), Ordering::Release);
             spawn_collector();
         } else {
             TRACKING.store(FINISHED, Ordering::SeqCst);

@@ -49,9 +49,9 @@ fn forked_child_gets_its_own_report_without_the_parents_leaks() {
     assert!(groups_with(parent, "inherited_then_freed").is_empty());
 }
 
-/// A forked child's verdicts against what it inherited, whether it exits at once or
-/// after its collector had time to run: kept in an inherited block, realloc'ed, a chunk
-/// an inherited block just freed reused and leaked, half the inherited blocks freed.
+/// A worker's exit scan reads the inherited blocks from a list the collector thread
+/// gathered while the child ran (after 20 ms), less what the child freed since; a child
+/// that exits at once walks the tables instead. Both give the same verdicts.
 #[test]
 fn a_forked_childs_leaks_are_classified_the_same_early_and_late() {
     let bin = build_fixture("fork_reach.c", &[]);
