@@ -53,7 +53,11 @@ static SCAN_AT_EXIT: AtomicBool = AtomicBool::new(false);
 static PREPARE_INHERITED: AtomicBool = AtomicBool::new(false);
 /// A child that execs does so within a millisecond or two: one still here after this
 /// long is a worker, worth the preparation.
-const PREPARE_AFTER: Duration = Duration::from_millis(20);
+const PREPARE_AFTER: Duration = Duration::from_millis(5);
+/// True from the gather until the sorted list is installed: an exit meanwhile waits for
+/// it (at most `PREPARE_WAIT`) rather than gathering and sorting everything again.
+static PREPARING: AtomicBool = AtomicBool::new(false);
+const PREPARE_WAIT: Duration = Duration::from_millis(500);
 /// A termination signal to die by once the final report is written (0: none).
 static TERMINATING_SIGNAL: AtomicI32 = AtomicI32::new(0);
 /// Set while a collector thread runs in this process.
@@ -337,11 +341,20 @@ fn collector_main() {
 /// holding the collector, so that the exit report's scan starts from a ready list (a
 /// DataLoader worker's exit, which its parent waits for, took 40–75 ms longer without).
 fn prepare_inherited() {
+    struct Preparing;
+    impl Drop for Preparing {
+        fn drop(&mut self) {
+            PREPARING.store(false, Ordering::SeqCst);
+        }
+    }
+    PREPARING.store(true, Ordering::SeqCst);
+    let _clear = Preparing;
     let gathered = STATE.lock().as_mut().and_then(|c| c.model.gather_inherited());
-    let Some((mut list, generation)) = gathered else { return };
-    list.sort_unstable_by_key(|b| b.0);
-    if let Some(c) = STATE.lock().as_mut() {
-        c.model.install_inherited(list, generation);
+    if let Some((mut list, generation)) = gathered {
+        list.sort_unstable_by_key(|b| b.0);
+        if let Some(c) = STATE.lock().as_mut() {
+            c.model.install_inherited(list, generation);
+        }
     }
 }
 
@@ -429,6 +442,13 @@ fn drain_everything(c: &mut Consumer) {
 
 fn write_report(reason: Reason) {
     let final_report = reason == Reason::Exit;
+    if final_report {
+        // Before taking the collector: the preparation needs it to install its list.
+        let start = Instant::now();
+        while PREPARING.load(Ordering::SeqCst) && start.elapsed() < PREPARE_WAIT {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
     let Some(mut state) = lock_bounded(&STATE, Duration::from_secs(5)) else {
         stderr_line("leaktrace: collector busy for 5 s; report skipped");
         return;
@@ -727,6 +747,8 @@ pub fn fork_child() {
     if active() {
         let follow = REPORT.lock().as_ref().map(|r| r.config.follow_fork).unwrap_or(false);
         if follow {
+            // A parent that was preparing its own list forked: not this process's.
+            PREPARING.store(false, Ordering::SeqCst);
             PREPARE_INHERITED.store(SCAN_AT_EXIT.load(Ordering::Relaxed), Ordering::Release);
             spawn_collector();
         } else {
