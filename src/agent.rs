@@ -281,7 +281,9 @@ pub fn start(config: Config, host_tracking: String) -> bool {
 
 fn spawn_collector() {
     COLLECTORS_LIVE.fetch_add(1, Ordering::SeqCst);
-    if let Err(rc) = crate::interpose::lifecycle::spawn_internal_thread(collector_main) {
+    // Untracked: pthread_create allocates the new thread's TLS vector on the calling
+    // thread (a forked child's starts here, in the fork handler), and that block is ours.
+    if let Err(rc) = thread::untracked(|| crate::interpose::lifecycle::spawn_internal_thread(collector_main)) {
         COLLECTORS_LIVE.fetch_sub(1, Ordering::SeqCst);
         stderr_line(&format!(
             "leaktrace: cannot start the collector thread (error {rc}); events are drained by the program's threads instead"
