@@ -9,6 +9,8 @@
 # liblsan preloaded), jemalloc with leak profiling of every allocation, valgrind memcheck.
 #   malloc-1t / malloc-2t  bench/malloc_bench.c: 2 M malloc/free pairs, 16..4096 B,
 #                          1000-block window, ~30-frame stacks, -O2 without frame pointers
+#   new-stacks             bench/new_stacks.c: 2^19 distinct ~40-frame call paths, one
+#                          malloc/free each (every stack new, as in `import torch`)
 #   sqlite3                bench/sqlite_workload.sql on an in-memory database (Debian sqlite3)
 # SET frameworks: real ML programs, against heaptrack (the others cannot run them).
 #   pytorch                tests/fixtures/frameworks/torch_train.py train (import, 2 epochs,
@@ -39,9 +41,10 @@ if command -v heaptrack >/dev/null; then TOOLS+=("heaptrack"); fi
 case $SET in
 malloc)
     cc -O2 -fomit-frame-pointer -pthread -o "$WORK/malloc_bench" bench/malloc_bench.c
-    NAMES+=("malloc-1t" "malloc-2t")
-    CMDS+=("$WORK/malloc_bench 1" "$WORK/malloc_bench 2")
-    ENVS+=("" "")
+    cc -O2 -fomit-frame-pointer -o "$WORK/new_stacks" bench/new_stacks.c
+    NAMES+=("malloc-1t" "malloc-2t" "new-stacks")
+    CMDS+=("$WORK/malloc_bench 1" "$WORK/malloc_bench 2" "$WORK/new_stacks")
+    ENVS+=("" "" "")
     if command -v sqlite3 >/dev/null; then
         NAMES+=("sqlite3")
         CMDS+=("sqlite3 :memory: -init bench/sqlite_workload.sql .quit")

@@ -176,8 +176,8 @@ impl<V: Packed> AddressTable<V> {
         let capacity = (self.keys.len() * 2).max(MIN_CAPACITY);
         // Producers whose rings fill meanwhile move to larger ones instead of waiting.
         let _stall = (capacity >= STALLING_CAPACITY).then(crate::hotpath::channel::ConsumerStall::begin);
-        let old_keys = std::mem::replace(&mut self.keys, ZeroedArray::new(capacity));
-        let old_values = std::mem::replace(&mut self.values, ZeroedArray::new(capacity));
+        let old_keys = std::mem::replace(&mut self.keys, ZeroedArray::populated(capacity));
+        let old_values = std::mem::replace(&mut self.values, ZeroedArray::populated(capacity));
         self.mask = capacity - 1;
         // Each move is a miss in the new arrays: start loading the home slots of the
         // keys a little ahead, so that the misses overlap (the collector stops taking
