@@ -18,7 +18,8 @@ pub fn map_zeroed(bytes: usize) -> Option<*mut u8> {
     (p != libc::MAP_FAILED).then_some(p as *mut u8)
 }
 
-const HUGE_PAGE: usize = 2 << 20;
+/// A transparent huge page.
+pub const HUGE_PAGE: usize = 2 << 20;
 /// `MADV_COLLAPSE` (Linux 6.1), not in every libc crate version.
 const MADV_COLLAPSE: libc::c_int = 25;
 

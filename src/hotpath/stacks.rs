@@ -25,6 +25,8 @@
 //! without reading that stack's record (a cache miss in the record array).
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
+use super::mapping::HUGE_PAGE;
+
 const ID_BITS: u32 = 22;
 const ID_MASK: u32 = (1 << ID_BITS) - 1;
 const MAX_STACKS: usize = 1 << ID_BITS;
@@ -170,7 +172,6 @@ const POPULATE_AHEAD: usize = 8 << 20;
 /// Bytes of each arena faulted in so far; `usize::MAX` once the kernel refused.
 static RECORDS_POPULATED: AtomicUsize = AtomicUsize::new(0);
 static FRAMES_POPULATED: AtomicUsize = AtomicUsize::new(0);
-const HUGE_PAGE: usize = 2 << 20;
 
 /// The range of an arena (`capacity` bytes) to fault in now, `used` bytes of it being
 /// written and `populated` already faulted in: from the page the writers are in (or
@@ -190,24 +191,22 @@ fn populate_range(used: usize, populated: usize, capacity: usize) -> Option<(usi
 /// huge pages and all, and the flags.
 pub fn promote_tables_if_large() {
     let Some(t) = published_tables() else { return };
-    let advise = |done: &AtomicBool, used: usize, base: *mut u8, bytes: usize| {
-        if used >= HUGE_ARENA_AT && !done.swap(true, Ordering::Relaxed) {
+    // An arena written in order (`used` of its `bytes`): 2 MiB pages past 4 MiB, and
+    // faulted in ahead of its writers.
+    let arena = |advised: &AtomicBool, populated: &AtomicUsize, used: usize, base: *mut u8, bytes: usize| {
+        if used >= HUGE_ARENA_AT && !advised.swap(true, Ordering::Relaxed) {
             super::mapping::advise_huge_pages(base, bytes);
         }
-    };
-    let populate = |done: &AtomicUsize, used: usize, base: *mut u8, bytes: usize| {
-        if let Some((start, end)) = populate_range(used, done.load(Ordering::Relaxed), bytes) {
+        if let Some((start, end)) = populate_range(used, populated.load(Ordering::Relaxed), bytes) {
             // SAFETY: [start, end) lies inside the arena's mapping (`end <= bytes`).
             let ok = super::mapping::populate_writable(unsafe { base.add(start) }, end - start);
-            done.store(if ok { end } else { usize::MAX }, Ordering::Relaxed);
+            populated.store(if ok { end } else { usize::MAX }, Ordering::Relaxed);
         }
     };
     let records = (t.next_id.load(Ordering::Relaxed) as usize).min(MAX_STACKS) * std::mem::size_of::<Record>();
-    advise(&RECORDS_ADVISED, records, t.records as *mut u8, MAX_STACKS * std::mem::size_of::<Record>());
-    populate(&RECORDS_POPULATED, records, t.records as *mut u8, MAX_STACKS * std::mem::size_of::<Record>());
+    arena(&RECORDS_ADVISED, &RECORDS_POPULATED, records, t.records as *mut u8, MAX_STACKS * std::mem::size_of::<Record>());
     let frames = (t.next_frame.load(Ordering::Relaxed) as usize).min(FRAME_CAPACITY) * 8;
-    advise(&FRAMES_ADVISED, frames, t.frames as *mut u8, FRAME_CAPACITY * 8);
-    populate(&FRAMES_POPULATED, frames, t.frames as *mut u8, FRAME_CAPACITY * 8);
+    arena(&FRAMES_ADVISED, &FRAMES_POPULATED, frames, t.frames as *mut u8, FRAME_CAPACITY * 8);
     if INDEX_PROMOTED.load(Ordering::Relaxed) {
         return;
     }
