@@ -285,6 +285,19 @@ impl Collector {
         self.groups[block.group as usize].0 .1.kind()
     }
 
+    /// Whether the exit scan reads a block of `space` when a forked child inherited it:
+    /// heap blocks and page-locked host memory are readable, device and managed memory
+    /// are not.
+    fn readable_when_inherited(&self, space: Space, block: &LiveBlock) -> bool {
+        space == Space::Heap || (space == Space::Cuda && self.kind_of(block) == Kind::Pinned)
+    }
+
+    /// The pointer scan's entry for the live block `b` at `addr`.
+    fn live_entry(&self, addr: u64, b: &LiveBlock) -> LiveEntry {
+        let ((stack, api, device), _) = self.groups[b.group as usize];
+        LiveEntry { addr, size: b.size, stack, api, device }
+    }
+
     fn add_live(&mut self, space: Space, addr: u64, block: LiveBlock) {
         let old = match space {
             Space::Heap => self.live.insert(addr, block),
@@ -360,7 +373,7 @@ impl Collector {
             return;
         }
         let inherited = self.inherited(block);
-        let scanned_inherited = inherited && (space == Space::Heap || (space == Space::Cuda && self.kind_of(block) == Kind::Pinned));
+        let scanned_inherited = inherited && self.readable_when_inherited(space, block);
         let Some(p) = self.prepared.as_mut() else { return };
         if scanned_inherited {
             p.freed.push(addr);
@@ -388,7 +401,7 @@ impl Collector {
             }
         }
         for (&(space, addr), b) in self.cuda_live.iter() {
-            if space == Space::Cuda && self.inherited(b) && self.kind_of(b) == Kind::Pinned {
+            if self.inherited(b) && self.readable_when_inherited(space, b) {
                 inherited.push((addr, b.size));
             }
         }
@@ -516,21 +529,17 @@ impl Collector {
             if self.inherited(&b) {
                 input.inherited.push((addr, b.size));
             } else {
-                let ((stack, api, device), _) = self.groups[b.group as usize];
-                input.blocks.push(LiveEntry { addr, size: b.size, stack, api, device });
+                input.blocks.push(self.live_entry(addr, &b));
             }
         }
-        // CUDA allocations; of those a child inherited, page-locked host memory is
-        // readable, device and managed memory is not.
+        // CUDA allocations (registrations and VMM handles and ranges are not scanned).
         for (&(space, addr), b) in self.cuda_live.iter() {
-            if space != Space::Cuda {
-                continue;
-            }
-            let ((stack, api, device), _) = self.groups[b.group as usize];
-            if !self.inherited(b) {
-                input.blocks.push(LiveEntry { addr, size: b.size, stack, api, device });
-            } else if api.kind() == Kind::Pinned {
-                input.inherited.push((addr, b.size));
+            if self.inherited(b) {
+                if self.readable_when_inherited(space, b) {
+                    input.inherited.push((addr, b.size));
+                }
+            } else if space == Space::Cuda {
+                input.blocks.push(self.live_entry(addr, b));
             }
         }
         input.blocks.sort_unstable_by_key(|b| b.addr);
@@ -559,13 +568,11 @@ impl Collector {
         let mut input = ScanInput::default();
         let Some(p) = self.prepared.as_ref() else { return input };
         for (addr, b) in p.own_heap.iter() {
-            let ((stack, api, device), _) = self.groups[b.group as usize];
-            input.blocks.push(LiveEntry { addr, size: b.size, stack, api, device });
+            input.blocks.push(self.live_entry(addr, &b));
         }
         for (&(space, addr), b) in self.cuda_live.iter() {
             if space == Space::Cuda && !self.inherited(b) {
-                let ((stack, api, device), _) = self.groups[b.group as usize];
-                input.blocks.push(LiveEntry { addr, size: b.size, stack, api, device });
+                input.blocks.push(self.live_entry(addr, b));
             }
         }
         input.blocks.sort_unstable_by_key(|b| b.addr);
