@@ -304,10 +304,7 @@ fn collector_main() {
             finish_as(sig);
             // Another thread may be writing the final report (exit, _exit raced the
             // signal): let it finish; the process usually ends on its own meanwhile.
-            let start = Instant::now();
-            while final_in_progress() && start.elapsed() < Duration::from_secs(60) {
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            wait_while(final_in_progress, Duration::from_secs(60), Duration::from_millis(1));
             crate::interpose::lifecycle::die_by_signal(sig);
         }
         let drained = {
@@ -339,6 +336,14 @@ fn collector_main() {
     }
     COLLECTOR_RUNNING.store(false, Ordering::SeqCst);
     COLLECTORS_LIVE.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// Naps `nap` at a time while `busy` holds, for at most `limit`.
+fn wait_while(busy: impl Fn() -> bool, limit: Duration, nap: Duration) {
+    let start = Instant::now();
+    while busy() && start.elapsed() < limit {
+        std::thread::sleep(nap);
+    }
 }
 
 /// In a forked child, gathers the blocks it inherited and sorts them, the sort without
@@ -448,10 +453,7 @@ fn write_report(reason: Reason) {
     let final_report = reason == Reason::Exit;
     if final_report {
         // Before taking the collector: the preparation needs it to install its list.
-        let start = Instant::now();
-        while PREPARING.load(Ordering::SeqCst) && start.elapsed() < PREPARE_WAIT {
-            std::thread::sleep(Duration::from_micros(200));
-        }
+        wait_while(|| PREPARING.load(Ordering::SeqCst), PREPARE_WAIT, Duration::from_micros(200));
     }
     let Some(mut state) = lock_bounded(&STATE, Duration::from_secs(5)) else {
         stderr_line("leaktrace: collector busy for 5 s; report skipped");
@@ -684,10 +686,7 @@ pub fn finish() {
         return;
     }
     if TRACKING.compare_exchange(ACTIVE, FINISHING, Ordering::SeqCst, Ordering::SeqCst).is_err() {
-        let start = Instant::now();
-        while final_in_progress() && start.elapsed() < Duration::from_secs(60) {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_while(final_in_progress, Duration::from_secs(60), Duration::from_millis(1));
         return;
     }
     thread::untracked(|| {
