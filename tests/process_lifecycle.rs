@@ -50,7 +50,7 @@ fn forked_child_gets_its_own_report_without_the_parents_leaks() {
 }
 
 /// A worker's exit scan reads the inherited blocks from a list the collector thread
-/// gathered while the child ran (after 20 ms), less what the child freed since; a child
+/// gathered while the child ran (5 ms after the fork), less what the child freed since; a child
 /// that exits at once walks the tables instead. Both give the same verdicts.
 #[test]
 fn a_forked_childs_leaks_are_classified_the_same_early_and_late() {
