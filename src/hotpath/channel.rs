@@ -52,6 +52,9 @@ const HUGE_SLOTS: u64 = 1 << 18;
 /// a second a small ring fills in under a millisecond, about the consumer's idle sleep.
 /// The same for both sizes: a large ring is there to absorb the consumer's wake-up.
 const WAKE_AT: u64 = SMALL_SLOTS / 2;
+/// A producer takes the line this many slots ahead of its write position for writing
+/// (`prefetch_line_for_write`): 8 lines, a few events' time to arrive.
+const PREFETCH_AHEAD: u64 = 16;
 /// A producer whose ring stays past `WAKE_AT` looks at the consumer again this often.
 const RECHECK_EVERY: u64 = 512;
 
@@ -124,6 +127,7 @@ impl ThreadRing {
 
 /// Creates the thread-exit key; called once from the library constructor.
 pub fn init() {
+    super::mapping::detect_prefetch_for_write();
     let mut key: libc::pthread_key_t = 0;
     // SAFETY: valid out pointer; the destructor never unwinds.
     if unsafe { libc::pthread_key_create(&mut key, Some(retire_ring)) } == 0 {
@@ -277,6 +281,7 @@ pub fn publish(state: &ThreadState, kind: EventKind, api: Api, stack: u32, addr:
             Room::Closed => return,
         }
     }
+    super::mapping::prefetch_line_for_write(ring.slot(t + PREFETCH_AHEAD));
     // The ticket is taken only once there is room: a producer waiting for space never
     // holds a ticket that others must wait for.
     let order = if kind.orders_by_address() { TICKETS[bucket_of(addr)].0.fetch_add(1, Ordering::SeqCst) } else { 0 };
