@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Steady-state overhead on a PyTorch training loop (not a test): bench/torch_steps.py
-# times rounds of 50 training steps inside the process, after `import torch` and a
-# warm-up round, so the one-off costs (import, exit report) are left out. Runs it plain
-# and under leaktrace, interleaved, and prints the median of each and the ratio.
+# Steady-state overhead on PyTorch training loops (not a test): bench/torch_steps.py
+# times rounds of training steps inside the process, after `import torch` and a warm-up
+# round, so the one-off costs (import, exit report) are left out; a small model (~1,200
+# allocations a step) and a bigger one (~38,000). Runs each plain and under leaktrace,
+# interleaved, and prints the median of each and the ratio.
 #
 #   scripts/bench_steps.sh [RUNS]   (default 5)
 set -euo pipefail
@@ -17,14 +18,17 @@ cargo build --release --lib -q
 LIB="$PWD/target/release/libleaktrace.so"
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
-plain=() traced=()
-for _ in $(seq "$RUNS"); do
-    plain+=("$("$PY" bench/torch_steps.py | awk '/^steps50_ms/ {print $2}')")
-    traced+=("$(LEAKTRACE_SUMMARY=0 LEAKTRACE_OUTPUT="$OUT" LD_PRELOAD="$LIB" "$PY" bench/torch_steps.py | awk '/^steps50_ms/ {print $2}')")
-done
 median() { printf '%s\n' "$@" | sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
-p=$(median "${plain[@]}")
-t=$(median "${traced[@]}")
-printf 'workload              plain   leaktrace\n'
-printf 'torch-steps (50)  %7.1fms  %7.1fms  %.2fx\n' "$p" "$t" "$(echo "$t / $p" | bc -l)"
-printf '(median of %s interleaved runs, each the median of 8 rounds of 50 steps; %s cores)\n' "$RUNS" "$(nproc)"
+printf 'workload                   plain   leaktrace\n'
+for model in small big; do
+    plain=() traced=()
+    for _ in $(seq "$RUNS"); do
+        plain+=("$("$PY" bench/torch_steps.py 8 "$model" | awk '/^steps/ {print $2}')")
+        traced+=("$(LEAKTRACE_SUMMARY=0 LEAKTRACE_OUTPUT="$OUT" LD_PRELOAD="$LIB" "$PY" bench/torch_steps.py 8 "$model" | awk '/^steps/ {print $2}')")
+    done
+    p=$(median "${plain[@]}")
+    t=$(median "${traced[@]}")
+    steps=50; [ "$model" = big ] && steps=10
+    printf 'torch-steps %-5s (%2s)  %7.1fms  %7.1fms  %.2fx\n' "$model" "$steps" "$p" "$t" "$(echo "$t / $p" | bc -l)"
+done
+printf '(median of %s interleaved runs, each the median of 8 rounds; %s cores)\n' "$RUNS" "$(nproc)"
