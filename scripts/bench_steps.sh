@@ -23,12 +23,15 @@ printf 'workload                   plain   leaktrace\n'
 for model in small big; do
     plain=() traced=()
     for _ in $(seq "$RUNS"); do
-        plain+=("$("$PY" bench/torch_steps.py 8 "$model" | awk '/^steps/ {print $2}')")
+        # `steps<N>_ms <ms>`: N, the steps of a round, is the model's own.
+        line=$("$PY" bench/torch_steps.py 8 "$model" | awk '/^steps/ {print $1, $2}')
+        plain+=("${line#* }")
         traced+=("$(LEAKTRACE_SUMMARY=0 LEAKTRACE_OUTPUT="$OUT" LD_PRELOAD="$LIB" "$PY" bench/torch_steps.py 8 "$model" | awk '/^steps/ {print $2}')")
     done
     p=$(median "${plain[@]}")
     t=$(median "${traced[@]}")
-    steps=50; [ "$model" = big ] && steps=10
+    steps=${line%% *}
+    steps=${steps//[!0-9]/}
     printf 'torch-steps %-5s (%2s)  %7.1fms  %7.1fms  %.2fx\n' "$model" "$steps" "$p" "$t" "$(echo "$t / $p" | bc -l)"
 done
 printf '(median of %s interleaved runs, each the median of 8 rounds; %s cores)\n' "$RUNS" "$(nproc)"
