@@ -54,8 +54,12 @@ const GATE_AFTER: u32 = 8;
 const GATE_EVERY: u32 = 8;
 /// A node's `off` for the start-RBP pseudo-read.
 const BP_REGISTER: u32 = u32::MAX;
-/// A node's `off` for the end of a path; its `val` is the path's stack id.
+/// A node's `off` for the end of a path; its `val` is the path's stack id, its
+/// `sibling` the number of reads on the path.
 const LEAF: u32 = u32::MAX - 1;
+/// Node 0's `off` (set at every reset): a walk that ever came to index 0 stops there.
+/// The lowest of the three tags, so one comparison sends a walk off its common case.
+const STOP: u32 = u32::MAX - 2;
 
 /// Takes `n` nodes from the shared budget, if it has them.
 fn take_budget(n: usize) -> bool {
@@ -75,7 +79,8 @@ struct Node {
     val: u64,
     /// Byte offset of the word from the stack pointer, `BP_REGISTER` or `LEAF`.
     off: u32,
-    /// Next node of the same parent (0: none).
+    /// Next node of the same parent (0: none); always a later node than this one. On a
+    /// `LEAF`, the number of reads on its path.
     sibling: u32,
 }
 
@@ -115,11 +120,11 @@ fn root_slot(sp: u64) -> usize {
 
 impl HitTree {
     /// The stack id of an earlier capture at stack pointer `sp0` (start RBP `bp0`) all
-    /// of whose reads `read` still finds, if the tree holds one. `on_path` sees the
-    /// nodes the lookup follows, in order, as `(Some(address), value)` for a stack word
-    /// and `(None, value)` for the start RBP. Under a root whose last `GATE_AFTER`
-    /// lookups all failed, only one lookup in `GATE_EVERY` is made (the others return
-    /// `None` at once) until one answers.
+    /// of whose reads `read` still finds, if the tree holds one. If that path has at
+    /// most `trace_up_to` reads, `on_path` then sees them, in order, as
+    /// `(Some(address), value)` for a stack word and `(None, value)` for the start RBP.
+    /// Under a root whose last `GATE_AFTER` lookups all failed, only one lookup in
+    /// `GATE_EVERY` is made (the others return `None` at once) until one answers.
     #[inline]
     pub fn lookup(
         &mut self,
@@ -127,6 +132,7 @@ impl HitTree {
         bp0: u64,
         epoch: u32,
         read: impl Fn(u64) -> u64,
+        trace_up_to: usize,
         on_path: impl FnMut(Option<u64>, u64),
     ) -> Option<u32> {
         if self.epoch_tag != epoch.wrapping_add(1) || self.epoch_tag == 0 {
@@ -143,34 +149,83 @@ impl HitTree {
                 return None;
             }
         }
-        let found = self.walk(sp0, root.first, bp0, read, on_path);
+        let first = root.first;
+        let found = self.walk(sp0, first, bp0, &read);
         let root = &mut self.roots[slot];
         match found {
-            Some(_) => root.misses = 0,
-            None => root.misses = root.misses.saturating_add(1),
+            Some((id, reads)) => {
+                root.misses = 0;
+                self.answered = self.answered.saturating_add(1);
+                if reads <= trace_up_to {
+                    self.trace(sp0, first, bp0, &read, on_path);
+                }
+                Some(id)
+            }
+            None => {
+                root.misses = root.misses.saturating_add(1);
+                None
+            }
         }
-        found
     }
 
+    /// The stack id and the number of reads of the path whose every read holds. Kept to
+    /// the fewest instructions a read — a node load, a stack load, two compares — since
+    /// nearly every lookup in a training step answers, after ~80 reads, and the reads
+    /// cost what their instructions cost (see `trace`). The index is masked rather than
+    /// bounds-checked: every link leads to a later node, and an index past the last
+    /// wraps to node 0, whose `STOP` ends the walk.
     #[inline(always)]
-    fn walk(&mut self, sp0: u64, first: u32, bp0: u64, read: impl Fn(u64) -> u64, mut on_path: impl FnMut(Option<u64>, u64)) -> Option<u32> {
-        let mut c = first;
-        while c != 0 {
-            let n = *self.nodes.get(c as usize)?;
-            if n.off == LEAF {
-                self.answered = self.answered.saturating_add(1);
-                return Some(n.val as u32);
+    fn walk(&self, sp0: u64, first: u32, bp0: u64, read: &impl Fn(u64) -> u64) -> Option<(u32, usize)> {
+        let mut c = first as usize;
+        loop {
+            let n = self.nodes[c & (MAX_NODES - 1)];
+            let matched = if n.off < STOP {
+                read(sp0.wrapping_add(n.off as u64)) == n.val
+            } else {
+                // Rare: the end of a path, node 0, or the start RBP (at most once a path).
+                std::hint::cold_path();
+                match n.off {
+                    LEAF => return Some((n.val as u32, n.sibling as usize)),
+                    STOP => return None,
+                    _ => bp0 == n.val,
+                }
+            };
+            if matched {
+                c += 1;
+            } else {
+                // A mismatch either ends the lookup or moves to a sibling: rare on a
+                // path that answers. Without the hint the compiler picks `c + 1` or the
+                // sibling with a conditional move, and every node's address then waits
+                // for the previous word's comparison (lookups 2.3x slower).
+                std::hint::cold_path();
+                if n.sibling as usize <= c {
+                    return None;
+                }
+                c = n.sibling as usize;
+            }
+        }
+    }
+
+    /// The reads of the path `walk` found, for the memo. A separate pass: recording
+    /// each read in `walk` itself took a lookup from ~100 to ~330 cycles, and only short
+    /// paths are recorded at all.
+    fn trace(&self, sp0: u64, first: u32, bp0: u64, read: &impl Fn(u64) -> u64, mut on_path: impl FnMut(Option<u64>, u64)) {
+        let mut c = first as usize;
+        while let Some(n) = self.nodes.get(c) {
+            if n.off == LEAF || n.off == STOP {
+                return;
             }
             let addr = sp0.wrapping_add(n.off as u64);
             let actual = if n.off == BP_REGISTER { bp0 } else { read(addr) };
             if actual == n.val {
                 on_path((n.off != BP_REGISTER).then_some(addr), n.val);
                 c += 1;
+            } else if n.sibling as usize > c {
+                c = n.sibling as usize;
             } else {
-                c = n.sibling;
+                return;
             }
         }
-        None
     }
 
     /// Files a finished capture: at `sp0`, with the start RBP if its unwind depended on
@@ -183,8 +238,8 @@ impl HitTree {
             self.skip -= 1;
             return;
         }
-        // Offsets from the stack pointer must fit below the two tags.
-        if reads.iter().any(|&(a, _)| a < sp0 || a - sp0 >= LEAF as u64) {
+        // Offsets from the stack pointer must fit below the three tags.
+        if reads.iter().any(|&(a, _)| a < sp0 || a - sp0 >= STOP as u64) {
             return;
         }
         let tag = epoch.wrapping_add(1);
@@ -259,12 +314,13 @@ impl HitTree {
             // where this one ends (see above).
             return;
         }
-        self.nodes[self.used as usize] = Node { val: stack_id as u64, off: LEAF, sibling: 0 };
+        self.nodes[self.used as usize] = Node { val: stack_id as u64, off: LEAF, sibling: (need - 1) as u32 };
         self.used += 1;
     }
 
     fn reset(&mut self, tag: u32) {
         self.epoch_tag = tag;
+        self.nodes[0] = Node { val: 0, off: STOP, sibling: 0 };
         self.used = 1;
         self.answered = 0;
         self.filed = 0;
@@ -302,13 +358,13 @@ mod tests {
         let mut t = empty();
         let mut mem: HashMap<u64, u64> = [(0x1008, 11), (0x1040, 22), (0x1100, 33)].into();
         t.insert(0x1000, None, &[(0x1008, 11), (0x1040, 22), (0x1100, 33)], 0, 7);
-        assert_eq!(t.lookup(0x1000, 0, 0, reader(&mem), |_, _| {}), Some(7));
+        assert_eq!(t.lookup(0x1000, 0, 0, reader(&mem), usize::MAX, |_, _| {}), Some(7));
         // Another stack pointer, another epoch: nothing.
-        assert_eq!(t.lookup(0x1010, 0, 0, reader(&mem), |_, _| {}), None);
-        assert_eq!(t.lookup(0x1000, 0, 1, reader(&mem), |_, _| {}), None);
+        assert_eq!(t.lookup(0x1010, 0, 0, reader(&mem), usize::MAX, |_, _| {}), None);
+        assert_eq!(t.lookup(0x1000, 0, 1, reader(&mem), usize::MAX, |_, _| {}), None);
         // Any word changed: a miss.
         mem.insert(0x1100, 34);
-        assert_eq!(t.lookup(0x1000, 0, 0, reader(&mem), |_, _| {}), None);
+        assert_eq!(t.lookup(0x1000, 0, 0, reader(&mem), usize::MAX, |_, _| {}), None);
     }
 
     #[test]
@@ -327,7 +383,7 @@ mod tests {
             let mut mem: HashMap<u64, u64> = shared.iter().copied().collect();
             mem.insert(0x2080, 100 + op);
             mem.insert(0x2100 + op * 8, 200 + op);
-            assert_eq!(t.lookup(0x2000, 0, 5, reader(&mem), |_, _| {}), Some(10 + op as u32), "path {op}");
+            assert_eq!(t.lookup(0x2000, 0, 5, reader(&mem), usize::MAX, |_, _| {}), Some(10 + op as u32), "path {op}");
         }
     }
 
@@ -338,20 +394,20 @@ mod tests {
         let held: HashMap<u64, u64> = [(0x5008, 1), (0x5010, 2)].into();
         let new_path: HashMap<u64, u64> = [(0x5008, 1), (0x5010, 3)].into();
         for _ in 0..GATE_AFTER {
-            assert_eq!(t.lookup(0x5000, 0, 0, reader(&new_path), |_, _| {}), None);
+            assert_eq!(t.lookup(0x5000, 0, 0, reader(&new_path), usize::MAX, |_, _| {}), None);
         }
         // Gated: the path the tree holds is looked for in one capture of GATE_EVERY.
-        let tries: Vec<Option<u32>> = (0..GATE_EVERY).map(|_| t.lookup(0x5000, 0, 0, reader(&held), |_, _| {})).collect();
+        let tries: Vec<Option<u32>> = (0..GATE_EVERY).map(|_| t.lookup(0x5000, 0, 0, reader(&held), usize::MAX, |_, _| {})).collect();
         let first = tries.iter().position(|r| *r == Some(9)).expect("one lookup in GATE_EVERY is made");
         assert!(first > 0 && tries[..first].iter().all(|r| r.is_none()), "{tries:?}");
         // The answer opened the root again: every lookup is made.
         for _ in 0..2 * GATE_EVERY {
-            assert_eq!(t.lookup(0x5000, 0, 0, reader(&held), |_, _| {}), Some(9));
+            assert_eq!(t.lookup(0x5000, 0, 0, reader(&held), usize::MAX, |_, _| {}), Some(9));
         }
         // Another root is not gated by this one's misses.
         t.insert(0x6000, None, &[(0x6008, 4)], 0, 10);
         let other: HashMap<u64, u64> = [(0x6008, 4)].into();
-        assert_eq!(t.lookup(0x6000, 0, 0, reader(&other), |_, _| {}), Some(10));
+        assert_eq!(t.lookup(0x6000, 0, 0, reader(&other), usize::MAX, |_, _| {}), Some(10));
     }
 
     #[test]
@@ -362,8 +418,15 @@ mod tests {
         // The first path's last word changed: the lookup goes on to its sibling.
         let mem: HashMap<u64, u64> = [(0x4008, 1), (0x4010, 3), (0x4018, 5)].into();
         let mut path = Vec::new();
-        assert_eq!(t.lookup(0x4000, 0x99, 0, reader(&mem), |a, v| path.push((a, v))), Some(4));
+        assert_eq!(t.lookup(0x4000, 0x99, 0, reader(&mem), usize::MAX, |a, v| path.push((a, v))), Some(4));
         assert_eq!(path, [(None, 0x99), (Some(0x4008), 1), (Some(0x4018), 5)]);
+        // Three reads: traced up to three, not up to two, and answered either way.
+        path.clear();
+        assert_eq!(t.lookup(0x4000, 0x99, 0, reader(&mem), 3, |a, v| path.push((a, v))), Some(4));
+        assert_eq!(path.len(), 3);
+        path.clear();
+        assert_eq!(t.lookup(0x4000, 0x99, 0, reader(&mem), 2, |a, v| path.push((a, v))), Some(4));
+        assert!(path.is_empty());
     }
 
     #[test]
@@ -371,10 +434,10 @@ mod tests {
         let mut t = empty();
         let mem: HashMap<u64, u64> = [(0x3008, 1), (0x3010, 2)].into();
         t.insert(0x3000, Some(0x7777), &[(0x3008, 1)], 0, 4);
-        assert_eq!(t.lookup(0x3000, 0x7777, 0, reader(&mem), |_, _| {}), Some(4));
-        assert_eq!(t.lookup(0x3000, 0x7778, 0, reader(&mem), |_, _| {}), None);
+        assert_eq!(t.lookup(0x3000, 0x7777, 0, reader(&mem), usize::MAX, |_, _| {}), Some(4));
+        assert_eq!(t.lookup(0x3000, 0x7778, 0, reader(&mem), usize::MAX, |_, _| {}), None);
         t.insert(0x3000, None, &[(0x3010, 2)], 0, 5);
-        assert_eq!(t.lookup(0x3000, 0x1234, 0, reader(&mem), |_, _| {}), Some(5));
+        assert_eq!(t.lookup(0x3000, 0x1234, 0, reader(&mem), usize::MAX, |_, _| {}), Some(5));
     }
 
     #[test]
@@ -391,7 +454,7 @@ mod tests {
                 limits.push(t.limit);
             }
             let mem: HashMap<u64, u64> = reads.iter().copied().collect();
-            assert_eq!(t.lookup(0x10_0000 - 8, 0, 2, reader(&mem), |_, _| {}), Some(p as u32 + 1));
+            assert_eq!(t.lookup(0x10_0000 - 8, 0, 2, reader(&mem), usize::MAX, |_, _| {}), Some(p as u32 + 1));
         }
         assert_eq!(limits, [1 << 15, 1 << 16, 1 << 17, 1 << 18, 1 << 19]);
         assert!(t.nodes_used() < 8 * per_path, "it started again once full");
@@ -399,7 +462,7 @@ mod tests {
         t.insert(0x5000, None, &reads, 3, 99);
         assert_eq!(t.nodes_used(), 3, "an insert in a new epoch empties the tree first");
         let mem: HashMap<u64, u64> = reads.into_iter().collect();
-        assert_eq!(t.lookup(0x5000, 0, 3, reader(&mem), |_, _| {}), Some(99));
+        assert_eq!(t.lookup(0x5000, 0, 3, reader(&mem), usize::MAX, |_, _| {}), Some(99));
         t.release();
     }
 
@@ -420,7 +483,7 @@ mod tests {
         // The next filings are skipped: nothing new is found.
         t.insert(0x20_0000 - 8, None, &path(p), 0, p as u32 + 1);
         let mem: HashMap<u64, u64> = path(p).into_iter().collect();
-        assert_eq!(t.lookup(0x20_0000 - 8, 0, 0, reader(&mem), |_, _| {}), None);
+        assert_eq!(t.lookup(0x20_0000 - 8, 0, 0, reader(&mem), usize::MAX, |_, _| {}), None);
         t.release();
     }
 
@@ -457,7 +520,7 @@ mod tests {
                 }
                 let mem: HashMap<u64, u64> = vals.iter().enumerate().map(|(k, &v)| (sp + 8 + 8 * k as u64, v)).collect();
                 let mut seen = Vec::new();
-                let got = t.lookup(sp, 0, 0, reader(&mem), |a, v| seen.push((a.unwrap(), v)));
+                let got = t.lookup(sp, 0, 0, reader(&mem), usize::MAX, |a, v| seen.push((a.unwrap(), v)));
                 let want = paths.get(&vals).copied();
                 assert_eq!(got, want, "round {round}");
                 if got.is_some() {
@@ -476,6 +539,6 @@ mod tests {
         // keeps the first.
         t.insert(0x6000, None, &[(0x6008, 1), (0x6010, 2)], 0, 2);
         let mem: HashMap<u64, u64> = [(0x6008, 1), (0x6010, 2)].into();
-        assert_eq!(t.lookup(0x6000, 0, 0, reader(&mem), |_, _| {}), Some(1));
+        assert_eq!(t.lookup(0x6000, 0, 0, reader(&mem), usize::MAX, |_, _| {}), Some(1));
     }
 }

@@ -958,6 +958,8 @@ fn capture(state: &ThreadState, depth: usize, memoise: bool) -> u32 {
                 // to lie in this thread's stack, in [sp0, hi), when it was read with the
                 // same stack pointer, so it is mapped now.
                 |addr| unsafe { std::ptr::read(addr as *const u64) },
+                // The start RBP, if the path has it, is a read too.
+                PROMOTE_READS + 1,
                 |addr, val| match addr {
                     None => bp_key = Some(val),
                     Some(a) if len < PROMOTE_READS => {
