@@ -77,7 +77,8 @@ fn take_budget(n: usize) -> bool {
 struct Node {
     /// The word read, or the stack id on a `LEAF`.
     val: u64,
-    /// Byte offset of the word from the stack pointer, `BP_REGISTER` or `LEAF`.
+    /// Byte offset of the word from the stack pointer, or one of the tags `BP_REGISTER`,
+    /// `LEAF`, `STOP`.
     off: u32,
     /// Next node of the same parent (0: none); always a later node than this one. On a
     /// `LEAF`, the number of reads on its path.
@@ -540,5 +541,27 @@ mod tests {
         t.insert(0x6000, None, &[(0x6008, 1), (0x6010, 2)], 0, 2);
         let mem: HashMap<u64, u64> = [(0x6008, 1), (0x6010, 2)].into();
         assert_eq!(t.lookup(0x6000, 0, 0, reader(&mem), usize::MAX, |_, _| {}), Some(1));
+    }
+
+    #[test]
+    fn a_walk_ends_on_a_link_backwards_and_at_the_end_of_the_nodes() {
+        let mut t = empty();
+        t.insert(0x7000, None, &[(0x7008, 1), (0x7010, 2)], 0, 3);
+        t.insert(0x7000, None, &[(0x7008, 1), (0x7010, 5)], 0, 4);
+        let mem: HashMap<u64, u64> = [(0x7008, 1), (0x7010, 9)].into();
+        assert_eq!(t.lookup(0x7000, 0, 0, reader(&mem), usize::MAX, |_, _| {}), None);
+        // A sibling link that points back (never made by `insert`) ends the lookup
+        // instead of looping.
+        let slot = root_slot(0x7000);
+        let second = t.roots[slot].first as usize + 1;
+        let back = t.nodes[second].sibling;
+        assert!(back as usize > second);
+        t.nodes[back as usize].sibling = second as u32;
+        assert_eq!(t.lookup(0x7000, 0, 0, reader(&mem), usize::MAX, |_, _| {}), None);
+        // A path running into the last node wraps to node 0, whose STOP ends it.
+        t.nodes[MAX_NODES - 1] = Node { val: 7, off: 0x18, sibling: 0 };
+        t.roots[slot].first = (MAX_NODES - 1) as u32;
+        let mem: HashMap<u64, u64> = [(0x7018, 7)].into();
+        assert_eq!(t.lookup(0x7000, 0, 0, reader(&mem), usize::MAX, |_, _| {}), None);
     }
 }
