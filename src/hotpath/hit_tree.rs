@@ -151,14 +151,14 @@ impl HitTree {
             }
         }
         let first = root.first;
-        let found = self.walk(sp0, first, bp0, &read);
+        let found = self.walk(sp0, first, bp0, &read, |_, _| {});
         let root = &mut self.roots[slot];
         match found {
             Some((id, reads)) => {
                 root.misses = 0;
                 self.answered = self.answered.saturating_add(1);
                 if reads <= trace_up_to {
-                    self.trace(sp0, first, bp0, &read, on_path);
+                    self.walk(sp0, first, bp0, &read, on_path);
                 }
                 Some(id)
             }
@@ -169,19 +169,23 @@ impl HitTree {
         }
     }
 
-    /// The stack id and the number of reads of the path whose every read holds. Kept to
-    /// the fewest instructions a read — a node load, a stack load, two compares — since
+    /// The stack id and the number of reads of the path whose every read holds;
+    /// `on_read` sees each read that matched, as `lookup`'s `on_path` does. Kept to the
+    /// fewest instructions a read — a node load, a stack load, two compares — since
     /// nearly every lookup in a training step answers, after ~80 reads, and the reads
-    /// cost what their instructions cost (see `trace`). The index is masked rather than
-    /// bounds-checked: every link leads to a later node, and an index past the last
-    /// wraps to node 0, whose `STOP` ends the walk.
+    /// cost what their instructions cost: recording each read here on every lookup took
+    /// one from ~100 to ~330 cycles, so `lookup` walks with a no-op `on_read` and walks
+    /// again to record only short paths. The index is masked rather than bounds-checked:
+    /// every link leads to a later node, and an index past the last wraps to node 0,
+    /// whose `STOP` ends the walk.
     #[inline(always)]
-    fn walk(&self, sp0: u64, first: u32, bp0: u64, read: &impl Fn(u64) -> u64) -> Option<(u32, usize)> {
+    fn walk(&self, sp0: u64, first: u32, bp0: u64, read: &impl Fn(u64) -> u64, mut on_read: impl FnMut(Option<u64>, u64)) -> Option<(u32, usize)> {
         let mut c = first as usize;
         loop {
             let n = self.nodes[c & (MAX_NODES - 1)];
+            let addr = sp0.wrapping_add(n.off as u64);
             let matched = if n.off < STOP {
-                read(sp0.wrapping_add(n.off as u64)) == n.val
+                read(addr) == n.val
             } else {
                 // Rare: the end of a path, node 0, or the start RBP (at most once a path).
                 std::hint::cold_path();
@@ -192,6 +196,7 @@ impl HitTree {
                 }
             };
             if matched {
+                on_read((n.off < STOP).then_some(addr), n.val);
                 c += 1;
             } else {
                 // A mismatch either ends the lookup or moves to a sibling: rare on a
@@ -203,28 +208,6 @@ impl HitTree {
                     return None;
                 }
                 c = n.sibling as usize;
-            }
-        }
-    }
-
-    /// The reads of the path `walk` found, for the memo. A separate pass: recording
-    /// each read in `walk` itself took a lookup from ~100 to ~330 cycles, and only short
-    /// paths are recorded at all.
-    fn trace(&self, sp0: u64, first: u32, bp0: u64, read: &impl Fn(u64) -> u64, mut on_path: impl FnMut(Option<u64>, u64)) {
-        let mut c = first as usize;
-        while let Some(n) = self.nodes.get(c) {
-            if n.off == LEAF || n.off == STOP {
-                return;
-            }
-            let addr = sp0.wrapping_add(n.off as u64);
-            let actual = if n.off == BP_REGISTER { bp0 } else { read(addr) };
-            if actual == n.val {
-                on_path((n.off != BP_REGISTER).then_some(addr), n.val);
-                c += 1;
-            } else if n.sibling as usize > c {
-                c = n.sibling as usize;
-            } else {
-                return;
             }
         }
     }
