@@ -664,15 +664,7 @@ fn reachability_scan(input: &crate::collector::state::ScanInput, names_thread: u
         by_group.entry((b.stack, b.api.name(), b.device)).or_default().add(v, b.size);
         totals[b.api.kind().index()].add(v, b.size);
     }
-    let out = build::ScanOut {
-        ran: true,
-        duration_ms: info.duration_ms,
-        threads: info.threads,
-        threads_stopped: info.threads_stopped,
-        threads_copied: info.threads_copied,
-        root_bytes: info.root_bytes,
-        heap_bytes: info.heap_bytes,
-    };
+    let out = build::ScanOut { ran: true, info };
     (out, by_group, totals)
 }
 

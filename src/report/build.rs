@@ -73,15 +73,12 @@ impl Reachability {
     }
 }
 
+/// The report's `scan` object: whether the pointer scan ran, and what it measured.
 #[derive(Clone, Debug, Serialize)]
 pub struct ScanOut {
     pub ran: bool,
-    pub duration_ms: u64,
-    pub threads: usize,
-    pub threads_stopped: usize,
-    pub threads_copied: usize,
-    pub root_bytes: u64,
-    pub heap_bytes: u64,
+    #[serde(flatten)]
+    pub info: crate::scan::ScanInfo,
 }
 
 #[derive(Clone, Debug, Serialize)]

@@ -26,7 +26,7 @@ fn inherited_pages(inherited: &[(u64, u64)]) -> Vec<(u64, u64)> {
     out
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct ScanInfo {
     pub duration_ms: u64,
     pub threads: usize,
