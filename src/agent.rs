@@ -112,12 +112,12 @@ impl ReportSide {
 
 static REPORT: SpinLock<Option<ReportSide>> = SpinLock::new(None);
 
+/// One line on the program's standard error, if fd 2 is still that (`os::fds`).
 pub fn stderr_line(line: &str) {
-    use std::io::Write;
     let mut s = String::with_capacity(line.len() + 1);
     s.push_str(line);
     s.push('\n');
-    let _ = std::io::stderr().write_all(s.as_bytes());
+    crate::os::fds::write_stderr(s.as_bytes());
 }
 
 #[inline(always)]
@@ -395,7 +395,7 @@ pub fn pause_collector() -> bool {
         // Finished its loop (a thread not yet started leaves at once), and gone from the
         // kernel's thread list.
         if COLLECTORS_LIVE.load(Ordering::SeqCst) == 0
-            && crate::interpose::lifecycle::thread_is_gone(COLLECTOR_TID.load(Ordering::SeqCst))
+            && crate::os::threads::thread_is_gone(COLLECTOR_TID.load(Ordering::SeqCst))
         {
             break;
         }
@@ -552,16 +552,39 @@ fn write_report(reason: Reason) {
             let shown = result.is_ok().then(|| path.display().to_string());
             let (visible, suppressed) = build::apply_suppressions(&groups, &r.suppressions);
             let text = build::summary_text(r.process.pid, &visible, suppressed, r.config.summary_top, shown.as_deref(), omitted);
-            let _ = std::io::Write::write_all(&mut std::io::stderr(), text.as_bytes());
+            crate::os::fds::write_stderr(text.as_bytes());
         }
     }
 }
 
 /// A thread that names the frames of the largest groups into the report's symbolizer
 /// while the final report gathers and scans (`write_report`). Dropping it waits for it.
+/// A raw thread of ours (`os::threads`): it runs at exit, when a program may have used
+/// every pthread key that `std::thread` would need.
 struct Presymbolizer {
-    handle: Option<std::thread::JoinHandle<()>>,
-    tid: Arc<AtomicU32>,
+    shared: Arc<PresymbolizerShared>,
+}
+
+struct PresymbolizerShared {
+    ids: Vec<u32>,
+    tid: AtomicU32,
+    done: AtomicBool,
+}
+
+extern "C" fn presymbolizer_main(arg: *mut std::ffi::c_void) -> *mut std::ffi::c_void {
+    thread::mark_internal();
+    // SAFETY: arg is the reference `Presymbolizer::start` leaked for this thread.
+    let shared = unsafe { Arc::from_raw(arg as *const PresymbolizerShared) };
+    shared.tid.store(thread::tid(), Ordering::SeqCst);
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        if let Some(mut r) = lock_bounded(&REPORT, Duration::from_secs(30)) {
+            if let Some(r) = r.as_mut() {
+                build::presymbolize(&shared.ids, &mut r.symbolizer);
+            }
+        }
+    }));
+    shared.done.store(true, Ordering::SeqCst);
+    std::ptr::null_mut()
 }
 
 impl Presymbolizer {
@@ -569,32 +592,22 @@ impl Presymbolizer {
     fn start(snapshot: &crate::collector::state::Snapshot) -> Option<Presymbolizer> {
         let limit = lock_bounded(&REPORT, Duration::from_secs(1))?.as_ref()?.config.report_groups;
         let ids: Vec<u32> = snapshot.groups.iter().take(limit).map(|g| g.stack).collect();
-        let tid = Arc::new(AtomicU32::new(0));
-        let published = tid.clone();
-        let handle = std::thread::Builder::new()
-            .name("leaktrace-names".into())
-            .spawn(move || {
-                thread::mark_internal();
-                published.store(thread::tid(), Ordering::SeqCst);
-                let _ = catch_unwind(AssertUnwindSafe(|| {
-                    if let Some(mut r) = lock_bounded(&REPORT, Duration::from_secs(30)) {
-                        if let Some(r) = r.as_mut() {
-                            build::presymbolize(&ids, &mut r.symbolizer);
-                        }
-                    }
-                }));
-            })
-            .ok()?;
-        Some(Presymbolizer { handle: Some(handle), tid })
+        let shared = Arc::new(PresymbolizerShared { ids, tid: AtomicU32::new(0), done: AtomicBool::new(false) });
+        let arg = Arc::into_raw(shared.clone()) as *mut std::ffi::c_void;
+        if crate::os::threads::spawn_raw(presymbolizer_main, arg).is_err() {
+            // SAFETY: the thread did not start: the reference is still ours to drop.
+            drop(unsafe { Arc::from_raw(arg as *const PresymbolizerShared) });
+            return None;
+        }
+        Some(Presymbolizer { shared })
     }
 
     /// The thread's kernel id (0 if it has not started yet): the scan must not stop it.
     fn tid(&self) -> u32 {
         let start = Instant::now();
         loop {
-            let t = self.tid.load(Ordering::SeqCst);
-            let done = self.handle.as_ref().is_none_or(|h| h.is_finished());
-            if t != 0 || done || start.elapsed() > Duration::from_millis(100) {
+            let t = self.shared.tid.load(Ordering::SeqCst);
+            if t != 0 || self.shared.done.load(Ordering::SeqCst) || start.elapsed() > Duration::from_millis(100) {
                 return t;
             }
             std::thread::yield_now();
@@ -604,9 +617,8 @@ impl Presymbolizer {
 
 impl Drop for Presymbolizer {
     fn drop(&mut self) {
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
+        // Its own lock wait is bounded by 30 s; the naming after it by the work.
+        wait_while(|| !self.shared.done.load(Ordering::SeqCst), Duration::from_secs(120), Duration::from_micros(200));
     }
 }
 
@@ -732,8 +744,8 @@ pub fn fork_child() {
     COLLECTORS_LIVE.store(0, Ordering::SeqCst);
     COLLECTOR_STOP.store(false, Ordering::SeqCst);
     TERMINATING_SIGNAL.store(0, Ordering::SeqCst);
+    // The forking thread keeps its stack (and the bounds it noted) in the child.
     thread::reset_after_fork();
-    unwind::forget_stack_bounds();
     thread::untracked(|| {
         let _ = catch_unwind(AssertUnwindSafe(fork_child_inner));
     });

@@ -8,12 +8,15 @@
 //! - `report/`    — symbolization, JSON and text rendering, atomic file writing.
 //! - `scan/`      — the reachability scan (definite / indirect / reachable).
 //! - `agent.rs`   — glue: starts the collector, drains, writes reports, handles fork.
+//! - `os/`       — utilities of no stage: stack bounds, the library's own threads,
+//!   the program's standard error.
 //! - `config.rs`  — `LEAKTRACE_*` variables.
 pub mod agent;
 pub mod collector;
 pub mod config;
 pub mod hotpath;
 pub mod interpose;
+pub mod os;
 pub mod report;
 pub mod scan;
 #[cfg(test)]

@@ -451,7 +451,7 @@ impl DrainState {
                     && ring.predecessor.load(Ordering::Acquire).is_null()
                     && ring.head.0.load(Ordering::Acquire) == ring.producer.0.tail.load(Ordering::Acquire)
                     && ring.owner.load(Ordering::Acquire) != 0
-                    && crate::interpose::lifecycle::thread_is_gone(ring.tid.load(Ordering::Acquire))
+                    && crate::os::threads::thread_is_gone(ring.tid.load(Ordering::Acquire))
                 {
                     ring.retired.store(false, Ordering::Release);
                     ring.owner.store(0, Ordering::Release);

@@ -77,6 +77,7 @@ pub fn init() -> bool {
     if f.is_null() {
         return false;
     }
+    crate::os::stack::note_main_thread();
     FIND_OBJECT.store(f as usize, Ordering::Release);
     // In unit tests the "library" is the test binary itself: skip nothing there.
     #[cfg(not(test))]
@@ -729,34 +730,24 @@ fn stack_bounds(state: &ThreadState) -> Option<(u64, u64)> {
     if hi != 0 {
         return Some((lo as u64, hi as u64));
     }
-    let mut attr = std::mem::MaybeUninit::<libc::pthread_attr_t>::uninit();
-    // SAFETY: standard pthread attribute query of the calling thread; attr is destroyed.
-    unsafe {
-        if libc::pthread_getattr_np(libc::pthread_self(), attr.as_mut_ptr()) != 0 {
-            return None;
-        }
-        let mut addr: *mut c_void = std::ptr::null_mut();
-        let mut size: usize = 0;
-        let rc = libc::pthread_attr_getstack(attr.as_ptr(), &mut addr, &mut size);
-        libc::pthread_attr_destroy(attr.as_mut_ptr());
-        if rc != 0 || size == 0 {
-            return None;
-        }
-        let lo = addr as usize;
-        let hi = lo + size;
-        state.stack_lo.set(lo);
-        state.stack_hi.set(hi);
-        Some((lo as u64, hi as u64))
-    }
+    // Threads the program started through `pthread_create` had theirs noted at start
+    // (`note_thread_stack`); the main thread's need no lock; the rest are queried.
+    let (lo, hi) = crate::os::stack::current_thread_stack()?;
+    state.stack_lo.set(lo);
+    state.stack_hi.set(hi);
+    Some((lo as u64, hi as u64))
 }
 
-/// Forgets cached stack bounds (a forked child's stack mapping is the same, but a
-/// thread reusing a TLS block after fork may not be).
-pub fn forget_stack_bounds() {
-    thread::with(|s| {
-        s.stack_lo.set(0);
-        s.stack_hi.set(0);
-    });
+/// Notes the calling thread's stack bounds before its start routine runs, so that no
+/// capture ever has to ask for them from inside the program's own calls. Allocations
+/// made meanwhile are untracked (the caller marks the thread).
+pub fn note_thread_stack() {
+    if let Some((lo, hi)) = crate::os::stack::queried_thread_stack() {
+        thread::with(|s| {
+            s.stack_lo.set(lo);
+            s.stack_hi.set(hi);
+        });
+    }
 }
 
 // ---- capture -------------------------------------------------------------------------

@@ -15,6 +15,7 @@ extern "C" fn on_load() {
     // The constructor must never unwind into the dynamic loader.
     let _ = std::panic::catch_unwind(|| {
         real::ensure_resolved();
+        crate::os::fds::note_stderr();
         let config = Config::from_lookup(|k| std::env::var(k).ok(), |w| agent::stderr_line(&w));
         if config.disabled {
             return;
@@ -228,34 +229,10 @@ extern "C" fn internal_thread_start(arg: *mut c_void) -> *mut c_void {
     std::ptr::null_mut()
 }
 
-/// Starts one of the library's own threads with tracking off from its first instruction.
+/// Starts one of the library's own threads (signals blocked, detached) with tracking off
+/// from its first instruction.
 pub fn spawn_internal_thread(f: fn()) -> Result<(), i32> {
-    // SAFETY: standard pthread_create of a detached thread; the start routine never
-    // unwinds (it catches panics) and receives a plain fn pointer.
-    unsafe {
-        let mut attr = std::mem::MaybeUninit::<libc::pthread_attr_t>::uninit();
-        libc::pthread_attr_init(attr.as_mut_ptr());
-        libc::pthread_attr_setdetachstate(attr.as_mut_ptr(), libc::PTHREAD_CREATE_DETACHED);
-        let mut tid: libc::pthread_t = 0;
-        let rc = libc::pthread_create(&mut tid, attr.as_ptr(), internal_thread_start, f as *mut c_void);
-        libc::pthread_attr_destroy(attr.as_mut_ptr());
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(rc)
-        }
-    }
-}
-
-/// Whether the thread `tid` of this process has exited.
-pub fn thread_is_gone(tid: u32) -> bool {
-    if tid == 0 {
-        return true;
-    }
-    // SAFETY: signal 0 only checks that the thread exists.
-    let rc = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid as c_int, 0) };
-    // SAFETY: reading this thread's errno.
-    rc != 0 && unsafe { *libc::__errno_location() } == libc::ESRCH
+    crate::os::threads::spawn_raw(internal_thread_start, f as *mut c_void).map(drop)
 }
 
 /// `unshare` with flags the kernel refuses to a multi-threaded process (a new user

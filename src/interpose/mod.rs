@@ -6,6 +6,7 @@
 //! |-----------|----------------|---------|
 //! | malloc    | `malloc.rs`    | malloc, calloc, realloc, reallocarray, free, posix_memalign, aligned_alloc, memalign, valloc, pvalloc, malloc_usable_size (+ free_sized, free_aligned_sized where glibc has them) |
 //! | lifecycle | `lifecycle.rs` | _exit, _Exit, dlclose, unshare, setns (+ constructor/destructor, atfork, snapshot and SIGTERM handlers) |
+//! | threads   | `threads.rs`   | pthread_create (notes each new thread's stack bounds before its routine runs) |
 //! | resolver  | `resolve.rs`   | dlsym (hands out CUDA wrappers; `RTLD_NEXT` passes straight through) |
 //! | CUDA runtime | `cuda_runtime.rs` | `cuda_runtime::WRAPPED`: cudaMalloc, cudaFree, cudaMallocAsync, cudaFreeAsync, cudaMallocFromPoolAsync (+ `_ptsz`), cudaMallocManaged, cudaMallocPitch, cudaMalloc3D, cudaMallocHost, cudaHostAlloc, cudaFreeHost, cudaHostRegister, cudaHostUnregister, cudaDeviceReset, cudaGetDriverEntryPoint(ByVersion) (+ `_ptsz`) |
 //! | CUDA driver | `cuda_driver.rs` | `cuda_driver::WRAPPED`: cuMemAlloc_v2, cuMemFree_v2, cuMemAllocPitch_v2, cuMemAllocManaged, cuMemAllocAsync, cuMemFreeAsync, cuMemAllocFromPoolAsync (+ `_ptsz`), cuMemAllocHost_v2, cuMemHostAlloc, cuMemFreeHost, cuMemHostRegister_v2, cuMemHostUnregister, cuMemCreate, cuMemRelease, cuMemAddressReserve, cuMemAddressFree, cuMemMap, cuMemUnmap, cuCtxDestroy_v2, cuDevicePrimaryCtxReset(_v2), cuGetProcAddress(_v2, _v2_ptsz) |
@@ -21,6 +22,7 @@ pub mod lifecycle;
 pub mod malloc;
 pub mod real;
 pub mod resolve;
+pub mod threads;
 
 /// Our own walks of the loader's module list (`dl_iterate_phdr`). glibc holds the
 /// loader's write lock while it calls back, and a fork at that moment leaves the lock
@@ -76,6 +78,7 @@ pub const EXPORTED: &[&str] = &[
     "dlclose",
     "unshare",
     "setns",
+    "pthread_create",
 ];
 
 /// Exported only when the build machine's glibc has them (C23, glibc >= 2.41).

@@ -19,6 +19,12 @@ pub type ExitFn = unsafe extern "C" fn(c_int) -> !;
 pub type DlcloseFn = unsafe extern "C" fn(*mut c_void) -> c_int;
 pub type UnshareFn = unsafe extern "C" fn(c_int) -> c_int;
 pub type SetnsFn = unsafe extern "C" fn(c_int, c_int) -> c_int;
+pub type PthreadCreateFn = unsafe extern "C" fn(
+    *mut libc::pthread_t,
+    *const libc::pthread_attr_t,
+    Option<extern "C" fn(*mut c_void) -> *mut c_void>,
+    *mut c_void,
+) -> c_int;
 
 macro_rules! real_table {
     ($($field:ident : $ty:ty = $name:literal),* $(,)?) => {
@@ -69,6 +75,7 @@ real_table! {
     dlclose: DlcloseFn = c"dlclose",
     unshare: UnshareFn = c"unshare",
     setns: SetnsFn = c"setns",
+    pthread_create: PthreadCreateFn = c"pthread_create",
 }
 
 fn lookup(name: &CStr) -> usize {

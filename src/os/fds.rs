@@ -1,0 +1,81 @@
+//! The standard error the program started with. The library writes its diagnostics and
+//! exit summary to fd 2 only while fd 2 is still the file it was at start-up: a program
+//! that closes its descriptors and opens a data file that happens to get number 2 must
+//! not find our text in its data.
+use std::sync::atomic::{AtomicU64, Ordering};
+
+static STDERR_DEV: AtomicU64 = AtomicU64::new(0);
+static STDERR_INO: AtomicU64 = AtomicU64::new(0);
+/// 0: not recorded yet (before the constructor: writes are allowed); 1: fd 2 was open
+/// at start-up; 2: it was closed (never write).
+static STDERR_STATE: AtomicU64 = AtomicU64::new(0);
+
+fn identity(fd: i32) -> Option<(u64, u64)> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: fstat writes the struct on success.
+    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: initialised by the successful call.
+    let st = unsafe { st.assume_init() };
+    Some((st.st_dev, st.st_ino))
+}
+
+/// Records what fd 2 is. Called once from the constructor.
+pub fn note_stderr() {
+    // SAFETY: this thread's errno slot, kept across the probe.
+    let errno = unsafe { *libc::__errno_location() };
+    match identity(2) {
+        Some((dev, ino)) => {
+            STDERR_DEV.store(dev, Ordering::Relaxed);
+            STDERR_INO.store(ino, Ordering::Relaxed);
+            STDERR_STATE.store(1, Ordering::Release);
+        }
+        None => STDERR_STATE.store(2, Ordering::Release),
+    }
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
+}
+
+/// Whether fd 2 is still the standard error the program started with.
+pub fn stderr_is_original() -> bool {
+    match STDERR_STATE.load(Ordering::Acquire) {
+        0 => true,
+        1 => identity(2) == Some((STDERR_DEV.load(Ordering::Relaxed), STDERR_INO.load(Ordering::Relaxed))),
+        _ => false,
+    }
+}
+
+/// Writes `bytes` to the original standard error, whole (retrying short writes and
+/// EINTR), or not at all when fd 2 is something else now. Errno is kept.
+pub fn write_stderr(bytes: &[u8]) {
+    // SAFETY: this thread's errno slot, kept across the writes.
+    let errno = unsafe { *libc::__errno_location() };
+    if stderr_is_original() {
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            // SAFETY: writing from a valid buffer of the given length.
+            let n = unsafe { libc::write(2, rest.as_ptr() as *const libc::c_void, rest.len()) };
+            if n > 0 {
+                rest = &rest[n as usize..];
+            } else if n < 0 && unsafe { *libc::__errno_location() } == libc::EINTR {
+                continue;
+            } else {
+                break;
+            }
+        }
+    }
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identity_of_an_open_descriptor_is_stable_and_a_closed_one_has_none() {
+        assert_eq!(identity(2), identity(2));
+        assert_eq!(identity(-1), None);
+    }
+}

@@ -1,0 +1,119 @@
+//! The calling thread's stack bounds, for the unwinder's bounds checks.
+//!
+//! `pthread_getattr_np` takes the thread's own lock and then allocates (a `realloc` for
+//! the affinity mask; `fopen` of `/proc/self/maps` on the main thread). A thread whose
+//! first allocation is inside that call (the JVM, Rust's `std::thread`, Ruby threads ask
+//! for their own bounds first thing) would re-enter it from the hook and wait on itself.
+//! So the bounds of the threads the program starts are taken at thread start, before its
+//! start routine runs (`interpose::threads`), and the main thread's come from the loader's
+//! `__libc_stack_end` and the stack limit, with no lock at all. `pthread_getattr_np`
+//! from a hook is left only for threads started by other means (glibc's own helpers).
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+static MAIN_THREAD: AtomicUsize = AtomicUsize::new(0);
+static MAIN_STACK_END: AtomicUsize = AtomicUsize::new(0);
+
+/// A main thread's stack deeper than this below its entry is not followed (an unlimited
+/// stack limit gives no bound of its own; the next mapping is at least 128 MiB away).
+const MAIN_STACK_MAX: usize = 128 << 20;
+
+/// Records the calling thread as the main thread and the loader's `__libc_stack_end`.
+/// Called from the library constructor, which runs on the main thread.
+pub fn note_main_thread() {
+    // SAFETY: pthread_self has no preconditions.
+    MAIN_THREAD.store(unsafe { libc::pthread_self() } as usize, Ordering::Relaxed);
+    // SAFETY: dlsym with a valid handle and NUL-terminated name.
+    let sym = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"__libc_stack_end".as_ptr()) };
+    if !sym.is_null() {
+        // SAFETY: the loader's `void *__libc_stack_end`, set before any constructor runs.
+        let end = unsafe { *(sym as *const usize) };
+        MAIN_STACK_END.store(end, Ordering::Relaxed);
+    }
+}
+
+/// Whether the calling thread is the process's main thread (a forked child's only
+/// thread is the main thread only if the parent's main thread forked).
+pub fn is_main_thread() -> bool {
+    let main = MAIN_THREAD.load(Ordering::Relaxed);
+    // SAFETY: pthread_self has no preconditions and takes no lock.
+    main != 0 && unsafe { libc::pthread_self() } as usize == main
+}
+
+/// The main thread's stack, `[lo, hi)`: from the top of the page holding the entry
+/// stack pointer down by the stack limit. No lock, no allocation.
+pub fn main_thread_stack() -> Option<(usize, usize)> {
+    let end = MAIN_STACK_END.load(Ordering::Relaxed);
+    if end == 0 {
+        return None;
+    }
+    // The page holding `end` is mapped to its last byte: mappings are whole pages.
+    let hi = (end | 4095) + 1;
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes the struct; it is a plain system call.
+    let limit = if unsafe { libc::getrlimit(libc::RLIMIT_STACK, &mut lim) } == 0 && lim.rlim_cur != libc::RLIM_INFINITY {
+        (lim.rlim_cur as usize).min(MAIN_STACK_MAX)
+    } else {
+        MAIN_STACK_MAX
+    };
+    Some((hi.saturating_sub(limit), hi))
+}
+
+/// The calling thread's stack, `[lo, hi)`, from `pthread_getattr_np`. Must not be called
+/// from a hook that may run inside the program's own `pthread_getattr_np` (see above):
+/// allocations it makes must be untracked by the caller.
+pub fn queried_thread_stack() -> Option<(usize, usize)> {
+    let mut attr = std::mem::MaybeUninit::<libc::pthread_attr_t>::uninit();
+    // SAFETY: standard pthread attribute query of the calling thread; attr is destroyed.
+    unsafe {
+        if libc::pthread_getattr_np(libc::pthread_self(), attr.as_mut_ptr()) != 0 {
+            return None;
+        }
+        let mut addr: *mut libc::c_void = std::ptr::null_mut();
+        let mut size: usize = 0;
+        let rc = libc::pthread_attr_getstack(attr.as_ptr(), &mut addr, &mut size);
+        libc::pthread_attr_destroy(attr.as_mut_ptr());
+        if rc != 0 || size == 0 {
+            return None;
+        }
+        Some((addr as usize, addr as usize + size))
+    }
+}
+
+/// The calling thread's stack by the cheapest safe route: the main thread's without a
+/// lock, any other thread's by query.
+pub fn current_thread_stack() -> Option<(usize, usize)> {
+    if is_main_thread() {
+        if let Some(b) = main_thread_stack() {
+            return Some(b);
+        }
+    }
+    queried_thread_stack()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_main_stack_holds_the_callers_frame_and_a_thread_stack_its_own() {
+        // The test harness runs tests on spawned threads: note this one as "main" for
+        // the lock-free path, then compare with the query on the same thread.
+        note_main_thread();
+        let local = 0u64;
+        let here = &local as *const u64 as usize;
+        let (lo, hi) = queried_thread_stack().expect("query");
+        assert!(lo <= here && here < hi);
+        assert!(is_main_thread());
+        std::thread::spawn(|| assert!(!is_main_thread())).join().unwrap();
+    }
+
+    #[test]
+    fn main_stack_bounds_are_page_aligned_and_limited() {
+        note_main_thread();
+        if let Some((lo, hi)) = main_thread_stack() {
+            assert_eq!(hi % 4096, 0);
+            assert!(hi - lo <= MAIN_STACK_MAX);
+            assert!(hi > lo);
+        }
+    }
+}
