@@ -9,7 +9,7 @@ cargo build --release --workspace
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
-cargo test --release --workspace "$@" 2>&1 | tee "$log" || status=$?
+cargo test --release --workspace --no-fail-fast "$@" 2>&1 | tee "$log" || status=$?
 # One closing line over every test binary.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "tests: %d passed, %d failed\n", p, f }' "$log"

@@ -283,7 +283,7 @@ fn spawn_collector() {
     COLLECTORS_LIVE.fetch_add(1, Ordering::SeqCst);
     // Untracked: pthread_create allocates the new thread's TLS vector on the calling
     // thread (a forked child's starts here, in the fork handler), and that block is ours.
-    if let Err(rc) = thread::untracked(|| crate::interpose::lifecycle::spawn_internal_thread(collector_main)) {
+    if let Err(rc) = thread::untracked(|| crate::interpose::lifecycle::spawn_internal_thread(collector_thread)) {
         COLLECTORS_LIVE.fetch_sub(1, Ordering::SeqCst);
         stderr_line(&format!(
             "leaktrace: cannot start the collector thread (error {rc}); events are drained by the program's threads instead"
@@ -291,9 +291,43 @@ fn spawn_collector() {
     }
 }
 
+/// A collector that failed is started again this many times; after that the program's
+/// threads drain the events and the exit paths still write the final report.
+const COLLECTOR_RESTARTS: u32 = 2;
+static COLLECTOR_FAILURES: AtomicU32 = AtomicU32::new(0);
+
+/// The collector thread's body: the loop, and whatever ends it — a return, or a panic —
+/// leaves the "collector running" state false, so that SIGTERM never waits for a thread
+/// that is gone (its handler then ends the process as before).
+fn collector_thread() {
+    struct Running;
+    impl Drop for Running {
+        fn drop(&mut self) {
+            COLLECTOR_RUNNING.store(false, Ordering::SeqCst);
+            COLLECTORS_LIVE.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    let running = Running;
+    let failed = catch_unwind(collector_main).is_err();
+    drop(running);
+    if failed && active() {
+        let n = COLLECTOR_FAILURES.fetch_add(1, Ordering::SeqCst) + 1;
+        if n <= COLLECTOR_RESTARTS {
+            stderr_line("leaktrace: internal error in the collector thread; starting it again");
+            spawn_collector();
+        } else {
+            stderr_line("leaktrace: internal error in the collector thread again; the program's threads drain the events, the final report is still written at exit");
+        }
+    }
+}
+
 fn collector_main() {
     COLLECTOR_TID.store(thread::tid(), Ordering::SeqCst);
     COLLECTOR_RUNNING.store(true, Ordering::SeqCst);
+    // For the tests of the failure path only: the first collector fails at once.
+    if COLLECTOR_FAILURES.load(Ordering::Relaxed) == 0 && std::env::var_os("LEAKTRACE_TEST_COLLECTOR_PANIC").is_some() {
+        panic!("collector failure requested by LEAKTRACE_TEST_COLLECTOR_PANIC");
+    }
     let interval = REPORT.lock().as_ref().map(|r| r.config.interval_ms).unwrap_or(0);
     let mut last_report = Instant::now();
     let born = Instant::now();
@@ -334,8 +368,6 @@ fn collector_main() {
             idle_sleep_us = 200;
         }
     }
-    COLLECTOR_RUNNING.store(false, Ordering::SeqCst);
-    COLLECTORS_LIVE.fetch_sub(1, Ordering::SeqCst);
 }
 
 /// Naps `nap` at a time while `busy` holds, for at most `limit`.

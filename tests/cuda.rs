@@ -18,7 +18,7 @@ fn fixture(name: &str) -> PathBuf {
 
 /// Runs a build command (the fixture build script, or the compiler).
 fn cc(args: &[&str]) {
-    let o = Command::new(args[0]).args(&args[1..]).output().expect("cc/c++ must be installed");
+    let o = Command::new(args[0]).args(&args[1..]).timed_output().expect("cc/c++ must be installed");
     assert!(o.status.success(), "{args:?} failed:\n{}", String::from_utf8_lossy(&o.stderr));
 }
 
@@ -238,7 +238,7 @@ fn host_groups_do_not_crowd_device_groups_out_of_the_report() {
 
 #[test]
 fn the_library_links_no_cuda_library() {
-    let out = Command::new("readelf").arg("-d").arg(lib_path()).output().expect("readelf (binutils)");
+    let out = Command::new("readelf").arg("-d").arg(lib_path()).timed_output().expect("readelf (binutils)");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("NEEDED"), "{text}");
     assert!(!text.contains("libcuda") && !text.contains("libcudart"), "{text}");
@@ -251,7 +251,7 @@ fn the_library_links_no_cuda_library() {
 fn the_real_cudart_without_a_driver_passes_errors_through_and_records_nothing() {
     let out = Command::new(python())
         .args(["-c", "import nvidia.cuda_runtime as m, os; print(os.path.join(list(m.__path__)[0], 'lib'))"])
-        .output()
+        .timed_output()
         .unwrap();
     let libdir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
     assert!(

@@ -58,7 +58,7 @@ fn with_jemalloc_after_us_allocations_are_tracked_through_it() {
     let out = Command::new(&bin)
         .env("LD_PRELOAD", format!("{}:{JEMALLOC}", lib_path().display()))
         .env("LEAKTRACE_OUTPUT", &dir)
-        .output()
+        .timed_output()
         .unwrap();
     assert_eq!(out.status.code(), Some(7));
     let r = &reports_in(&dir)[0];
@@ -77,7 +77,7 @@ fn with_jemalloc_before_us_the_program_runs_and_we_say_why_nothing_is_seen() {
     let out = Command::new(&bin)
         .env("LD_PRELOAD", format!("{JEMALLOC}:{}", lib_path().display()))
         .env("LEAKTRACE_OUTPUT", &dir)
-        .output()
+        .timed_output()
         .unwrap();
     assert_eq!(out.status.code(), Some(7));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "leaks fixture done\n");
@@ -125,7 +125,7 @@ fn unwritable_output_directory_falls_back_with_one_line() {
         .env("LD_PRELOAD", lib_path())
         .env("LEAKTRACE_OUTPUT", blocker.join("reports"))
         .env("LEAKTRACE_SUMMARY", "0")
-        .output()
+        .timed_output()
         .unwrap();
     assert_eq!(out.status.code(), Some(7));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -143,7 +143,7 @@ fn missing_output_directory_is_created() {
         .env("LD_PRELOAD", lib_path())
         .env("LEAKTRACE_OUTPUT", &target)
         .env("LEAKTRACE_SUMMARY", "0")
-        .output()
+        .timed_output()
         .unwrap();
     assert_eq!(out.status.code(), Some(7));
     assert_eq!(String::from_utf8_lossy(&out.stderr), "");
@@ -167,7 +167,7 @@ fn disabled_library_records_and_writes_nothing() {
 
 #[test]
 fn exported_symbols_are_exactly_the_documented_list() {
-    let out = Command::new("nm").args(["-D", "--defined-only"]).arg(lib_path()).output().expect("nm (binutils)");
+    let out = Command::new("nm").args(["-D", "--defined-only"]).arg(lib_path()).timed_output().expect("nm (binutils)");
     let text = String::from_utf8_lossy(&out.stdout);
     let mut exported: Vec<&str> = text
         .lines()
@@ -274,12 +274,12 @@ fn a_full_output_disk_gets_one_line_and_the_report_lands_in_tmp() {
         }
     }
     let _guard = Unmount(mnt.clone());
-    let _ = Command::new("dd").arg("if=/dev/zero").arg(format!("of={}", mnt.join("fill").display())).args(["bs=4k", "count=100"]).output();
+    let _ = Command::new("dd").arg("if=/dev/zero").arg(format!("of={}", mnt.join("fill").display())).args(["bs=4k", "count=100"]).timed_output();
     let out = Command::new(&bin)
         .env("LD_PRELOAD", lib_path())
         .env("LEAKTRACE_OUTPUT", &mnt)
         .env("LEAKTRACE_SUMMARY", "0")
-        .output()
+        .timed_output()
         .unwrap();
     assert_eq!(out.status.code(), Some(7), "the program runs on unchanged");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "leaks fixture done\n");
@@ -372,7 +372,7 @@ print(name)
     );
     let mut cmd = Command::new(python());
     cmd.args(["-c", &script]).env("LEAKTRACE_INTERVAL_MS", "50").env("LEAKTRACE_OUTPUT", &dir).env("LD_PRELOAD", lib_path());
-    let out = cmd.output().unwrap();
+    let out = cmd.timed_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{stderr}");
     assert_eq!(std::fs::read_to_string(victims.join("victim")).unwrap(), "precious", "written through a symlink");

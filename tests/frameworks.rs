@@ -12,7 +12,7 @@ fn script() -> PathBuf {
 }
 
 fn require_torch() {
-    let ok = Command::new(python()).args(["-c", "import torch"]).output().map(|o| o.status.success()).unwrap_or(false);
+    let ok = Command::new(python()).args(["-c", "import torch"]).timed_output().map(|o| o.status.success()).unwrap_or(false);
     assert!(ok, "PyTorch is missing: pip install torch (.ci/run does)");
 }
 
@@ -91,7 +91,7 @@ fn the_cuda_runtime_the_torch_wheel_ships_is_interposed_without_a_gpu() {
 /// TensorFlow (`tensorflow-cpu` from PyPI, installed by .ci/run): a small Keras fit.
 #[test]
 fn tensorflow_keras_fit_runs_unchanged_and_gets_a_report() {
-    let ok = Command::new(python()).args(["-c", "import tensorflow"]).output().map(|o| o.status.success()).unwrap_or(false);
+    let ok = Command::new(python()).args(["-c", "import tensorflow"]).timed_output().map(|o| o.status.success()).unwrap_or(false);
     assert!(ok, "TensorFlow is missing: pip install tensorflow-cpu (.ci/run does)");
     let fit = || {
         let mut c = Command::new(python());
@@ -118,7 +118,7 @@ fn tensorflow_keras_fit_runs_unchanged_and_gets_a_report() {
 #[test]
 fn caffe_train_and_time_run_unchanged_and_get_reports() {
     let prefix = std::env::var("LEAKTRACE_CAFFE_PREFIX").unwrap_or_else(|_| "/var/cache/leaktrace/caffe".into());
-    let install = Command::new("bash").arg(root().join("scripts/install_caffe.sh")).arg(&prefix).output().unwrap();
+    let install = Command::new("bash").arg(root().join("scripts/install_caffe.sh")).arg(&prefix).timed_output().unwrap();
     assert!(install.status.success(), "installing Caffe failed:\n{}", String::from_utf8_lossy(&install.stderr));
     let libpath = stdout_of(&install).lines().last().unwrap_or_default().to_owned();
     let dir = root().join("tests/fixtures/frameworks/caffe");

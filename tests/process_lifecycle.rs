@@ -143,7 +143,7 @@ fn periodic_and_signal_snapshots_while_running() {
         .unwrap();
     let periodic = wait_for_report(&dir, "periodic", Duration::from_secs(30)).expect("a periodic report appears");
     assert!(periodic["summary"]["host"]["total_allocs"].as_u64().unwrap() > 0);
-    let out = child.wait_with_output().unwrap();
+    let out = wait_within(child);
     assert!(out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
     let reports = reports_in(&dir);
@@ -163,7 +163,7 @@ fn periodic_and_signal_snapshots_while_running() {
         .unwrap();
     let snap = wait_for_report(&dir, "signal", Duration::from_secs(30)).expect("SIGUSR2 asks for a snapshot");
     assert_eq!(snap["schema"], "leaktrace-report/2");
-    let out = child.wait_with_output().unwrap();
+    let out = wait_within(child);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "still running\n", "the program was not stopped");
 }
 
@@ -222,7 +222,7 @@ fn an_uncaught_signal_after_periodic_reports_leaves_the_last_one_whole() {
             .env("LEAKTRACE_OUTPUT", &dir)
             .env("LEAKTRACE_INTERVAL_MS", "30")
             .env("PYTHONFAULTHANDLER", "0")
-            .output()
+            .timed_output()
             .unwrap();
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(out.status.signal(), Some(sig), "{how}: the process dies by its signal as before");
@@ -270,7 +270,7 @@ fn sigterm_writes_the_final_report_then_terminates_as_before() {
     std::thread::sleep(Duration::from_millis(300));
     // SAFETY: plain kill of our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let status = child.wait_with_output().unwrap().status;
+    let status = wait_within(child).status;
     assert_eq!(status.signal(), Some(libc::SIGTERM), "it still dies by SIGTERM");
     let r = &reports_in(&out_dir)[0];
     assert_eq!(r["reason"], "exit");

@@ -54,7 +54,7 @@ fn valgrind_totals(bin: &std::path::Path) -> (u64, u64) {
         .args(["--leak-check=full", "--show-leak-kinds=all"])
         .arg(bin)
         .arg("nocycle")
-        .output()
+        .timed_output()
         .expect("valgrind must be installed");
     let err = String::from_utf8_lossy(&out.stderr);
     let num = |label: &str| -> u64 {

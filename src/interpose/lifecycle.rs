@@ -1,4 +1,5 @@
-//! Process lifecycle: library constructor and destructor, `_exit`/`_Exit`, `dlclose`,
+//! Process lifecycle: library constructor and destructor, `exit`, `quick_exit`,
+//! `_exit`/`_Exit`, `dlclose`,
 //! fork handlers and the snapshot signal.
 // In unit-test builds the constructor is left out, and with it the code it reaches.
 #![cfg_attr(test, allow(dead_code))]
@@ -6,6 +7,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 use std::ffi::{c_int, c_void, CStr};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 use super::real;
 use crate::agent;
@@ -16,6 +18,8 @@ extern "C" fn on_load() {
     let _ = std::panic::catch_unwind(|| {
         real::ensure_resolved();
         crate::os::fds::note_stderr();
+        // An internal error is one line on the program's stderr, never a backtrace.
+        std::panic::set_hook(Box::new(|info| agent::stderr_line(&format!("leaktrace: internal error: {info}"))));
         let config = Config::from_lookup(|k| std::env::var(k).ok(), |w| agent::stderr_line(&w));
         if config.disabled {
             return;
@@ -195,6 +199,60 @@ fn final_report_then(real_exit: Option<real::ExitFn>, status: c_int) -> ! {
             libc::syscall(libc::SYS_exit_group, status);
             std::hint::unreachable_unchecked()
         },
+    }
+}
+
+/// The thread (its `thread::identity`) and process that called `exit` first. glibc
+/// before 2.41 lets a second thread's `exit` end the process (through its internal
+/// `_exit`, which no hook sees) while the first one is still running the destructors
+/// that write the final report.
+static EXIT_THREAD: AtomicUsize = AtomicUsize::new(0);
+static EXIT_PID: AtomicU32 = AtomicU32::new(0);
+
+/// Whether another thread of this process is already inside `exit`; otherwise the
+/// calling thread is recorded as the one that is.
+fn another_thread_is_exiting() -> bool {
+    let me = crate::hotpath::thread::identity();
+    let pid = std::process::id();
+    loop {
+        let owner = EXIT_THREAD.load(Ordering::Acquire);
+        if owner != 0 && EXIT_PID.load(Ordering::Acquire) == pid {
+            return owner != me;
+        }
+        // Free, or left by the parent of this forked child.
+        if EXIT_THREAD.compare_exchange(owner, me, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            EXIT_PID.store(pid, Ordering::Release);
+            return false;
+        }
+    }
+}
+
+/// `exit`: the first caller goes on as usual (its destructors write the final report);
+/// any later caller from another thread writes the report first (or waits for the one
+/// being written), so that its own exit can no longer end the process mid-report.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn exit(status: c_int) -> ! {
+    if another_thread_is_exiting() {
+        crate::scan::roots::mark_entry();
+        let _ = std::panic::catch_unwind(agent::finish);
+    }
+    match real::exit() {
+        // SAFETY: forwarding to the C library's exit.
+        Some(f) => unsafe { f(status) },
+        None => final_report_then(real::exit_now(), status),
+    }
+}
+
+/// `quick_exit` runs its handlers and leaves through the C library's internal `_exit`,
+/// no destructor in between: the final report is written first.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn quick_exit(status: c_int) -> ! {
+    crate::scan::roots::mark_entry();
+    let _ = std::panic::catch_unwind(agent::finish);
+    match real::quick_exit() {
+        // SAFETY: forwarding to the C library's quick_exit.
+        Some(f) => unsafe { f(status) },
+        None => final_report_then(real::exit_now(), status),
     }
 }
 

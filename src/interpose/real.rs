@@ -70,6 +70,8 @@ real_table! {
     valloc: MallocFn = c"valloc",
     pvalloc: MallocFn = c"pvalloc",
     malloc_usable_size: UsableSizeFn = c"malloc_usable_size",
+    exit: ExitFn = c"exit",
+    quick_exit: ExitFn = c"quick_exit",
     exit_now: ExitFn = c"_exit",
     exit_now_c99: ExitFn = c"_Exit",
     dlclose: DlcloseFn = c"dlclose",

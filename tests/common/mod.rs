@@ -87,6 +87,65 @@ pub fn build_fixture(name: &str, extra: &[&str]) -> PathBuf {
     out
 }
 
+/// How long one traced program may run in a test before it counts as hung
+/// (`LEAKTRACE_TEST_TIMEOUT` seconds; 180 by default).
+pub fn time_limit() -> std::time::Duration {
+    let secs = std::env::var("LEAKTRACE_TEST_TIMEOUT").ok().and_then(|v| v.parse().ok()).unwrap_or(180);
+    std::time::Duration::from_secs(secs)
+}
+
+/// `Command::output` under a time limit: a program still running after `time_limit()`
+/// is killed with its whole process group and the test fails as hung.
+pub trait TimedOutput {
+    fn timed_output(&mut self) -> std::io::Result<Output>;
+}
+
+impl TimedOutput for Command {
+    fn timed_output(&mut self) -> std::io::Result<Output> {
+        use std::io::Read;
+        use std::os::unix::process::CommandExt;
+        use std::process::Stdio;
+        let limit = time_limit();
+        let mut child = self.stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).spawn()?;
+        let mut out_pipe = child.stdout.take().unwrap();
+        let mut err_pipe = child.stderr.take().unwrap();
+        let out_reader = std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = out_pipe.read_to_end(&mut v);
+            v
+        });
+        let err_reader = std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = err_pipe.read_to_end(&mut v);
+            v
+        });
+        let start = std::time::Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait()? {
+                break status;
+            }
+            if start.elapsed() > limit {
+                // SAFETY: kill of the process group this test made.
+                unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+                let _ = child.wait();
+                panic!("hung: {:?} ran longer than {} s and was killed", self, limit.as_secs());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        // Descendants that kept the pipes open (daemons) are killed with the group
+        // once the program itself has ended, after a grace period.
+        let grace = std::time::Instant::now();
+        while !out_reader.is_finished() || !err_reader.is_finished() {
+            if grace.elapsed() > std::time::Duration::from_secs(10) {
+                // SAFETY: as above.
+                unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        Ok(Output { status, stdout: out_reader.join().unwrap(), stderr: err_reader.join().unwrap() })
+    }
+}
+
 pub struct Run {
     pub output: Output,
     pub dir: PathBuf,
@@ -134,12 +193,12 @@ pub fn reports_in(dir: &Path) -> Vec<Value> {
 pub fn run_traced(mut cmd: Command, tag: &str) -> Run {
     let dir = fresh_dir(tag);
     cmd.env("LD_PRELOAD", lib_path()).env("LEAKTRACE_OUTPUT", &dir);
-    let output = cmd.output().unwrap();
+    let output = cmd.timed_output().unwrap();
     Run { output, dir }
 }
 
 pub fn run_plain(mut cmd: Command) -> Output {
-    cmd.env_remove("LD_PRELOAD").output().unwrap()
+    cmd.env_remove("LD_PRELOAD").timed_output().unwrap()
 }
 
 /// Leak groups whose stack mentions `function` (as a demangled name prefix or exact).
@@ -168,4 +227,21 @@ pub fn host(report: &Value, field: &str) -> u64 {
 pub fn python() -> PathBuf {
     let out = Command::new("python3").args(["-c", "import sys; print(sys.executable)"]).output().expect("python3 must be installed");
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// `Child::wait_with_output` under `time_limit()`: a child still running then is killed
+/// and the test fails as hung.
+pub fn wait_within(mut child: std::process::Child) -> Output {
+    let start = std::time::Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if start.elapsed() > time_limit() {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("hung: pid {} ran longer than {} s and was killed", child.id(), time_limit().as_secs());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
 }

@@ -1,0 +1,138 @@
+//! What a preload library must never do to its host: wait on itself when a thread's
+//! first allocation is inside `pthread_getattr_np`, take the program's signals, lose the
+//! final report when the process ends through two exits at once or through
+//! `quick_exit`, need a pthread key at exit, write into a data file that took fd 2, or
+//! stop reporting after its collector thread failed. Each fixture reproduces one
+//! mechanism; every run is under the tests' time limit (a hang fails).
+mod common;
+use common::*;
+use std::process::Command;
+use std::time::Duration;
+
+fn definite(r: &serde_json::Value, function: &str) -> u64 {
+    groups_with(r, function).iter().map(|g| g["reachability"]["definite"]["bytes"].as_u64().unwrap_or(0)).sum()
+}
+
+#[test]
+fn a_thread_whose_first_allocation_is_inside_pthread_getattr_np_runs_and_is_traced() {
+    let bin = build_fixture("getattr_first.c", &[]);
+    let run = run_traced(Command::new(&bin), "getattr");
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(run.stdout(), "ok\n");
+    let r = run.report();
+    // The main thread's and the four threads' blocks, each with its stack.
+    let groups = groups_with(&r, "query_then_leak");
+    assert_eq!(sum(&groups, "bytes"), 100 + 101 + 102 + 103 + 104, "{:#}", r["leaks"]);
+}
+
+#[test]
+fn threads_that_exit_at_once_still_get_the_final_report() {
+    let bin = build_fixture("exit_race.c", &[]);
+    for i in 0..10 {
+        let mut cmd = Command::new(&bin);
+        cmd.env("LEAKTRACE_SCAN", "1");
+        let run = run_traced(cmd, "exitrace");
+        assert_eq!(run.code(), Some(0), "run {i}: {}", run.stderr());
+        let r = run.report();
+        assert_eq!(r["reason"], "exit", "run {i}");
+        assert_eq!(definite(&r, "leak_before_exit"), 1234, "run {i}");
+        assert!(run.stderr().contains("SUMMARY: leaktrace: 1234 byte(s) leaked"), "run {i}: {}", run.stderr());
+    }
+}
+
+#[test]
+fn quick_exit_writes_the_final_report() {
+    let bin = build_fixture("quick_exit.c", &[]);
+    let run = run_traced(Command::new(&bin), "quickexit");
+    assert_eq!(run.code(), Some(3), "{}", run.stderr());
+    let r = run.report();
+    assert_eq!(r["reason"], "exit");
+    assert_eq!(sum(&groups_with(&r, "leak_then_quick_exit"), "bytes"), 4321);
+}
+
+#[test]
+fn signals_a_program_reads_through_signalfd_all_reach_it() {
+    let bin = build_fixture("signalfd_child.c", &[]);
+    for i in 0..5 {
+        let mut cmd = Command::new(&bin);
+        // Follow the forks too: every child starts a collector of its own.
+        cmd.env("LEAKTRACE_SUMMARY", "0");
+        let run = run_traced(cmd, "signalfd");
+        assert_eq!(run.code(), Some(0), "run {i}: killed by a signal it meant to read? {:?}", run.output.status);
+        assert_eq!(run.stdout(), "lost 0 SIGCHLD, SIGTERM read\n", "run {i}");
+    }
+}
+
+#[test]
+fn a_signal_handler_never_runs_on_a_thread_of_the_library() {
+    let bin = build_fixture("sigalrm.c", &[]);
+    let run = run_traced(Command::new(&bin), "sigalrm");
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(run.stdout(), "foreign 0\n");
+}
+
+#[test]
+fn a_data_file_that_took_fd_2_gets_no_summary() {
+    let bin = build_fixture("stderr_reuse.c", &[]);
+    let dir = fresh_dir("stderr-reuse");
+    let data = dir.join("data.txt");
+    let mut cmd = Command::new(&bin);
+    cmd.arg(&data).env("LEAKTRACE_SUMMARY", "1");
+    let run = run_traced(cmd, "stderrreuse");
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(std::fs::read_to_string(&data).unwrap(), "data record\n");
+    // The report is written all the same.
+    let r = run.report();
+    assert_eq!(r["summary"]["host"]["live_bytes"].as_u64().map(|b| b >= 777), Some(true));
+}
+
+#[test]
+fn a_program_that_used_every_pthread_key_exits_normally_with_its_report() {
+    let bin = build_fixture("tls_keys.c", &[]);
+    let mut cmd = Command::new(&bin);
+    cmd.env("LEAKTRACE_SCAN", "1");
+    let run = run_traced(cmd, "tlskeys");
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(run.stdout(), "keys exhausted\n");
+    assert!(!run.stderr().contains("fatal runtime error"), "{}", run.stderr());
+    let r = run.report();
+    assert_eq!(r["reason"], "exit");
+    assert!(run.stderr().contains("555 byte(s)"), "{}", run.stderr());
+}
+
+#[test]
+fn sigterm_after_a_collector_failure_still_writes_the_final_report() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = fresh_dir("collector-panic");
+    let src = dir.join("sleeper.c");
+    std::fs::write(
+        &src,
+        "#include <stdlib.h>\n#include <unistd.h>\nvoid *volatile s;\n\
+         __attribute__((noinline)) void leak_then_wait(void) { s = malloc(2468); }\n\
+         int main(void) { leak_then_wait(); for (;;) pause(); }\n",
+    )
+    .unwrap();
+    let bin = dir.join("sleeper");
+    assert!(Command::new("cc").args(["-O2", "-g"]).arg(&src).arg("-o").arg(&bin).status().unwrap().success());
+    let out_dir = dir.join("reports");
+    let child = Command::new(&bin)
+        .env("LD_PRELOAD", lib_path())
+        .env("LEAKTRACE_OUTPUT", &out_dir)
+        .env("LEAKTRACE_SUMMARY", "0")
+        .env("LEAKTRACE_TEST_COLLECTOR_PANIC", "1")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    // SAFETY: plain kill of our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = wait_within(child);
+    assert_eq!(out.status.signal(), Some(libc::SIGTERM), "it still dies by SIGTERM");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("leaktrace: internal error in the collector thread; starting it again"), "{err}");
+    assert!(!err.contains("stack backtrace"), "one line, no backtrace: {err}");
+    let r = &reports_in(&out_dir)[0];
+    assert_eq!(r["reason"], "exit");
+    assert_eq!(r["exit_signal"], libc::SIGTERM);
+    assert_eq!(sum(&groups_with(r, "leak_then_wait"), "bytes"), 2468);
+}
