@@ -271,12 +271,28 @@ pub fn start(config: Config, host_tracking: String) -> bool {
             crate::scan::roots::install();
         }
         *STATE.lock() = Some(Consumer { model: Collector::new(), order: DrainState::default() });
-        *REPORT.lock() = Some(ReportSide::new(config, process, output_dir, symbolizer, host_tracking, suppressions));
         OWNER_PID.store(std::process::id(), Ordering::SeqCst);
+        let lazy = config.collector.resolve(&process.argv) == crate::config::CollectorStart::Lazy;
+        *REPORT.lock() = Some(ReportSide::new(config, process, output_dir, symbolizer, host_tracking, suppressions));
         TRACKING.store(ACTIVE, Ordering::SeqCst);
-        spawn_collector();
+        if lazy {
+            COLLECTOR_DEFERRED.store(true, Ordering::SeqCst);
+        } else {
+            spawn_collector();
+        }
         true
     })
+}
+
+/// Set while the collector thread waits for the program's own second thread
+/// (`CollectorStart::Lazy`).
+static COLLECTOR_DEFERRED: AtomicBool = AtomicBool::new(false);
+
+/// The program started a thread: a deferred collector starts now.
+pub fn program_started_thread() {
+    if COLLECTOR_DEFERRED.load(Ordering::Relaxed) && COLLECTOR_DEFERRED.swap(false, Ordering::AcqRel) && active() {
+        spawn_collector();
+    }
 }
 
 fn spawn_collector() {
@@ -789,7 +805,10 @@ pub fn fork_child() {
             // A parent that was preparing its own list forked: not this process's.
             PREPARING.store(false, Ordering::SeqCst);
             PREPARE_INHERITED.store(SCAN_AT_EXIT.load(Ordering::Relaxed), Ordering::Release);
-            spawn_collector();
+            // A child of a process whose collector still waits waits too.
+            if !COLLECTOR_DEFERRED.load(Ordering::SeqCst) {
+                spawn_collector();
+            }
         } else {
             TRACKING.store(FINISHED, Ordering::SeqCst);
             channel::close();

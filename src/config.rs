@@ -32,6 +32,35 @@ pub struct Config {
     /// LEAKTRACE_REPORT_GROUPS: leak groups listed (with stacks) per report; the rest
     /// are added up in `summary.omitted`.
     pub report_groups: usize,
+    /// LEAKTRACE_COLLECTOR: when the collector thread starts.
+    pub collector: CollectorStart,
+}
+
+/// When the library's collector thread starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CollectorStart {
+    /// At start-up (periodic reports, snapshots and the SIGTERM report work from the
+    /// first instant).
+    Thread,
+    /// With the program's own second thread: a program that must stay single-threaded
+    /// (Chromium's zygote checks `/proc/self/task`) stays so. Until then events are
+    /// drained by the program's thread, and there are no periodic reports and no final
+    /// report on SIGTERM.
+    Lazy,
+    /// `Lazy` in processes known to require a single thread (a Chromium or Electron
+    /// zygote: `--type=zygote`), `Thread` elsewhere.
+    Auto,
+}
+
+impl CollectorStart {
+    /// The choice for a process with these arguments.
+    pub fn resolve(self, argv: &[String]) -> CollectorStart {
+        match self {
+            CollectorStart::Auto if argv.iter().any(|a| a == "--type=zygote") => CollectorStart::Lazy,
+            CollectorStart::Auto => CollectorStart::Thread,
+            other => other,
+        }
+    }
 }
 
 impl Default for Config {
@@ -48,6 +77,7 @@ impl Default for Config {
             suppressions: None,
             scan: true,
             report_groups: DEFAULT_REPORT_GROUPS,
+            collector: CollectorStart::Auto,
         }
     }
 }
@@ -64,6 +94,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("LEAKTRACE_DISABLE", "1: record nothing, write nothing (default 0)"),
     ("LEAKTRACE_SUPPRESSIONS", "LeakSanitizer-style suppressions file (leak:PATTERN) for the exit summary"),
     ("LEAKTRACE_REPORT_GROUPS", "leak groups listed with their stacks per report, the rest added up (default 2000)"),
+    ("LEAKTRACE_COLLECTOR", "thread, lazy or auto: start the collector thread at once, or only with the program's second thread (default auto: lazy in a Chromium zygote, which must stay single-threaded)"),
     ("LEAKTRACE_SCAN", "0: no pointer scan at exit; every outstanding block counts (default 1: definite/indirect/reachable as LeakSanitizer)"),
 ];
 
@@ -172,6 +203,14 @@ impl Config {
                 None => bad("LEAKTRACE_SCAN", &v, "1 or 0", "1".into()),
             }
         }
+        if let Some(v) = get("LEAKTRACE_COLLECTOR") {
+            match v.trim().to_ascii_lowercase().as_str() {
+                "thread" => c.collector = CollectorStart::Thread,
+                "lazy" => c.collector = CollectorStart::Lazy,
+                "auto" => c.collector = CollectorStart::Auto,
+                _ => bad("LEAKTRACE_COLLECTOR", &v, "thread, lazy or auto", "auto".into()),
+            }
+        }
         if let Some(v) = get("LEAKTRACE_DISABLE") {
             match parse_bool(&v) {
                 Some(b) => c.disabled = b,
@@ -192,6 +231,20 @@ mod tests {
         let mut warnings = Vec::new();
         let c = Config::from_lookup(|k| env.get(k).cloned(), |w| warnings.push(w));
         (c, warnings)
+    }
+
+    #[test]
+    fn collector_start_is_lazy_only_in_a_zygote_by_default() {
+        let (c, w) = parse(&[("LEAKTRACE_COLLECTOR", "bogus")]);
+        assert_eq!(c.collector, CollectorStart::Auto);
+        assert_eq!(w.len(), 1);
+        let zygote = ["/usr/lib/chromium/chromium".to_string(), "--type=zygote".to_string()];
+        let browser = ["/usr/lib/chromium/chromium".to_string(), "--headless".to_string()];
+        assert_eq!(CollectorStart::Auto.resolve(&zygote), CollectorStart::Lazy);
+        assert_eq!(CollectorStart::Auto.resolve(&browser), CollectorStart::Thread);
+        assert_eq!(CollectorStart::Thread.resolve(&zygote), CollectorStart::Thread);
+        let (c, _) = parse(&[("LEAKTRACE_COLLECTOR", "Lazy")]);
+        assert_eq!(c.collector, CollectorStart::Lazy);
     }
 
     #[test]

@@ -104,6 +104,9 @@ pub unsafe extern "C" fn pthread_create(
             // SAFETY: the thread did not start: the block is still ours.
             unsafe { free(block as *mut c_void) };
         }
+    } else {
+        let _errno = super::ErrnoGuard::save();
+        let _ = std::panic::catch_unwind(crate::agent::program_started_thread);
     }
     rc
 }
