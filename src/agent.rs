@@ -84,6 +84,8 @@ struct ReportSide {
     suppressions: leaktrace_common::Suppressions,
     /// The signal ending the process, for the final report.
     exit_signal: Option<i32>,
+    /// Why this process can never be given a final report, once the collector found out.
+    no_final_report: Option<&'static str>,
 }
 
 impl ReportSide {
@@ -106,6 +108,7 @@ impl ReportSide {
             timeline: Timeline::default(),
             suppressions,
             exit_signal: None,
+            no_final_report: None,
         }
     }
 }
@@ -344,7 +347,19 @@ fn collector_main() {
     if COLLECTOR_FAILURES.load(Ordering::Relaxed) == 0 && std::env::var_os("LEAKTRACE_TEST_COLLECTOR_PANIC").is_some() {
         panic!("collector failure requested by LEAKTRACE_TEST_COLLECTOR_PANIC");
     }
-    let interval = REPORT.lock().as_ref().map(|r| r.config.interval_ms).unwrap_or(0);
+    let mut interval = REPORT.lock().as_ref().map(|r| r.config.interval_ms).unwrap_or(0);
+    // A process that no exit hook will see ending (Go) is reported at once and then at
+    // least every second: the last periodic report is all that will be left of it.
+    let exe = REPORT.lock().as_ref().map(|r| r.process.exe.clone()).unwrap_or_default();
+    if let Some(why) = process::final_report_unreachable(&exe) {
+        if let Some(r) = REPORT.lock().as_mut() {
+            r.no_final_report = Some(why);
+        }
+        if interval > 0 {
+            interval = interval.min(FINAL_LESS_INTERVAL_MS);
+        }
+        write_report(Reason::Periodic);
+    }
     let mut last_report = Instant::now();
     let born = Instant::now();
     let mut idle_sleep_us = 200u64;
@@ -385,6 +400,9 @@ fn collector_main() {
         }
     }
 }
+
+/// The longest periodic interval of a process that gets no final report.
+const FINAL_LESS_INTERVAL_MS: u64 = 1000;
 
 /// Naps `nap` at a time while `busy` holds, for at most `limit`.
 fn wait_while(busy: impl Fn() -> bool, limit: Duration, nap: Duration) {
@@ -556,6 +574,7 @@ fn write_report(reason: Reason) {
         stack_table_overflows: stacks::overflows(),
         host_tracking: r.host_tracking.clone(),
         exit_signal: r.exit_signal,
+        no_final_report: r.no_final_report,
         cuda_untracked_copies: crate::interpose::cuda::untracked_copies(),
     };
     let scan_out = scan.as_ref().map(|(out, _, totals)| (out, *totals));

@@ -242,8 +242,8 @@ fn cmd_run(args: &RunArgs) -> Result<u8, Fail> {
         scan: !args.no_scan,
         suppressions: args.filters.suppressions.clone(),
     };
-    let code = match run::run(&lib, &args.cmd, &settings) {
-        run::Outcome::Exited(code) => code,
+    let (code, pid) = match run::run(&lib, &args.cmd, &settings) {
+        run::Outcome::Exited(code, pid) => (code, pid),
         run::Outcome::NotFound(m) => return Err(Fail { code: 127, message: m }),
         run::Outcome::Failed(m) => return Err(usage(m)),
     };
@@ -251,9 +251,18 @@ fn cmd_run(args: &RunArgs) -> Result<u8, Fail> {
         Ok(r) => r,
         Err(e) => {
             eprintln!("leaktrace: {e}");
-            return Ok(code.clamp(0, 255) as u8);
+            eprintln!("leaktrace: the command (pid {pid}) wrote no report: nothing was checked");
+            return Ok(if code != 0 {
+                code.clamp(0, 255) as u8
+            } else if args.fail_on_leak {
+                args.exit_code
+            } else {
+                0
+            });
         }
     };
+    // A process whose end the library did not see may have leaked after its last report.
+    let unchecked = model::without_final_report(&reports, Some(pid));
     let a = analyze::analyze(&reports, &filters);
     let rendered = render(&a, &reports, args.format, args.top)?;
     match args.format {
@@ -266,9 +275,16 @@ fn cmd_run(args: &RunArgs) -> Result<u8, Fail> {
         }
         _ => eprint!("{rendered}"),
     }
+    for line in &unchecked {
+        eprintln!("leaktrace: {line}");
+    }
     eprintln!("leaktrace: reports in {}", output.display());
     if code != 0 {
         return Ok(code.clamp(0, 255) as u8);
+    }
+    if args.fail_on_leak && !unchecked.is_empty() {
+        eprintln!("leaktrace: --fail-on-leak: failing, since a process above could not be checked to its end");
+        return Ok(args.exit_code);
     }
     Ok(if args.fail_on_leak && a.has_findings() { args.exit_code } else { 0 })
 }

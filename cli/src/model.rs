@@ -147,6 +147,12 @@ pub struct Report {
     #[serde(default)]
     pub argv: Vec<String>,
     pub reason: String,
+    /// The signal that ended the process (final reports written for one).
+    #[serde(default)]
+    pub exit_signal: Option<i32>,
+    /// Why this process can never get a final report (the library found out).
+    #[serde(default)]
+    pub no_final_report: Option<String>,
     #[serde(default)]
     pub started_unix_ms: u64,
     #[serde(default)]
@@ -177,6 +183,35 @@ impl Report {
             None => self.leaks.iter().find(|g| g.stack_id == s.stack_id).map(|g| g.stack.as_slice()).unwrap_or(&[]),
         }
     }
+}
+
+/// Processes whose last image left no final report, each as a sentence: their last
+/// report is older than their end, so leaks after it are unknown. `top` is the pid of the
+/// command `run` started: one that wrote no report at all is named too.
+pub fn without_final_report(reports: &[Report], top: Option<u32>) -> Vec<String> {
+    let mut pids: Vec<u32> = reports.iter().map(|r| r.pid).collect();
+    pids.sort_unstable();
+    pids.dedup();
+    let mut out = Vec::new();
+    for pid in pids {
+        let of_pid: Vec<&Report> = reports.iter().filter(|r| r.pid == pid).collect();
+        if of_pid.iter().any(|r| r.reason == "exit") {
+            continue;
+        }
+        let last = of_pid.iter().max_by_key(|r| r.written_unix_ms).expect("one report at least");
+        let why = last.no_final_report.clone().unwrap_or_else(|| {
+            "it ended where no exit path of the library runs (killed with SIGKILL, a crash, or an exec into an untraced program)".into()
+        });
+        out.push(format!("{} left no final report: {why}", last.label()));
+    }
+    if let Some(top) = top {
+        if !reports.iter().any(|r| r.pid == top) {
+            out.push(format!(
+                "the command (pid {top}) wrote no report: a statically linked or setuid program does not load the library, and a Go program that exits within its first moments leaves nothing"
+            ));
+        }
+    }
+    out
 }
 
 pub fn parse(text: &str, path: &Path) -> Result<Report, String> {
@@ -231,6 +266,29 @@ pub fn load(path: &Path) -> Result<Vec<Report>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn processes_without_a_final_report_are_named() {
+        let rep = |pid: u32, reason: &str, why: Option<&str>| Report {
+            pid,
+            exe: "/bin/prog".into(),
+            reason: reason.into(),
+            no_final_report: why.map(str::to_string),
+            ..Default::default()
+        };
+        let reports = vec![
+            rep(1, "periodic", None),
+            rep(1, "exit", None),
+            rep(2, "periodic", Some("the Go runtime ends the process")),
+            rep(3, "periodic", None),
+        ];
+        let lines = without_final_report(&reports, Some(1));
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines[0].contains("pid 2") && lines[0].contains("Go runtime"));
+        assert!(lines[1].contains("pid 3") && lines[1].contains("SIGKILL"));
+        let lines = without_final_report(&reports, Some(9));
+        assert!(lines[2].contains("pid 9) wrote no report"));
+    }
 
     #[test]
     fn rejects_what_is_not_a_readable_report() {

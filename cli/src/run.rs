@@ -65,7 +65,8 @@ pub struct RunSettings {
 }
 
 pub enum Outcome {
-    Exited(i32),
+    /// The command's exit code (128 + signal when killed) and its pid.
+    Exited(i32, u32),
     NotFound(String),
     Failed(String),
 }
@@ -118,7 +119,8 @@ pub fn run(lib: &Path, cmd: &[String], s: &RunSettings) -> Outcome {
         }
         Err(e) => return Outcome::Failed(format!("cannot start {} ({e})", cmd[0])),
     };
-    CHILD.store(child.id() as i32, Ordering::Relaxed);
+    let pid = child.id();
+    CHILD.store(pid as i32, Ordering::Relaxed);
     let progress = start_progress_line(&cmd[0], &s.output);
     let status = loop {
         match child.wait() {
@@ -133,7 +135,7 @@ pub fn run(lib: &Path, cmd: &[String], s: &RunSettings) -> Outcome {
         stop.store(true, Ordering::Relaxed);
         eprint!("\r\x1b[2K");
     }
-    Outcome::Exited(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+    Outcome::Exited(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)), pid)
 }
 
 /// Where stderr is a terminal: one line, rewritten each second, with the elapsed time

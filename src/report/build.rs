@@ -116,6 +116,8 @@ pub struct RunFacts {
     pub stack_table_overflows: u64,
     pub host_tracking: String,
     pub exit_signal: Option<i32>,
+    /// Why this process can never be given a final report (`process::final_report_unreachable`).
+    pub no_final_report: Option<&'static str>,
     /// CUDA function pointers passed through untracked: more copies of one function
     /// than there are copy wrappers.
     pub cuda_untracked_copies: u64,
@@ -392,6 +394,9 @@ struct ReportOut<'a> {
     /// The signal that ended the process, when the final report was written for one.
     #[serde(skip_serializing_if = "Option::is_none")]
     exit_signal: Option<i32>,
+    /// Present when this process can never be given a final report: why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    no_final_report: Option<&'static str>,
     started_unix_ms: u64,
     written_unix_ms: u64,
     fork: serde_json::Value,
@@ -478,6 +483,7 @@ pub fn write_report_json(w: impl std::io::Write, parts: &ReportParts) -> std::io
         argv: &process.argv,
         reason: reason.name(),
         exit_signal: facts.exit_signal,
+        no_final_report: facts.no_final_report,
         started_unix_ms: process.started_unix_ms,
         written_unix_ms,
         fork: json!({

@@ -79,6 +79,22 @@ impl ProcessInfo {
     }
 }
 
+/// Why a process running `exe` can never be given a final report, if it cannot: the
+/// Go runtime (a Go program that links the C library: cgo) ends the process with the
+/// `exit_group` system call itself, past every exit path a library can hook. Found by
+/// the `.go.buildinfo` section that every Go executable since Go 1.13 carries.
+pub fn final_report_unreachable(exe: &str) -> Option<&'static str> {
+    use object::{Object, ObjectSection};
+    let file = std::fs::File::open(exe).ok()?;
+    // SAFETY: a read-only private mapping of the executable; a file changed under us
+    // yields wrong bytes, never undefined behaviour in this parse of section names.
+    let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+    let obj = object::File::parse(&*map).ok()?;
+    obj.sections()
+        .any(|s| s.name() == Ok(".go.buildinfo"))
+        .then_some("the Go runtime ends the process with the exit_group system call, which no library hook sees: the last periodic report is the last word")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,6 +110,23 @@ mod tests {
         assert!(!weird.contains('/') && !weird.contains(' '));
         assert_eq!(sanitize_component(""), "x");
         assert_eq!(sanitize_component(".."), "x..");
+    }
+
+    #[test]
+    fn a_go_executable_is_recognised_and_others_are_not() {
+        assert_eq!(final_report_unreachable("/proc/self/exe"), None);
+        assert_eq!(final_report_unreachable("/nonexistent"), None);
+        // A minimal ELF with a `.go.buildinfo` section, made by the C compiler.
+        let dir = std::env::temp_dir().join(format!("lt-go-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("g.c");
+        std::fs::write(&src, "__attribute__((section(\".go.buildinfo\"), used)) static const char info[32] = \"\\xff Go buildinf:\";\nint main(void) { return 0; }\n").unwrap();
+        let bin = dir.join("g");
+        let ok = std::process::Command::new("cc").arg(&src).arg("-o").arg(&bin).status().map(|s| s.success()).unwrap_or(false);
+        if ok {
+            assert!(final_report_unreachable(bin.to_str().unwrap()).unwrap().contains("exit_group"));
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
