@@ -251,9 +251,20 @@ impl ModuleFile {
                 let e = e?;
                 let table = if e.dynamic { file.dynamic_symbol_table()? } else { file.symbol_table()? };
                 let name = table.symbol_by_index(SymbolIndex(e.index as usize)).ok()?.name().ok()?;
-                Some(addr2line::demangle_auto(Cow::Borrowed(name), None).into_owned())
+                Some(demangle_symbol(name))
             })
             .collect()
+    }
+}
+
+/// A symbol table name as people read it: mangled C++ (`_Z…`) and Rust (`_ZN…`, `_R…`)
+/// names demangled, every other name as it is. A C function called `f`, `i`, `d` or `Ss`
+/// is not a mangled type ("float", "int", "double", "std::string").
+pub fn demangle_symbol(name: &str) -> String {
+    if name.starts_with("_Z") || name.starts_with("_R") {
+        addr2line::demangle_auto(Cow::Borrowed(name), None).into_owned()
+    } else {
+        name.to_string()
     }
 }
 
@@ -388,6 +399,16 @@ impl Symbolizer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_mangled_names_are_demangled() {
+        for c_name in ["f", "i", "d", "Ss", "main", "malloc", "St", "v"] {
+            assert_eq!(demangle_symbol(c_name), c_name);
+        }
+        assert_eq!(demangle_symbol("_Z3fooi"), "foo(int)");
+        assert_eq!(demangle_symbol("_ZNSsC1Ev"), "std::string::string()");
+        assert!(demangle_symbol("_ZN4core3ptr13drop_in_place17h0123456789abcdefE").starts_with("core::ptr::drop_in_place"));
+    }
 
     fn sym(start: u64, size: u64, index: u32, dynamic: bool) -> SymbolEntry {
         SymbolEntry { start, end: start + size, index, dynamic }
