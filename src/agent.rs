@@ -771,6 +771,21 @@ pub fn finish() {
 
 // ---- dlclose -----------------------------------------------------------------------
 
+/// Before the program changes its root: `/proc` and the report directory stay reachable.
+pub fn before_chroot() {
+    if !active() {
+        return;
+    }
+    thread::untracked(|| {
+        let _ = catch_unwind(|| {
+            let dir = lock_bounded(&REPORT, Duration::from_secs(5)).and_then(|r| r.as_ref().map(|r| r.output_dir.clone()));
+            if let Some(dir) = dir {
+                crate::os::anchor::hold_before_chroot(&dir);
+            }
+        });
+    });
+}
+
 /// Before a module may be unmapped: keep the module list of the epoch that ends.
 pub fn before_dlclose() {
     if !active() {

@@ -144,7 +144,7 @@ pub fn unmap(p: *mut u8, bytes: usize) {
 /// Maps a file read-only (the symbolizer reads module files this way: a PyTorch library
 /// is 450 MB, of which a lookup touches little).
 pub fn map_file(path: &str) -> Option<memmap2::Mmap> {
-    let file = std::fs::File::open(path).ok()?;
+    let file = crate::os::anchor::open_file(path).ok()?;
     // SAFETY: a read-only private mapping; module files are not rewritten in place while
     // loaded (the loader maps them too), and a truncated file gives SIGBUS in the loader
     // first.

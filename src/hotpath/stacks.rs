@@ -541,7 +541,7 @@ mod tests {
 
     /// The `VmFlags` line of the mapping of this process that holds `addr`.
     fn vm_flags_of(addr: usize) -> Option<String> {
-        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+        let smaps = crate::os::anchor::read_proc_string("self/smaps").ok()?;
         let mut inside = false;
         for line in smaps.lines() {
             if let Some((range, _)) = line.split_once(' ') {

@@ -267,6 +267,23 @@ pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
     final_report_then(real::exit_now_c99(), status)
 }
 
+/// `chroot`: `/proc` and the report directory are held open first (`os::anchor`), so
+/// that the scan and the final report work inside the new root.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn chroot(path: *const std::ffi::c_char) -> c_int {
+    let Some(f) = real::chroot() else {
+        // SAFETY: this thread's errno.
+        unsafe { *libc::__errno_location() = libc::ENOSYS };
+        return -1;
+    };
+    {
+        let _errno = super::ErrnoGuard::save();
+        let _ = std::panic::catch_unwind(agent::before_chroot);
+    }
+    // SAFETY: forwarding the caller's path to the real chroot.
+    unsafe { f(path) }
+}
+
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> c_int {
     let Some(f) = real::dlclose() else { return -1 };

@@ -5,7 +5,7 @@
 //! | family    | file           | symbols |
 //! |-----------|----------------|---------|
 //! | malloc    | `malloc.rs`    | malloc, calloc, realloc, reallocarray, free, posix_memalign, aligned_alloc, memalign, valloc, pvalloc, malloc_usable_size (+ free_sized, free_aligned_sized where glibc has them) |
-//! | lifecycle | `lifecycle.rs` | exit, quick_exit, _exit, _Exit, dlclose, unshare, setns (+ constructor/destructor, atfork, snapshot and SIGTERM handlers) |
+//! | lifecycle | `lifecycle.rs` | exit, quick_exit, _exit, _Exit, dlclose, unshare, setns, chroot (+ constructor/destructor, atfork, snapshot and SIGTERM handlers) |
 //! | threads   | `threads.rs`   | pthread_create (notes each new thread's stack bounds before its routine runs) |
 //! | resolver  | `resolve.rs`   | dlsym (hands out CUDA wrappers; `RTLD_NEXT` passes straight through) |
 //! | CUDA runtime | `cuda_runtime.rs` | `cuda_runtime::WRAPPED`: cudaMalloc, cudaFree, cudaMallocAsync, cudaFreeAsync, cudaMallocFromPoolAsync (+ `_ptsz`), cudaMallocManaged, cudaMallocPitch, cudaMalloc3D, cudaMallocHost, cudaHostAlloc, cudaFreeHost, cudaHostRegister, cudaHostUnregister, cudaDeviceReset, cudaGetDriverEntryPoint(ByVersion) (+ `_ptsz`) |
@@ -80,6 +80,7 @@ pub const EXPORTED: &[&str] = &[
     "dlclose",
     "unshare",
     "setns",
+    "chroot",
     "pthread_create",
 ];
 

@@ -19,6 +19,7 @@ pub type ExitFn = unsafe extern "C" fn(c_int) -> !;
 pub type DlcloseFn = unsafe extern "C" fn(*mut c_void) -> c_int;
 pub type UnshareFn = unsafe extern "C" fn(c_int) -> c_int;
 pub type SetnsFn = unsafe extern "C" fn(c_int, c_int) -> c_int;
+pub type ChrootFn = unsafe extern "C" fn(*const std::ffi::c_char) -> c_int;
 pub type PthreadCreateFn = unsafe extern "C" fn(
     *mut libc::pthread_t,
     *const libc::pthread_attr_t,
@@ -77,6 +78,7 @@ real_table! {
     dlclose: DlcloseFn = c"dlclose",
     unshare: UnshareFn = c"unshare",
     setns: SetnsFn = c"setns",
+    chroot: ChrootFn = c"chroot",
     pthread_create: PthreadCreateFn = c"pthread_create",
 }
 

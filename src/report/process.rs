@@ -54,8 +54,8 @@ pub fn report_file_name(exe: &str, pid: u32) -> String {
 impl ProcessInfo {
     pub fn current(forked_from: Option<u32>) -> ProcessInfo {
         let pid = std::process::id();
-        let exe = std::fs::read_link("/proc/self/exe").map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
-        let argv = std::fs::read("/proc/self/cmdline")
+        let exe = crate::os::anchor::read_proc_link("self/exe").unwrap_or_default();
+        let argv = crate::os::anchor::read_proc("self/cmdline")
             .map(|raw| {
                 raw.split(|b| *b == 0)
                     .filter(|s| !s.is_empty())
@@ -85,7 +85,7 @@ impl ProcessInfo {
 /// the `.go.buildinfo` section that every Go executable since Go 1.13 carries.
 pub fn final_report_unreachable(exe: &str) -> Option<&'static str> {
     use object::{Object, ObjectSection};
-    let file = std::fs::File::open(exe).ok()?;
+    let file = crate::os::anchor::open_file(exe).ok()?;
     // SAFETY: a read-only private mapping of the executable; a file changed under us
     // yields wrong bytes, never undefined behaviour in this parse of section names.
     let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;

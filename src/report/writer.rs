@@ -14,7 +14,11 @@ static COUNTER: AtomicU64 = AtomicU64::new(0);
 pub fn write_atomic_with(target: &Path, write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> std::io::Result<()> {
     let dir = target.parent().unwrap_or(Path::new("."));
     let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = dir.join(format!(".{}.{}.{}.tmp", name, std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed)));
+    let tmp_name = format!(".{}.{}.{}.tmp", name, std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed));
+    if let Some(dirfd) = crate::os::anchor::held_output(dir) {
+        return write_atomic_at(dirfd, &tmp_name, &name, write);
+    }
+    let tmp = dir.join(&tmp_name);
     let result = (|| {
         let f = std::fs::OpenOptions::new()
             .write(true)
@@ -30,6 +34,39 @@ pub fn write_atomic_with(target: &Path, write: impl FnOnce(&mut dyn Write) -> st
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// `write_atomic_with` in a directory held open across the program's `chroot`
+/// (`os::anchor`): the same steps through `openat` and `renameat`.
+fn write_atomic_at(dirfd: i32, tmp: &str, name: &str, write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> std::io::Result<()> {
+    use std::os::fd::FromRawFd;
+    let c = |s: &str| std::ffi::CString::new(s).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput));
+    let (ctmp, cname) = (c(tmp)?, c(name)?);
+    // SAFETY: a directory descriptor of ours, a NUL-terminated name, a fresh file.
+    let fd = unsafe {
+        libc::openat(dirfd, ctmp.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC, 0o600)
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let result = (|| {
+        // SAFETY: fd is the file just created, owned by the File from here.
+        let f = unsafe { std::fs::File::from_raw_fd(fd) };
+        let mut buffered = std::io::BufWriter::with_capacity(1 << 20, f);
+        write(&mut buffered)?;
+        buffered.flush()?;
+        drop(buffered.into_inner().map_err(|e| e.into_error())?);
+        // SAFETY: renaming inside our directory descriptor, NUL-terminated names.
+        if unsafe { libc::renameat(dirfd, ctmp.as_ptr(), dirfd, cname.as_ptr()) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        // SAFETY: removing our own temporary file.
+        unsafe { libc::unlinkat(dirfd, ctmp.as_ptr(), 0) };
     }
     result
 }

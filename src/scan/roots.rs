@@ -86,15 +86,13 @@ pub fn install() -> bool {
 pub fn other_threads() -> Vec<u32> {
     // SAFETY: gettid cannot fail.
     let me = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
-    std::fs::read_dir("/proc/self/task")
-        .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()).filter(|t| *t != me).collect())
-        .unwrap_or_default()
+    crate::os::anchor::list_proc("self/task").iter().filter_map(|n| n.parse::<u32>().ok()).filter(|t| *t != me).collect()
 }
 
 /// Readable, writable mappings `(start, end)` from /proc/self/maps, for finding the
 /// stack that holds a stopped thread's stack pointer.
 pub fn writable_mappings() -> Vec<(u64, u64)> {
-    let text = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let text = crate::os::anchor::read_proc_string("self/maps").unwrap_or_default();
     text.lines()
         .filter_map(|l| {
             let mut it = l.split_whitespace();
@@ -182,7 +180,7 @@ pub fn split_blocking(tids: &[u32]) -> (Vec<u32>, Vec<u32>) {
         return (tids.to_vec(), Vec::new());
     }
     tids.iter().partition(|&&t| {
-        let status = std::fs::read_to_string(format!("/proc/self/task/{t}/status")).unwrap_or_default();
+        let status = crate::os::anchor::read_proc_string(&format!("self/task/{t}/status")).unwrap_or_default();
         let blocked = status
             .lines()
             .find_map(|l| l.strip_prefix("SigBlk:"))
@@ -199,7 +197,7 @@ pub fn split_blocking(tids: &[u32]) -> (Vec<u32>, Vec<u32>) {
 pub fn copy_blocking_stacks(tids: &[u32], maps: &[(u64, u64)]) -> Vec<Vec<u64>> {
     let mut copies = Vec::new();
     for &t in tids {
-        let text = std::fs::read_to_string(format!("/proc/self/task/{t}/syscall")).unwrap_or_default();
+        let text = crate::os::anchor::read_proc_string(&format!("self/task/{t}/syscall")).unwrap_or_default();
         // "NR arg1 .. arg6 sp pc" while in a system call; "running" otherwise.
         let fields: Vec<&str> = text.split_whitespace().collect();
         if fields.len() != 9 {
@@ -459,8 +457,8 @@ impl WrittenPages {
     /// Opens the page map and allocates the read buffer (call before threads are
     /// stopped). Without a readable page map every range is kept whole.
     pub fn prepare() -> WrittenPages {
-        // SAFETY: NUL-terminated path; the fd is closed in Drop.
-        let fd = unsafe { libc::open(c"/proc/self/pagemap".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        // The fd is closed in Drop.
+        let fd = crate::os::anchor::open_proc("self/pagemap", libc::O_RDONLY).unwrap_or(-1);
         WrittenPages { fd, entries: if fd >= 0 { vec![0; PAGEMAP_CHUNK] } else { Vec::new() } }
     }
 

@@ -2,7 +2,8 @@
 //! first allocation is inside `pthread_getattr_np`, take the program's signals, lose the
 //! final report when the process ends through two exits at once or through
 //! `quick_exit`, need a pthread key at exit, write into a data file that took fd 2, or
-//! stop reporting after its collector thread failed. Each fixture reproduces one
+//! stop reporting after its collector thread failed, or lose its report and its
+//! verdicts to the program's `chroot`. Each fixture reproduces one
 //! mechanism; every run is under the tests' time limit (a hang fails).
 mod common;
 use common::*;
@@ -135,4 +136,22 @@ fn sigterm_after_a_collector_failure_still_writes_the_final_report() {
     assert_eq!(r["reason"], "exit");
     assert_eq!(r["exit_signal"], libc::SIGTERM);
     assert_eq!(sum(&groups_with(r, "leak_then_wait"), "bytes"), 2468);
+}
+
+#[test]
+fn after_chroot_the_report_is_written_with_names_and_reachable_blocks_stay_reachable() {
+    let bin = build_fixture("chroot_leaks.c", &[]);
+    let root = fresh_dir("empty-root");
+    let mut cmd = Command::new(&bin);
+    cmd.arg(&root).env("LEAKTRACE_SCAN", "1");
+    let run = run_traced(cmd, "chroot");
+    if run.code() == Some(3) && run.stderr().contains("Operation not permitted") {
+        eprintln!("SKIPPED: chroot needs root (CAP_SYS_CHROOT); run the tests as root, as .ci/run does");
+        return;
+    }
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let r = run.report();
+    assert_eq!(definite(&r, "leak_dropped"), 3002, "{:#}", r["leaks"]);
+    assert_eq!(definite(&r, "keep_in_global"), 0, "a block a global holds is reachable, not a leak");
+    assert!(run.stderr().contains("in leak_dropped"), "frames are named after the chroot: {}", run.stderr());
 }
