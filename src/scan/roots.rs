@@ -389,14 +389,20 @@ pub fn record_main_tls() {
     let mut out: Vec<(u64, u64)> = Vec::new();
     // SAFETY: the callback only reads the headers glibc hands it.
     unsafe { crate::interpose::iterate_modules(Some(visit), &mut out as *mut _ as *mut c_void) };
-    // The thread control block's head: its `dtv` points to the TLS blocks of modules
-    // loaded later (dlopen), which ld.so allocates with malloc. Other threads have their
-    // control block at the top of their stack mapping, which the scan reads anyway.
+    // The main thread's control block (`struct pthread`): its `dtv` points to the TLS
+    // blocks of modules loaded later (dlopen), which ld.so allocates with malloc, and its
+    // first block of `pthread_setspecific` values holds what the program keeps there.
+    // Other threads have their control block at the top of their stack mapping, which
+    // the scan reads anyway. glibc publishes the structure's size for debuggers.
     let mut fs: u64 = 0;
     const ARCH_GET_FS: libc::c_long = 0x1003;
+    // SAFETY: dlsym with a valid handle and NUL-terminated name.
+    let size_sym = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_thread_db_sizeof_pthread".as_ptr()) };
+    // SAFETY: glibc's `const uint32_t _thread_db_sizeof_pthread`, when it exists.
+    let tcb_size = if size_sym.is_null() { 64 } else { u64::from(unsafe { *(size_sym as *const u32) }).clamp(64, 1 << 16) };
     // SAFETY: arch_prctl(ARCH_GET_FS) writes the thread pointer to a valid u64.
     if unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_GET_FS, &mut fs as *mut u64) } == 0 && fs != 0 {
-        out.push((fs, 64));
+        out.push((fs, tcb_size));
         MAIN_THREAD_POINTER.store(fs, Ordering::Relaxed);
     }
     let _ = MAIN_TLS.set(out);
