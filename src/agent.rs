@@ -276,8 +276,18 @@ pub fn start(config: Config, host_tracking: String) -> bool {
         *STATE.lock() = Some(Consumer { model: Collector::new(), order: DrainState::default() });
         OWNER_PID.store(std::process::id(), Ordering::SeqCst);
         let lazy = config.collector.resolve(&process.argv) == crate::config::CollectorStart::Lazy;
-        *REPORT.lock() = Some(ReportSide::new(config, process, output_dir, symbolizer, host_tracking, suppressions));
+        let mut side = ReportSide::new(config, process, output_dir, symbolizer, host_tracking, suppressions);
+        // A cgo program may be gone before the collector's first turn: its first report
+        // (saying that no final one will come) is written here, before main.
+        let cgo = process::is_cgo_program();
+        if cgo {
+            side.no_final_report = Some(process::GO_EXIT);
+        }
+        *REPORT.lock() = Some(side);
         TRACKING.store(ACTIVE, Ordering::SeqCst);
+        if cgo {
+            write_report(Reason::Periodic);
+        }
         if lazy {
             COLLECTOR_DEFERRED.store(true, Ordering::SeqCst);
         } else {
@@ -350,15 +360,16 @@ fn collector_main() {
     let mut interval = REPORT.lock().as_ref().map(|r| r.config.interval_ms).unwrap_or(0);
     // A process that no exit hook will see ending (Go) is reported at once and then at
     // least every second: the last periodic report is all that will be left of it.
-    let exe = REPORT.lock().as_ref().map(|r| r.process.exe.clone()).unwrap_or_default();
-    if let Some(why) = process::final_report_unreachable(&exe) {
+    let (exe, known) = REPORT.lock().as_ref().map(|r| (r.process.exe.clone(), r.no_final_report.is_some())).unwrap_or_default();
+    let found = if known { None } else { process::final_report_unreachable(&exe) };
+    if let Some(why) = found {
         if let Some(r) = REPORT.lock().as_mut() {
             r.no_final_report = Some(why);
         }
-        if interval > 0 {
-            interval = interval.min(FINAL_LESS_INTERVAL_MS);
-        }
         write_report(Reason::Periodic);
+    }
+    if (known || found.is_some()) && interval > 0 {
+        interval = interval.min(FINAL_LESS_INTERVAL_MS);
     }
     let mut last_report = Instant::now();
     let born = Instant::now();

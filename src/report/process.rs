@@ -79,6 +79,15 @@ impl ProcessInfo {
     }
 }
 
+/// Whether the running program is a Go program that links the C library (cgo), told
+/// by the symbols every such program exports; a cheap check for the constructor.
+pub fn is_cgo_program() -> bool {
+    [c"_cgo_get_context_function", c"x_cgo_init", c"_cgo_init"].iter().any(|name| {
+        // SAFETY: dlsym with a valid handle and NUL-terminated name.
+        !unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }.is_null()
+    })
+}
+
 /// Why a process running `exe` can never be given a final report, if it cannot: the
 /// Go runtime (a Go program that links the C library: cgo) ends the process with the
 /// `exit_group` system call itself, past every exit path a library can hook. Found by
@@ -90,10 +99,11 @@ pub fn final_report_unreachable(exe: &str) -> Option<&'static str> {
     // yields wrong bytes, never undefined behaviour in this parse of section names.
     let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
     let obj = object::File::parse(&*map).ok()?;
-    obj.sections()
-        .any(|s| s.name() == Ok(".go.buildinfo"))
-        .then_some("the Go runtime ends the process with the exit_group system call, which no library hook sees: the last periodic report is the last word")
+    obj.sections().any(|s| s.name() == Ok(".go.buildinfo")).then_some(GO_EXIT)
 }
+
+pub const GO_EXIT: &str =
+    "the Go runtime ends the process with the exit_group system call, which no library hook sees: the last periodic report is the last word";
 
 #[cfg(test)]
 mod tests {

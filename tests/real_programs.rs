@@ -1,0 +1,399 @@
+//! Real programs from Debian's packages, each run plain and under the library: the exit
+//! status and stdout must be the same, nothing may hang (every run has a time limit), no
+//! summary text may reach stdout, and every process that ran the library must leave a
+//! report that parses. These are the runtimes that hung or broke before (JVM, Rust and
+//! Ruby threads, chromium's zygote, Go), and the everyday programs a CI job runs.
+//!
+//! A program that is not installed is a skip, printed with the package that brings it,
+//! except under CI (`CI` set), where `.ci/run` installs them all and a missing one fails.
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// What a traced run must leave in its report directory.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Reports {
+    /// At least one report, every one whole; each process without a final report says why.
+    Some,
+    /// None: the program does not load the library (statically linked).
+    None,
+}
+
+struct Program {
+    name: &'static str,
+    /// The command, run in a fresh directory holding copies of `files`.
+    argv: Vec<String>,
+    /// Fixture files (under tests/fixtures/real) copied into that directory.
+    files: &'static [&'static str],
+    /// Executables the run needs, and the Debian package of each.
+    needs: &'static [(&'static str, &'static str)],
+    env: Vec<(&'static str, String)>,
+    compare_stdout: bool,
+    reports: Reports,
+}
+
+impl Program {
+    fn new(name: &'static str, argv: &[&str]) -> Program {
+        Program {
+            name,
+            argv: argv.iter().map(|s| s.to_string()).collect(),
+            files: &[],
+            needs: &[],
+            env: Vec::new(),
+            compare_stdout: true,
+            reports: Reports::Some,
+        }
+    }
+    fn files(mut self, f: &'static [&'static str]) -> Program {
+        self.files = f;
+        self
+    }
+    fn needs(mut self, n: &'static [(&'static str, &'static str)]) -> Program {
+        self.needs = n;
+        self
+    }
+    fn env(mut self, k: &'static str, v: impl Into<String>) -> Program {
+        self.env.push((k, v.into()));
+        self
+    }
+    fn any_stdout(mut self) -> Program {
+        self.compare_stdout = false;
+        self
+    }
+    fn reports(mut self, r: Reports) -> Program {
+        self.reports = r;
+        self
+    }
+}
+
+fn which(exe: &str) -> Option<PathBuf> {
+    if exe.contains('/') {
+        return Path::new(exe).exists().then(|| PathBuf::from(exe));
+    }
+    std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(exe)).find(|c| c.is_file()))
+}
+
+/// Whether everything `p` needs is installed; otherwise a skip (or, under CI, a failure).
+fn available(p: &Program) -> bool {
+    let missing: Vec<_> = p.needs.iter().filter(|(exe, _)| which(exe).is_none()).collect();
+    if missing.is_empty() {
+        return true;
+    }
+    let hint = missing.iter().map(|(exe, pkg)| format!("{exe} (apt-get install {pkg})")).collect::<Vec<_>>().join(", ");
+    assert!(std::env::var_os("CI").is_none(), "{}: missing {hint}; .ci/run installs it", p.name);
+    eprintln!("SKIPPED {}: missing {hint}", p.name);
+    false
+}
+
+fn fixture_dir() -> PathBuf {
+    root().join("tests/fixtures/real")
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    if from.is_dir() {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap().flatten() {
+            copy_tree(&e.path(), &to.join(e.file_name()));
+        }
+    } else {
+        std::fs::copy(from, to).unwrap();
+    }
+}
+
+fn workdir(p: &Program, tag: &str) -> PathBuf {
+    let d = fresh_dir(&format!("real-{}-{tag}", p.name));
+    for f in p.files {
+        copy_tree(&fixture_dir().join(f), &d.join(f));
+    }
+    d
+}
+
+fn command(p: &Program, dir: &Path) -> Command {
+    let mut c = Command::new(&p.argv[0]);
+    c.args(&p.argv[1..]).current_dir(dir).env_remove("LD_PRELOAD").env("LC_ALL", "C");
+    for (k, v) in &p.env {
+        c.env(k, v);
+    }
+    c
+}
+
+fn check(p: Program) {
+    if !available(&p) {
+        return;
+    }
+    let plain = command(&p, &workdir(&p, "plain")).timed_output().unwrap();
+    let dir = workdir(&p, "traced");
+    let out = dir.join("leaktrace-reports");
+    let traced = command(&p, &dir).env("LD_PRELOAD", lib_path()).env("LEAKTRACE_OUTPUT", &out).timed_output().unwrap();
+    let (po, to) = (String::from_utf8_lossy(&plain.stdout), String::from_utf8_lossy(&traced.stdout));
+    let te = String::from_utf8_lossy(&traced.stderr);
+    assert_eq!(traced.status, plain.status, "{}: exit status differs\nplain stderr:\n{}\ntraced stderr:\n{te}", p.name, String::from_utf8_lossy(&plain.stderr));
+    if p.compare_stdout {
+        assert_eq!(to, po, "{}: stdout differs\ntraced stderr:\n{te}", p.name);
+    }
+    assert!(!to.contains("leaktrace"), "{}: library text on stdout:\n{to}", p.name);
+    let reports = if out.exists() { reports_in(&out) } else { Vec::new() };
+    match p.reports {
+        Reports::None => assert!(reports.is_empty(), "{}: {} report(s) from a program that cannot load the library", p.name, reports.len()),
+        Reports::Some => {
+            assert!(!reports.is_empty(), "{}: no report\ntraced stderr:\n{te}", p.name);
+            // Every process image that ran the library ended with a final report, or
+            // says in its last one why it cannot have one.
+            let mut pids: Vec<u64> = reports.iter().map(|r| r["pid"].as_u64().unwrap()).collect();
+            pids.sort_unstable();
+            pids.dedup();
+            for pid in pids {
+                let of_pid: Vec<_> = reports.iter().filter(|r| r["pid"].as_u64() == Some(pid)).collect();
+                let final_or_why = of_pid.iter().any(|r| r["reason"] == "exit" || r["no_final_report"].is_string());
+                assert!(final_or_why, "{}: pid {pid} left no final report and no reason:\n{:#}", p.name, of_pid[0]["argv"]);
+            }
+        }
+    }
+    if std::env::var_os("LEAKTRACE_TEST_VERBOSE").is_some() {
+        eprintln!("{}: status {:?}, {} report(s)", p.name, traced.status, reports.len());
+    }
+}
+
+fn scratch_bin(name: &str) -> PathBuf {
+    let d = fresh_dir("real-bin");
+    d.join(name)
+}
+
+// ---- runtimes with threads of their own ----------------------------------------------
+
+#[test]
+fn java_version() {
+    check(Program::new("java-version", &["java", "-version"]).needs(&[("java", "default-jre-headless")]));
+}
+
+#[test]
+fn java_threads() {
+    let p = Program::new("java-threads", &["java", "Threads"])
+        .files(&["Threads.java"])
+        .needs(&[("java", "default-jre-headless"), ("javac", "default-jdk-headless")]);
+    if !available(&p) {
+        return;
+    }
+    // Compiled once, plain, into each run's directory by the command itself.
+    let p = Program { argv: vec!["bash".into(), "-c".into(), "javac Threads.java && java Threads".into()], ..p };
+    check(p);
+}
+
+#[test]
+fn rustc_compiles_a_program() {
+    check(
+        Program::new("rustc", &["rustc", "-O", "threads.rs", "-o", "threads"])
+            .files(&["threads.rs"])
+            .needs(&[("rustc", "rustc (or rustup)")]),
+    );
+}
+
+#[test]
+fn rust_std_threads() {
+    let p = Program::new("rust-threads", &["true"]).needs(&[("rustc", "rustc (or rustup)")]);
+    if !available(&p) {
+        return;
+    }
+    let bin = scratch_bin("rust-threads");
+    let ok = Command::new("rustc").args(["-O", "-o"]).arg(&bin).arg(fixture_dir().join("threads.rs")).status().unwrap();
+    assert!(ok.success());
+    check(Program::new("rust-threads", &[bin.to_str().unwrap()]));
+}
+
+#[test]
+fn ruby_threads() {
+    check(Program::new("ruby-threads", &["ruby", "threads.rb"]).files(&["threads.rb"]).needs(&[("ruby", "ruby")]));
+}
+
+#[test]
+fn node_worker_thread() {
+    check(Program::new("node-worker", &["node", "worker.js"]).files(&["worker.js"]).needs(&[("node", "nodejs")]));
+}
+
+fn go_build(dir: &str, cgo: bool) -> Option<PathBuf> {
+    let bin = scratch_bin(dir);
+    let cache = bin.parent().unwrap().join("gocache");
+    let src = fresh_dir("real-go-src");
+    copy_tree(&fixture_dir().join(dir), &src);
+    let st = Command::new("go")
+        .args(["build", "-o"])
+        .arg(&bin)
+        .arg(".")
+        .current_dir(&src)
+        .env("GOCACHE", &cache)
+        .env("GOPATH", bin.parent().unwrap().join("gopath"))
+        .env("GOFLAGS", "-mod=mod")
+        .env("GOPROXY", "off")
+        .env("CGO_ENABLED", if cgo { "1" } else { "0" })
+        .timed_output()
+        .unwrap();
+    assert!(st.status.success(), "go build {dir}: {}", String::from_utf8_lossy(&st.stderr));
+    Some(bin)
+}
+
+#[test]
+fn go_with_cgo() {
+    let p = Program::new("go-cgo", &["true"]).needs(&[("go", "golang-go")]);
+    if !available(&p) {
+        return;
+    }
+    let bin = go_build("gocgo", true).unwrap();
+    check(Program::new("go-cgo", &[bin.to_str().unwrap()]));
+}
+
+#[test]
+fn go_statically_linked() {
+    let p = Program::new("go-static", &["true"]).needs(&[("go", "golang-go")]);
+    if !available(&p) {
+        return;
+    }
+    let bin = go_build("gonocgo", false).unwrap();
+    check(Program::new("go-static", &[bin.to_str().unwrap()]).reports(Reports::None));
+}
+
+#[test]
+fn perl_script() {
+    check(Program::new("perl", &["perl", "-e", "my %h = map { $_ => $_ * 2 } 1..5000; print scalar(keys %h), \"\\n\";"]).needs(&[("perl", "perl")]));
+}
+
+#[test]
+fn python_multiprocessing_pool() {
+    check(Program::new("python-pool", &["python3", "pool.py"]).files(&["pool.py"]).needs(&[("python3", "python3")]));
+}
+
+#[test]
+fn python_threads() {
+    check(
+        Program::new(
+            "python-threads",
+            &["python3", "-c", "import threading\nr=[]\nts=[threading.Thread(target=lambda i=i: r.append(sum(range(i*1000)))) for i in range(8)]\n[t.start() for t in ts]\n[t.join() for t in ts]\nprint(len(r))"],
+        )
+        .needs(&[("python3", "python3")]),
+    );
+}
+
+// ---- everyday programs of a CI job ---------------------------------------------------
+
+#[test]
+fn git_init_commit_log() {
+    check(
+        Program::new(
+            "git",
+            &["bash", "-c", "git init -q repo && cd repo && echo x > f && git add f && git -c user.email=ci@example.com -c user.name=ci commit -q -m first && git log --format=%s && git status --short | wc -l"],
+        )
+        .needs(&[("git", "git"), ("bash", "bash")]),
+    );
+}
+
+#[test]
+fn gcc_compiles_and_runs() {
+    check(Program::new("gcc", &["bash", "-c", "gcc -O2 hello.c -o hello && ./hello"]).files(&["hello.c"]).needs(&[("gcc", "gcc")]));
+}
+
+#[test]
+fn gxx_compiles_and_runs() {
+    check(Program::new("g++", &["bash", "-c", "g++ -O1 hello.cpp -o hello && ./hello"]).files(&["hello.cpp"]).needs(&[("g++", "g++")]));
+}
+
+#[test]
+fn make_builds_targets() {
+    check(Program::new("make", &["make", "-s", "OUT=."]).files(&["Makefile"]).needs(&[("make", "make")]));
+}
+
+#[test]
+fn sqlite3_in_memory() {
+    check(
+        Program::new(
+            "sqlite3",
+            &["sqlite3", ":memory:", "create table t(x integer); with recursive c(i) as (select 1 union all select i+1 from c where i < 5000) insert into t select i from c; create index ti on t(x); select count(*), sum(x) from t;"],
+        )
+        .needs(&[("sqlite3", "sqlite3")]),
+    );
+}
+
+#[test]
+fn xz_multithreaded_round_trip() {
+    check(Program::new("xz", &["bash", "-c", "seq 1 300000 | xz -T0 -c | xz -d -T0 | md5sum"]).needs(&[("xz", "xz-utils"), ("md5sum", "coreutils")]));
+}
+
+#[test]
+fn ffmpeg_generates_and_encodes_audio() {
+    check(
+        Program::new("ffmpeg", &["bash", "-c", "ffmpeg -nostdin -loglevel error -f lavfi -i sine=frequency=440:duration=0.5 -f s16le - | md5sum"])
+            .needs(&[("ffmpeg", "ffmpeg")]),
+    );
+}
+
+#[test]
+fn chromium_headless_dump_dom() {
+    let page = fixture_dir().join("page.html");
+    check(
+        Program::new("chromium", &["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom"])
+            .needs(&[("chromium", "chromium")])
+            .env("HOME", std::env::temp_dir().join("leaktrace-chromium-home").to_string_lossy().into_owned())
+            .files(&[])
+            .tap_argv(page.to_str().unwrap()),
+    );
+}
+
+impl Program {
+    fn tap_argv(mut self, arg: &str) -> Program {
+        self.argv.push(format!("file://{arg}"));
+        self
+    }
+}
+
+#[test]
+fn bash_pipelines_and_subshells() {
+    check(Program::new("bash", &["bash", "-c", "for i in $(seq 1 200); do echo $((i * i)); done | sort -n | tail -3; (echo sub; exit 3); echo $?"]).needs(&[("bash", "bash")]));
+}
+
+#[test]
+fn coreutils_sort_in_parallel() {
+    check(Program::new("sort", &["bash", "-c", "seq 1 200000 | sort -r --parallel=4 -S 1M | md5sum"]).needs(&[("sort", "coreutils")]));
+}
+
+#[test]
+fn tar_and_gzip() {
+    check(Program::new("tar-gzip", &["bash", "-c", "tar c -C /usr/share/doc/bash . | gzip -n | gzip -d | tar t | sort | md5sum"]).needs(&[("tar", "tar"), ("gzip", "gzip")]));
+}
+
+#[test]
+fn awk_and_sed() {
+    check(Program::new("awk-sed", &["bash", "-c", "seq 1 5000 | awk '{ s += $1 } END { print s }' | sed 's/0/zero/g'"]).needs(&[("awk", "mawk")]));
+}
+
+#[test]
+fn openssl_digest() {
+    check(Program::new("openssl", &["bash", "-c", "seq 1 20000 | openssl dgst -sha256 -r"]).needs(&[("openssl", "openssl")]));
+}
+
+#[test]
+fn a_setuid_program() {
+    let p = Program::new("setuid-mount", &["mount", "--version"]).needs(&[("mount", "mount")]);
+    if let Some(m) = which("mount") {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&m).unwrap().permissions().mode();
+        assert!(mode & 0o4000 != 0 || std::env::var_os("CI").is_none(), "{} is not setuid here", m.display());
+    }
+    check(p);
+}
+
+#[test]
+fn bubblewrap_sandbox() {
+    check(
+        Program::new("bwrap", &["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "--unshare-ipc", "--", "bash", "-c", "echo sandboxed; ls / | wc -l"])
+            .needs(&[("bwrap", "bubblewrap")]),
+    );
+}
+
+#[test]
+fn unshare_user_namespace() {
+    check(Program::new("unshare", &["unshare", "-r", "--", "id", "-u"]).needs(&[("unshare", "util-linux")]));
+}
+
+#[test]
+fn ssh_keygen() {
+    check(Program::new("ssh-keygen", &["bash", "-c", "ssh-keygen -q -t ed25519 -N '' -f key && wc -l < key.pub"]).needs(&[("ssh-keygen", "openssh-client")]));
+}
