@@ -82,11 +82,34 @@ pub fn install() -> bool {
     false
 }
 
-/// Thread ids of this process, other than the caller's.
+/// Thread ids of this process, other than the caller's. The kernel walks
+/// `/proc/self/task` by position: a thread that exits during the walk (the collector
+/// leaves as the final report starts) can make it skip the next one, and a thread the
+/// scan misses is a stack not read — its blocks flipped to "definite" about once in 150
+/// runs. So the listing is repeated until two in a row agree, and their union is taken
+/// (a listed thread that is gone by the time it is stopped is simply not stopped).
 pub fn other_threads() -> Vec<u32> {
     // SAFETY: gettid cannot fail.
     let me = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
-    crate::os::anchor::list_proc("self/task").iter().filter_map(|n| n.parse::<u32>().ok()).filter(|t| *t != me).collect()
+    let list = || {
+        let mut v: Vec<u32> = crate::os::anchor::list_proc("self/task").iter().filter_map(|n| n.parse::<u32>().ok()).filter(|t| *t != me).collect();
+        v.sort_unstable();
+        v
+    };
+    let mut all = list();
+    let mut last = all.clone();
+    for _ in 0..8 {
+        let next = list();
+        let settled = next == last;
+        all.extend_from_slice(&next);
+        last = next;
+        if settled {
+            break;
+        }
+    }
+    all.sort_unstable();
+    all.dedup();
+    all
 }
 
 /// Readable, writable mappings `(start, end)` from /proc/self/maps, for finding the
