@@ -571,10 +571,17 @@ fn write_report(reason: Reason) {
     // Groups the scan cannot classify (registrations, VMM handles and ranges) keep no
     // breakdown: they count as outstanding.
     let reach = |g: &crate::collector::state::GroupSnapshot| {
-        scan.as_ref().and_then(|(_, by_group, _)| by_group.get(&(g.stack, g.api.name(), g.device)).copied())
+        scan.as_ref().and_then(|s| s.by_group.get(&(g.stack, g.api.name(), g.device)).copied())
     };
     let (selected, omitted) = build::select_groups(&snapshot.groups, reach, r.config.report_groups);
-    let groups = build::resolve_groups(&selected, &mut r.symbolizer);
+    let mut groups = build::resolve_groups(&selected, &mut r.symbolizer);
+    if let Some(s) = &scan {
+        for g in groups.iter_mut() {
+            if let Some(from) = s.indirect_from.get(&(g.stack_id, g.api, g.device)) {
+                g.indirect_from = from.iter().map(|(&stack_id, &(bytes, blocks))| build::IndirectFrom { stack_id, bytes, blocks }).collect();
+            }
+        }
+    }
     let timeline = build::timeline_out(&r.timeline, &groups, &mut r.symbolizer);
     let facts = RunFacts {
         stack_depth: r.config.stack_depth,
@@ -588,7 +595,7 @@ fn write_report(reason: Reason) {
         no_final_report: r.no_final_report,
         cuda_untracked_copies: crate::interpose::cuda::untracked_copies(),
     };
-    let scan_out = scan.as_ref().map(|(out, _, totals)| (out, *totals));
+    let scan_out = scan.as_ref().map(|s| (&s.out, s.totals));
     let emit = |path: &std::path::Path, process: &ProcessInfo| {
         let parts = build::ReportParts {
             process,
@@ -628,8 +635,9 @@ fn write_report(reason: Reason) {
         r.final_written = true;
         if r.config.summary {
             let shown = result.is_ok().then(|| path.display().to_string());
-            let (visible, suppressed) = build::apply_suppressions(&groups, &r.suppressions);
-            let text = build::summary_text(r.process.pid, &visible, suppressed, r.config.summary_top, shown.as_deref(), omitted);
+            let (visible, suppressed, used) = build::apply_suppressions(&groups, &r.suppressions);
+            let visible: Vec<&build::Group> = visible.iter().collect();
+            let text = build::summary_text(r.process.pid, &visible, suppressed, &used, r.config.summary_top, shown.as_deref(), omitted);
             crate::os::fds::write_stderr(text.as_bytes());
         }
     }
@@ -714,11 +722,17 @@ fn final_in_progress() -> bool {
     TRACKING.load(Ordering::Acquire) == FINISHING
 }
 
-type ScanResult = (
-    build::ScanOut,
-    std::collections::HashMap<(u32, &'static str, Option<u8>), build::Reachability>,
-    build::KindReachability,
-);
+/// A group's key in the scan's results: stack, API name, device.
+type GroupKey = (u32, &'static str, Option<u8>);
+
+struct ScanResult {
+    out: build::ScanOut,
+    by_group: std::collections::HashMap<GroupKey, build::Reachability>,
+    totals: build::KindReachability,
+    /// Per group, its indirect bytes and blocks by the stack of the definite leak each
+    /// block hangs from.
+    indirect_from: std::collections::HashMap<GroupKey, std::collections::BTreeMap<u32, (u64, u64)>>,
+}
 
 /// Classifies the outstanding blocks of this process image (inherited ones help keep
 /// others reachable but are not counted). Device and managed memory is a target only:
@@ -739,7 +753,7 @@ fn reachability_scan(input: &crate::collector::state::ScanInput, names_thread: u
     // thread that is exiting never answers the stop signal).
     let collector = COLLECTOR_TID.load(Ordering::SeqCst);
     let own: Vec<u32> = [collector, names_thread].into_iter().filter(|&t| t != 0).collect();
-    let (mut verdicts, info) = crate::scan::scan(&blocks, &input.inherited, &own);
+    let (mut verdicts, owners, info) = crate::scan::scan(&blocks, &input.inherited, &own);
     if let Some((lo, hi)) = crate::scan::roots::loader_range() {
         for (b, v) in live.iter().zip(verdicts.iter_mut()) {
             let innermost = stacks::innermost(b.stack);
@@ -748,14 +762,22 @@ fn reachability_scan(input: &crate::collector::state::ScanInput, names_thread: u
             }
         }
     }
-    let mut by_group: std::collections::HashMap<(u32, &'static str, Option<u8>), build::Reachability> = Default::default();
+    let mut by_group: std::collections::HashMap<GroupKey, build::Reachability> = Default::default();
+    let mut indirect_from: std::collections::HashMap<GroupKey, std::collections::BTreeMap<u32, (u64, u64)>> = Default::default();
     let mut totals = build::KindReachability::default();
-    for (b, v) in live.iter().zip(verdicts) {
-        by_group.entry((b.stack, b.api.name(), b.device)).or_default().add(v, b.size);
+    for ((b, v), owner) in live.iter().zip(verdicts).zip(owners) {
+        let key = (b.stack, b.api.name(), b.device);
+        by_group.entry(key).or_default().add(v, b.size);
         totals[b.api.kind().index()].add(v, b.size);
+        if v == crate::scan::mark::Verdict::Indirect {
+            if let Some(o) = live.get(owner as usize) {
+                let e = indirect_from.entry(key).or_default().entry(o.stack).or_default();
+                e.0 += b.size;
+                e.1 += 1;
+            }
+        }
     }
-    let out = build::ScanOut { ran: true, info };
-    (out, by_group, totals)
+    ScanResult { out: build::ScanOut { ran: true, info }, by_group, totals, indirect_from }
 }
 
 /// The final report: exactly once per process image, after the last event is drained.

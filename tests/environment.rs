@@ -246,7 +246,9 @@ fn suppressions_file_filters_the_exit_summary() {
     cmd.env("LEAKTRACE_SUPPRESSIONS", &supp);
     let run = run_traced(cmd, "supp-lib");
     let err = run.stderr();
-    assert!(!err.contains("leak_memalign_trio") && !err.contains("in leak_strdup"), "{err}");
+    // No frame of a suppressed group; the patterns appear in LSan's table only.
+    assert!(!err.contains("in leak_memalign_trio") && !err.contains("in leak_strdup"), "{err}");
+    assert!(err.contains("Suppressions used:") && err.contains(" leak_memalign_trio\n") && err.contains(" ^leak_strdup$\n"), "{err}");
     assert!(err.contains("in leak_malloc_64"), "{err}");
     assert!(err.contains("group(s) suppressed)."), "{err}");
     // The report keeps everything: suppressions are a view, not data loss.
@@ -256,6 +258,35 @@ fn suppressions_file_filters_the_exit_summary() {
     let run = run_traced(bad, "supp-missing");
     assert_eq!(run.code(), Some(7));
     assert_eq!(run.stderr().lines().filter(|l| l.contains("cannot read suppressions file")).count(), 1);
+}
+
+#[test]
+fn a_suppressed_leak_hides_the_indirect_leaks_that_hang_from_it_as_in_lsan() {
+    let bin = build_fixture("suppressed_tree.c", &[]);
+    let dir = fresh_dir("supp-tree");
+    let supp = dir.join("lsan.supp");
+    std::fs::write(&supp, "leak:make_root\nleak:never_matches\n").unwrap();
+    let mut cmd = Command::new(&bin);
+    cmd.env("LEAKTRACE_SUPPRESSIONS", &supp);
+    let run = run_traced(cmd, "supp-tree");
+    let err = run.stderr();
+    // The root (16 bytes) and its 7 nodes (7 x 64) are suppressed; leak_other's block
+    // and the node it holds stay.
+    assert!(err.contains("Suppressions used:\n  count      bytes template\n      8        464 make_root\n"), "{err}");
+    assert!(!err.contains("never_matches"), "only patterns that matched are listed: {err}");
+    assert!(err.contains("SUMMARY: leaktrace: 104 byte(s) leaked in 2 allocation(s) (1 group(s) suppressed"), "{err}");
+    assert!(err.contains("in leak_other"), "{err}");
+    // The command applies the same rules to the report.
+    let report_dir = run.dir.clone();
+    let out = Command::new(lib_path().parent().unwrap().join("leaktrace"))
+        .args(["report", "--suppressions"])
+        .arg(&supp)
+        .arg(&report_dir)
+        .timed_output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("      8        464 make_root"), "{text}");
+    assert!(text.contains("SUMMARY: leaktrace: 104 byte(s) leaked in 2 allocation(s) (1 group(s), 464 byte(s) suppressed"), "{text}");
 }
 
 #[test]

@@ -31,6 +31,9 @@ pub struct ProcessAnalysis {
     pub leaked_blocks: u64,
     pub suppressed_groups: usize,
     pub suppressed_bytes: u64,
+    /// The suppression patterns that matched (LeakSanitizer's "Suppressions used:").
+    #[serde(skip)]
+    pub suppressions_used: Vec<leaktrace_common::suppressions::Used>,
     /// Still reachable at exit according to the pointer scan (not counted as leaked).
     pub reachable_bytes: u64,
     pub reachable_groups: usize,
@@ -74,12 +77,21 @@ pub fn analyze(reports: &[Report], filters: &Filters) -> Analysis {
             let (mut suppressed_groups, mut suppressed_bytes) = (0, 0);
             let (mut reachable_groups, mut reachable_bytes) = (0, 0);
             let (mut cached_groups, mut cached_bytes) = (0, 0);
-            for g in &r.leaks {
+            let applied = filters.suppressions.as_ref().map(|s| suppress::apply(s, &r.leaks));
+            for (i, g) in r.leaks.iter().enumerate() {
                 // What a caching allocator holds at exit is its cache (docs/report-format.md).
                 if g.cached_by.is_some() && !filters.include_cached {
                     cached_groups += 1;
                     cached_bytes = sat_add(cached_bytes, g.bytes);
                     continue;
+                }
+                // A suppressed leak takes the indirect leaks that hang from it along.
+                let mut g = g.clone();
+                if let (Some(a), Some(r)) = (&applied, g.reachability.as_mut()) {
+                    let (bytes, blocks) = a.hidden_indirect[i];
+                    suppressed_bytes = sat_add(suppressed_bytes, bytes.min(r.indirect.bytes));
+                    r.indirect.bytes -= bytes.min(r.indirect.bytes);
+                    r.indirect.blocks -= blocks.min(r.indirect.blocks);
                 }
                 // With a pointer scan, what a root still reaches is not a leak (LSan).
                 let g = &match (g.reachability, filters.include_reachable) {
@@ -96,12 +108,12 @@ pub fn analyze(reports: &[Report], filters: &Filters) -> Analysis {
                     }
                     _ => g.clone(),
                 };
-                if g.bytes < filters.min_bytes {
-                    continue;
-                }
-                if filters.suppressions.as_ref().and_then(|s| suppress::matching(s, g)).is_some() {
+                if applied.as_ref().is_some_and(|a| a.suppressed[i]) {
                     suppressed_groups += 1;
                     suppressed_bytes = sat_add(suppressed_bytes, g.bytes);
+                    continue;
+                }
+                if g.bytes < filters.min_bytes {
                     continue;
                 }
                 leaks.push(g.clone());
@@ -130,6 +142,7 @@ pub fn analyze(reports: &[Report], filters: &Filters) -> Analysis {
                 reachable_groups,
                 cached_bytes,
                 cached_groups,
+                suppressions_used: applied.map(|a| a.used).unwrap_or_default(),
                 leaks,
                 growth,
             }

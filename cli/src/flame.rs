@@ -92,6 +92,7 @@ mod tests {
                 leaked_blocks: 1,
                 suppressed_groups: 0,
                 suppressed_bytes: 0,
+                suppressions_used: Vec::new(),
                 reachable_bytes: 0,
                 reachable_groups: 0,
                 cached_bytes: 0,

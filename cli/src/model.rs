@@ -63,8 +63,18 @@ pub struct Group {
     pub stack_id: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reachability: Option<Reachability>,
+    /// Its indirect leaks by the stack of the definite leak each hangs from.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub indirect_from: Vec<IndirectFrom>,
     #[serde(default)]
     pub stack: Vec<Frame>,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct IndirectFrom {
+    pub stack_id: u32,
+    pub bytes: u64,
+    pub blocks: u64,
 }
 
 impl Group {

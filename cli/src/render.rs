@@ -85,6 +85,11 @@ pub fn text(a: &Analysis, top: usize) -> String {
             notes.push(format!("{} byte(s) held by caching allocators not counted; --include-cached counts them", p.cached_bytes));
         }
         let suppressed = if notes.is_empty() { String::new() } else { format!(" ({})", notes.join("; ")) };
+        let used = leaktrace_common::suppressions::used_table(&p.suppressions_used);
+        if !used.is_empty() {
+            out.push('\n');
+            out.push_str(&used);
+        }
         out.push_str(&format!(
             "\nSUMMARY: leaktrace: {} byte(s) leaked in {} allocation(s){suppressed}.\n\n",
             p.leaked_bytes, p.leaked_blocks

@@ -45,6 +45,94 @@ impl Suppressions {
     }
 }
 
+/// One leak group as suppressions see it.
+pub struct Candidate<'a> {
+    pub stack_id: u32,
+    /// Function, file and module names of every frame of its stack.
+    pub names: Vec<&'a str>,
+    /// Leaked (definite + indirect) bytes and blocks, or everything outstanding when no
+    /// scan ran.
+    pub leaked: (u64, u64),
+    /// Its indirect leaks by the stack of the definite leak each hangs from:
+    /// `(stack_id, bytes, blocks)`.
+    pub indirect_from: &'a [(u32, u64, u64)],
+}
+
+/// A pattern that matched, as LeakSanitizer's "Suppressions used:" table shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Used {
+    pub pattern: String,
+    /// Allocations suppressed.
+    pub count: u64,
+    pub bytes: u64,
+}
+
+/// What suppressions do to a set of groups.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Per group: suppressed whole.
+    pub suppressed: Vec<bool>,
+    /// Per group (not suppressed itself): indirect bytes and blocks hidden because they
+    /// hang from a suppressed leak.
+    pub hidden_indirect: Vec<(u64, u64)>,
+    /// The patterns that matched, in file order.
+    pub used: Vec<Used>,
+}
+
+impl Suppressions {
+    /// LeakSanitizer's semantics: a group whose stack matches a pattern is suppressed,
+    /// and so are the indirect leaks that hang from it (in whatever group they are).
+    pub fn apply(&self, groups: &[Candidate]) -> Applied {
+        let mut out = Applied { suppressed: vec![false; groups.len()], hidden_indirect: vec![(0, 0); groups.len()], used: Vec::new() };
+        let mut by_stack: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
+        let mut tally = vec![(0u64, 0u64); self.patterns.len()];
+        for (i, g) in groups.iter().enumerate() {
+            let hit = self.patterns.iter().position(|p| g.names.iter().any(|n| template_match(p, n)));
+            if let Some(p) = hit {
+                out.suppressed[i] = true;
+                by_stack.insert(g.stack_id, p);
+                tally[p].0 += g.leaked.1;
+                tally[p].1 += g.leaked.0;
+            }
+        }
+        for (i, g) in groups.iter().enumerate() {
+            if out.suppressed[i] {
+                continue;
+            }
+            for &(owner, bytes, blocks) in g.indirect_from {
+                if let Some(&p) = by_stack.get(&owner) {
+                    out.hidden_indirect[i].0 += bytes;
+                    out.hidden_indirect[i].1 += blocks;
+                    tally[p].0 += blocks;
+                    tally[p].1 += bytes;
+                }
+            }
+        }
+        for (p, (count, bytes)) in self.patterns.iter().zip(tally) {
+            if count > 0 || bytes > 0 {
+                out.used.push(Used { pattern: p.clone(), count, bytes });
+            }
+        }
+        out
+    }
+}
+
+/// LeakSanitizer's table of the suppressions that matched, or "" when none did.
+pub fn used_table(used: &[Used]) -> String {
+    if used.is_empty() {
+        return String::new();
+    }
+    let rule = "-----------------------------------------------------\n";
+    let mut s = String::from(rule);
+    s.push_str("Suppressions used:\n");
+    s.push_str("  count      bytes template\n");
+    for u in used {
+        s.push_str(&format!("{:>7} {:>10} {}\n", u.count, u.bytes, u.pattern));
+    }
+    s.push_str(rule);
+    s
+}
+
 /// LSan's template match: `*` wildcard, optional `^`/`$` anchors, unanchored otherwise.
 pub fn template_match(template: &str, s: &str) -> bool {
     let (start, t) = match template.strip_prefix('^') {
@@ -108,6 +196,27 @@ mod tests {
         assert!(Suppressions::parse("race:foo", "s.txt").unwrap_err().contains("s.txt:1: unsupported suppression type \"race\""));
         assert!(Suppressions::parse("leak:", "s.txt").unwrap_err().contains("expected leak:PATTERN"));
         assert!(Suppressions::parse("foo bar", "s.txt").is_err());
+    }
+
+    #[test]
+    fn a_suppressed_leak_hides_the_indirect_leaks_that_hang_from_it() {
+        let s = Suppressions { patterns: vec!["unused".into(), "make_tree".into()] };
+        // Group 0: the tree's root (definite, suppressed); group 1: its nodes (indirect,
+        // owned by stack 7, plus 100 bytes owned by an unsuppressed leak at stack 9);
+        // group 2: that other leak.
+        let from = [(7, 300, 3), (9, 100, 1)];
+        let groups = [
+            Candidate { stack_id: 7, names: vec!["make_tree", "main"], leaked: (50, 1), indirect_from: &[] },
+            Candidate { stack_id: 8, names: vec!["make_node", "main"], leaked: (400, 4), indirect_from: &from },
+            Candidate { stack_id: 9, names: vec!["other", "main"], leaked: (10, 1), indirect_from: &[] },
+        ];
+        let a = s.apply(&groups);
+        assert_eq!(a.suppressed, vec![true, false, false]);
+        assert_eq!(a.hidden_indirect, vec![(0, 0), (300, 3), (0, 0)]);
+        assert_eq!(a.used, vec![Used { pattern: "make_tree".into(), count: 4, bytes: 350 }]);
+        let table = used_table(&a.used);
+        assert!(table.contains("Suppressions used:\n  count      bytes template\n      4        350 make_tree\n"), "{table}");
+        assert_eq!(used_table(&[]), "");
     }
 
     #[test]

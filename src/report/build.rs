@@ -100,9 +100,21 @@ pub struct Group {
     pub stack_id: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reachability: Option<Reachability>,
+    /// Its indirect leaks by the definite leak each hangs from (that leak's stack): a
+    /// suppressed leak hides them with it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub indirect_from: Vec<IndirectFrom>,
     /// Written as indices into the report's frame table (see `FrameTable`).
     #[serde(skip)]
     pub stack: Vec<Frame>,
+}
+
+/// Indirect leaks of a group that hang from the definite leaks of one stack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct IndirectFrom {
+    pub stack_id: u32,
+    pub bytes: u64,
+    pub blocks: u64,
 }
 
 /// Extra facts the report carries besides the collector's view.
@@ -240,6 +252,7 @@ pub fn resolve_groups(selected: &[(&GroupSnapshot, Option<Reachability>)], sym: 
                 total_bytes: g.stats.total_bytes,
                 stack_id: g.stack,
                 reachability,
+                indirect_from: Vec::new(),
                 stack,
             }
         })
@@ -540,24 +553,55 @@ fn frame_text(i: usize, f: &Frame) -> String {
 
 /// Splits groups into those to show and the number suppressed (by function, file or
 /// module name of any frame).
-pub fn apply_suppressions<'a>(groups: &'a [Group], s: &leaktrace_common::Suppressions) -> (Vec<&'a Group>, usize) {
+/// The groups the exit summary shows after `s` (LeakSanitizer's semantics: a suppressed
+/// leak takes the indirect leaks that hang from it along), how many were suppressed, and
+/// the patterns that matched.
+pub fn apply_suppressions(groups: &[Group], s: &leaktrace_common::Suppressions) -> (Vec<Group>, usize, Vec<leaktrace_common::suppressions::Used>) {
+    use leaktrace_common::suppressions::Candidate;
+    let from: Vec<Vec<(u32, u64, u64)>> = groups.iter().map(|g| g.indirect_from.iter().map(|f| (f.stack_id, f.bytes, f.blocks)).collect()).collect();
+    let candidates: Vec<Candidate> = groups
+        .iter()
+        .zip(&from)
+        .map(|(g, from)| Candidate {
+            stack_id: g.stack_id,
+            names: g.stack.iter().flat_map(|f| [f.function.as_deref(), f.file.as_deref(), f.module.as_deref()].into_iter().flatten()).collect(),
+            leaked: match g.reachability {
+                Some(r) => (r.definite.bytes + r.indirect.bytes, r.definite.blocks + r.indirect.blocks),
+                None => (g.bytes, g.blocks),
+            },
+            indirect_from: from,
+        })
+        .collect();
+    let applied = s.apply(&candidates);
     let mut shown = Vec::new();
-    let mut suppressed = 0;
-    for g in groups {
-        let names = g.stack.iter().flat_map(|f| [f.function.as_deref(), f.file.as_deref(), f.module.as_deref()].into_iter().flatten());
-        if s.matching(names).is_some() {
-            suppressed += 1;
-        } else {
-            shown.push(g);
+    for (i, g) in groups.iter().enumerate() {
+        if applied.suppressed[i] {
+            continue;
         }
+        let mut g = g.clone();
+        let (bytes, blocks) = applied.hidden_indirect[i];
+        if let Some(r) = g.reachability.as_mut() {
+            r.indirect.bytes -= bytes.min(r.indirect.bytes);
+            r.indirect.blocks -= blocks.min(r.indirect.blocks);
+        }
+        shown.push(g);
     }
-    (shown, suppressed)
+    let suppressed = applied.suppressed.iter().filter(|s| **s).count();
+    (shown, suppressed, applied.used)
 }
 
 /// The exit summary in the shape LeakSanitizer users know. With a pointer scan, each
 /// group shows its direct (definite) and indirect parts and still-reachable memory is
 /// left out of the count.
-pub fn summary_text(pid: u32, groups: &[&Group], suppressed: usize, top: usize, report: Option<&str>, omitted: Omitted) -> String {
+pub fn summary_text(
+    pid: u32,
+    groups: &[&Group],
+    suppressed: usize,
+    used: &[leaktrace_common::suppressions::Used],
+    top: usize,
+    report: Option<&str>,
+    omitted: Omitted,
+) -> String {
     let mut out = String::new();
     let counted = |g: &Group| match (g.cached_by, g.reachability) {
         (Some(_), _) => (0, 0),
@@ -587,7 +631,9 @@ pub fn summary_text(pid: u32, groups: &[&Group], suppressed: usize, top: usize, 
         notes.push(format!("{reachable} byte(s) still reachable not counted"));
     }
     let note = if notes.is_empty() { String::new() } else { format!(" ({})", notes.join("; ")) };
+    let used = leaktrace_common::suppressions::used_table(used);
     if leaking.is_empty() && omitted.leaked_blocks == 0 {
+        out.push_str(&used);
         out.push_str(&format!("=={pid}==leaktrace: no leaks found{note}"));
     } else {
         out.push_str("=================================================================\n");
@@ -615,6 +661,10 @@ pub fn summary_text(pid: u32, groups: &[&Group], suppressed: usize, top: usize, 
         if leaking.len() > top {
             out.push_str(&format!("\n... {} more leak group(s) in the report\n", leaking.len() - top));
         }
+        if !used.is_empty() {
+            out.push('\n');
+            out.push_str(&used);
+        }
         out.push_str(&format!("\nSUMMARY: leaktrace: {bytes} byte(s) leaked in {blocks} allocation(s){note}."));
     }
     if let Some(r) = report {
@@ -641,6 +691,7 @@ mod tests {
             total_bytes: 64,
             stack_id: 7,
             reachability: None,
+            indirect_from: Vec::new(),
             stack: vec![
                 Frame {
                     ip: 0x1234,
@@ -741,17 +792,21 @@ mod tests {
     #[test]
     fn summary_reads_like_lsan() {
         let g = group();
-        let s = summary_text(10, &[&g], 0, 10, Some("/out/r.json"), Omitted::default());
+        let s = summary_text(10, &[&g], 0, &[], 10, Some("/out/r.json"), Omitted::default());
         assert!(s.contains("==10==leaktrace: detected memory leaks"));
         assert!(s.contains("Leak of 48 byte(s) in 3 object(s) allocated from calloc (host):"));
         assert!(s.contains("    #0 0x1234 in leak_here /src/x.c:12 (/bin/x+0x234)"));
         assert!(s.contains("SUMMARY: leaktrace: 48 byte(s) leaked in 3 allocation(s)."));
         assert!(s.ends_with("==10==leaktrace: report /out/r.json\n"));
-        let none = summary_text(10, &[], 0, 10, None, Omitted::default());
+        let none = summary_text(10, &[], 0, &[], 10, None, Omitted::default());
         assert_eq!(none, "==10==leaktrace: no leaks found\n");
-        let (shown, n) = apply_suppressions(std::slice::from_ref(&g), &leaktrace_common::Suppressions { patterns: vec!["leak_*".into()] });
+        let (shown, n, used) = apply_suppressions(std::slice::from_ref(&g), &leaktrace_common::Suppressions { patterns: vec!["leak_*".into()] });
         assert_eq!((shown.len(), n), (0, 1));
-        assert_eq!(summary_text(10, &shown, n, 10, None, Omitted::default()), "==10==leaktrace: no leaks found (1 group(s) suppressed)\n");
+        let shown: Vec<&Group> = shown.iter().collect();
+        assert_eq!(
+            summary_text(10, &shown, n, &used, 10, None, Omitted::default()),
+            "-----------------------------------------------------\nSuppressions used:\n  count      bytes template\n      3         48 leak_*\n-----------------------------------------------------\n==10==leaktrace: no leaks found (1 group(s) suppressed)\n"
+        );
     }
 
     #[test]
@@ -761,10 +816,10 @@ mod tests {
         let mut cache = dev.clone();
         cache.cached_by = Some("PyTorch CUDACachingAllocator");
         cache.bytes = 1 << 21;
-        let s = summary_text(10, &[&dev, &cache], 0, 10, None, Omitted::default());
+        let s = summary_text(10, &[&dev, &cache], 0, &[], 10, None, Omitted::default());
         assert!(s.contains("Leak of 4096 byte(s) in 1 object(s) allocated from cudaMalloc (device, device 1):"), "{s}");
         assert!(s.contains("SUMMARY: leaktrace: 4096 byte(s) leaked in 1 allocation(s) (2097152 byte(s) held by caching allocators not counted)."), "{s}");
-        assert_eq!(summary_text(10, &[&cache], 0, 10, None, Omitted::default()), "==10==leaktrace: no leaks found (2097152 byte(s) held by caching allocators not counted)\n");
+        assert_eq!(summary_text(10, &[&cache], 0, &[], 10, None, Omitted::default()), "==10==leaktrace: no leaks found (2097152 byte(s) held by caching allocators not counted)\n");
     }
 
     #[test]
@@ -801,7 +856,7 @@ mod tests {
         assert_eq!((left_out.groups, left_out.bytes), (2, 1005));
         // The exit summary counts what was left out.
         let shown = group();
-        let s = summary_text(10, &[&shown], 0, 10, None, omitted);
+        let s = summary_text(10, &[&shown], 0, &[], 10, None, omitted);
         assert!(s.contains("SUMMARY: leaktrace: 53 byte(s) leaked in 4 allocation(s) (5 of them in 1 small group(s) not listed"), "{s}");
     }
 }

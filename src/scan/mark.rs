@@ -128,10 +128,16 @@ pub trait Memory {
 pub struct Scratch<'a> {
     index: BlockIndex<'a>,
     pub verdicts: Vec<Verdict>,
+    /// For each indirect block, the definite block whose leak it is part of (the first,
+    /// by address, that reaches it); `NO_OWNER` for every other block. A suppressed leak
+    /// hides the indirect leaks it owns, as in LeakSanitizer.
+    pub owners: Vec<u32>,
     reached: Vec<bool>,
     indirect: Vec<bool>,
     work: Vec<usize>,
 }
+
+pub const NO_OWNER: u32 = u32::MAX;
 
 impl<'a> Scratch<'a> {
     pub fn new(blocks: &'a [Block]) -> Scratch<'a> {
@@ -140,6 +146,7 @@ impl<'a> Scratch<'a> {
         Scratch {
             index,
             verdicts: vec![Verdict::Definite; blocks],
+            owners: vec![NO_OWNER; blocks],
             reached: vec![false; blocks],
             indirect: vec![false; blocks],
             // Each block is pushed at most once: this never grows.
@@ -166,7 +173,7 @@ pub struct Roots<'r> {
 
 /// Classifies every block against `roots`, without allocating.
 pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut Scratch) {
-    let Scratch { index, verdicts, reached, indirect, work } = s;
+    let Scratch { index, verdicts, owners, reached, indirect, work } = s;
     let index = &*index;
     let mark_from = |start: u64, len: u64, reached: &mut Vec<bool>, work: &mut Vec<usize>, keeps_cuda: bool| {
         mem.words(start, len, &mut |w| {
@@ -230,13 +237,40 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
             Verdict::Definite
         };
     }
+    // Each indirect block belongs to the first definite block (by address) that leads
+    // to it. `reached` marks what is owned from here on.
+    for d in 0..blocks.len() {
+        if verdicts[d] != Verdict::Definite || blocks[d].opaque {
+            continue;
+        }
+        work.push(d);
+        while let Some(i) = work.pop() {
+            if blocks[i].opaque {
+                continue;
+            }
+            mem.words(blocks[i].start, blocks[i].size, &mut |w| {
+                if let Some(j) = index.find(w) {
+                    if verdicts[j] == Verdict::Indirect && !reached[j] {
+                        reached[j] = true;
+                        owners[j] = d as u32;
+                        work.push(j);
+                    }
+                }
+            });
+        }
+    }
 }
 
 /// Classifies every block given the program's and the CUDA libraries' root ranges.
 pub fn classify(blocks: &[Block], roots: &[(u64, u64)], runtime_roots: &[(u64, u64)], mem: &impl Memory) -> Vec<Verdict> {
+    classify_with_owners(blocks, roots, runtime_roots, mem).0
+}
+
+/// `classify`, with the owner of each indirect block (`Scratch::owners`).
+pub fn classify_with_owners(blocks: &[Block], roots: &[(u64, u64)], runtime_roots: &[(u64, u64)], mem: &impl Memory) -> (Vec<Verdict>, Vec<u32>) {
     let mut s = Scratch::new(blocks);
     classify_into(blocks, &Roots { program: roots, runtime: runtime_roots, inherited: &[], changed_since_fork: &[] }, mem, &mut s);
-    s.verdicts
+    (s.verdicts, s.owners)
 }
 
 #[cfg(test)]
@@ -280,9 +314,27 @@ mod tests {
         // Noise: a word that is just past block 1's end, and a small integer.
         m.insert(0x20, 0x1140);
         m.insert(0x28, 42);
-        let v = classify(&b, &[(0x10, 0x20)], &[], &Fake(m));
+        let (v, owners) = classify_with_owners(&b, &[(0x10, 0x20)], &[], &Fake(m));
         use Verdict::*;
         assert_eq!(v, vec![Reachable, Reachable, Reachable, Indirect, Indirect, Definite, Indirect, Definite]);
+        // Block 6 hangs from leaked block 5; the cycle 3 <-> 4 hangs from no definite leak.
+        let n = NO_OWNER;
+        assert_eq!(owners, vec![n, n, n, n, n, n, 5, n]);
+    }
+
+    #[test]
+    fn a_chain_of_indirect_blocks_belongs_to_the_definite_block_at_its_head() {
+        let b = blocks();
+        let mut m = BTreeMap::new();
+        // 0 (definite) -> 1 -> 2 -> 3; 4 (definite) -> 3 as well: 3 stays 0's.
+        m.insert(0x1000, 0x1100);
+        m.insert(0x1100, 0x1200);
+        m.insert(0x1200, 0x1300);
+        m.insert(0x1400, 0x1300);
+        let (v, owners) = classify_with_owners(&b[..5], &[], &[], &Fake(m));
+        use Verdict::*;
+        assert_eq!(v, vec![Definite, Indirect, Indirect, Indirect, Definite]);
+        assert_eq!(owners, vec![NO_OWNER, 0, 0, 0, NO_OWNER]);
     }
 
     #[test]

@@ -42,7 +42,7 @@ pub struct ScanInfo {
 /// child's (see `mark::Roots`). `own_threads` (the library's collector) are neither
 /// stopped nor roots: their stacks hold the addresses of the events they just
 /// processed, which the program does not.
-pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32]) -> (Vec<Verdict>, ScanInfo) {
+pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32]) -> (Vec<Verdict>, Vec<u32>, ScanInfo) {
     let t0 = Instant::now();
     let have_signal = roots::install();
     let mut tids = if have_signal { roots::other_threads() } else { Vec::new() };
@@ -93,5 +93,5 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32]) -> 
         root_bytes: root_ranges.iter().chain(&runtime_ranges).chain(&changed_since_fork).map(|r| r.1).sum(),
         heap_bytes: blocks.iter().map(|b| b.size).sum(),
     };
-    (scratch.verdicts, info)
+    (scratch.verdicts, scratch.owners, info)
 }
