@@ -155,3 +155,18 @@ fn after_chroot_the_report_is_written_with_names_and_reachable_blocks_stay_reach
     assert_eq!(definite(&r, "keep_in_global"), 0, "a block a global holds is reachable, not a leak");
     assert!(run.stderr().contains("in leak_dropped"), "frames are named after the chroot: {}", run.stderr());
 }
+
+#[test]
+fn a_leak_made_on_a_heap_allocated_coroutine_stack_has_its_stack() {
+    let bin = build_fixture("swapcontext_leak.c", &[]);
+    let mut cmd = Command::new(&bin);
+    cmd.env("LEAKTRACE_SCAN", "1");
+    let run = run_traced(cmd, "swapcontext");
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let r = run.report();
+    let g = groups_with(&r, "leak_on_coroutine");
+    assert_eq!(sum(&g, "bytes"), 1313, "{:#}", r["leaks"]);
+    let names: Vec<&str> = g[0]["stack"].as_array().unwrap().iter().filter_map(|f| f["function"].as_str()).collect();
+    assert_eq!(&names[..2], ["leak_on_coroutine", "co"], "{names:?}");
+    assert_eq!(definite(&r, "leak_on_coroutine"), 1313);
+}

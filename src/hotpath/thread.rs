@@ -28,6 +28,10 @@ pub struct ThreadState {
     /// This thread's `errno` slot (`__errno_location()`), 0 until first asked: it never
     /// moves while the thread lives, and a forked child's thread keeps its parent's.
     errno_slot: Cell<usize>,
+    /// The mapping of the other stack this thread last ran on (a `swapcontext`
+    /// coroutine's, a signal's alternate stack), `[alt_lo, alt_hi)`; 0 when none.
+    pub(crate) alt_lo: Cell<usize>,
+    pub(crate) alt_hi: Cell<usize>,
 }
 
 /// The thread's state lives in an initial-exec TLS block of this library, reached from

@@ -738,6 +738,24 @@ fn stack_bounds(state: &ThreadState) -> Option<(u64, u64)> {
     Some((lo as u64, hi as u64))
 }
 
+/// How far above `sp` an unwind on a stack of the program's own making may read.
+const OTHER_STACK_WINDOW: u64 = 8 << 20;
+
+/// The end of the readable, writable mapping that holds `sp`, for a thread running
+/// outside its own stack; found once per mapping (the thread's `alt_*` cache).
+fn other_stack_end(state: &ThreadState, sp: u64) -> Option<u64> {
+    let (lo, hi) = (state.alt_lo.get() as u64, state.alt_hi.get() as u64);
+    let end = if sp >= lo && sp < hi {
+        hi
+    } else {
+        let (lo, hi) = crate::os::stack::writable_mapping_of(sp as usize)?;
+        state.alt_lo.set(lo);
+        state.alt_hi.set(hi);
+        hi as u64
+    };
+    Some(end.min(sp.saturating_add(OTHER_STACK_WINDOW)))
+}
+
 /// Notes the calling thread's stack bounds before its start routine runs, so that no
 /// capture ever has to ask for them from inside the program's own calls. Allocations
 /// made meanwhile are untracked (the caller marks the thread).
@@ -909,10 +927,17 @@ fn capture(state: &ThreadState, depth: usize, memoise: bool) -> u32 {
         return 0;
     }
     let Some((lo, hi)) = stack_bounds(state) else { return 0 };
-    if sp0 < lo || sp0 >= hi {
-        // Running on an alternate signal stack or a user-made stack: bounds unknown.
-        return 0;
-    }
+    let (hi, memoise) = if sp0 >= lo && sp0 < hi {
+        (hi, memoise)
+    } else {
+        // Running on a stack of the program's making (a coroutine's, a signal's
+        // alternate stack): bounded by its mapping, and never memoised (the memo's
+        // addresses are trusted to stay mapped, which a heap block need not).
+        match other_stack_end(state, sp0) {
+            Some(end) => (end, false),
+            None => return 0,
+        }
+    };
     let epoch = epoch();
     let mut memo = if memoise { memo_for_thread(state) } else { None };
     if let Some(m) = memo.as_deref_mut() {

@@ -151,6 +151,20 @@ pub fn read_proc_link(rel: &str) -> Option<String> {
     Some(String::from_utf8_lossy(&buf).into_owned())
 }
 
+/// Opens `/proc/self/maps` without allocating (it is read from inside a hook).
+pub fn open_maps_no_alloc() -> i32 {
+    let held = PROC.load(Ordering::Acquire);
+    if held >= 0 {
+        // SAFETY: a directory descriptor of ours and a NUL-terminated relative path.
+        let fd = unsafe { libc::openat(held, c"self/maps".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        if fd >= 0 {
+            return fd;
+        }
+    }
+    // SAFETY: a NUL-terminated path.
+    unsafe { libc::open(c"/proc/self/maps".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) }
+}
+
 /// Entries of `/proc/<rel>` (e.g. "self/task"), through the held `/proc` when there is one.
 pub fn list_proc(rel: &str) -> Vec<String> {
     let Ok(fd) = open_proc(rel, libc::O_RDONLY | libc::O_DIRECTORY) else { return Vec::new() };

@@ -94,6 +94,66 @@ pub fn current_thread_stack() -> Option<(usize, usize)> {
     queried_thread_stack()
 }
 
+/// The readable and writable mapping holding `addr`, `[start, end)`, from
+/// `/proc/self/maps`, read with a buffer on the stack: no allocation, no lock (it runs
+/// inside a hook, for a thread found running on a stack of its own making:
+/// `swapcontext` coroutines, a signal's alternate stack).
+pub fn writable_mapping_of(addr: usize) -> Option<(usize, usize)> {
+    let fd = super::anchor::open_maps_no_alloc();
+    if fd < 0 {
+        return None;
+    }
+    let mut buf = [0u8; 4096];
+    let mut line = [0u8; 256];
+    let mut len = 0usize;
+    let mut found = None;
+    'read: loop {
+        // SAFETY: reading into a buffer of the given length from our descriptor.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len()) };
+        if n <= 0 {
+            break;
+        }
+        for &c in &buf[..n as usize] {
+            if c != b'\n' {
+                if len < line.len() {
+                    line[len] = c;
+                    len += 1;
+                }
+                continue;
+            }
+            if let Some((start, end, rw)) = parse_maps_line(&line[..len]) {
+                if start <= addr && addr < end {
+                    found = rw.then_some((start, end));
+                    break 'read;
+                }
+            }
+            len = 0;
+        }
+    }
+    // SAFETY: closing our descriptor.
+    unsafe { libc::close(fd) };
+    found
+}
+
+/// `start-end perms ...` of one maps line: the range, and whether it is readable and
+/// writable.
+fn parse_maps_line(l: &[u8]) -> Option<(usize, usize, bool)> {
+    fn hex(s: &[u8]) -> Option<usize> {
+        let mut v = 0usize;
+        for &c in s {
+            let d = (c as char).to_digit(16)? as usize;
+            v = v.checked_mul(16)?.checked_add(d)?;
+        }
+        (!s.is_empty()).then_some(v)
+    }
+    let dash = l.iter().position(|&c| c == b'-')?;
+    let space = l.iter().position(|&c| c == b' ')?;
+    let start = hex(&l[..dash])?;
+    let end = hex(l.get(dash + 1..space)?)?;
+    let perms = l.get(space + 1..space + 3)?;
+    Some((start, end, perms == b"rw"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,6 +167,18 @@ mod tests {
         let (lo, hi) = current_thread_stack().expect("query");
         assert!(lo <= here && here < hi);
         assert!(!is_main_thread());
+    }
+
+    #[test]
+    fn the_mapping_of_a_heap_block_is_found_and_holds_it() {
+        let v = vec![7u8; 256 << 10];
+        let a = v.as_ptr() as usize;
+        let (lo, hi) = writable_mapping_of(a).expect("a heap block lies in a writable mapping");
+        assert!(lo <= a && a + v.len() <= hi);
+        assert_eq!(writable_mapping_of(the_mapping_of_a_heap_block_is_found_and_holds_it as usize), None, "code is not writable");
+        assert_eq!(parse_maps_line(b"7f00-7f10 rw-p 00000000 00:00 0"), Some((0x7f00, 0x7f10, true)));
+        assert_eq!(parse_maps_line(b"7f00-7f10 r-xp 00000000 00:00 0 /lib/x.so"), Some((0x7f00, 0x7f10, false)));
+        assert_eq!(parse_maps_line(b"garbage"), None);
     }
 
     #[test]
