@@ -747,6 +747,7 @@ fn reachability_scan(input: &crate::collector::state::ScanInput, names_thread: u
             size: b.size,
             opaque: matches!(b.api.kind(), Kind::Device | Kind::Managed),
             cuda: b.api.kind() != Kind::Host,
+            not_a_reference: if b.api.kind() == Kind::Host { crate::scan::mark::glibc_next_chunk_header(b.addr, b.size) } else { 0 },
         })
         .collect();
     // The collector, running or on its way out (the final report stops its loop: a

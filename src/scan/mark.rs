@@ -10,6 +10,25 @@ pub struct Block {
     /// A CUDA allocation: the CUDA libraries' own bookkeeping (`runtime_roots`, and what
     /// only they reach) does not keep it; only the program's memory does.
     pub cuda: bool,
+    /// An address inside the block that does not keep it (0: none): see
+    /// `glibc_next_chunk_header`.
+    pub not_a_reference: u64,
+}
+
+/// Where glibc's malloc puts the header of the chunk that follows a block of `size`
+/// bytes at `start`, when that header lies inside the block: a request that fills its
+/// chunk exactly (2008 bytes in a 2016-byte chunk) shares its last 8 bytes with the next
+/// chunk's `prev_size` field. glibc's own words point to chunk headers (the arena's top
+/// chunk, its free lists, stale copies in fresh memory), and read as interior pointers
+/// they kept such blocks alive: a block leaked just before the top chunk was "reachable".
+pub fn glibc_next_chunk_header(start: u64, size: u64) -> u64 {
+    let chunk = (size.saturating_add(8 + 15) & !15).max(32);
+    let next = start.wrapping_sub(16).wrapping_add(chunk);
+    if next >= start && next < start.saturating_add(size) {
+        next
+    } else {
+        0
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -178,7 +197,7 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
     let mark_from = |start: u64, len: u64, reached: &mut Vec<bool>, work: &mut Vec<usize>, keeps_cuda: bool| {
         mem.words(start, len, &mut |w| {
             if let Some(i) = index.find(w) {
-                if !reached[i] && (keeps_cuda || !blocks[i].cuda) {
+                if !reached[i] && (keeps_cuda || !blocks[i].cuda) && w != blocks[i].not_a_reference {
                     reached[i] = true;
                     work.push(i);
                 }
@@ -222,7 +241,7 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
         }
         mem.words(b.start, b.size, &mut |w| {
             if let Some(j) = index.find(w) {
-                if j != i && !reached[j] {
+                if j != i && !reached[j] && w != blocks[j].not_a_reference {
                     indirect[j] = true;
                 }
             }
@@ -250,7 +269,7 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
             }
             mem.words(blocks[i].start, blocks[i].size, &mut |w| {
                 if let Some(j) = index.find(w) {
-                    if verdicts[j] == Verdict::Indirect && !reached[j] {
+                    if verdicts[j] == Verdict::Indirect && !reached[j] && w != blocks[j].not_a_reference {
                         reached[j] = true;
                         owners[j] = d as u32;
                         work.push(j);
@@ -292,7 +311,7 @@ mod tests {
     }
 
     fn blocks() -> Vec<Block> {
-        (0..8).map(|i| Block { start: 0x1000 + i * 0x100, size: 0x40, opaque: false, cuda: false }).collect()
+        (0..8).map(|i| Block { start: 0x1000 + i * 0x100, size: 0x40, opaque: false, cuda: false, not_a_reference: 0 }).collect()
     }
 
     #[test]
@@ -335,6 +354,23 @@ mod tests {
         use Verdict::*;
         assert_eq!(v, vec![Definite, Indirect, Indirect, Indirect, Definite]);
         assert_eq!(owners, vec![NO_OWNER, 0, 0, 0, NO_OWNER]);
+    }
+
+    #[test]
+    fn the_next_chunks_header_in_a_blocks_last_bytes_keeps_nothing() {
+        // 2008 bytes fill a 2016-byte chunk: the next header is at start + 2000.
+        assert_eq!(glibc_next_chunk_header(0x10010, 2008), 0x10010 + 2000);
+        // 2000 bytes leave the header outside the block.
+        assert_eq!(glibc_next_chunk_header(0x10010, 2000), 0);
+        assert_eq!(glibc_next_chunk_header(0x10010, 0), 0);
+        let b = vec![Block { start: 0x10010, size: 2008, opaque: false, cuda: false, not_a_reference: 0x10010 + 2000 }];
+        let mut m = BTreeMap::new();
+        // A root holding the next chunk's header address (glibc's top pointer, say).
+        m.insert(0x10, 0x10010 + 2000);
+        assert_eq!(classify(&b, &[(0x10, 8)], &[], &Fake(m.clone())), vec![Verdict::Definite]);
+        // Any other interior pointer still keeps it.
+        m.insert(0x18, 0x10010 + 1999);
+        assert_eq!(classify(&b, &[(0x10, 16)], &[], &Fake(m)), vec![Verdict::Reachable]);
     }
 
     #[test]
@@ -394,7 +430,7 @@ mod tests {
                 3 => 4096 * (1 + next() % 5),
                 _ => 16 * (1 + next() % 40),
             };
-            blocks.push(Block { start: at, size, opaque: false, cuda: false });
+            blocks.push(Block { start: at, size, opaque: false, cuda: false, not_a_reference: 0 });
             at += size.max(1);
         }
         let idx = BlockIndex::new(&blocks);
@@ -412,7 +448,7 @@ mod tests {
 
     #[test]
     fn zero_sized_blocks_and_empty_inputs() {
-        let b = vec![Block { start: 0x100, size: 0, opaque: false, cuda: false }, Block { start: 0x200, size: 8, opaque: false, cuda: false }];
+        let b = vec![Block { start: 0x100, size: 0, opaque: false, cuda: false, not_a_reference: 0 }, Block { start: 0x200, size: 8, opaque: false, cuda: false, not_a_reference: 0 }];
         let mut m = BTreeMap::new();
         m.insert(0x8, 0x100);
         assert_eq!(classify(&b, &[(0, 0x10)], &[], &Fake(m)), vec![Verdict::Reachable, Verdict::Definite]);
@@ -429,7 +465,7 @@ mod tests {
     fn inherited_blocks_are_read_only_where_changed_since_fork() {
         // Inherited blocks at 0x1000 (on a changed page) and 0x2000 (on a page still
         // shared with the parent); blocks 0, 1 and 2 allocated by the child.
-        let b: Vec<Block> = [0x5000, 0x5100, 0x5200].iter().map(|&start| Block { start, size: 0x40, opaque: false, cuda: false }).collect();
+        let b: Vec<Block> = [0x5000, 0x5100, 0x5200].iter().map(|&start| Block { start, size: 0x40, opaque: false, cuda: false, not_a_reference: 0 }).collect();
         let inherited = [(0x1000, 0x100), (0x2000, 0x100)];
         let mut m = BTreeMap::new();
         // The inherited block on a changed page points to block 0: reachable through

@@ -426,6 +426,19 @@ pub fn record_main_tls() {
     // SAFETY: arch_prctl(ARCH_GET_FS) writes the thread pointer to a valid u64.
     if unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_GET_FS, &mut fs as *mut u64) } == 0 && fs != 0 {
         out.push((fs, tcb_size));
+        // The whole static TLS area below the thread pointer, its surplus included:
+        // glibc places the TLS of a module loaded later with dlopen there when it fits,
+        // and only modules loaded before now are in the list above.
+        // SAFETY: dlsym with a valid handle and NUL-terminated name.
+        let info = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_dl_get_tls_static_info".as_ptr()) };
+        if !info.is_null() {
+            let (mut size, mut align) = (0usize, 0usize);
+            // SAFETY: ld.so's `void _dl_get_tls_static_info (size_t *, size_t *)`.
+            unsafe { std::mem::transmute::<*mut c_void, extern "C" fn(*mut usize, *mut usize)>(info)(&mut size, &mut align) };
+            if size > 0 && size < 1 << 24 && (size as u64) < fs {
+                out.push((fs - size as u64, size as u64));
+            }
+        }
         MAIN_THREAD_POINTER.store(fs, Ordering::Relaxed);
     }
     let _ = MAIN_TLS.set(out);
