@@ -3,7 +3,7 @@
 //! `record_*`, the lifecycle hooks call `start`, `finish`, the fork and dlclose steps.
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,25 +20,8 @@ use crate::report::symbolize::Symbolizer;
 use crate::report::timeline::Timeline;
 use crate::report::writer;
 
-const OFF: u8 = 0;
-const ACTIVE: u8 = 1;
-const FINISHED: u8 = 2;
-/// The final report is being written (by whichever thread got there first).
-const FINISHING: u8 = 3;
+use crate::lifecycle::{FinalTurn, LIFECYCLE};
 
-/// Read on every hook call, written almost never: kept away from the ring's hot lines.
-#[repr(C, align(128))]
-struct ReadMostly {
-    tracking: AtomicU8,
-    depth: AtomicUsize,
-}
-
-static READ_MOSTLY: ReadMostly = ReadMostly {
-    tracking: AtomicU8::new(OFF),
-    depth: AtomicUsize::new(crate::config::DEFAULT_DEPTH),
-};
-static TRACKING: &AtomicU8 = &READ_MOSTLY.tracking;
-static DEPTH: &AtomicUsize = &READ_MOSTLY.depth;
 /// The consumer side: the collector's model and its position in the event order.
 struct Consumer {
     model: Collector,
@@ -58,18 +41,6 @@ const PREPARE_AFTER: Duration = Duration::from_millis(5);
 /// it (at most `PREPARE_WAIT`) rather than gathering and sorting everything again.
 static PREPARING: AtomicBool = AtomicBool::new(false);
 const PREPARE_WAIT: Duration = Duration::from_millis(500);
-/// A termination signal to die by once the final report is written (0: none).
-static TERMINATING_SIGNAL: AtomicI32 = AtomicI32::new(0);
-/// Set while a collector thread runs in this process.
-static COLLECTOR_RUNNING: AtomicBool = AtomicBool::new(false);
-/// Asks the collector thread to leave (the process must become single-threaded).
-static COLLECTOR_STOP: AtomicBool = AtomicBool::new(false);
-static COLLECTOR_TID: AtomicU32 = AtomicU32::new(0);
-/// Collector threads created and not yet finished (counted from before pthread_create,
-/// so a thread that has not started running yet is counted too).
-static COLLECTORS_LIVE: AtomicU32 = AtomicU32::new(0);
-/// The process whose state this is; a vfork child sharing our memory has another pid.
-static OWNER_PID: AtomicU32 = AtomicU32::new(0);
 
 /// Everything the report writer needs; one lock so that reports are written one at a time.
 struct ReportSide {
@@ -125,7 +96,7 @@ pub fn stderr_line(line: &str) {
 
 #[inline(always)]
 pub fn active() -> bool {
-    TRACKING.load(Ordering::Relaxed) == ACTIVE
+    LIFECYCLE.tracking()
 }
 
 fn drain_into(c: &mut Consumer, max: usize, force: bool) -> usize {
@@ -154,7 +125,7 @@ fn publish(state: &ThreadState, kind: EventKind, api: Api, stack: u32, addr: u64
 }
 
 fn disable_after_panic() {
-    TRACKING.store(FINISHED, Ordering::SeqCst);
+    LIFECYCLE.give_up();
     channel::close();
     stderr_line("leaktrace: internal error; tracking stopped, the program continues unchanged");
 }
@@ -175,7 +146,7 @@ fn recording(f: impl FnOnce(&ThreadState)) {
 #[inline]
 pub fn record_alloc(addr: usize, size: usize, api: Api) {
     recording(|s| {
-        let stack = unwind::capture_stack_id(s, DEPTH.load(Ordering::Relaxed));
+        let stack = unwind::capture_stack_id(s, LIFECYCLE.depth());
         publish(s, EventKind::Alloc, api, stack, addr as u64, size as u64);
     });
 }
@@ -206,7 +177,7 @@ pub fn record_realloc_outcome(new_addr: usize, size: usize, api: Api, freed_with
 #[inline]
 pub fn record_cuda_alloc(addr: u64, size: u64, api: Api, device: Option<u8>) {
     recording(|s| {
-        let stack = unwind::capture_stack_id(s, DEPTH.load(Ordering::Relaxed));
+        let stack = unwind::capture_stack_id(s, LIFECYCLE.depth());
         publish(s, EventKind::Alloc, api, stack, addr, event::pack_size(size, device));
     });
 }
@@ -257,7 +228,7 @@ pub fn start(config: Config, host_tracking: String) -> bool {
         if let Some(w) = warning {
             stderr_line(&w);
         }
-        DEPTH.store(config.stack_depth, Ordering::Relaxed);
+        let depth = config.stack_depth;
         let process = ProcessInfo::current(None);
         let symbolizer = Symbolizer::new(process.exe.clone());
         let suppressions = match &config.suppressions {
@@ -274,7 +245,6 @@ pub fn start(config: Config, host_tracking: String) -> bool {
             crate::scan::roots::install();
         }
         *STATE.lock() = Some(Consumer { model: Collector::new(), order: DrainState::default() });
-        OWNER_PID.store(std::process::id(), Ordering::SeqCst);
         let lazy = config.collector.resolve(&process.argv) == crate::config::CollectorStart::Lazy;
         let mut side = ReportSide::new(config, process, output_dir, symbolizer, host_tracking, suppressions);
         // A cgo program may be gone before the collector's first turn: its first report
@@ -284,12 +254,12 @@ pub fn start(config: Config, host_tracking: String) -> bool {
             side.no_final_report = Some(process::GO_EXIT);
         }
         *REPORT.lock() = Some(side);
-        TRACKING.store(ACTIVE, Ordering::SeqCst);
+        LIFECYCLE.start(std::process::id(), depth);
         if cgo {
             write_report(Reason::Periodic);
         }
         if lazy {
-            COLLECTOR_DEFERRED.store(true, Ordering::SeqCst);
+            LIFECYCLE.defer_collector();
         } else {
             spawn_collector();
         }
@@ -297,33 +267,24 @@ pub fn start(config: Config, host_tracking: String) -> bool {
     })
 }
 
-/// Set while the collector thread waits for the program's own second thread
-/// (`CollectorStart::Lazy`).
-static COLLECTOR_DEFERRED: AtomicBool = AtomicBool::new(false);
-
-/// The program started a thread: a deferred collector starts now.
+/// The program started a thread: a deferred collector (`CollectorStart::Lazy`) starts now.
 pub fn program_started_thread() {
-    if COLLECTOR_DEFERRED.load(Ordering::Relaxed) && COLLECTOR_DEFERRED.swap(false, Ordering::AcqRel) && active() {
+    if LIFECYCLE.take_deferred_collector() {
         spawn_collector();
     }
 }
 
 fn spawn_collector() {
-    COLLECTORS_LIVE.fetch_add(1, Ordering::SeqCst);
+    LIFECYCLE.collector_spawning();
     // Untracked: pthread_create allocates the new thread's TLS vector on the calling
     // thread (a forked child's starts here, in the fork handler), and that block is ours.
     if let Err(rc) = thread::untracked(|| crate::interpose::lifecycle::spawn_internal_thread(collector_thread)) {
-        COLLECTORS_LIVE.fetch_sub(1, Ordering::SeqCst);
+        LIFECYCLE.collector_gone();
         stderr_line(&format!(
             "leaktrace: cannot start the collector thread (error {rc}); events are drained by the program's threads instead"
         ));
     }
 }
-
-/// A collector that failed is started again this many times; after that the program's
-/// threads drain the events and the exit paths still write the final report.
-const COLLECTOR_RESTARTS: u32 = 2;
-static COLLECTOR_FAILURES: AtomicU32 = AtomicU32::new(0);
 
 /// The collector thread's body: the loop, and whatever ends it — a return, or a panic —
 /// leaves the "collector running" state false, so that SIGTERM never waits for a thread
@@ -332,16 +293,14 @@ fn collector_thread() {
     struct Running;
     impl Drop for Running {
         fn drop(&mut self) {
-            COLLECTOR_RUNNING.store(false, Ordering::SeqCst);
-            COLLECTORS_LIVE.fetch_sub(1, Ordering::SeqCst);
+            LIFECYCLE.collector_gone();
         }
     }
     let running = Running;
     let failed = catch_unwind(collector_main).is_err();
     drop(running);
     if failed && active() {
-        let n = COLLECTOR_FAILURES.fetch_add(1, Ordering::SeqCst) + 1;
-        if n <= COLLECTOR_RESTARTS {
+        if LIFECYCLE.collector_failed() {
             stderr_line("leaktrace: internal error in the collector thread; starting it again");
             spawn_collector();
         } else {
@@ -351,10 +310,9 @@ fn collector_thread() {
 }
 
 fn collector_main() {
-    COLLECTOR_TID.store(thread::tid(), Ordering::SeqCst);
-    COLLECTOR_RUNNING.store(true, Ordering::SeqCst);
+    LIFECYCLE.collector_running(thread::tid());
     // For the tests of the failure path only: the first collector fails at once.
-    if COLLECTOR_FAILURES.load(Ordering::Relaxed) == 0 && std::env::var_os("LEAKTRACE_TEST_COLLECTOR_PANIC").is_some() {
+    if LIFECYCLE.collector_failures() == 0 && std::env::var_os("LEAKTRACE_TEST_COLLECTOR_PANIC").is_some() {
         panic!("collector failure requested by LEAKTRACE_TEST_COLLECTOR_PANIC");
     }
     let mut interval = REPORT.lock().as_ref().map(|r| r.config.interval_ms).unwrap_or(0);
@@ -374,13 +332,13 @@ fn collector_main() {
     let mut last_report = Instant::now();
     let born = Instant::now();
     let mut idle_sleep_us = 200u64;
-    while active() && !COLLECTOR_STOP.load(Ordering::Acquire) {
-        let sig = TERMINATING_SIGNAL.load(Ordering::Acquire);
+    while LIFECYCLE.collector_continues() {
+        let sig = LIFECYCLE.terminating_signal();
         if sig != 0 {
             finish_as(sig);
             // Another thread may be writing the final report (exit, _exit raced the
             // signal): let it finish; the process usually ends on its own meanwhile.
-            wait_while(final_in_progress, Duration::from_secs(60), Duration::from_millis(1));
+            wait_while(|| LIFECYCLE.final_in_progress(), Duration::from_secs(60), Duration::from_millis(1));
             crate::interpose::lifecycle::die_by_signal(sig);
         }
         let drained = {
@@ -448,31 +406,21 @@ fn prepare_inherited() {
 /// caller must die at once: tracking is off, no collector runs, or this is the second
 /// signal.
 pub fn request_final_on_signal(sig: i32) -> bool {
-    if final_in_progress() {
-        // The process is already ending (exit, _exit) and writing its last report: let it
-        // finish; it ends right after. Killing it now would lose the report.
-        return true;
-    }
-    if !active() || !COLLECTOR_RUNNING.load(Ordering::Acquire) || OWNER_PID.load(Ordering::Relaxed) == 0 {
-        return false;
-    }
-    TERMINATING_SIGNAL.compare_exchange(0, sig, Ordering::AcqRel, Ordering::Acquire).is_ok()
+    LIFECYCLE.final_on_signal(sig)
 }
 
 /// Makes the process single-threaded again for a moment (`unshare(CLONE_NEWUSER)` and
 /// friends refuse multi-threaded callers): the collector thread leaves and is waited
 /// for. Returns whether it has to be started again with `resume_collector`.
 pub fn pause_collector() -> bool {
-    if COLLECTORS_LIVE.load(Ordering::SeqCst) == 0 {
+    if !LIFECYCLE.ask_collector_to_stop() {
         return false;
     }
-    COLLECTOR_STOP.store(true, Ordering::SeqCst);
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(2) {
         // Finished its loop (a thread not yet started leaves at once), and gone from the
         // kernel's thread list.
-        if COLLECTORS_LIVE.load(Ordering::SeqCst) == 0
-            && crate::os::threads::thread_is_gone(COLLECTOR_TID.load(Ordering::SeqCst))
+        if LIFECYCLE.no_collector_lives() && crate::os::threads::thread_is_gone(LIFECYCLE.collector_tid())
         {
             break;
         }
@@ -482,7 +430,7 @@ pub fn pause_collector() -> bool {
 }
 
 pub fn resume_collector() {
-    COLLECTOR_STOP.store(false, Ordering::SeqCst);
+    LIFECYCLE.collector_may_run();
     if active() {
         spawn_collector();
     }
@@ -680,7 +628,8 @@ impl Presymbolizer {
         let ids: Vec<u32> = snapshot.groups.iter().take(limit).map(|g| g.stack).collect();
         let shared = Arc::new(PresymbolizerShared { ids, tid: AtomicU32::new(0), done: AtomicBool::new(false) });
         let arg = Arc::into_raw(shared.clone()) as *mut std::ffi::c_void;
-        if crate::os::threads::spawn_raw(presymbolizer_main, arg).is_err() {
+        // SAFETY: the thread takes over the reference `arg` is (or it is dropped below).
+        if unsafe { crate::os::threads::spawn_raw(presymbolizer_main, arg) }.is_err() {
             // SAFETY: the thread did not start: the reference is still ours to drop.
             drop(unsafe { Arc::from_raw(arg as *const PresymbolizerShared) });
             return None;
@@ -718,10 +667,6 @@ fn finish_as(sig: i32) {
     finish();
 }
 
-fn final_in_progress() -> bool {
-    TRACKING.load(Ordering::Acquire) == FINISHING
-}
-
 /// A group's key in the scan's results: stack, API name, device.
 type GroupKey = (u32, &'static str, Option<u8>);
 
@@ -752,7 +697,7 @@ fn reachability_scan(input: &crate::collector::state::ScanInput, names_thread: u
         .collect();
     // The collector, running or on its way out (the final report stops its loop: a
     // thread that is exiting never answers the stop signal).
-    let collector = COLLECTOR_TID.load(Ordering::SeqCst);
+    let collector = LIFECYCLE.collector_tid();
     let own: Vec<u32> = [collector, names_thread].into_iter().filter(|&t| t != 0).collect();
     let (mut verdicts, owners, info) = crate::scan::scan(&blocks, &input.inherited, &own);
     if let Some((lo, hi)) = crate::scan::roots::loader_range() {
@@ -786,13 +731,15 @@ fn reachability_scan(input: &crate::collector::state::ScanInput, names_thread: u
 /// signal, or two threads) waits for the first to finish writing, so that no exit path
 /// ends the process in the middle of the report.
 pub fn finish() {
-    if OWNER_PID.load(Ordering::SeqCst) != std::process::id() {
-        // A vfork child (posix_spawn) sharing our memory: never finalise the parent's state.
-        return;
-    }
-    if TRACKING.compare_exchange(ACTIVE, FINISHING, Ordering::SeqCst, Ordering::SeqCst).is_err() {
-        wait_while(final_in_progress, Duration::from_secs(60), Duration::from_millis(1));
-        return;
+    match LIFECYCLE.begin_final(std::process::id()) {
+        FinalTurn::Mine => {}
+        FinalTurn::InProgress => {
+            wait_while(|| LIFECYCLE.final_in_progress(), Duration::from_secs(60), Duration::from_millis(1));
+            return;
+        }
+        // Tracking off, or a vfork child (posix_spawn) sharing our memory: never
+        // finalise the parent's state.
+        FinalTurn::NotOurs => return,
     }
     thread::untracked(|| {
         if catch_unwind(|| write_report(Reason::Exit)).is_err() {
@@ -800,7 +747,7 @@ pub fn finish() {
         }
     });
     channel::close();
-    TRACKING.store(FINISHED, Ordering::SeqCst);
+    LIFECYCLE.final_written();
 }
 
 // ---- dlclose -----------------------------------------------------------------------
@@ -854,12 +801,8 @@ pub fn fork_parent() {
 
 pub fn fork_child() {
     crate::interpose::fork_release_loader_walks();
-    OWNER_PID.store(std::process::id(), Ordering::SeqCst);
     // The parent's collector thread does not exist here; ours starts below.
-    COLLECTOR_RUNNING.store(false, Ordering::SeqCst);
-    COLLECTORS_LIVE.store(0, Ordering::SeqCst);
-    COLLECTOR_STOP.store(false, Ordering::SeqCst);
-    TERMINATING_SIGNAL.store(0, Ordering::SeqCst);
+    LIFECYCLE.fork_child(std::process::id());
     // The forking thread keeps its stack (and the bounds it noted) in the child.
     thread::reset_after_fork();
     thread::untracked(|| {
@@ -874,11 +817,11 @@ pub fn fork_child() {
             PREPARING.store(false, Ordering::SeqCst);
             PREPARE_INHERITED.store(SCAN_AT_EXIT.load(Ordering::Relaxed), Ordering::Release);
             // A child of a process whose collector still waits waits too.
-            if !COLLECTOR_DEFERRED.load(Ordering::SeqCst) {
+            if !LIFECYCLE.collector_deferred() {
                 spawn_collector();
             }
         } else {
-            TRACKING.store(FINISHED, Ordering::SeqCst);
+            LIFECYCLE.give_up();
             channel::close();
         }
     }

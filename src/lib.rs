@@ -7,6 +7,8 @@
 //! - `collector/` — the background consumer's model: live set and per-stack totals.
 //! - `report/`    — symbolization, JSON and text rendering, atomic file writing.
 //! - `scan/`      — the reachability scan (definite / indirect / reachable).
+//! - `lifecycle.rs` — the process lifecycle, one object: phase, owner, collector
+//!   thread, the exit under way; every exit path asks it for the final report's turn.
 //! - `agent.rs`   — glue: starts the collector, drains, writes reports, handles fork.
 //! - `os/`       — utilities of no stage: stack bounds, the library's own threads,
 //!   the program's standard error.
@@ -16,6 +18,7 @@ pub mod collector;
 pub mod config;
 pub mod hotpath;
 pub mod interpose;
+pub mod lifecycle;
 pub mod os;
 pub mod report;
 pub mod scan;

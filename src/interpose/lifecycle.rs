@@ -7,7 +7,6 @@
 #![allow(clippy::missing_safety_doc)]
 
 use std::ffi::{c_int, c_void, CStr};
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 use super::real;
 use crate::agent;
@@ -202,37 +201,12 @@ fn final_report_then(real_exit: Option<real::ExitFn>, status: c_int) -> ! {
     }
 }
 
-/// The thread (its `thread::identity`) and process that called `exit` first. glibc
-/// before 2.41 lets a second thread's `exit` end the process (through its internal
-/// `_exit`, which no hook sees) while the first one is still running the destructors
-/// that write the final report.
-static EXIT_THREAD: AtomicUsize = AtomicUsize::new(0);
-static EXIT_PID: AtomicU32 = AtomicU32::new(0);
-
-/// Whether another thread of this process is already inside `exit`; otherwise the
-/// calling thread is recorded as the one that is.
-fn another_thread_is_exiting() -> bool {
-    let me = crate::hotpath::thread::identity();
-    let pid = std::process::id();
-    loop {
-        let owner = EXIT_THREAD.load(Ordering::Acquire);
-        if owner != 0 && EXIT_PID.load(Ordering::Acquire) == pid {
-            return owner != me;
-        }
-        // Free, or left by the parent of this forked child.
-        if EXIT_THREAD.compare_exchange(owner, me, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-            EXIT_PID.store(pid, Ordering::Release);
-            return false;
-        }
-    }
-}
-
 /// `exit`: the first caller goes on as usual (its destructors write the final report);
 /// any later caller from another thread writes the report first (or waits for the one
 /// being written), so that its own exit can no longer end the process mid-report.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn exit(status: c_int) -> ! {
-    if another_thread_is_exiting() {
+    if crate::lifecycle::LIFECYCLE.exit_called(crate::hotpath::thread::identity(), std::process::id()) {
         crate::scan::roots::mark_entry();
         let _ = std::panic::catch_unwind(agent::finish);
     }
@@ -307,7 +281,8 @@ extern "C" fn internal_thread_start(arg: *mut c_void) -> *mut c_void {
 /// Starts one of the library's own threads (signals blocked, detached) with tracking off
 /// from its first instruction.
 pub fn spawn_internal_thread(f: fn()) -> Result<(), i32> {
-    crate::os::threads::spawn_raw(internal_thread_start, f as *mut c_void).map(drop)
+    // SAFETY: the start routine takes the fn pointer back, which lives forever.
+    unsafe { crate::os::threads::spawn_raw(internal_thread_start, f as *mut c_void) }.map(drop)
 }
 
 /// `unshare` with flags the kernel refuses to a multi-threaded process (a new user

@@ -175,7 +175,7 @@ mod tests {
         let a = v.as_ptr() as usize;
         let (lo, hi) = writable_mapping_of(a).expect("a heap block lies in a writable mapping");
         assert!(lo <= a && a + v.len() <= hi);
-        assert_eq!(writable_mapping_of(the_mapping_of_a_heap_block_is_found_and_holds_it as usize), None, "code is not writable");
+        assert_eq!(writable_mapping_of(the_mapping_of_a_heap_block_is_found_and_holds_it as *const () as usize), None, "code is not writable");
         assert_eq!(parse_maps_line(b"7f00-7f10 rw-p 00000000 00:00 0"), Some((0x7f00, 0x7f10, true)));
         assert_eq!(parse_maps_line(b"7f00-7f10 r-xp 00000000 00:00 0 /lib/x.so"), Some((0x7f00, 0x7f10, false)));
         assert_eq!(parse_maps_line(b"garbage"), None);

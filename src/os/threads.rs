@@ -49,7 +49,10 @@ pub fn with_signals_blocked<R>(f: impl FnOnce() -> R) -> R {
 
 /// Starts a detached thread running `start(arg)` with every signal blocked. Returns the
 /// error number of `pthread_create` on failure. Errno is kept.
-pub fn spawn_raw(start: extern "C" fn(*mut c_void) -> *mut c_void, arg: *mut c_void) -> Result<libc::pthread_t, i32> {
+///
+/// # Safety
+/// `arg` must be what `start` expects, valid for as long as the new thread uses it.
+pub unsafe fn spawn_raw(start: extern "C" fn(*mut c_void) -> *mut c_void, arg: *mut c_void) -> Result<libc::pthread_t, i32> {
     // SAFETY: this thread's errno slot.
     let errno = unsafe { *libc::__errno_location() };
     let Some(create) = create_fn() else { return Err(libc::ENOSYS) };
@@ -118,7 +121,8 @@ mod tests {
     fn spawned_threads_block_every_signal_and_the_caller_keeps_its_mask() {
         assert!(!blocks(libc::SIGUSR1) || blocks(libc::SIGUSR1));
         let before = blocks(libc::SIGUSR2);
-        spawn_raw(probe, std::ptr::null_mut()).expect("spawn");
+        // SAFETY: the probe ignores its argument.
+        unsafe { spawn_raw(probe, std::ptr::null_mut()) }.expect("spawn");
         let start = std::time::Instant::now();
         while SEEN.load(Ordering::SeqCst) == 0 && start.elapsed().as_secs() < 10 {
             std::thread::sleep(std::time::Duration::from_millis(1));

@@ -1,0 +1,365 @@
+//! The process lifecycle, owned by one object: which phase this process image is in,
+//! which process owns the state, the collector thread's state, and the exit that is
+//! under way. Every exit path asks it for the final report's turn.
+//!
+//! ```text
+//!            start()                 begin_final() == Mine             final_written()
+//!   Off ─────────────────▶ Tracking ─────────────────────▶ Finishing ─────────────────▶ Finished
+//!                           │  │  ▲                              ▲
+//!        internal error     │  │  │ fork, followed: new owner,   │ a second exit path waits
+//!        or fork, not ──────┘  │  │ collector restarted          │ for the first (InProgress)
+//!        followed: Finished    └──┘
+//! ```
+//!
+//! The exit paths, each through `begin_final`: the library destructor (return from
+//! `main`, `exit`), `exit` from a second thread at once (`exit_called`), `_exit`/`_Exit`,
+//! `quick_exit`, SIGTERM (its handler records the signal, the collector writes the report
+//! and dies by it), and the exit of a process whose collector failed (the exiting thread
+//! writes it). `exec` ends an image without a report: nothing of its memory survives it.
+//! The Go runtime's `exit_group` passes through nothing of ours: such a process says so
+//! in every periodic report (`no_final_report`), and `leaktrace run` fails
+//! `--fail-on-leak` on it.
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU8, AtomicUsize, Ordering};
+
+/// The phase of this process image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Phase {
+    /// Not started (or disabled): hooks pass through.
+    Off = 0,
+    /// Hooks record; the collector (or the program's threads) drain.
+    Tracking = 1,
+    /// The final report is written or tracking was given up: hooks pass through.
+    Finished = 2,
+    /// One exit path is writing the final report; others wait for it.
+    Finishing = 3,
+}
+
+/// Whose turn the final report is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinalTurn {
+    /// The caller writes it.
+    Mine,
+    /// Another exit path is writing it (or has): the caller waits for `in_progress`.
+    InProgress,
+    /// Not this process's to write (tracking off, or a vfork child sharing our memory).
+    NotOurs,
+}
+
+/// The collector thread's state.
+struct Collector {
+    /// Set while a collector thread runs in this process.
+    running: AtomicBool,
+    /// Asks the collector thread to leave (the process must become single-threaded).
+    stop: AtomicBool,
+    tid: AtomicU32,
+    /// Collector threads created and not yet finished (counted from before
+    /// pthread_create, so a thread that has not started running yet is counted too).
+    live: AtomicU32,
+    /// Set while the collector waits for the program's own second thread.
+    deferred: AtomicBool,
+    failures: AtomicU32,
+}
+
+/// The phase is read on every hook call and written almost never: it shares a line only
+/// with the stack depth, away from the ring's hot lines.
+#[repr(C, align(128))]
+struct ReadMostly {
+    phase: AtomicU8,
+    depth: AtomicUsize,
+}
+
+pub struct Lifecycle {
+    hot: ReadMostly,
+    /// The process whose state this is; a vfork child sharing our memory has another pid.
+    owner_pid: AtomicU32,
+    /// A termination signal to die by once the final report is written (0: none).
+    terminating_signal: AtomicI32,
+    collector: Collector,
+    /// The thread (its `thread::identity`) and process that called `exit` first.
+    exit_thread: AtomicUsize,
+    exit_pid: AtomicU32,
+}
+
+pub static LIFECYCLE: Lifecycle = Lifecycle {
+    hot: ReadMostly { phase: AtomicU8::new(Phase::Off as u8), depth: AtomicUsize::new(crate::config::DEFAULT_DEPTH) },
+    owner_pid: AtomicU32::new(0),
+    terminating_signal: AtomicI32::new(0),
+    collector: Collector {
+        running: AtomicBool::new(false),
+        stop: AtomicBool::new(false),
+        tid: AtomicU32::new(0),
+        live: AtomicU32::new(0),
+        deferred: AtomicBool::new(false),
+        failures: AtomicU32::new(0),
+    },
+    exit_thread: AtomicUsize::new(0),
+    exit_pid: AtomicU32::new(0),
+};
+
+/// A collector that failed is started again this many times; after that the program's
+/// threads drain the events and the exit paths still write the final report.
+pub const COLLECTOR_RESTARTS: u32 = 2;
+
+impl Lifecycle {
+    // ---- phase ------------------------------------------------------------------------
+
+    /// Whether hooks record (the hot path's one check).
+    #[inline(always)]
+    pub fn tracking(&self) -> bool {
+        self.hot.phase.load(Ordering::Relaxed) == Phase::Tracking as u8
+    }
+
+    pub fn phase(&self) -> Phase {
+        match self.hot.phase.load(Ordering::Acquire) {
+            1 => Phase::Tracking,
+            2 => Phase::Finished,
+            3 => Phase::Finishing,
+            _ => Phase::Off,
+        }
+    }
+
+    /// Frames kept per captured stack.
+    #[inline(always)]
+    pub fn depth(&self) -> usize {
+        self.hot.depth.load(Ordering::Relaxed)
+    }
+
+    /// Off -> Tracking, for the process `pid`, with stacks of `depth` frames.
+    pub fn start(&self, pid: u32, depth: usize) {
+        self.hot.depth.store(depth, Ordering::Relaxed);
+        self.owner_pid.store(pid, Ordering::SeqCst);
+        self.hot.phase.store(Phase::Tracking as u8, Ordering::SeqCst);
+    }
+
+    /// Tracking ends for good without a final report (an internal error, or a forked
+    /// child that is not followed).
+    pub fn give_up(&self) {
+        self.hot.phase.store(Phase::Finished as u8, Ordering::SeqCst);
+    }
+
+    /// The final report's turn for the calling exit path of process `pid`.
+    pub fn begin_final(&self, pid: u32) -> FinalTurn {
+        if self.owner_pid.load(Ordering::SeqCst) != pid {
+            return FinalTurn::NotOurs;
+        }
+        match self.hot.phase.compare_exchange(Phase::Tracking as u8, Phase::Finishing as u8, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(_) => FinalTurn::Mine,
+            Err(p) if p == Phase::Finishing as u8 => FinalTurn::InProgress,
+            Err(_) => FinalTurn::NotOurs,
+        }
+    }
+
+    /// Finishing -> Finished.
+    pub fn final_written(&self) {
+        self.hot.phase.store(Phase::Finished as u8, Ordering::SeqCst);
+    }
+
+    /// Whether an exit path is writing the final report now.
+    pub fn final_in_progress(&self) -> bool {
+        self.phase() == Phase::Finishing
+    }
+
+    // ---- exit paths -------------------------------------------------------------------
+
+    /// `exit` was called by thread `me` of process `pid`: whether another thread of
+    /// this process called it first (glibc before 2.41 lets that second `exit` end the
+    /// process while the first one's destructors write the final report, so the second
+    /// writes it first).
+    pub fn exit_called(&self, me: usize, pid: u32) -> bool {
+        loop {
+            let owner = self.exit_thread.load(Ordering::Acquire);
+            if owner != 0 && self.exit_pid.load(Ordering::Acquire) == pid {
+                return owner != me;
+            }
+            // Free, or left by the parent of this forked child.
+            if self.exit_thread.compare_exchange(owner, me, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                self.exit_pid.store(pid, Ordering::Release);
+                return false;
+            }
+        }
+    }
+
+    /// From a termination signal's handler (async-signal-safe): whether the collector
+    /// will write the final report and then end the process by `sig`. False when the
+    /// caller must die at once: not tracking, no collector, or a second signal.
+    pub fn final_on_signal(&self, sig: i32) -> bool {
+        if self.final_in_progress() {
+            // The process is already ending (exit, _exit) and writing its last report:
+            // let it finish; it ends right after. Killing it now would lose the report.
+            return true;
+        }
+        if !self.tracking() || !self.collector.running.load(Ordering::Acquire) || self.owner_pid.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        self.terminating_signal.compare_exchange(0, sig, Ordering::AcqRel, Ordering::Acquire).is_ok()
+    }
+
+    /// The termination signal the collector must write the final report for (0: none).
+    pub fn terminating_signal(&self) -> i32 {
+        self.terminating_signal.load(Ordering::Acquire)
+    }
+
+    // ---- fork -------------------------------------------------------------------------
+
+    /// In a forked child: the child owns the state now; the parent's collector thread and
+    /// its pending signal do not exist here.
+    pub fn fork_child(&self, pid: u32) {
+        self.owner_pid.store(pid, Ordering::SeqCst);
+        self.collector.running.store(false, Ordering::SeqCst);
+        self.collector.live.store(0, Ordering::SeqCst);
+        self.collector.stop.store(false, Ordering::SeqCst);
+        self.terminating_signal.store(0, Ordering::SeqCst);
+    }
+
+    // ---- the collector thread ---------------------------------------------------------
+
+    /// A collector thread is about to be created.
+    pub fn collector_spawning(&self) {
+        self.collector.live.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Its creation failed, or it finished (whatever ended it).
+    pub fn collector_gone(&self) {
+        self.collector.running.store(false, Ordering::SeqCst);
+        self.collector.live.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// It runs, as kernel thread `tid`.
+    pub fn collector_running(&self, tid: u32) {
+        self.collector.tid.store(tid, Ordering::SeqCst);
+        self.collector.running.store(true, Ordering::SeqCst);
+    }
+
+    /// The collector's kernel thread id (0 before its first run).
+    pub fn collector_tid(&self) -> u32 {
+        self.collector.tid.load(Ordering::SeqCst)
+    }
+
+    /// Whether the collector loop goes on.
+    pub fn collector_continues(&self) -> bool {
+        self.tracking() && !self.collector.stop.load(Ordering::Acquire)
+    }
+
+    /// Counts a failure; whether the collector may be started again.
+    pub fn collector_failed(&self) -> bool {
+        self.collector.failures.fetch_add(1, Ordering::SeqCst) < COLLECTOR_RESTARTS
+    }
+
+    pub fn collector_failures(&self) -> u32 {
+        self.collector.failures.load(Ordering::Relaxed)
+    }
+
+    /// The collector waits for the program's own second thread.
+    pub fn defer_collector(&self) {
+        self.collector.deferred.store(true, Ordering::SeqCst);
+    }
+
+    pub fn collector_deferred(&self) -> bool {
+        self.collector.deferred.load(Ordering::SeqCst)
+    }
+
+    /// The program started a thread: whether a deferred collector starts now.
+    pub fn take_deferred_collector(&self) -> bool {
+        self.collector.deferred.load(Ordering::Relaxed) && self.collector.deferred.swap(false, Ordering::AcqRel) && self.tracking()
+    }
+
+    /// Asks the collector to leave; returns false when none lives.
+    pub fn ask_collector_to_stop(&self) -> bool {
+        if self.collector.live.load(Ordering::SeqCst) == 0 {
+            return false;
+        }
+        self.collector.stop.store(true, Ordering::SeqCst);
+        true
+    }
+
+    /// Whether no collector thread lives (none counted).
+    pub fn no_collector_lives(&self) -> bool {
+        self.collector.live.load(Ordering::SeqCst) == 0
+    }
+
+    /// The collector may run again (after `ask_collector_to_stop`).
+    pub fn collector_may_run(&self) {
+        self.collector.stop.store(false, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fresh() -> Lifecycle {
+        Lifecycle {
+            hot: ReadMostly { phase: AtomicU8::new(0), depth: AtomicUsize::new(8) },
+            owner_pid: AtomicU32::new(0),
+            terminating_signal: AtomicI32::new(0),
+            collector: Collector {
+                running: AtomicBool::new(false),
+                stop: AtomicBool::new(false),
+                tid: AtomicU32::new(0),
+                live: AtomicU32::new(0),
+                deferred: AtomicBool::new(false),
+                failures: AtomicU32::new(0),
+            },
+            exit_thread: AtomicUsize::new(0),
+            exit_pid: AtomicU32::new(0),
+        }
+    }
+
+    #[test]
+    fn the_final_report_is_written_once_by_the_first_exit_path_of_the_owner() {
+        let l = fresh();
+        assert_eq!(l.begin_final(7), FinalTurn::NotOurs, "not started");
+        l.start(7, 16);
+        assert!(l.tracking());
+        assert_eq!(l.depth(), 16);
+        assert_eq!(l.begin_final(8), FinalTurn::NotOurs, "a vfork child sharing our memory");
+        assert_eq!(l.begin_final(7), FinalTurn::Mine);
+        assert!(!l.tracking() && l.final_in_progress());
+        assert_eq!(l.begin_final(7), FinalTurn::InProgress);
+        l.final_written();
+        assert_eq!(l.phase(), Phase::Finished);
+        assert_eq!(l.begin_final(7), FinalTurn::NotOurs);
+    }
+
+    #[test]
+    fn a_second_thread_calling_exit_is_told_so_and_a_forked_child_starts_afresh() {
+        let l = fresh();
+        assert!(!l.exit_called(1, 100));
+        assert!(!l.exit_called(1, 100), "the same thread again (exit from an atexit handler)");
+        assert!(l.exit_called(2, 100));
+        // A child forked while its parent was exiting: the marker is not its own.
+        assert!(!l.exit_called(2, 101));
+    }
+
+    #[test]
+    fn sigterm_is_taken_only_while_a_collector_runs_and_only_once() {
+        let l = fresh();
+        l.start(7, 8);
+        assert!(!l.final_on_signal(15), "no collector: die at once");
+        l.collector_spawning();
+        l.collector_running(42);
+        assert!(l.final_on_signal(15));
+        assert_eq!(l.terminating_signal(), 15);
+        assert!(!l.final_on_signal(15), "a second signal kills at once");
+        l.fork_child(9);
+        assert_eq!(l.terminating_signal(), 0);
+        assert!(l.no_collector_lives());
+    }
+
+    #[test]
+    fn a_failed_collector_is_restarted_a_bounded_number_of_times() {
+        let l = fresh();
+        assert!((0..COLLECTOR_RESTARTS).all(|_| l.collector_failed()));
+        assert!(!l.collector_failed());
+    }
+
+    #[test]
+    fn a_deferred_collector_starts_once() {
+        let l = fresh();
+        l.start(7, 8);
+        l.defer_collector();
+        assert!(l.take_deferred_collector());
+        assert!(!l.take_deferred_collector());
+    }
+}
