@@ -30,8 +30,57 @@ fn build(src: &Path, out_dir: &Path) -> PathBuf {
     out
 }
 
+/// `Command::output` under a time limit (`LEAKTRACE_TEST_TIMEOUT` seconds, 180 by
+/// default): a command still running then is killed with its process group, and the
+/// test fails as hung.
+trait Bounded {
+    fn bounded_output(&mut self) -> std::io::Result<Output>;
+}
+
+impl Bounded for Command {
+    fn bounded_output(&mut self) -> std::io::Result<Output> {
+        use std::os::unix::process::CommandExt;
+        use std::process::Stdio;
+        let limit = std::time::Duration::from_secs(std::env::var("LEAKTRACE_TEST_TIMEOUT").ok().and_then(|v| v.parse().ok()).unwrap_or(180));
+        let child = self.stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).spawn()?;
+        let pid = child.id() as i32;
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = done.clone();
+        let watchdog = std::thread::spawn(move || {
+            let start = std::time::Instant::now();
+            while !flag.load(Ordering::SeqCst) {
+                if start.elapsed() > limit {
+                    // SAFETY: kill of the process group this test made.
+                    unsafe { libc::kill(-pid, libc::SIGKILL) };
+                    return true;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            false
+        });
+        let out = child.wait_with_output();
+        done.store(true, Ordering::SeqCst);
+        assert!(!watchdog.join().unwrap(), "hung: {self:?} ran longer than {} s and was killed", limit.as_secs());
+        out
+    }
+}
+
+/// `Child::wait_with_output` under the same time limit.
+fn wait_bounded(mut child: std::process::Child) -> Output {
+    let limit = std::time::Duration::from_secs(std::env::var("LEAKTRACE_TEST_TIMEOUT").ok().and_then(|v| v.parse().ok()).unwrap_or(180));
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            panic!("hung: pid {} ran longer than {} s and was killed", child.id(), limit.as_secs());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    child.wait_with_output().unwrap()
+}
+
 fn leaktrace(args: &[&str], cwd: &Path) -> Output {
-    Command::new(bin()).args(args).current_dir(cwd).output().unwrap()
+    Command::new(bin()).args(args).current_dir(cwd).bounded_output().unwrap()
 }
 
 fn text(b: &[u8]) -> String {
@@ -238,7 +287,7 @@ fn chromium(args: &[&str], profile: &Path) -> Output {
         .args(["--disable-background-networking", "--disable-component-update", "--disable-sync"])
         .arg(format!("--user-data-dir={}", profile.display()))
         .args(args)
-        .output()
+        .bounded_output()
         .unwrap()
 }
 
@@ -290,7 +339,7 @@ fn a_progress_line_only_on_a_terminal() {
     let dir = scratch("tty");
     // `script` gives the command a pseudo-terminal, as an interactive shell would.
     let cmd = format!("{} run --output r -- sleep 2.5", bin().display());
-    let out = Command::new("script").args(["-qec", &cmd, "/dev/null"]).current_dir(&dir).output().expect("script (bsdutils)");
+    let out = Command::new("script").args(["-qec", &cmd, "/dev/null"]).current_dir(&dir).bounded_output().expect("script (bsdutils)");
     assert!(out.status.success());
     assert!(text(&out.stdout).contains("running for 1s") || text(&out.stdout).contains("running for 2s"), "{}", text(&out.stdout));
     // Not on a pipe (every other test).
@@ -314,7 +363,7 @@ fn sigterm_to_run_reaches_the_program_and_its_report_is_collected() {
     std::thread::sleep(std::time::Duration::from_millis(500));
     // SAFETY: signalling our own child process.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let out = child.wait_with_output().unwrap();
+    let out = wait_bounded(child);
     assert_eq!(out.status.code(), Some(128 + libc::SIGTERM), "the program's fate, as a shell reports it");
     let rs = reports(&dir.join("r"));
     assert_eq!(rs.len(), 1);
@@ -353,7 +402,7 @@ fn device_leaks_count_and_caching_allocator_segments_do_not() {
         .args(["run", "--fail-on-leak", "--output", "r", "--", stubs.join("runtime_app").to_str().unwrap(), "cached"])
         .env("LD_LIBRARY_PATH", &stubs)
         .current_dir(&dir)
-        .output()
+        .bounded_output()
         .unwrap();
     let t = text(&out.stderr);
     assert_eq!(out.status.code(), Some(23), "{t}");
@@ -386,7 +435,7 @@ fn a_pytorch_loop_that_keeps_its_losses_is_flagged_as_growing() {
         // Long enough for a dozen snapshots after the import (each takes a while here).
         .env("GROW_SECONDS", "8")
         .current_dir(&dir)
-        .output()
+        .bounded_output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "grew yes\n");
