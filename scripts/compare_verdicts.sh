@@ -13,7 +13,27 @@ cc -O2 -g -fomit-frame-pointer -pthread tests/fixtures/lsan_cases.c -o "$work/ca
 cc -O2 -g -shared -fPIC tests/fixtures/tls_keep_plugin.c -o "$work/plugin.so"
 lsan=$(cc -print-file-name=liblsan.so)
 [ -f "$lsan" ] || lsan=""
-cases="global_data:2001 global_bss:2002 tls_static:2003 thread_register:2004 thread_stack:2005 tsd_main_low_key:2006 tsd_main_high_key:2007 unaligned:2008 pointer_to_self:2009 interior:2010 cycle:2011 tree:2012 tree:2112 stale_stack:2013 dlopen_tls:2014 freed:2015"
+cases="global_data:2001 global_bss:2002 tls_static:2003 thread_register:2004 thread_stack:2005 tsd_main_low_key:2006 tsd_main_high_key:2007 unaligned:2008 pointer_to_self:2009 interior:2010 cycle:2011 tree:2012 tree:2112 stale_stack:2013 dlopen_tls:2014 joined_thread:2016 freed:2015"
+# LeakSanitizer's and valgrind's lines for blocks of one size (they add up blocks of one
+# stack: N bytes in K objects counts when N = size x K).
+lsan_parse='
+import re, sys
+size, kinds = int(sys.argv[1]), set()
+for m in re.finditer(r"^(Direct|Indirect) leak of (\d+) byte\(s\) in (\d+) object", sys.stdin.read(), re.M):
+    if int(m.group(2)) == size * int(m.group(3)):
+        kinds.add("definite" if m.group(1) == "Direct" else "indirect")
+print(", ".join(sorted(kinds)) or "not a leak")
+'
+vg_parse='
+import re, sys
+size, kinds = int(sys.argv[1]), set()
+num = lambda t: int(t.replace(",", ""))
+for m in re.finditer(r"== ([\d,]+)(?: \(([\d,]+) direct, [\d,]+ indirect\))? bytes in ([\d,]+) blocks are ([a-z ]+?) in loss", sys.stdin.read()):
+    total, direct, blocks, kind = m.group(1), m.group(2), num(m.group(3)), m.group(4)
+    if num(direct or total) == size * blocks:
+        kinds.add(kind)
+print(", ".join(sorted(kinds)) or "-")
+'
 echo "| case | block | leaktrace | LeakSanitizer | valgrind |"
 echo "|---|---|---|---|---|"
 for entry in $cases; do
@@ -34,18 +54,11 @@ PY
 )
     theirs="n/a"
     if [ -n "$lsan" ]; then
-        txt=$(LD_PRELOAD="$lsan" "$work/cases" "$c" "$work/plugin.so" 2>&1 >/dev/null)
-        d=$(grep -c "^Direct leak of $size byte" <<<"$txt"); i=$(grep -c "^Indirect leak of $size byte" <<<"$txt")
-        n=$(grep -E "^(Direct|Indirect) leak of [0-9]+ byte\(s\) in [0-9]+ object" <<<"$txt" | grep -E "of $((size * 2)) byte" -c)
-        theirs=$( { [ "$d" -gt 0 ] && echo -n "definite "; [ "$i" -gt 0 ] || [ "$n" -gt 0 ] && echo -n "indirect"; } | sed 's/ $//')
-        [ -n "$theirs" ] || theirs="not a leak"
+        theirs=$(LD_PRELOAD="$lsan" "$work/cases" "$c" "$work/plugin.so" 2>&1 >/dev/null | python3 -c "$lsan_parse" "$size")
     fi
     vg="n/a"
     if command -v valgrind >/dev/null; then
-        sz=$(sed ':a;s/\B[0-9]\{3\}\>/,&/;ta' <<<"$size")
-        vg=$(valgrind --leak-check=full --show-leak-kinds=all "$work/cases" "$c" "$work/plugin.so" 2>&1 >/dev/null \
-            | grep -E "^==[0-9]+== ($sz|[0-9,]+ \($sz direct, [0-9,]+ indirect\)) bytes in [0-9]+ blocks are" | sed -E 's/.* blocks are ([a-z ]+) in loss.*/\1/' | sort | uniq | paste -sd, -)
-        [ -n "$vg" ] || vg="-"
+        vg=$(valgrind --leak-check=full --show-leak-kinds=all "$work/cases" "$c" "$work/plugin.so" 2>&1 >/dev/null | python3 -c "$vg_parse" "$size")
     fi
     echo "| $c | $size | $ours | $theirs | $vg |"
 done

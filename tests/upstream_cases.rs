@@ -27,6 +27,7 @@ const CASES: &[(&str, u64, &str)] = &[
     ("tree", 2112, "ii"),
     ("stale_stack", 2013, "d"),
     ("dlopen_tls", 2014, "r"),
+    ("joined_thread", 2016, "dddd"),
     ("freed", 2015, ""),
 ];
 
