@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::collector::lock::SpinLock;
+use crate::os::lock::SpinLock;
 use crate::collector::state::Collector;
 use crate::config::Config;
 use crate::hotpath::event::{self, Api, EventKind, Kind, Space};
@@ -339,7 +339,7 @@ fn collector_main() {
             // Another thread may be writing the final report (exit, _exit raced the
             // signal): let it finish; the process usually ends on its own meanwhile.
             wait_while(|| LIFECYCLE.final_in_progress(), Duration::from_secs(60), Duration::from_millis(1));
-            crate::interpose::lifecycle::die_by_signal(sig);
+            crate::os::signals::die_by_signal(sig);
         }
         let drained = {
             let mut g = STATE.lock();
@@ -443,7 +443,7 @@ pub fn request_snapshot() {
 
 // ---- reports -----------------------------------------------------------------------
 
-fn lock_bounded<T>(lock: &'static SpinLock<T>, limit: Duration) -> Option<crate::collector::lock::Guard<'static, T>> {
+fn lock_bounded<T>(lock: &'static SpinLock<T>, limit: Duration) -> Option<crate::os::lock::Guard<'static, T>> {
     let start = Instant::now();
     loop {
         if let Some(g) = lock.try_lock() {
@@ -790,17 +790,17 @@ pub fn after_dlclose() {
 // ---- fork --------------------------------------------------------------------------
 
 pub fn fork_prepare() {
-    crate::interpose::fork_hold_loader_walks();
+    crate::os::loader::fork_hold_loader_walks();
     STATE.lock_raw();
 }
 
 pub fn fork_parent() {
     STATE.unlock_raw();
-    crate::interpose::fork_release_loader_walks();
+    crate::os::loader::fork_release_loader_walks();
 }
 
 pub fn fork_child() {
-    crate::interpose::fork_release_loader_walks();
+    crate::os::loader::fork_release_loader_walks();
     // The parent's collector thread does not exist here; ours starts below.
     LIFECYCLE.fork_child(std::process::id());
     // The forking thread keeps its stack (and the bounds it noted) in the child.

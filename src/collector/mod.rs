@@ -1,4 +1,3 @@
 //! The consumer side: the live set and per-stack aggregates, fed in ticket order.
 pub mod address_table;
-pub mod lock;
 pub mod state;

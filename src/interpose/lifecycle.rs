@@ -118,31 +118,8 @@ extern "C" fn on_snapshot_signal(_sig: c_int) {
     agent::request_snapshot();
 }
 
-/// Installs `handler` (an async-signal-safe `extern "C"` function) for `sig` only if the
-/// program left `sig` at its default action, so its own handlers are never replaced.
-/// `siginfo` selects the three-argument form. Returns whether it was installed.
-pub fn install_if_default(sig: c_int, handler: usize, siginfo: bool, block_all: bool) -> bool {
-    // SAFETY: sigaction with valid pointers; the handler address comes from an extern
-    // "C" fn of the matching arity.
-    unsafe {
-        let mut old: libc::sigaction = std::mem::zeroed();
-        if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 || old.sa_sigaction != libc::SIG_DFL {
-            return false;
-        }
-        let mut act: libc::sigaction = std::mem::zeroed();
-        act.sa_sigaction = handler;
-        act.sa_flags = libc::SA_RESTART | libc::SA_ONSTACK | if siginfo { libc::SA_SIGINFO } else { 0 };
-        if block_all {
-            libc::sigfillset(&mut act.sa_mask);
-        } else {
-            libc::sigemptyset(&mut act.sa_mask);
-        }
-        libc::sigaction(sig, &act, std::ptr::null_mut()) == 0
-    }
-}
-
 fn install_snapshot_signal(sig: c_int) {
-    install_if_default(sig, on_snapshot_signal as *const () as usize, false, false);
+    crate::os::signals::install_if_default(sig, on_snapshot_signal as *const () as usize, false, false);
 }
 
 /// SIGTERM, when the program leaves it at its default action: the handler only records
@@ -156,31 +133,14 @@ fn install_snapshot_signal(sig: c_int) {
 /// program's behaviour.
 fn install_termination_signals(snapshot: Option<c_int>) {
     if snapshot != Some(libc::SIGTERM) {
-        install_if_default(libc::SIGTERM, on_termination_signal as *const () as usize, false, false);
+        crate::os::signals::install_if_default(libc::SIGTERM, on_termination_signal as *const () as usize, false, false);
     }
 }
 
 extern "C" fn on_termination_signal(sig: c_int) {
     // Async-signal-safe: atomics, sigaction and raise only.
     if !agent::request_final_on_signal(sig) {
-        die_by_signal(sig);
-    }
-}
-
-/// Restores the default action of `sig` and delivers it to the process.
-pub fn die_by_signal(sig: c_int) {
-    // SAFETY: sigaction, sigprocmask and kill are async-signal-safe; the default action
-    // of a termination signal ends the process.
-    unsafe {
-        let mut act: libc::sigaction = std::mem::zeroed();
-        act.sa_sigaction = libc::SIG_DFL;
-        libc::sigemptyset(&mut act.sa_mask);
-        libc::sigaction(sig, &act, std::ptr::null_mut());
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, sig);
-        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
-        libc::kill(libc::getpid(), sig);
+        crate::os::signals::die_by_signal(sig);
     }
 }
 

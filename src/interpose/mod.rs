@@ -24,36 +24,6 @@ pub mod real;
 pub mod resolve;
 pub mod threads;
 
-/// Our own walks of the loader's module list (`dl_iterate_phdr`). glibc holds the
-/// loader's write lock while it calls back, and a fork at that moment leaves the lock
-/// held in the child for good (glibc does not reset it), so the child's next walk — the
-/// scan of its final report — never returns. The fork `prepare` handler takes this
-/// lock first: no walk of ours is under way across a fork.
-static LOADER_WALKS: crate::collector::lock::SpinLock<()> = crate::collector::lock::SpinLock::new(());
-
-/// A `dl_iterate_phdr` callback.
-pub type ModuleVisitor = unsafe extern "C" fn(*mut libc::dl_phdr_info, usize, *mut std::ffi::c_void) -> std::ffi::c_int;
-
-/// `dl_iterate_phdr`, never across a fork.
-///
-/// # Safety
-/// As `dl_iterate_phdr`: `callback` must treat `data` as what the caller passes.
-pub unsafe fn iterate_modules(callback: Option<ModuleVisitor>, data: *mut std::ffi::c_void) -> std::ffi::c_int {
-    let _walk = LOADER_WALKS.lock();
-    // SAFETY: forwarded under the caller's contract.
-    unsafe { libc::dl_iterate_phdr(callback, data) }
-}
-
-/// Fork `prepare`: waits for our walks of the module list to end and holds off new ones.
-pub fn fork_hold_loader_walks() {
-    LOADER_WALKS.lock_raw();
-}
-
-/// Fork `parent` / `child`: walks may start again.
-pub fn fork_release_loader_walks() {
-    LOADER_WALKS.unlock_raw();
-}
-
 /// Every exported name: the list below, `dlsym`, and the CUDA families' tables.
 pub fn exported() -> Vec<String> {
     let cuda = cuda_runtime::WRAPPED.iter().chain(cuda_driver::WRAPPED).map(|(n, _)| n.to_string_lossy().into_owned());

@@ -216,7 +216,7 @@ pub fn loaded_modules() -> Vec<LoadedModule> {
     }
     let mut out: Vec<LoadedModule> = Vec::new();
     // SAFETY: the callback only reads what the loader gives it.
-    unsafe { super::iterate_modules(Some(visit), &mut out as *mut Vec<LoadedModule> as *mut c_void) };
+    unsafe { crate::os::loader::iterate_modules(Some(visit), &mut out as *mut Vec<LoadedModule> as *mut c_void) };
     out
 }
 

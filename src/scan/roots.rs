@@ -74,7 +74,7 @@ pub fn install() -> bool {
     }
     let (lo, hi) = (libc::SIGRTMIN(), libc::SIGRTMAX());
     for sig in (lo..=hi).rev().take(8) {
-        if crate::interpose::lifecycle::install_if_default(sig, on_stop as *const () as usize, true, true) {
+        if crate::os::signals::install_if_default(sig, on_stop as *const () as usize, true, true) {
             STOP_SIGNAL.store(sig, Ordering::Release);
             return true;
         }
@@ -158,7 +158,7 @@ pub fn module_data() -> (Ranges, Ranges) {
     }
     let mut out: Out = (Vec::new(), Vec::new());
     // SAFETY: the callback only reads the headers glibc hands it.
-    unsafe { crate::interpose::iterate_modules(Some(visit), &mut out as *mut _ as *mut c_void) };
+    unsafe { crate::os::loader::iterate_modules(Some(visit), &mut out as *mut _ as *mut c_void) };
     out
 }
 
@@ -411,7 +411,7 @@ pub fn record_main_tls() {
     }
     let mut out: Vec<(u64, u64)> = Vec::new();
     // SAFETY: the callback only reads the headers glibc hands it.
-    unsafe { crate::interpose::iterate_modules(Some(visit), &mut out as *mut _ as *mut c_void) };
+    unsafe { crate::os::loader::iterate_modules(Some(visit), &mut out as *mut _ as *mut c_void) };
     // The main thread's control block (`struct pthread`): its `dtv` points to the TLS
     // blocks of modules loaded later (dlopen), which ld.so allocates with malloc, and its
     // first block of `pthread_setspecific` values holds what the program keeps there.
