@@ -121,3 +121,42 @@ fn edge_cases_behave_exactly_as_without_the_library() {
     let r = traced.report();
     assert!(groups_with(&r, "main").is_empty(), "the edge fixture frees everything: {:#?}", r["leaks"]);
 }
+
+#[test]
+fn the_malloc_family_looked_up_on_the_c_librarys_handle_is_tracked() {
+    let bin = build_fixture("dlsym_malloc.c", &[]);
+    let mut cmd = Command::new(&bin);
+    cmd.env("LEAKTRACE_SUMMARY", "0");
+    let run = run_traced(cmd, "dlsym-malloc");
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let r = run.report();
+    let sizes: Vec<(String, u64)> = r["leaks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| (4201..=4206).contains(&g["bytes"].as_u64().unwrap()))
+        .map(|g| (g["api"].as_str().unwrap().to_string(), g["bytes"].as_u64().unwrap()))
+        .collect();
+    for want in [("malloc", 4201), ("calloc", 4202), ("realloc", 4203), ("reallocarray", 4204), ("malloc", 4205)] {
+        assert!(sizes.contains(&(want.0.to_string(), want.1)), "{want:?} missing from {sizes:?}");
+    }
+    assert!(!sizes.iter().any(|s| s.1 == 4206), "freed through the looked-up free: {sizes:?}");
+}
+
+#[test]
+fn ctypes_malloc_from_libc_by_name_and_by_find_library_is_tracked() {
+    let script = "import ctypes, ctypes.util\n\
+        a = ctypes.CDLL('libc.so.6'); a.malloc.restype = ctypes.c_void_p\n\
+        kept = [a.malloc(1000003) for _ in range(3)]\n\
+        b = ctypes.CDLL(ctypes.util.find_library('c')); b.calloc.restype = ctypes.c_void_p\n\
+        kept.append(b.calloc(1, 777001))\n\
+        print('ok')\n";
+    let mut cmd = Command::new(python());
+    cmd.args(["-c", script]).env("LEAKTRACE_SUMMARY", "0");
+    let run = run_traced(cmd, "ctypes-libc");
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let r = run.report();
+    let find = |bytes: u64| r["leaks"].as_array().unwrap().iter().find(|g| g["bytes"] == bytes).map(|g| (g["api"].as_str().unwrap().to_string(), g["blocks"].as_u64().unwrap()));
+    assert_eq!(find(3 * 1000003), Some(("malloc".to_string(), 3)));
+    assert_eq!(find(777001), Some(("calloc".to_string(), 1)));
+}

@@ -210,6 +210,28 @@ pub unsafe extern "C" fn free_aligned_sized(p: *mut c_void, align: usize, size: 
     }
 }
 
+/// Our hook for the malloc-family function `name`, when `found` is the C library's own
+/// definition of it (the function our hook forwards to). `dlsym` hands it out in its
+/// place: `ctypes.CDLL("libc.so.6").malloc`, `find_library("c")`, cffi and a plugin that
+/// looks `malloc` up on a libc handle by hand all get the C library's function, and
+/// allocations made through it would never be seen. Another allocator's `malloc`
+/// (jemalloc opened with `dlopen`, say) is a different function and is left alone.
+pub fn hook_for(name: &[u8], found: usize) -> Option<usize> {
+    macro_rules! hooks {
+        ($($f:ident),*) => {
+            [$((stringify!($f).as_bytes(), real::$f().map(|r| r as *const () as usize), $f as *const () as usize)),*]
+        };
+    }
+    let table = hooks!(malloc, calloc, realloc, free, posix_memalign, aligned_alloc, memalign, valloc, pvalloc, malloc_usable_size);
+    if let Some(&(_, real, hook)) = table.iter().find(|(n, _, _)| *n == name) {
+        return (real == Some(found)).then_some(hook);
+    }
+    // glibc's reallocarray is not what our hook forwards to (that is realloc): it is
+    // recognised as the definition that follows this library.
+    (name == b"reallocarray" && super::resolve::next_definition(c"reallocarray") == Some(found))
+        .then_some(reallocarray as *const () as usize)
+}
+
 /// The library's own Rust allocations go straight to the real allocator: they are
 /// never seen by the hooks, so they are never tracked and never recurse.
 pub struct RealAllocator;

@@ -81,6 +81,13 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut
     )
 }
 
+/// The definition of `name` after this library (`dlsym(RTLD_NEXT)` from here).
+pub fn next_definition(name: &CStr) -> Option<usize> {
+    // SAFETY: RTLD_NEXT from this library's code with a NUL-terminated name.
+    let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
+    (p != 0).then_some(p)
+}
+
 /// glibc's `dlsym` on a handle (not RTLD_NEXT; an opaque value from `dlopen`), with no
 /// substitution.
 pub fn real_dlsym(handle: usize, name: &CStr) -> usize {
@@ -106,6 +113,9 @@ extern "C" fn dlsym_wrapped(handle: *mut c_void, name: *const c_char) -> *mut c_
     }
     // SAFETY: dlsym just found a symbol by this name, so it is a valid C string.
     let Some(n) = (unsafe { super::cuda::c_name(name) }) else { return p };
+    if let Some(hook) = super::malloc::hook_for(n.to_bytes(), p as usize) {
+        return hook as *mut c_void;
+    }
     substitute_named(n, p as usize).map(|w| w as *mut c_void).unwrap_or(p)
 }
 
