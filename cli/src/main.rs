@@ -298,6 +298,14 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    if !matches!(cli.command, Cmd::Run(_)) {
+        // A reader that stops early (`leaktrace report … | head`) ends this process
+        // quietly by SIGPIPE, as it does `cat`, instead of a panic on the write. `run`
+        // keeps Rust's default: its writes go to the terminal, and its child gets the
+        // default disposition from Command anyway.
+        // SAFETY: setting a signal's disposition to its default.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let result = match &cli.command {
         Cmd::Run(a) => cmd_run(a),
         Cmd::Report(a) => cmd_report(a),

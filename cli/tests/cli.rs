@@ -446,3 +446,28 @@ fn a_pytorch_loop_that_keeps_its_losses_is_flagged_as_growing() {
     // The growing stacks are torch's autograd and tensor allocations.
     assert!(t.contains("torch") || t.contains("c10::") || t.contains("at::"), "{t}");
 }
+
+#[test]
+fn a_reader_that_stops_early_ends_report_quietly() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    // Many copies of the sample report: more output than a pipe holds.
+    let dir = scratch("epipe");
+    let sample = std::fs::read_to_string(manifest().join("tests/data/sample-report.json")).unwrap();
+    for i in 0..200 {
+        std::fs::write(dir.join(format!("leaktrace.x.{i}.json")), &sample).unwrap();
+    }
+    let mut child = Command::new(bin())
+        .args(["report", dir.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 64];
+    child.stdout.as_mut().unwrap().read_exact(&mut first).unwrap();
+    drop(child.stdout.take());
+    let out = wait_bounded(child);
+    let err = text(&out.stderr);
+    assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{err}");
+    assert!(out.status.success() || out.status.signal() == Some(libc::SIGPIPE), "{:?}", out.status);
+}
