@@ -315,7 +315,7 @@ fn collector_main() {
     if LIFECYCLE.collector_failures() == 0 && std::env::var_os("LEAKTRACE_TEST_COLLECTOR_PANIC").is_some() {
         panic!("collector failure requested by LEAKTRACE_TEST_COLLECTOR_PANIC");
     }
-    let mut interval = REPORT.lock().as_ref().map(|r| r.config.interval_ms).unwrap_or(0);
+    let (mut interval, interval_set) = REPORT.lock().as_ref().map(|r| (r.config.interval_ms, r.config.interval_set)).unwrap_or((0, true));
     // A process that no exit hook will see ending (Go) is reported at once and then at
     // least every second: the last periodic report is all that will be left of it.
     let (exe, known) = REPORT.lock().as_ref().map(|r| (r.process.exe.clone(), r.no_final_report.is_some())).unwrap_or_default();
@@ -357,7 +357,8 @@ fn collector_main() {
         if SNAPSHOT_REQUESTED.load(Ordering::Relaxed) && SNAPSHOT_REQUESTED.swap(false, Ordering::AcqRel) {
             write_report(Reason::Signal);
         }
-        if interval > 0 && last_report.elapsed() >= Duration::from_millis(interval) {
+        let period = crate::config::report_period(interval, interval_set, born.elapsed().as_millis() as u64);
+        if period > 0 && last_report.elapsed() >= Duration::from_millis(period) {
             write_report(Reason::Periodic);
             last_report = Instant::now();
         }
@@ -494,6 +495,7 @@ fn write_report(reason: Reason) {
         let backlog = c.order.backlog();
         drain_into(c, backlog, false);
     }
+    c.model.advance_trends();
     let snapshot = c.model.snapshot();
     // The scan runs for the final report and for snapshots asked with the signal.
     let scan_now = (final_report || reason == Reason::Signal) && SCAN_AT_EXIT.load(Ordering::Relaxed);

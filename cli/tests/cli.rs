@@ -471,3 +471,34 @@ fn a_reader_that_stops_early_ends_report_quietly() {
     assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{err}");
     assert!(out.status.success() || out.status.signal() == Some(libc::SIGPIPE), "{:?}", out.status);
 }
+
+/// `leaktrace run` with the default settings on `spread_growth.c` for 12 s: the stacks
+/// `report` flags as growing.
+fn spread_growth(mode: &str) -> Vec<Value> {
+    let dir = scratch(&format!("spread-{mode}"));
+    let prog = build(&manifest().join("../tests/fixtures/spread_growth.c"), &dir);
+    let out = leaktrace(&["run", "--no-scan", "--output", "r", "--", prog.to_str().unwrap(), mode, "12"], &dir);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = leaktrace(&["report", "--format", "json", "r"], &dir);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["processes"][0]["growth"].as_array().unwrap().clone()
+}
+
+#[test]
+fn a_leak_spread_over_many_small_stacks_is_found_growing_with_the_default_cadence() {
+    // 40 call sites keep 256 bytes each every 200 ms, under 20 flat 2 MiB blocks: none is
+    // ever among the 16 largest stacks, and 12 s at the old fixed 10 s period gave 2
+    // points. The default cadence (1 s, backing off) and the per-stack trends find them.
+    let growth = spread_growth("grow");
+    assert!(growth.len() >= 10, "{} growing stacks", growth.len());
+    for g in &growth {
+        let top = g["stack"][0]["function"].as_str().unwrap_or("");
+        assert!(top.starts_with("site_"), "only the leaking sites grow: {top}");
+    }
+}
+
+#[test]
+fn a_program_that_only_fills_a_cache_at_start_has_no_growing_stack() {
+    let growth = spread_growth("clean");
+    assert!(growth.is_empty(), "{growth:#?}");
+}

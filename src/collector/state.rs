@@ -78,6 +78,54 @@ pub struct GroupStats {
     /// forked child starts its statistics afresh without writing to every group, which
     /// would copy every page of the table out of the parent's).
     pub generation: u16,
+    /// How its live bytes moved from report to report.
+    pub trend: Trend,
+}
+
+/// A group's live bytes across reports: where they started, and how many steps went up
+/// and down. A leak spread over many small stacks is found by these, whatever the
+/// stack's size (`report::timeline` follows the ones that grow steadily).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Trend {
+    pub seen: bool,
+    pub base: u64,
+    pub last: u64,
+    pub steps: u16,
+    pub ups: u16,
+    pub downs: u16,
+}
+
+/// Growth below this many bytes is not called steady.
+pub const STEADY_MIN_BYTES: u64 = 1024;
+
+impl Trend {
+    /// One more report: the group holds `now` live bytes.
+    pub fn step(&mut self, now: u64) {
+        if !self.seen {
+            if now > 0 {
+                (self.seen, self.base, self.last) = (true, now, now);
+            }
+            return;
+        }
+        self.steps = self.steps.saturating_add(1);
+        if now > self.last {
+            self.ups = self.ups.saturating_add(1);
+        } else if now < self.last {
+            self.downs = self.downs.saturating_add(1);
+        }
+        self.last = now;
+    }
+
+    /// Grew at nearly every step (the CLI's rule: 70% of the steps up, at most 15%
+    /// down) over at least three steps, by at least `STEADY_MIN_BYTES`.
+    pub fn steady(&self) -> bool {
+        let (steps, ups, downs) = (u32::from(self.steps), u32::from(self.ups), u32::from(self.downs));
+        steps >= 3 && ups * 10 >= steps * 7 && downs * 100 <= steps * 15 && self.last >= self.base.saturating_add(STEADY_MIN_BYTES)
+    }
+
+    pub fn growth(&self) -> u64 {
+        self.last.saturating_sub(self.base)
+    }
 }
 
 /// Totals of one kind of memory (host, device, pinned, ...).
@@ -593,6 +641,26 @@ impl Collector {
         Some(input)
     }
 
+    /// Moves every group's trend one report on (before the report's snapshot).
+    pub fn advance_trends(&mut self) {
+        let generation = self.generation;
+        let step = |s: &mut GroupStats| {
+            let now = if s.generation == generation { s.live_bytes } else { 0 };
+            if now > 0 || s.trend.seen {
+                s.trend.step(now);
+            }
+        };
+        if generation == 0 {
+            for (_, s) in self.groups.iter_mut() {
+                step(s);
+            }
+        } else {
+            for &g in &self.touched {
+                step(&mut self.groups[g as usize].1);
+            }
+        }
+    }
+
     pub fn snapshot(&self) -> Snapshot {
         // The first process's groups all start in its generation, 0, and are never reset.
         let candidates: Box<dyn Iterator<Item = &(GroupKey, GroupStats)>> = if self.generation == 0 {
@@ -632,6 +700,32 @@ mod tests {
     }
     fn free(addr: u64) -> Event {
         ev(EventKind::Free, Api::Malloc, 1, 0, addr, 0)
+    }
+
+    #[test]
+    fn a_group_that_grows_at_every_report_is_steady_and_one_that_plateaus_is_not() {
+        let mut c = Collector::new();
+        let mut addr = 0x1000;
+        for round in 0..6u64 {
+            // Stack 1 gains a 512-byte block each round; stack 2 gains only in round 0.
+            c.apply(&alloc(addr, 512, 1));
+            addr += 0x1000;
+            if round == 0 {
+                c.apply(&alloc(addr, 4096, 2));
+                addr += 0x1000;
+            }
+            c.advance_trends();
+        }
+        let s = c.snapshot();
+        let t = |stack: u32| s.groups.iter().find(|g| g.stack == stack).unwrap().stats.trend;
+        assert!(t(1).steady(), "{:?}", t(1));
+        assert_eq!((t(1).steps, t(1).ups, t(1).downs, t(1).growth()), (5, 5, 0, 5 * 512));
+        assert!(!t(2).steady(), "{:?}", t(2));
+        let mut small = Trend::default();
+        for v in [10, 20, 30, 40] {
+            small.step(v);
+        }
+        assert!(!small.steady(), "30 bytes of growth is noise");
     }
 
     #[test]

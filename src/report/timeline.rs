@@ -4,9 +4,12 @@
 use crate::collector::state::Snapshot;
 use crate::hotpath::event::Api;
 
-/// Stacks followed at most; a stack joins when it is among the `JOIN_TOP` largest.
+/// Stacks followed at most; a stack joins when it is among the `JOIN_TOP` largest, or
+/// among the `JOIN_GROWING` that grew most of those growing steadily, whatever their size
+/// (a leak spread over dozens of small stacks is in none of the largest).
 const MAX_SERIES: usize = 64;
 const JOIN_TOP: usize = 16;
+const JOIN_GROWING: usize = 16;
 /// Points kept; beyond, every other old point is dropped (the series stay aligned).
 const MAX_POINTS: usize = 1024;
 
@@ -56,7 +59,11 @@ impl Timeline {
         // the followed stack that holds least now, if that is less than the newcomer's:
         // a leak that starts late still gets followed.
         let top: Vec<(u32, Api)> = snapshot.groups.iter().take(JOIN_TOP).map(|g| (g.stack, g.api)).collect();
-        for g in snapshot.groups.iter().take(JOIN_TOP) {
+        let mut growing: Vec<&crate::collector::state::GroupSnapshot> = snapshot.groups.iter().filter(|g| g.stats.trend.steady()).collect();
+        growing.sort_by_key(|g| std::cmp::Reverse(g.stats.trend.growth()));
+        growing.truncate(JOIN_GROWING);
+        let keep: Vec<(u32, Api)> = top.iter().copied().chain(growing.iter().map(|g| (g.stack, g.api))).collect();
+        for g in snapshot.groups.iter().take(JOIN_TOP).chain(growing.iter().copied()) {
             if self.series.iter().any(|s| s.stack == g.stack && s.api == g.api) {
                 continue;
             }
@@ -71,7 +78,7 @@ impl Timeline {
                 .series
                 .iter()
                 .enumerate()
-                .filter(|(_, s)| !top.contains(&(s.stack, s.api)))
+                .filter(|(_, s)| !keep.contains(&(s.stack, s.api)))
                 .min_by_key(|(_, s)| s.bytes.last().copied().unwrap_or(0))
                 .map(|(i, s)| (i, s.bytes.last().copied().unwrap_or(0)));
             if let Some((i, now)) = weakest {
@@ -142,6 +149,24 @@ mod tests {
         assert_eq!(t.points.last().unwrap().unix_ms, MAX_POINTS as u64 * 3 - 1);
         assert_eq!(t.series[0].bytes.len(), t.points.len());
         assert!(t.points.windows(2).all(|w| w[0].unix_ms < w[1].unix_ms));
+    }
+
+    #[test]
+    fn a_small_stack_that_grows_steadily_is_followed_though_never_among_the_largest() {
+        let mut t = Timeline::default();
+        let big: Vec<(u32, u64)> = (0..JOIN_TOP as u32 + 4).map(|i| (100 + i, 1_000_000 + i as u64)).collect();
+        for step in 0..6u64 {
+            let mut s = snap(&big);
+            // Stack 7: 2 KiB more at every report, far below the 16 largest.
+            let mut g = s.groups[0].clone();
+            (g.stack, g.stats.live_bytes) = (7, 2048 * (step + 1));
+            g.stats.trend = crate::collector::state::Trend { seen: true, base: 2048, last: 2048 * (step + 1), steps: step as u16, ups: step as u16, downs: 0 };
+            s.groups.push(g);
+            t.record(step, &s);
+        }
+        let followed = t.series.iter().find(|s| s.stack == 7).expect("the steady grower is followed");
+        assert_eq!(followed.bytes[followed.bytes.len() - 3..], [4 * 2048, 5 * 2048, 6 * 2048]);
+        assert!(!t.series.iter().any(|s| s.stack == 100), "the 20th largest, flat, is not");
     }
 
     #[test]
