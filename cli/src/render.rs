@@ -43,9 +43,33 @@ pub fn human_bytes(b: u64) -> String {
     }
 }
 
+/// A process with nothing to show: no leak, no growth, nothing left unlisted. Wrappers
+/// (a pyenv shim's shell helpers, `env`, `bash -c`) are such processes.
+fn quiet(p: &crate::analyze::ProcessAnalysis) -> bool {
+    p.leaks.is_empty() && p.growth.is_empty() && p.unlisted_bytes == 0
+}
+
+/// "bash (12), sed (3)": the program names of `quiet` processes, most frequent first.
+fn quiet_names(ps: &[&crate::analyze::ProcessAnalysis]) -> String {
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    for p in ps {
+        let name = std::path::Path::new(&p.exe).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "?".into());
+        match counts.iter_mut().find(|(n, _)| *n == name) {
+            Some(c) => c.1 += 1,
+            None => counts.push((name, 1)),
+        }
+    }
+    counts.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    counts.iter().map(|(n, c)| if *c > 1 { format!("{n} ({c})") } else { n.clone() }).collect::<Vec<_>>().join(", ")
+}
+
 pub fn text(a: &Analysis, top: usize) -> String {
     let mut out = String::new();
-    for p in &a.processes {
+    // Among several processes, those with nothing to show get one line together, so
+    // that the program's own section is not lost among its wrappers'.
+    let collapse = a.processes.len() > 1;
+    let hidden: Vec<&crate::analyze::ProcessAnalysis> = a.processes.iter().filter(|p| collapse && quiet(p)).collect();
+    for p in a.processes.iter().filter(|p| !(collapse && quiet(p))) {
         out.push_str(&format!("==== {}: {} report {}\n", p.label, p.reason, p.file));
         if p.leaks.is_empty() {
             out.push_str("no leaks\n");
@@ -94,6 +118,9 @@ pub fn text(a: &Analysis, top: usize) -> String {
             "\nSUMMARY: leaktrace: {} byte(s) leaked in {} allocation(s){suppressed}.\n\n",
             p.leaked_bytes, p.leaked_blocks
         ));
+    }
+    if !hidden.is_empty() {
+        out.push_str(&format!("==== {} other process(es) without leaks: {}\n\n", hidden.len(), quiet_names(&hidden)));
     }
     out.push_str(&format!(
         "TOTAL: {} byte(s) leaked in {} allocation(s) across {} process(es); {} growing stack(s).\n",

@@ -502,3 +502,20 @@ fn a_program_that_only_fills_a_cache_at_start_has_no_growing_stack() {
     let growth = spread_growth("clean");
     assert!(growth.is_empty(), "{growth:#?}");
 }
+
+#[test]
+fn processes_with_nothing_to_show_are_one_line_beside_the_program_that_leaks() {
+    let dir = scratch("wrappers");
+    let prog = build(&manifest().join("../tests/fixtures/leaks.c"), &dir);
+    let line = format!("/bin/true; /bin/true; {}; /bin/true", prog.display());
+    let out = leaktrace(&["run", "--output", "r", "--", "bash", "-c", &line], &dir);
+    let t = text(&out.stderr);
+    assert!(t.contains("==== 3 other process(es) without leaks: true (3)"), "{t}");
+    assert!(t.contains("in leak_malloc_64"), "{t}");
+    assert!(!t.contains("==== true (pid"), "no section of its own for a process without leaks: {t}");
+    // `report` on the same directory: the same single line, and JSON keeps every process.
+    let rep = text(&leaktrace(&["report", "r"], &dir).stdout);
+    assert!(rep.contains("other process(es) without leaks"), "{rep}");
+    let js: Value = serde_json::from_slice(&leaktrace(&["report", "--format", "json", "r"], &dir).stdout).unwrap();
+    assert!(js["processes"].as_array().unwrap().len() >= 4);
+}
