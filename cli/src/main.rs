@@ -12,6 +12,7 @@ mod model;
 mod render;
 mod run;
 mod suppress;
+mod ci;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -114,13 +115,17 @@ enum Format {
     Flamegraph,
     /// One self-contained HTML page: memory over time, growth, sortable leak table.
     Html,
+    /// GitHub Actions annotations (::error/::warning) at the first frame in your code.
+    Github,
+    /// JUnit XML: a failing test case per leak group and growing stack.
+    Junit,
 }
 
 #[derive(Args)]
 struct ReportArgs {
-    /// A report file, or a directory of reports (one per process).
-    #[arg(value_name = "FILE|DIR")]
-    path: PathBuf,
+    /// Report files, or directories of reports (one per process); several may be given.
+    #[arg(value_name = "FILE|DIR", required = true, num_args = 1..)]
+    paths: Vec<PathBuf>,
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
     /// Leak groups shown per process (text and markdown).
@@ -151,9 +156,12 @@ struct DiffArgs {
 
 #[derive(Args)]
 struct CheckArgs {
-    /// A report file, or a directory of reports.
-    #[arg(value_name = "FILE|DIR")]
-    path: PathBuf,
+    /// Report files, or directories of reports; several may be given.
+    #[arg(value_name = "FILE|DIR", required = true, num_args = 1..)]
+    paths: Vec<PathBuf>,
+    /// Output format: text, markdown, github or junit (the verdict is the exit status).
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
     #[command(flatten)]
     filters: FilterArgs,
     /// Also fail on stacks that grew steadily during the run.
@@ -197,12 +205,23 @@ fn render(a: &Analysis, reports: &[model::Report], format: Format, top: usize) -
         Format::Json => render::json(a),
         Format::Markdown => render::markdown(a, top),
         Format::Flamegraph => flame::svg(a).map_err(|e| usage(format!("cannot draw the flamegraph ({e})")))?,
+        Format::Github => ci::github(a),
+        Format::Junit => ci::junit(a),
     })
+}
+
+/// Every report under `paths` (files or directories), in one list.
+fn load_all(paths: &[PathBuf]) -> Result<Vec<model::Report>, Fail> {
+    let mut all = Vec::new();
+    for p in paths {
+        all.extend(model::load(p).map_err(usage)?);
+    }
+    Ok(all)
 }
 
 fn cmd_report(args: &ReportArgs) -> Result<u8, Fail> {
     let filters = filters(&args.filters)?;
-    let reports = model::load(&args.path).map_err(usage)?;
+    let reports = load_all(&args.paths)?;
     let a = analyze::analyze(&reports, &filters);
     print!("{}", render(&a, &reports, args.format, args.top)?);
     Ok(0)
@@ -210,14 +229,20 @@ fn cmd_report(args: &ReportArgs) -> Result<u8, Fail> {
 
 fn cmd_check(args: &CheckArgs) -> Result<u8, Fail> {
     let filters = filters(&args.filters)?;
-    let reports = model::load(&args.path).map_err(usage)?;
+    if matches!(args.format, Format::Html | Format::Flamegraph | Format::Json) {
+        return Err(usage("check prints text, markdown, github or junit; use report for json, html and flamegraph".into()));
+    }
+    let reports = load_all(&args.paths)?;
     let a = analyze::analyze(&reports, &filters);
-    print!("{}", render::text(&a, args.top));
+    print!("{}", render(&a, &reports, args.format, args.top)?);
     let failing = a.has_findings() || (args.fail_on_growth && a.growing() > 0);
     Ok(if failing { args.exit_code } else { 0 })
 }
 
 fn cmd_diff(args: &DiffArgs) -> Result<u8, Fail> {
+    if !matches!(args.format, Format::Text | Format::Json) {
+        return Err(usage("diff prints text or json (--format text|json)".into()));
+    }
     let base = model::load(&args.base).map_err(usage)?;
     let new = model::load(&args.new).map_err(usage)?;
     let changes = diff::diff(&base, &new);
@@ -267,8 +292,14 @@ fn cmd_run(args: &RunArgs) -> Result<u8, Fail> {
     let rendered = render(&a, &reports, args.format, args.top)?;
     match args.format {
         // A page or a picture is a file, not something to print on a terminal.
-        Format::Html | Format::Flamegraph => {
-            let name = if matches!(args.format, Format::Html) { "leaks.html" } else { "leaks.svg" };
+        // Annotations are read from the step's standard output (the program's is done).
+        Format::Github => print!("{rendered}"),
+        Format::Html | Format::Flamegraph | Format::Junit => {
+            let name = match args.format {
+                Format::Html => "leaks.html",
+                Format::Junit => "leaks.xml",
+                _ => "leaks.svg",
+            };
             let path = output.join(name);
             std::fs::write(&path, rendered).map_err(|e| usage(format!("cannot write {} ({e})", path.display())))?;
             eprintln!("leaktrace: {}", path.display());

@@ -519,3 +519,54 @@ fn processes_with_nothing_to_show_are_one_line_beside_the_program_that_leaks() {
     let js: Value = serde_json::from_slice(&leaktrace(&["report", "--format", "json", "r"], &dir).stdout).unwrap();
     assert!(js["processes"].as_array().unwrap().len() >= 4);
 }
+
+#[test]
+fn github_annotations_point_at_the_first_frame_in_the_users_code() {
+    let out = leaktrace(&["report", "--format", "github", "tests/data/sample-report.json"], &manifest());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let t = text(&out.stdout);
+    let errors: Vec<&str> = t.lines().filter(|l| l.starts_with("::error ")).collect();
+    assert!(!errors.is_empty(), "{t}");
+    // planted_leaks.c's frames are in /src (the user's), libc's are not.
+    assert!(errors.iter().any(|l| l.contains("file=/src/planted_leaks.c,line=") && l.contains("title=leaktrace: leak::")), "{t}");
+    assert!(t.lines().all(|l| l.starts_with("::error ") || l.starts_with("::warning ")), "{t}");
+}
+
+#[test]
+fn junit_has_a_failing_case_per_leak_group_and_a_passing_one_for_a_clean_process() {
+    let dir = scratch("junit");
+    let out = leaktrace(&["report", "--format", "junit", manifest().join("tests/data/sample-report.json").to_str().unwrap()], &dir);
+    let x = text(&out.stdout);
+    assert!(x.starts_with("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"leaktrace\""), "{x}");
+    let groups = leaktrace(&["report", "--format", "json", manifest().join("tests/data/sample-report.json").to_str().unwrap()], &dir);
+    let v: Value = serde_json::from_slice(&groups.stdout).unwrap();
+    let n = v["processes"][0]["leaks"].as_array().unwrap().len();
+    assert_eq!(x.matches("<failure type=\"leak\"").count(), n, "{x}");
+    assert!(x.contains(&format!("failures=\"{n}\"")), "{x}");
+    // A run that leaks nothing: one passing case, no failure.
+    let prog = build(&manifest().join("../tests/fixtures/clean.c"), &dir);
+    let run = leaktrace(&["run", "--format", "junit", "--output", "r", "--", prog.to_str().unwrap()], &dir);
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let xml = std::fs::read_to_string(dir.join("r/leaks.xml")).unwrap();
+    assert!(xml.contains("name=\"no leaks\"/>") && xml.contains("failures=\"0\""), "{xml}");
+}
+
+#[test]
+fn report_and_check_take_several_directories_and_diff_refuses_formats_it_cannot_print() {
+    let dir = scratch("several");
+    let prog = build(&manifest().join("../tests/fixtures/leaks.c"), &dir);
+    for d in ["a", "b"] {
+        let out = leaktrace(&["run", "--output", d, "--", prog.to_str().unwrap()], &dir);
+        assert_eq!(out.status.code(), Some(7), "the fixture's own status: {}", text(&out.stderr));
+    }
+    let out = leaktrace(&["report", "a", "b"], &dir);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("across 2 process(es)"), "{}", text(&out.stdout));
+    let out = leaktrace(&["check", "a", "b"], &dir);
+    assert_eq!(out.status.code(), Some(23));
+    let out = leaktrace(&["diff", "--format", "html", "a", "b"], &dir);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("diff prints text or json"), "{}", text(&out.stderr));
+    let out = leaktrace(&["check", "--format", "html", "a"], &dir);
+    assert_eq!(out.status.code(), Some(2));
+}
