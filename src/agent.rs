@@ -253,6 +253,7 @@ pub fn start(config: Config, host_tracking: String) -> bool {
         if cgo {
             side.no_final_report = Some(process::GO_EXIT);
         }
+        LIFECYCLE.set_leak_exit_code(side.config.exit_code);
         *REPORT.lock() = Some(side);
         LIFECYCLE.start(std::process::id(), depth);
         if cgo {
@@ -583,10 +584,11 @@ fn write_report(reason: Reason) {
     }
     if final_report {
         r.final_written = true;
+        let (visible, suppressed, used) = build::apply_suppressions(&groups, &r.suppressions);
+        let visible: Vec<&build::Group> = visible.iter().collect();
+        LIFECYCLE.leaks_found(build::leaked_total(&visible, omitted).1 > 0);
         if r.config.summary {
             let shown = result.is_ok().then(|| path.display().to_string());
-            let (visible, suppressed, used) = build::apply_suppressions(&groups, &r.suppressions);
-            let visible: Vec<&build::Group> = visible.iter().collect();
             let text = build::summary_text(r.process.pid, &visible, suppressed, &used, r.config.summary_top, shown.as_deref(), omitted);
             crate::os::fds::write_stderr(text.as_bytes());
         }

@@ -37,6 +37,9 @@ pub struct Config {
     pub report_groups: usize,
     /// LEAKTRACE_COLLECTOR: when the collector thread starts.
     pub collector: CollectorStart,
+    /// LEAKTRACE_EXIT_CODE: the status a process that leaks exits with when it would
+    /// have exited with 0 (LeakSanitizer's `exitcode`); None = the program's own status.
+    pub exit_code: Option<u8>,
 }
 
 /// When the library's collector thread starts.
@@ -97,6 +100,7 @@ impl Default for Config {
             scan: true,
             report_groups: DEFAULT_REPORT_GROUPS,
             collector: CollectorStart::Auto,
+            exit_code: None,
         }
     }
 }
@@ -114,6 +118,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("LEAKTRACE_SUPPRESSIONS", "LeakSanitizer-style suppressions file (leak:PATTERN) for the exit summary"),
     ("LEAKTRACE_REPORT_GROUPS", "leak groups listed with their stacks per report, the rest added up (default 2000)"),
     ("LEAKTRACE_COLLECTOR", "thread, lazy or auto: start the collector thread at once, or only with the program's second thread (default auto: lazy in a Chromium zygote, which must stay single-threaded)"),
+    ("LEAKTRACE_EXIT_CODE", "1..255: a process that leaks (after suppressions) and would have exited with 0 exits with this status, as LeakSanitizer's exitcode (default: off, the program's own status)"),
     ("LEAKTRACE_SCAN", "0: no pointer scan at exit; every outstanding block counts (default 1: definite/indirect/reachable as LeakSanitizer)"),
 ];
 
@@ -233,6 +238,13 @@ impl Config {
                 _ => bad("LEAKTRACE_COLLECTOR", &v, "thread, lazy or auto", "auto".into()),
             }
         }
+        if let Some(v) = get("LEAKTRACE_EXIT_CODE") {
+            match v.trim().parse::<u8>() {
+                Ok(0) => c.exit_code = None,
+                Ok(n) => c.exit_code = Some(n),
+                _ => bad("LEAKTRACE_EXIT_CODE", &v, "a status from 1 to 255 (0: off)", "off".into()),
+            }
+        }
         if let Some(v) = get("LEAKTRACE_DISABLE") {
             match parse_bool(&v) {
                 Some(b) => c.disabled = b,
@@ -277,6 +289,14 @@ mod tests {
             n += 1;
         }
         assert!((15..=20).contains(&n), "{n} reports in 25 s");
+    }
+
+    #[test]
+    fn the_exit_code_is_a_status_or_off() {
+        assert_eq!(parse(&[("LEAKTRACE_EXIT_CODE", "23")]).0.exit_code, Some(23));
+        assert_eq!(parse(&[("LEAKTRACE_EXIT_CODE", "0")]).0.exit_code, None);
+        let (c, w) = parse(&[("LEAKTRACE_EXIT_CODE", "256")]);
+        assert_eq!((c.exit_code, w.len()), (None, 1));
     }
 
     #[test]

@@ -79,7 +79,16 @@ pub struct Lifecycle {
     /// The thread (its `thread::identity`) and process that called `exit` first.
     exit_thread: AtomicUsize,
     exit_pid: AtomicU32,
+    /// The status `exit` runs with (glibc passes it to `on_exit` handlers, which run
+    /// before the destructors); `NO_STATUS` until known.
+    exit_status: AtomicI32,
+    /// The final report found leaks (after suppressions).
+    leaked: AtomicBool,
+    /// `LEAKTRACE_EXIT_CODE` (0: off).
+    leak_exit_code: AtomicU8,
 }
+
+const NO_STATUS: i32 = i32::MIN;
 
 pub static LIFECYCLE: Lifecycle = Lifecycle {
     hot: ReadMostly { phase: AtomicU8::new(Phase::Off as u8), depth: AtomicUsize::new(crate::config::DEFAULT_DEPTH) },
@@ -95,6 +104,9 @@ pub static LIFECYCLE: Lifecycle = Lifecycle {
     },
     exit_thread: AtomicUsize::new(0),
     exit_pid: AtomicU32::new(0),
+    exit_status: AtomicI32::new(NO_STATUS),
+    leaked: AtomicBool::new(false),
+    leak_exit_code: AtomicU8::new(0),
 };
 
 /// A collector that failed is started again this many times; after that the program's
@@ -200,6 +212,43 @@ impl Lifecycle {
         self.terminating_signal.load(Ordering::Acquire)
     }
 
+    /// `exit` is running with `status` (from an `on_exit` handler).
+    pub fn exit_status_is(&self, status: i32) {
+        self.exit_status.store(status, Ordering::SeqCst);
+    }
+
+    /// The final report found leaks.
+    pub fn leaks_found(&self, leaked: bool) {
+        self.leaked.store(leaked, Ordering::SeqCst);
+    }
+
+    pub fn set_leak_exit_code(&self, code: Option<u8>) {
+        self.leak_exit_code.store(code.unwrap_or(0), Ordering::SeqCst);
+    }
+
+    /// `LEAKTRACE_EXIT_CODE`, if set.
+    pub fn leak_exit_code(&self) -> Option<u8> {
+        Some(self.leak_exit_code.load(Ordering::SeqCst)).filter(|&c| c != 0)
+    }
+
+    /// The status process `pid` ends with instead of `status` (the program's, or the one
+    /// its `exit` runs with when `None`): the leak exit code when this process wrote a
+    /// final report that found leaks and would have exited with 0 (LeakSanitizer's
+    /// `exitcode`; the program's own failure always wins).
+    pub fn status_after_final(&self, pid: u32, status: Option<i32>) -> Option<i32> {
+        if self.owner_pid.load(Ordering::SeqCst) != pid || self.phase() != Phase::Finished {
+            return None;
+        }
+        self.leak_exit_status(self.leak_exit_code(), status)
+    }
+
+    /// `code` when the process leaked and `status` (or the recorded exit status) is 0.
+    fn leak_exit_status(&self, code: Option<u8>, status: Option<i32>) -> Option<i32> {
+        let code = code?;
+        let status = status.or_else(|| Some(self.exit_status.load(Ordering::SeqCst)).filter(|&s| s != NO_STATUS))?;
+        (status & 0xff == 0 && self.leaked.load(Ordering::SeqCst)).then_some(i32::from(code))
+    }
+
     // ---- fork -------------------------------------------------------------------------
 
     /// In a forked child: the child owns the state now; the parent's collector thread and
@@ -303,7 +352,25 @@ mod tests {
             },
             exit_thread: AtomicUsize::new(0),
             exit_pid: AtomicU32::new(0),
+            exit_status: AtomicI32::new(NO_STATUS),
+            leaked: AtomicBool::new(false),
+            leak_exit_code: AtomicU8::new(0),
         }
+    }
+
+    #[test]
+    fn a_leaking_process_that_would_exit_0_exits_with_the_code_and_a_failing_one_keeps_its_status() {
+        let l = fresh();
+        assert_eq!(l.leak_exit_status(Some(23), Some(0)), None, "no leak");
+        l.leaks_found(true);
+        assert_eq!(l.leak_exit_status(None, Some(0)), None, "not asked for");
+        assert_eq!(l.leak_exit_status(Some(23), Some(0)), Some(23));
+        assert_eq!(l.leak_exit_status(Some(23), Some(3)), None, "the program's failure wins");
+        assert_eq!(l.leak_exit_status(Some(23), None), None, "status unknown");
+        l.exit_status_is(0);
+        assert_eq!(l.leak_exit_status(Some(23), None), Some(23));
+        l.exit_status_is(256);
+        assert_eq!(l.leak_exit_status(Some(23), None), Some(23), "exit(256) is status 0");
     }
 
     #[test]

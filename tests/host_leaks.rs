@@ -160,3 +160,25 @@ fn ctypes_malloc_from_libc_by_name_and_by_find_library_is_tracked() {
     assert_eq!(find(3 * 1000003), Some(("malloc".to_string(), 3)));
     assert_eq!(find(777001), Some(("calloc".to_string(), 1)));
 }
+
+#[test]
+fn leaktrace_exit_code_makes_a_leaking_process_fail_unless_it_failed_already() {
+    let bin = build_fixture("exit_code.c", &[]);
+    let supp = fresh_dir("exit-code").join("supp");
+    std::fs::write(&supp, "leak:leak_once\n").unwrap();
+    for mode in ["return", "exit", "_exit", "quick_exit"] {
+        for (status, leak, suppressed, want) in [(0, 1, false, 42), (3, 1, false, 3), (0, 0, false, 0), (0, 1, true, 0)] {
+            let mut cmd = Command::new(&bin);
+            cmd.args([mode, &status.to_string(), &leak.to_string()]).env("LEAKTRACE_EXIT_CODE", "42").env("LEAKTRACE_SUMMARY", "0");
+            if suppressed {
+                cmd.env("LEAKTRACE_SUPPRESSIONS", &supp);
+            }
+            let run = run_traced(cmd, "exit-code");
+            assert_eq!(run.code(), Some(want), "{mode} {status} leak={leak} suppressed={suppressed}: {}", run.stderr());
+            assert_eq!(run.report()["reason"], "exit");
+        }
+    }
+    // Without the variable the program's own status stands.
+    let run = run_traced({ let mut c = Command::new(&bin); c.args(["return", "0", "1"]); c }, "exit-code-off");
+    assert_eq!(run.code(), Some(0));
+}

@@ -10,6 +10,7 @@ use std::ffi::{c_int, c_void, CStr};
 
 use super::real;
 use crate::agent;
+use crate::lifecycle::LIFECYCLE;
 use crate::config::Config;
 
 extern "C" fn on_load() {
@@ -25,7 +26,15 @@ extern "C" fn on_load() {
         }
         let host_tracking = host_tracking_state();
         let signal = config.snapshot_signal;
+        let leak_exit_code = config.exit_code;
         if agent::start(config, host_tracking) {
+            if leak_exit_code.is_some() {
+                extern "C" {
+                    fn on_exit(f: extern "C" fn(c_int, *mut c_void), arg: *mut c_void) -> c_int;
+                }
+                // SAFETY: registering an extern "C" handler that never unwinds.
+                unsafe { on_exit(record_exit_status, std::ptr::null_mut()) };
+            }
             // SAFETY: the three handlers are extern "C" functions that never unwind.
             unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
             if let Some(sig) = signal {
@@ -39,6 +48,36 @@ extern "C" fn on_load() {
 extern "C" fn on_unload() {
     crate::scan::roots::mark_entry();
     let _ = std::panic::catch_unwind(agent::finish);
+    // LEAKTRACE_EXIT_CODE: `exit` (or the return from main) with status 0, and leaks:
+    // end with the code now, as LeakSanitizer does (the destructors left are skipped).
+    if let Some(code) = LIFECYCLE.status_after_final(std::process::id(), None) {
+        end_now(code);
+    }
+}
+
+/// The status `exit` runs with, for `exit` and the return from `main` alike: an
+/// `on_exit` handler registered by the constructor. glibc registers its `_dl_fini` (our
+/// destructor's caller) after it, so this runs once the final report is written: the
+/// place to end with LEAKTRACE_EXIT_CODE. Where it runs first, the status is kept for
+/// the destructor.
+extern "C" fn record_exit_status(status: c_int, _arg: *mut c_void) {
+    LIFECYCLE.exit_status_is(status);
+    if let Some(code) = LIFECYCLE.status_after_final(std::process::id(), Some(status)) {
+        end_now(code);
+    }
+}
+
+/// Ends the process with `status` through the C library's `_exit`.
+fn end_now(status: c_int) -> ! {
+    match real::exit_now() {
+        // SAFETY: forwarding to the real _exit.
+        Some(f) => unsafe { f(status) },
+        // SAFETY: exit_group never returns.
+        None => unsafe {
+            libc::syscall(libc::SYS_exit_group, status);
+            std::hint::unreachable_unchecked()
+        },
+    }
 }
 
 // Not in unit-test binaries: there the agent must not start and consume the rings
@@ -150,6 +189,7 @@ extern "C" fn on_termination_signal(sig: c_int) {
 fn final_report_then(real_exit: Option<real::ExitFn>, status: c_int) -> ! {
     crate::scan::roots::mark_entry();
     let _ = std::panic::catch_unwind(agent::finish);
+    let status = LIFECYCLE.status_after_final(std::process::id(), Some(status)).unwrap_or(status);
     match real_exit {
         // SAFETY: forwarding to the real _exit/_Exit.
         Some(f) => unsafe { f(status) },
@@ -166,6 +206,7 @@ fn final_report_then(real_exit: Option<real::ExitFn>, status: c_int) -> ! {
 /// being written), so that its own exit can no longer end the process mid-report.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn exit(status: c_int) -> ! {
+    LIFECYCLE.exit_status_is(status);
     if crate::lifecycle::LIFECYCLE.exit_called(crate::hotpath::thread::identity(), std::process::id()) {
         crate::scan::roots::mark_entry();
         let _ = std::panic::catch_unwind(agent::finish);
@@ -183,6 +224,7 @@ pub unsafe extern "C" fn exit(status: c_int) -> ! {
 pub unsafe extern "C" fn quick_exit(status: c_int) -> ! {
     crate::scan::roots::mark_entry();
     let _ = std::panic::catch_unwind(agent::finish);
+    let status = LIFECYCLE.status_after_final(std::process::id(), Some(status)).unwrap_or(status);
     match real::quick_exit() {
         // SAFETY: forwarding to the C library's quick_exit.
         Some(f) => unsafe { f(status) },

@@ -590,6 +590,23 @@ pub fn apply_suppressions(groups: &[Group], s: &leaktrace_common::Suppressions) 
     (shown, suppressed, applied.used)
 }
 
+/// What a group counts as leaked: definite + indirect with a scan, everything
+/// outstanding without one, nothing when a caching allocator holds it.
+fn counted(g: &Group) -> (u64, u64) {
+    match (g.cached_by, g.reachability) {
+        (Some(_), _) => (0, 0),
+        (None, Some(r)) => (r.definite.bytes + r.indirect.bytes, r.definite.blocks + r.indirect.blocks),
+        (None, None) => (g.bytes, g.blocks),
+    }
+}
+
+/// Leaked bytes and blocks of `groups` (as the exit summary counts them), with the
+/// groups the report does not list.
+pub fn leaked_total(groups: &[&Group], omitted: Omitted) -> (u64, u64) {
+    let (bytes, blocks) = groups.iter().map(|g| counted(g)).fold((0, 0), |a, c| (a.0 + c.0, a.1 + c.1));
+    (bytes + omitted.leaked_bytes, blocks + omitted.leaked_blocks)
+}
+
 /// The exit summary in the shape LeakSanitizer users know. With a pointer scan, each
 /// group shows its direct (definite) and indirect parts and still-reachable memory is
 /// left out of the count.
@@ -603,14 +620,8 @@ pub fn summary_text(
     omitted: Omitted,
 ) -> String {
     let mut out = String::new();
-    let counted = |g: &Group| match (g.cached_by, g.reachability) {
-        (Some(_), _) => (0, 0),
-        (None, Some(r)) => (r.definite.bytes + r.indirect.bytes, r.definite.blocks + r.indirect.blocks),
-        (None, None) => (g.bytes, g.blocks),
-    };
     let leaking: Vec<&&Group> = groups.iter().filter(|g| counted(g).1 > 0).collect();
-    let bytes: u64 = leaking.iter().map(|g| counted(g).0).sum::<u64>() + omitted.leaked_bytes;
-    let blocks: u64 = leaking.iter().map(|g| counted(g).1).sum::<u64>() + omitted.leaked_blocks;
+    let (bytes, blocks) = leaked_total(groups, omitted);
     let reachable: u64 =
         groups.iter().filter(|g| g.cached_by.is_none()).filter_map(|g| g.reachability.map(|r| r.reachable.bytes)).sum();
     let cached: u64 = groups.iter().filter(|g| g.cached_by.is_some()).map(|g| g.bytes).sum();
