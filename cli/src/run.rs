@@ -83,6 +83,41 @@ pub fn pymalloc_hint(cmd: &[String], scan: bool, pythonmalloc: Option<&str>) -> 
     )
 }
 
+/// `cmd[0]` found through `PATH` (or as given when it names a path).
+fn resolve_program(name: &str) -> Option<PathBuf> {
+    if name.contains('/') {
+        return Some(PathBuf::from(name));
+    }
+    std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|c| c.is_file()))
+}
+
+/// When `cmd[0]` is a pyenv shim (a shell script that runs `pyenv exec PROGRAM`), the
+/// program it stands for, asked of pyenv once and untraced, with the bin directory
+/// `pyenv exec` would put first on `PATH`. A shim runs some forty shell processes before
+/// the interpreter starts; traced, each wrote a report of its own.
+pub fn follow_pyenv_shim(cmd0: &str) -> Option<(PathBuf, PathBuf)> {
+    let shim = resolve_program(cmd0)?;
+    let mut head = vec![0u8; 1024];
+    let n = std::io::Read::read(&mut std::fs::File::open(&shim).ok()?, &mut head).ok()?;
+    let head = String::from_utf8_lossy(&head[..n]);
+    if !head.starts_with("#!") || !head.contains("pyenv\" exec") && !head.contains("pyenv exec") {
+        return None;
+    }
+    let program = shim.file_name()?.to_string_lossy().into_owned();
+    let root = head
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("export PYENV_ROOT=\"").and_then(|r| r.strip_suffix('"')).map(PathBuf::from))
+        .or_else(|| std::env::var_os("PYENV_ROOT").map(PathBuf::from))?;
+    let pyenv = [root.join("libexec/pyenv"), root.join("bin/pyenv")].into_iter().find(|p| p.is_file())?;
+    let out = Command::new(&pyenv).args(["which", &program]).env("PYENV_ROOT", &root).env_remove("LD_PRELOAD").output().ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let real = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    let bin = real.parent()?.to_path_buf();
+    real.is_file().then_some((real, bin))
+}
+
 /// Runs `cmd`; returns its exit code (128 + signal when killed, as shells report it).
 pub fn run(lib: &Path, cmd: &[String], s: &RunSettings) -> Outcome {
     if let Some(hint) = pymalloc_hint(cmd, s.scan, std::env::var("PYTHONMALLOC").ok().as_deref()) {
@@ -92,7 +127,20 @@ pub fn run(lib: &Path, cmd: &[String], s: &RunSettings) -> Outcome {
         Ok(existing) if !existing.trim().is_empty() => format!("{}:{existing}", lib.display()),
         _ => lib.display().to_string(),
     };
-    let mut c = Command::new(&cmd[0]);
+    let mut c = match follow_pyenv_shim(&cmd[0]) {
+        Some((real, bin)) => {
+            eprintln!("leaktrace: {} is a pyenv shim; running {}", cmd[0], real.display());
+            let path = std::env::var_os("PATH").unwrap_or_default();
+            let mut dirs = vec![bin];
+            dirs.extend(std::env::split_paths(&path));
+            let mut c = Command::new(real);
+            if let Ok(joined) = std::env::join_paths(dirs) {
+                c.env("PATH", joined);
+            }
+            c
+        }
+        None => Command::new(&cmd[0]),
+    };
     c.args(&cmd[1..]).env("LD_PRELOAD", preload).env("LEAKTRACE_OUTPUT", &s.output).env("LEAKTRACE_SUMMARY", "0");
     if let Some(ms) = s.interval_ms {
         c.env("LEAKTRACE_INTERVAL_MS", ms.to_string());

@@ -570,3 +570,22 @@ fn report_and_check_take_several_directories_and_diff_refuses_formats_it_cannot_
     let out = leaktrace(&["check", "--format", "html", "a"], &dir);
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn a_pyenv_shim_is_followed_to_the_interpreter_and_its_shell_helpers_are_not_traced() {
+    let shim = std::env::var_os("PATH")
+        .and_then(|p| std::env::split_paths(&p).map(|d| d.join("python3")).find(|c| c.is_file()))
+        .filter(|p| std::fs::read_to_string(p).map(|t| t.starts_with("#!") && t.contains("pyenv")).unwrap_or(false));
+    let Some(shim) = shim else {
+        eprintln!("SKIPPED: python3 on PATH is not a pyenv shim here");
+        return;
+    };
+    let dir = scratch("pyenv");
+    let out = leaktrace(&["run", "--output", "r", "--", "python3", "-c", "print('hi')"], &dir);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "hi\n");
+    let err = text(&out.stderr);
+    assert!(err.contains("leaktrace: python3 is a pyenv shim; running "), "{err}");
+    let exes: Vec<String> = reports(&dir.join("r")).iter().map(|r| r["exe"].as_str().unwrap().to_string()).collect();
+    assert!(!exes.is_empty() && exes.iter().all(|e| e.contains("python")), "{} traced {exes:?}", shim.display());
+}
