@@ -90,30 +90,40 @@ pub struct Lifecycle {
 
 const NO_STATUS: i32 = i32::MIN;
 
-pub static LIFECYCLE: Lifecycle = Lifecycle {
-    hot: ReadMostly { phase: AtomicU8::new(Phase::Off as u8), depth: AtomicUsize::new(crate::config::DEFAULT_DEPTH) },
-    owner_pid: AtomicU32::new(0),
-    terminating_signal: AtomicI32::new(0),
-    collector: Collector {
-        running: AtomicBool::new(false),
-        stop: AtomicBool::new(false),
-        tid: AtomicU32::new(0),
-        live: AtomicU32::new(0),
-        deferred: AtomicBool::new(false),
-        failures: AtomicU32::new(0),
-    },
-    exit_thread: AtomicUsize::new(0),
-    exit_pid: AtomicU32::new(0),
-    exit_status: AtomicI32::new(NO_STATUS),
-    leaked: AtomicBool::new(false),
-    leak_exit_code: AtomicU8::new(0),
-};
+pub static LIFECYCLE: Lifecycle = Lifecycle::new();
+
+impl Default for Lifecycle {
+    fn default() -> Lifecycle {
+        Lifecycle::new()
+    }
+}
 
 /// A collector that failed is started again this many times; after that the program's
 /// threads drain the events and the exit paths still write the final report.
 pub const COLLECTOR_RESTARTS: u32 = 2;
 
 impl Lifecycle {
+    pub const fn new() -> Lifecycle {
+        Lifecycle {
+            hot: ReadMostly { phase: AtomicU8::new(Phase::Off as u8), depth: AtomicUsize::new(crate::config::DEFAULT_DEPTH) },
+            owner_pid: AtomicU32::new(0),
+            terminating_signal: AtomicI32::new(0),
+            collector: Collector {
+                running: AtomicBool::new(false),
+                stop: AtomicBool::new(false),
+                tid: AtomicU32::new(0),
+                live: AtomicU32::new(0),
+                deferred: AtomicBool::new(false),
+                failures: AtomicU32::new(0),
+            },
+            exit_thread: AtomicUsize::new(0),
+            exit_pid: AtomicU32::new(0),
+            exit_status: AtomicI32::new(NO_STATUS),
+            leaked: AtomicBool::new(false),
+            leak_exit_code: AtomicU8::new(0),
+        }
+    }
+
     // ---- phase ------------------------------------------------------------------------
 
     /// Whether hooks record (the hot path's one check).
@@ -338,24 +348,7 @@ mod tests {
     use super::*;
 
     fn fresh() -> Lifecycle {
-        Lifecycle {
-            hot: ReadMostly { phase: AtomicU8::new(0), depth: AtomicUsize::new(8) },
-            owner_pid: AtomicU32::new(0),
-            terminating_signal: AtomicI32::new(0),
-            collector: Collector {
-                running: AtomicBool::new(false),
-                stop: AtomicBool::new(false),
-                tid: AtomicU32::new(0),
-                live: AtomicU32::new(0),
-                deferred: AtomicBool::new(false),
-                failures: AtomicU32::new(0),
-            },
-            exit_thread: AtomicUsize::new(0),
-            exit_pid: AtomicU32::new(0),
-            exit_status: AtomicI32::new(NO_STATUS),
-            leaked: AtomicBool::new(false),
-            leak_exit_code: AtomicU8::new(0),
-        }
+        Lifecycle::new()
     }
 
     #[test]

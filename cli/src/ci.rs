@@ -86,25 +86,7 @@ fn xml(s: &str) -> String {
 }
 
 fn stack_lines(stack: &[Frame]) -> String {
-    stack
-        .iter()
-        .enumerate()
-        .map(|(i, f)| {
-            leaktrace_common::frame_text::frame_line(
-                i,
-                &leaktrace_common::frame_text::FrameFields {
-                    ip: &f.ip,
-                    function: f.function.as_deref(),
-                    file: f.file.as_deref(),
-                    line: f.line,
-                    module: f.module.as_deref(),
-                    offset: f.offset,
-                    inlined: f.inlined,
-                },
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
+    stack.iter().enumerate().map(|(i, f)| crate::render::frame_line(i, f)).collect::<Vec<_>>().join("\n")
 }
 
 fn process_cases(p: &ProcessAnalysis, out: &mut String) -> (usize, usize) {

@@ -3,7 +3,7 @@ use crate::analyze::Analysis;
 use crate::diff::Change;
 use crate::model::Frame;
 
-fn frame_line(i: usize, f: &Frame) -> String {
+pub fn frame_line(i: usize, f: &Frame) -> String {
     leaktrace_common::frame_text::frame_line(
         i,
         &leaktrace_common::frame_text::FrameFields {

@@ -35,17 +35,6 @@ fn open_dir_high(path: &Path) -> i32 {
     high
 }
 
-fn identity(fd: i32) -> Option<(u64, u64)> {
-    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-    // SAFETY: fstat writes the struct on success.
-    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
-        return None;
-    }
-    // SAFETY: initialised by the successful call.
-    let st = unsafe { st.assume_init() };
-    Some((st.st_dev, st.st_ino))
-}
-
 /// Holds `/proc` and `output_dir` open: called just before the program's `chroot`.
 /// Errno is kept.
 pub fn hold_before_chroot(output_dir: &Path) {
@@ -61,7 +50,7 @@ pub fn hold_before_chroot(output_dir: &Path) {
         let _ = std::fs::create_dir_all(output_dir);
         let fd = open_dir_high(output_dir);
         if fd >= 0 {
-            if let (Some((dev, ino)), Ok(mut id)) = (identity(fd), OUTPUT_ID.lock()) {
+            if let (Some((dev, ino)), Ok(mut id)) = (super::fds::identity(fd), OUTPUT_ID.lock()) {
                 *id = Some((dev, ino, output_dir.to_path_buf()));
                 OUTPUT.store(fd, Ordering::Release);
             } else {
@@ -203,7 +192,7 @@ pub fn held_output(dir: &Path) -> Option<i32> {
     }
     let id = OUTPUT_ID.lock().ok()?;
     let (dev, ino, path) = id.as_ref()?;
-    (path == dir && identity(fd) == Some((*dev, *ino))).then_some(fd)
+    (path == dir && super::fds::identity(fd) == Some((*dev, *ino))).then_some(fd)
 }
 
 #[cfg(test)]

@@ -10,7 +10,8 @@ static STDERR_INO: AtomicU64 = AtomicU64::new(0);
 /// at start-up; 2: it was closed (never write).
 static STDERR_STATE: AtomicU64 = AtomicU64::new(0);
 
-fn identity(fd: i32) -> Option<(u64, u64)> {
+/// The (device, inode) of the file open on `fd`.
+pub fn identity(fd: i32) -> Option<(u64, u64)> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
     // SAFETY: fstat writes the struct on success.
     if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
