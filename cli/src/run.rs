@@ -37,7 +37,59 @@ fn install_forwarding() {
     }
 }
 
-/// The preload library: `LEAKTRACE_LIB`, beside this executable, or in `../lib`.
+/// The preload library built into this executable (`build.rs`); empty when none was.
+static EMBEDDED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libleaktrace.so"));
+
+/// Where the embedded library is unpacked: `$XDG_CACHE_HOME/leaktrace` or
+/// `~/.cache/leaktrace`, else `/tmp/leaktrace-UID`; a directory of ours that no one else
+/// can write to (a library another user could plant there would be preloaded into
+/// every program we run).
+fn cache_dir() -> Result<PathBuf, String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .map(|c| c.join("leaktrace"))
+        .unwrap_or_else(|| PathBuf::from(format!("/tmp/leaktrace-{uid}")));
+    let dir = base.join(format!("{}-{}", env!("CARGO_PKG_VERSION"), env!("LEAKTRACE_EMBED_HASH")));
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir).map_err(|e| format!("cannot create {} ({e})", dir.display()))?;
+    for d in [&base, &dir] {
+        let m = std::fs::metadata(d).map_err(|e| format!("cannot inspect {} ({e})", d.display()))?;
+        if m.uid() != uid || m.permissions().mode() & 0o022 != 0 {
+            return Err(format!("{} is not a private directory of this user; set LEAKTRACE_LIB", d.display()));
+        }
+    }
+    Ok(dir)
+}
+
+/// The embedded library, unpacked once per version into `cache_dir()` (written to a
+/// private temporary name, then renamed: a concurrent run never sees half a file).
+fn embedded_library() -> Result<PathBuf, String> {
+    if EMBEDDED.is_empty() {
+        return Err("this leaktrace was built without its library".into());
+    }
+    let dir = cache_dir()?;
+    let lib = dir.join("libleaktrace.so");
+    if std::fs::metadata(&lib).map(|m| m.len() == EMBEDDED.len() as u64).unwrap_or(false) {
+        return Ok(lib);
+    }
+    let tmp = dir.join(format!(".libleaktrace.so.{}", std::process::id()));
+    let written = std::fs::write(&tmp, EMBEDDED).and_then(|()| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
+        std::fs::rename(&tmp, &lib)
+    });
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(format!("cannot unpack the library into {} ({e})", dir.display()));
+    }
+    Ok(lib)
+}
+
+/// The preload library: `LEAKTRACE_LIB`, beside this executable, in `../lib`, or the
+/// copy built into this executable (unpacked into a private cache).
 pub fn find_library() -> Result<PathBuf, String> {
     if let Some(p) = std::env::var_os("LEAKTRACE_LIB") {
         let p = PathBuf::from(p);
@@ -50,10 +102,12 @@ pub fn find_library() -> Result<PathBuf, String> {
             return Ok(candidate.canonicalize().unwrap_or(candidate));
         }
     }
-    Err(format!(
-        "libleaktrace.so not found beside {} or in ../lib; build it (cargo build --release) or set LEAKTRACE_LIB",
-        exe.display()
-    ))
+    embedded_library().map_err(|e| {
+        format!(
+            "libleaktrace.so not found beside {} or in ../lib, and {e}; build it (cargo build --release) or set LEAKTRACE_LIB",
+            exe.display()
+        )
+    })
 }
 
 pub struct RunSettings {

@@ -589,3 +589,47 @@ fn a_pyenv_shim_is_followed_to_the_interpreter_and_its_shell_helpers_are_not_tra
     let exes: Vec<String> = reports(&dir.join("r")).iter().map(|r| r["exe"].as_str().unwrap().to_string()).collect();
     assert!(!exes.is_empty() && exes.iter().all(|e| e.contains("python")), "{} traced {exes:?}", shim.display());
 }
+
+#[test]
+fn a_copy_of_the_command_alone_unpacks_its_library_into_a_private_cache() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch("alone");
+    let bin_dir = dir.join("bin");
+    std::fs::create_dir_all(&bin_dir).unwrap();
+    let alone = bin_dir.join("leaktrace");
+    std::fs::copy(bin(), &alone).unwrap();
+    let home = dir.join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let prog = build(&manifest().join("../tests/fixtures/leaks.c"), &dir);
+    let out = Command::new(&alone)
+        .args(["run", "--output", "r", "--", prog.to_str().unwrap()])
+        .current_dir(&dir)
+        .env("HOME", &home)
+        .env_remove("XDG_CACHE_HOME")
+        .env_remove("LEAKTRACE_LIB")
+        .bounded_output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(7), "the fixture's status: {}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("in leak_malloc_64"), "{}", text(&out.stderr));
+    let cache = home.join(".cache/leaktrace");
+    let versions: Vec<_> = std::fs::read_dir(&cache).unwrap().flatten().collect();
+    assert_eq!(versions.len(), 1);
+    let lib = versions[0].path().join("libleaktrace.so");
+    assert!(lib.is_file());
+    for d in [&cache, &versions[0].path()] {
+        assert_eq!(std::fs::metadata(d).unwrap().permissions().mode() & 0o777, 0o700, "{}", d.display());
+    }
+    // A cache directory others can write to is refused, not used.
+    let shared = dir.join("shared-cache");
+    std::fs::create_dir_all(shared.join("leaktrace")).unwrap();
+    std::fs::set_permissions(shared.join("leaktrace"), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = Command::new(&alone)
+        .args(["run", "--output", "r2", "--", prog.to_str().unwrap()])
+        .current_dir(&dir)
+        .env("XDG_CACHE_HOME", &shared)
+        .env_remove("LEAKTRACE_LIB")
+        .bounded_output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("is not a private directory of this user"), "{}", text(&out.stderr));
+}
