@@ -1,0 +1,54 @@
+//! `pip install .` into a fresh virtual environment gives a `leaktrace` command that
+//! works with nothing else: no Rust on PATH, no checkout beside it, a fresh HOME. It
+//! runs a Python program with a planted ctypes leak and fails `--fail-on-leak`.
+//! Needs python3 with venv and pip, and the network for maturin (PyPI): a missing piece
+//! is a counted skip, except under CI.
+mod common;
+use common::*;
+use std::process::Command;
+
+#[test]
+fn pip_install_gives_a_command_that_finds_a_planted_leak() {
+    let venv = fresh_dir("wheel-venv");
+    let made = Command::new("python3").args(["-m", "venv"]).arg(&venv).timed_output();
+    if !made.as_ref().is_ok_and(|o| o.status.success()) {
+        assert!(std::env::var_os("CI").is_none(), "python3 -m venv failed: {made:?}");
+        eprintln!("SKIPPED: python3 -m venv is not available (apt-get install python3-venv)");
+        return;
+    }
+    let pip = venv.join("bin/pip");
+    // A target directory of its own: the test run's cargo may hold the workspace's.
+    let target = fresh_dir("wheel-target");
+    let out = Command::new(&pip)
+        .args(["install", "-q"])
+        .arg(root())
+        .env("CARGO_TARGET_DIR", &target)
+        .timed_output()
+        .unwrap();
+    assert!(out.status.success(), "pip install . failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let leaktrace = venv.join("bin/leaktrace");
+    assert!(leaktrace.is_file());
+    let work = fresh_dir("wheel-run");
+    std::fs::write(
+        work.join("planted.py"),
+        "import ctypes\nlibc = ctypes.CDLL('libc.so.6')\nlibc.malloc.restype = ctypes.c_void_p\nstaging = libc.malloc(1 << 20)\ndel staging\nprint('trained')\n",
+    )
+    .unwrap();
+    let home = work.join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let path = format!("{}:/usr/bin:/bin", venv.join("bin").display());
+    let out = Command::new(&leaktrace)
+        .args(["run", "--fail-on-leak", "--output", "r", "--", "python", "planted.py"])
+        .current_dir(&work)
+        .env("PATH", &path)
+        .env("HOME", &home)
+        .env_remove("XDG_CACHE_HOME")
+        .env_remove("LEAKTRACE_LIB")
+        .env_remove("LD_PRELOAD")
+        .timed_output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "trained\n");
+    assert_eq!(out.status.code(), Some(23), "{err}");
+    assert!(err.contains("Leak of 1048576 byte(s) in 1 object(s) allocated from malloc"), "{err}");
+}
