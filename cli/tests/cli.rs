@@ -633,3 +633,14 @@ fn a_copy_of_the_command_alone_unpacks_its_library_into_a_private_cache() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("is not a private directory of this user"), "{}", text(&out.stderr));
 }
+
+#[test]
+fn the_readme_shows_what_the_example_prints() {
+    let out = Command::new(manifest().join("../scripts/readme_example.sh")).bounded_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let readme = std::fs::read_to_string(manifest().join("../README.md")).unwrap();
+    let start = readme.find("<!-- readme-example:start -->\n").expect("start marker") + "<!-- readme-example:start -->\n".len();
+    let end = readme.find("<!-- readme-example:end -->").expect("end marker");
+    let shown: String = readme[start..end].lines().map(|l| l.strip_prefix("    ").unwrap_or(l)).collect::<Vec<_>>().join("\n");
+    assert_eq!(shown.trim_end(), text(&out.stdout).trim_end(), "README.md's example is stale: paste scripts/readme_example.sh's output");
+}
