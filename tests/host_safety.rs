@@ -8,7 +8,6 @@
 mod common;
 use common::*;
 use std::process::Command;
-use std::time::Duration;
 
 fn definite(r: &serde_json::Value, function: &str) -> u64 {
     groups_with(r, function).iter().map(|g| g["reachability"]["definite"]["bytes"].as_u64().unwrap_or(0)).sum()
@@ -104,35 +103,12 @@ fn a_program_that_used_every_pthread_key_exits_normally_with_its_report() {
 #[test]
 fn sigterm_after_a_collector_failure_still_writes_the_final_report() {
     use std::os::unix::process::ExitStatusExt;
-    let dir = fresh_dir("collector-panic");
-    let src = dir.join("sleeper.c");
-    std::fs::write(
-        &src,
-        "#include <stdlib.h>\n#include <unistd.h>\nvoid *volatile s;\n\
-         __attribute__((noinline)) void leak_then_wait(void) { s = malloc(2468); }\n\
-         int main(void) { leak_then_wait(); for (;;) pause(); }\n",
-    )
-    .unwrap();
-    let bin = dir.join("sleeper");
-    assert!(Command::new("cc").args(["-O2", "-g"]).arg(&src).arg("-o").arg(&bin).status().unwrap().success());
-    let out_dir = dir.join("reports");
-    let child = Command::new(&bin)
-        .env("LD_PRELOAD", lib_path())
-        .env("LEAKTRACE_OUTPUT", &out_dir)
-        .env("LEAKTRACE_SUMMARY", "0")
-        .env("LEAKTRACE_TEST_COLLECTOR_PANIC", "1")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(400));
-    // SAFETY: plain kill of our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let out = wait_within(child);
+    let (out, reports) = sleeper_until_sigterm(2468, &[("LEAKTRACE_TEST_COLLECTOR_PANIC", "1")]);
     assert_eq!(out.status.signal(), Some(libc::SIGTERM), "it still dies by SIGTERM");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("leaktrace: internal error in the collector thread; starting it again"), "{err}");
     assert!(!err.contains("stack backtrace"), "one line, no backtrace: {err}");
-    let r = &reports_in(&out_dir)[0];
+    let r = &reports[0];
     assert_eq!(r["reason"], "exit");
     assert_eq!(r["exit_signal"], libc::SIGTERM);
     assert_eq!(sum(&groups_with(r, "leak_then_wait"), "bytes"), 2468);

@@ -249,30 +249,9 @@ fn follow_fork_off_leaves_children_untracked() {
 #[test]
 fn sigterm_writes_the_final_report_then_terminates_as_before() {
     use std::os::unix::process::ExitStatusExt;
-    let dir = fresh_dir("sigterm");
-    let src = dir.join("sleeper.c");
-    std::fs::write(
-        &src,
-        "#include <stdlib.h>\n#include <unistd.h>\nvoid *volatile s;\n\
-         __attribute__((noinline)) void leak_then_wait(void) { s = malloc(2222); }\n\
-         int main(void) { leak_then_wait(); for (;;) pause(); }\n",
-    )
-    .unwrap();
-    let bin = dir.join("sleeper");
-    assert!(Command::new("cc").args(["-O2", "-g"]).arg(&src).arg("-o").arg(&bin).status().unwrap().success());
-    let out_dir = dir.join("reports");
-    let child = Command::new(&bin)
-        .env("LD_PRELOAD", lib_path())
-        .env("LEAKTRACE_OUTPUT", &out_dir)
-        .env("LEAKTRACE_SUMMARY", "0")
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    // SAFETY: plain kill of our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let status = wait_within(child).status;
-    assert_eq!(status.signal(), Some(libc::SIGTERM), "it still dies by SIGTERM");
-    let r = &reports_in(&out_dir)[0];
+    let (out, reports) = sleeper_until_sigterm(2222, &[]);
+    assert_eq!(out.status.signal(), Some(libc::SIGTERM), "it still dies by SIGTERM");
+    let r = &reports[0];
     assert_eq!(r["reason"], "exit");
     assert_eq!(r["exit_signal"], libc::SIGTERM);
     assert_eq!(sum(&groups_with(r, "leak_then_wait"), "bytes"), 2222);

@@ -229,6 +229,29 @@ pub fn python() -> PathBuf {
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
+/// Starts `sleeper.c` under the library (it leaks `bytes` in `leak_then_wait`, then
+/// sleeps until a signal), with reports to a fresh directory and `env` set; waits
+/// 300 ms for it to settle and sends it SIGTERM. Returns its output and the reports.
+pub fn sleeper_until_sigterm(bytes: u64, env: &[(&str, &str)]) -> (Output, Vec<serde_json::Value>) {
+    let bin = build_fixture("sleeper.c", &[]);
+    let out_dir = fresh_dir("sleeper");
+    let mut cmd = Command::new(&bin);
+    cmd.arg(bytes.to_string())
+        .env("LD_PRELOAD", lib_path())
+        .env("LEAKTRACE_OUTPUT", &out_dir)
+        .env("LEAKTRACE_SUMMARY", "0")
+        .stderr(std::process::Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let child = cmd.spawn().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // SAFETY: plain kill of our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = wait_within(child);
+    (out, reports_in(&out_dir))
+}
+
 /// `Child::wait_with_output` under `time_limit()`: a child still running then is killed
 /// and the test fails as hung.
 pub fn wait_within(mut child: std::process::Child) -> Output {
