@@ -45,9 +45,15 @@ extern "C" fn on_load() {
     });
 }
 
-extern "C" fn on_unload() {
+/// Writes the final report on the calling thread (an exit path), whose stack the scan
+/// then reads as the exiting thread's; never unwinds.
+fn final_report_here() {
     crate::scan::roots::mark_entry();
     let _ = std::panic::catch_unwind(agent::finish);
+}
+
+extern "C" fn on_unload() {
+    final_report_here();
     // LEAKTRACE_EXIT_CODE: `exit` (or the return from main) with status 0, and leaks:
     // end with the code now, as LeakSanitizer does (the destructors left are skipped).
     if let Some(code) = LIFECYCLE.status_after_final(std::process::id(), None) {
@@ -69,8 +75,13 @@ extern "C" fn record_exit_status(status: c_int, _arg: *mut c_void) {
 
 /// Ends the process with `status` through the C library's `_exit`.
 fn end_now(status: c_int) -> ! {
-    match real::exit_now() {
-        // SAFETY: forwarding to the real _exit.
+    leave(real::exit_now(), status)
+}
+
+/// Ends the process with `status` through `real_exit`, or the system call without it.
+fn leave(real_exit: Option<real::ExitFn>, status: c_int) -> ! {
+    match real_exit {
+        // SAFETY: forwarding to the real _exit/_Exit.
         Some(f) => unsafe { f(status) },
         // SAFETY: exit_group never returns.
         None => unsafe {
@@ -187,18 +198,9 @@ extern "C" fn on_termination_signal(sig: c_int) {
 /// end with `os._exit`): write the final report, then leave through the real function.
 #[inline(always)]
 fn final_report_then(real_exit: Option<real::ExitFn>, status: c_int) -> ! {
-    crate::scan::roots::mark_entry();
-    let _ = std::panic::catch_unwind(agent::finish);
+    final_report_here();
     let status = LIFECYCLE.status_after_final(std::process::id(), Some(status)).unwrap_or(status);
-    match real_exit {
-        // SAFETY: forwarding to the real _exit/_Exit.
-        Some(f) => unsafe { f(status) },
-        // SAFETY: exit_group never returns.
-        None => unsafe {
-            libc::syscall(libc::SYS_exit_group, status);
-            std::hint::unreachable_unchecked()
-        },
-    }
+    leave(real_exit, status)
 }
 
 /// `exit`: the first caller goes on as usual (its destructors write the final report);
@@ -207,9 +209,8 @@ fn final_report_then(real_exit: Option<real::ExitFn>, status: c_int) -> ! {
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn exit(status: c_int) -> ! {
     LIFECYCLE.exit_status_is(status);
-    if crate::lifecycle::LIFECYCLE.exit_called(crate::hotpath::thread::identity(), std::process::id()) {
-        crate::scan::roots::mark_entry();
-        let _ = std::panic::catch_unwind(agent::finish);
+    if LIFECYCLE.exit_called(crate::hotpath::thread::identity(), std::process::id()) {
+        final_report_here();
     }
     match real::exit() {
         // SAFETY: forwarding to the C library's exit.
@@ -222,8 +223,7 @@ pub unsafe extern "C" fn exit(status: c_int) -> ! {
 /// no destructor in between: the final report is written first.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn quick_exit(status: c_int) -> ! {
-    crate::scan::roots::mark_entry();
-    let _ = std::panic::catch_unwind(agent::finish);
+    final_report_here();
     let status = LIFECYCLE.status_after_final(std::process::id(), Some(status)).unwrap_or(status);
     match real::quick_exit() {
         // SAFETY: forwarding to the C library's quick_exit.
