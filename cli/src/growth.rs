@@ -50,7 +50,7 @@ pub fn grows_steadily(values: &[u64], min_bytes: u64) -> bool {
     let first = data[0];
     let last = data[steps];
     let three_quarters = data[steps * 3 / 4];
-    ups * 10 >= steps * 7 && downs * 100 <= steps * 15 && last > three_quarters && last >= first.saturating_add(min_bytes)
+    leaktrace_common::growth::mostly_rising(steps as u64, ups as u64, downs as u64) && last > three_quarters && last >= first.saturating_add(min_bytes)
 }
 
 /// How many points at the end are teardown: a non-increasing tail, at most a quarter of

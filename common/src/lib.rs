@@ -1,6 +1,7 @@
 //! Shared by the preload library and the `leaktrace` command, so both read the same
 //! suppressions, print frames the same way and agree on the report schema's versions.
 pub mod frame_text;
+pub mod growth;
 pub mod report_schema;
 pub mod suppressions;
 

@@ -119,8 +119,8 @@ impl Trend {
     /// Grew at nearly every step (the CLI's rule: 70% of the steps up, at most 15%
     /// down) over at least three steps, by at least `STEADY_MIN_BYTES`.
     pub fn steady(&self) -> bool {
-        let (steps, ups, downs) = (u32::from(self.steps), u32::from(self.ups), u32::from(self.downs));
-        steps >= 3 && ups * 10 >= steps * 7 && downs * 100 <= steps * 15 && self.last >= self.base.saturating_add(STEADY_MIN_BYTES)
+        let (steps, ups, downs) = (u64::from(self.steps), u64::from(self.ups), u64::from(self.downs));
+        steps >= 3 && leaktrace_common::growth::mostly_rising(steps, ups, downs) && self.last >= self.base.saturating_add(STEADY_MIN_BYTES)
     }
 
     pub fn growth(&self) -> u64 {
