@@ -57,22 +57,4 @@ pub const EXPORTED: &[&str] = &[
 /// Exported only when the build machine's glibc has them (C23, glibc >= 2.41).
 pub const EXPORTED_IF_LIBC_HAS: &[&str] = &["free_sized", "free_aligned_sized"];
 
-/// Saves errno across the bookkeeping of a hook so the program sees exactly what the
-/// real function left there.
-pub struct ErrnoGuard(i32);
-
-impl ErrnoGuard {
-    #[inline(always)]
-    pub fn save() -> ErrnoGuard {
-        // SAFETY: __errno_location always returns this thread's valid errno slot.
-        ErrnoGuard(unsafe { *libc::__errno_location() })
-    }
-}
-
-impl Drop for ErrnoGuard {
-    #[inline(always)]
-    fn drop(&mut self) {
-        // SAFETY: as above.
-        unsafe { *libc::__errno_location() = self.0 };
-    }
-}
+pub use crate::os::ErrnoGuard;

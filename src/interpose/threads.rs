@@ -36,12 +36,11 @@ extern "C" fn thread_prologue(p: *mut Start) -> Entry {
         // SAFETY: p came from the real malloc in `pthread_create`.
         unsafe { free(p as *mut c_void) };
     }
-    // SAFETY: this thread's errno slot; the program's routine starts with it unchanged.
-    let errno = unsafe { *libc::__errno_location() };
+    // The program's routine starts with errno as the C library left it.
+    let errno = super::ErrnoGuard::save();
     // Untracked: the query allocates, and those blocks are the C library's business.
     let _ = std::panic::catch_unwind(|| crate::hotpath::thread::untracked(crate::hotpath::unwind::note_thread_stack));
-    // SAFETY: as above.
-    unsafe { *libc::__errno_location() = errno };
+    drop(errno);
     Entry { routine: start.routine, arg: start.arg }
 }
 

@@ -38,8 +38,7 @@ fn open_dir_high(path: &Path) -> i32 {
 /// Holds `/proc` and `output_dir` open: called just before the program's `chroot`.
 /// Errno is kept.
 pub fn hold_before_chroot(output_dir: &Path) {
-    // SAFETY: this thread's errno slot, kept across the calls.
-    let errno = unsafe { *libc::__errno_location() };
+    let _errno = super::ErrnoGuard::save();
     if PROC.load(Ordering::Acquire) < 0 {
         PROC.store(open_dir_high(Path::new("/proc")), Ordering::Release);
     }
@@ -59,8 +58,6 @@ pub fn hold_before_chroot(output_dir: &Path) {
             }
         }
     }
-    // SAFETY: as above.
-    unsafe { *libc::__errno_location() = errno };
 }
 
 /// Reads `/proc/<rel>` (e.g. "self/maps"), through the held `/proc` when there is one.

@@ -24,8 +24,7 @@ pub fn identity(fd: i32) -> Option<(u64, u64)> {
 
 /// Records what fd 2 is. Called once from the constructor.
 pub fn note_stderr() {
-    // SAFETY: this thread's errno slot, kept across the probe.
-    let errno = unsafe { *libc::__errno_location() };
+    let _errno = super::ErrnoGuard::save();
     match identity(2) {
         Some((dev, ino)) => {
             STDERR_DEV.store(dev, Ordering::Relaxed);
@@ -34,8 +33,6 @@ pub fn note_stderr() {
         }
         None => STDERR_STATE.store(2, Ordering::Release),
     }
-    // SAFETY: as above.
-    unsafe { *libc::__errno_location() = errno };
 }
 
 /// Whether fd 2 is still the standard error the program started with.
@@ -50,8 +47,7 @@ pub fn stderr_is_original() -> bool {
 /// Writes `bytes` to the original standard error, whole (retrying short writes and
 /// EINTR), or not at all when fd 2 is something else now. Errno is kept.
 pub fn write_stderr(bytes: &[u8]) {
-    // SAFETY: this thread's errno slot, kept across the writes.
-    let errno = unsafe { *libc::__errno_location() };
+    let _errno = super::ErrnoGuard::save();
     if stderr_is_original() {
         let mut rest = bytes;
         while !rest.is_empty() {
@@ -59,15 +55,13 @@ pub fn write_stderr(bytes: &[u8]) {
             let n = unsafe { libc::write(2, rest.as_ptr() as *const libc::c_void, rest.len()) };
             if n > 0 {
                 rest = &rest[n as usize..];
-            } else if n < 0 && unsafe { *libc::__errno_location() } == libc::EINTR {
+            } else if n < 0 && super::errno() == libc::EINTR {
                 continue;
             } else {
                 break;
             }
         }
     }
-    // SAFETY: as above.
-    unsafe { *libc::__errno_location() = errno };
 }
 
 #[cfg(test)]

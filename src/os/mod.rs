@@ -10,3 +10,29 @@ pub mod lock;
 pub mod signals;
 pub mod stack;
 pub mod threads;
+
+/// Saves errno and puts it back when dropped: the program sees exactly what it (or the
+/// real function a hook forwarded to) left there, whatever our bookkeeping did to it.
+pub struct ErrnoGuard(i32);
+
+impl ErrnoGuard {
+    #[inline(always)]
+    pub fn save() -> ErrnoGuard {
+        // SAFETY: __errno_location always returns this thread's valid errno slot.
+        ErrnoGuard(unsafe { *libc::__errno_location() })
+    }
+}
+
+impl Drop for ErrnoGuard {
+    #[inline(always)]
+    fn drop(&mut self) {
+        // SAFETY: as above.
+        unsafe { *libc::__errno_location() = self.0 };
+    }
+}
+
+/// This thread's errno now.
+pub fn errno() -> i32 {
+    // SAFETY: __errno_location always returns this thread's valid errno slot.
+    unsafe { *libc::__errno_location() }
+}

@@ -53,10 +53,9 @@ pub fn with_signals_blocked<R>(f: impl FnOnce() -> R) -> R {
 /// # Safety
 /// `arg` must be what `start` expects, valid for as long as the new thread uses it.
 pub unsafe fn spawn_raw(start: extern "C" fn(*mut c_void) -> *mut c_void, arg: *mut c_void) -> Result<libc::pthread_t, i32> {
-    // SAFETY: this thread's errno slot.
-    let errno = unsafe { *libc::__errno_location() };
+    let _errno = super::ErrnoGuard::save();
     let Some(create) = create_fn() else { return Err(libc::ENOSYS) };
-    let rc = with_signals_blocked(|| {
+    with_signals_blocked(|| {
         // SAFETY: a standard attribute object, initialised and destroyed here; the start
         // routine is an extern "C" fn that receives `arg` as its caller intends.
         unsafe {
@@ -72,10 +71,7 @@ pub unsafe fn spawn_raw(start: extern "C" fn(*mut c_void) -> *mut c_void, arg: *
                 Err(rc)
             }
         }
-    });
-    // SAFETY: as above.
-    unsafe { *libc::__errno_location() = errno };
-    rc
+    })
 }
 
 /// Whether the thread `tid` of this process has exited.
@@ -83,14 +79,10 @@ pub fn thread_is_gone(tid: u32) -> bool {
     if tid == 0 {
         return true;
     }
-    // SAFETY: this thread's errno slot, kept across the probe.
-    let errno = unsafe { *libc::__errno_location() };
+    let _errno = super::ErrnoGuard::save();
     // SAFETY: signal 0 only checks that the thread exists.
     let rc = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid as c_int, 0) };
-    // SAFETY: reading, then restoring, this thread's errno.
-    let gone = rc != 0 && unsafe { *libc::__errno_location() } == libc::ESRCH;
-    unsafe { *libc::__errno_location() = errno };
-    gone
+    rc != 0 && super::errno() == libc::ESRCH
 }
 
 /// Whether the calling thread has `sig` blocked.
