@@ -330,8 +330,15 @@ fn collector_main() {
     if (known || found.is_some()) && interval > 0 {
         interval = interval.min(FINAL_LESS_INTERVAL_MS);
     }
-    let mut last_report = Instant::now();
     let born = Instant::now();
+    // The next periodic report is due at this instant (None: periodic reports are off).
+    // The period depends on the time run so far (`config::report_period`), so it is
+    // worked out once per report, and each turn reads the clock once, as before.
+    let next_due = |now: Instant| {
+        let period = crate::config::report_period(interval, interval_set, now.duration_since(born).as_millis() as u64);
+        (period > 0).then(|| now + Duration::from_millis(period))
+    };
+    let mut report_due = next_due(born);
     let mut idle_sleep_us = 200u64;
     while LIFECYCLE.collector_continues() {
         let sig = LIFECYCLE.terminating_signal();
@@ -358,10 +365,9 @@ fn collector_main() {
         if SNAPSHOT_REQUESTED.load(Ordering::Relaxed) && SNAPSHOT_REQUESTED.swap(false, Ordering::AcqRel) {
             write_report(Reason::Signal);
         }
-        let period = crate::config::report_period(interval, interval_set, born.elapsed().as_millis() as u64);
-        if period > 0 && last_report.elapsed() >= Duration::from_millis(period) {
+        if report_due.is_some_and(|due| Instant::now() >= due) {
             write_report(Reason::Periodic);
-            last_report = Instant::now();
+            report_due = next_due(Instant::now());
         }
         if drained == 0 {
             channel::park_consumer(Duration::from_micros(idle_sleep_us));
