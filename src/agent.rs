@@ -104,8 +104,21 @@ fn drain_into(c: &mut Consumer, max: usize, force: bool) -> usize {
     order.drain(max, force, model)
 }
 
+/// A child made by `fork` or a raw `clone` that ran none of our `atfork` handlers
+/// (`os::image`): it takes our state over as `fork_child` does, before it takes any lock
+/// of ours (one may be held by a thread that does not exist here). Called where a
+/// program thread is about to take one: a full ring, its own `fork`, its exit.
+fn adopt_if_cloned() {
+    if crate::os::image::is_unadopted_child() && LIFECYCLE.phase() == crate::lifecycle::Phase::Tracking {
+        // Marked first: a second thread of the child does not adopt again.
+        crate::os::image::mark_own_image();
+        fork_child();
+    }
+}
+
 /// Called by a producer that found its ring full.
 fn help_drain() {
+    adopt_if_cloned();
     if let Some(mut g) = STATE.try_lock() {
         if let Some(c) = g.as_mut() {
             drain_into(c, 4096, false);
@@ -255,6 +268,7 @@ pub fn start(config: Config, host_tracking: String) -> bool {
         }
         LIFECYCLE.set_leak_exit_code(side.config.exit_code);
         *REPORT.lock() = Some(side);
+        crate::os::image::mark_own_image();
         LIFECYCLE.start(std::process::id(), depth);
         if cgo {
             write_report(Reason::Periodic);
@@ -741,6 +755,7 @@ fn reachability_scan(input: &crate::collector::state::ScanInput, names_thread: u
 /// signal, or two threads) waits for the first to finish writing, so that no exit path
 /// ends the process in the middle of the report.
 pub fn finish() {
+    adopt_if_cloned();
     match LIFECYCLE.begin_final(std::process::id()) {
         FinalTurn::Mine => {}
         FinalTurn::InProgress => {
@@ -800,6 +815,7 @@ pub fn after_dlclose() {
 // ---- fork --------------------------------------------------------------------------
 
 pub fn fork_prepare() {
+    adopt_if_cloned();
     crate::os::loader::fork_hold_loader_walks();
     STATE.lock_raw();
 }
@@ -813,6 +829,7 @@ pub fn fork_child() {
     crate::os::loader::fork_release_loader_walks();
     // The parent's collector thread does not exist here; ours starts below.
     LIFECYCLE.fork_child(std::process::id());
+    crate::os::image::mark_own_image();
     // The forking thread keeps its stack (and the bounds it noted) in the child.
     thread::reset_after_fork();
     thread::untracked(|| {

@@ -146,3 +146,13 @@ fn a_leak_made_on_a_heap_allocated_coroutine_stack_has_its_stack() {
     assert_eq!(&names[..2], ["leak_on_coroutine", "co"], "{names:?}");
     assert_eq!(definite(&r, "leak_on_coroutine"), 1313);
 }
+
+#[test]
+fn children_of_a_raw_clone_never_wait_on_a_lock_of_a_thread_they_do_not_have() {
+    let bin = build_fixture("raw_clone.c", &[]);
+    let mut cmd = Command::new(&bin);
+    cmd.env("LEAKTRACE_SUMMARY", "0");
+    let run = run_traced(cmd, "raw-clone");
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(run.stdout(), "done\n");
+}

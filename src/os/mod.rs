@@ -5,6 +5,7 @@
 //! imports from the stages.
 pub mod anchor;
 pub mod fds;
+pub mod image;
 pub mod loader;
 pub mod lock;
 pub mod signals;
