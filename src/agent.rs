@@ -252,6 +252,10 @@ pub fn start(config: Config, host_tracking: String) -> bool {
             None => Default::default(),
         };
         channel::init();
+        match crate::hotpath::python::init(config.python_frames) {
+            crate::hotpath::python::Found::Off(line) if !line.is_empty() => stderr_line(&line),
+            _ => {}
+        }
         if config.scan {
             SCAN_AT_EXIT.store(true, Ordering::Relaxed);
             crate::scan::roots::record_main_tls();

@@ -40,6 +40,8 @@ pub struct Config {
     /// LEAKTRACE_EXIT_CODE: the status a process that leaks exits with when it would
     /// have exited with 0 (LeakSanitizer's `exitcode`); None = the program's own status.
     pub exit_code: Option<u8>,
+    /// LEAKTRACE_PYTHON: Python frames in the stacks of a CPython process.
+    pub python_frames: bool,
 }
 
 /// When the library's collector thread starts.
@@ -101,6 +103,7 @@ impl Default for Config {
             report_groups: DEFAULT_REPORT_GROUPS,
             collector: CollectorStart::Auto,
             exit_code: None,
+            python_frames: true,
         }
     }
 }
@@ -119,6 +122,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("LEAKTRACE_REPORT_GROUPS", "leak groups listed with their stacks per report, the rest added up (default 2000)"),
     ("LEAKTRACE_COLLECTOR", "thread, lazy or auto: start the collector thread at once, or only with the program's second thread (default auto: lazy in a Chromium zygote, which must stay single-threaded)"),
     ("LEAKTRACE_EXIT_CODE", "1..255: a process that leaks (after suppressions) and would have exited with 0 exits with this status, as LeakSanitizer's exitcode (default: off, the program's own status)"),
+    ("LEAKTRACE_PYTHON", "1/0: Python frames (function, file, line) in the stacks of a CPython 3.9-3.13 process (default 1)"),
     ("LEAKTRACE_SCAN", "0: no pointer scan at exit; every outstanding block counts (default 1: definite/indirect/reachable as LeakSanitizer)"),
 ];
 
@@ -222,6 +226,12 @@ impl Config {
                 bad("LEAKTRACE_SUPPRESSIONS", &v, "a file", "no suppressions".into());
             } else {
                 c.suppressions = Some(PathBuf::from(v));
+            }
+        }
+        if let Some(v) = get("LEAKTRACE_PYTHON") {
+            match parse_bool(&v) {
+                Some(b) => c.python_frames = b,
+                None => bad("LEAKTRACE_PYTHON", &v, "1 or 0", "1".into()),
             }
         }
         if let Some(v) = get("LEAKTRACE_SCAN") {

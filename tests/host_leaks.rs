@@ -10,7 +10,7 @@ fn planted_leaks_are_reported_exactly_with_their_functions() {
     assert_eq!(run.code(), Some(7), "exit status must be unchanged; stderr:\n{}", run.stderr());
     assert_eq!(run.stdout(), "leaks fixture done\n");
     let r = run.report();
-    assert_eq!(r["schema"], "leaktrace-report/2");
+    assert_eq!(r["schema"], "leaktrace-report/3");
     assert_eq!(r["reason"], "exit");
     assert_eq!(r["exe"].as_str().unwrap(), bin.to_str().unwrap());
 

@@ -1,4 +1,4 @@
-//! Reading `leaktrace-report/1` and `/2` files (see docs/report-format.md). Unknown
+//! Reading `leaktrace-report/1`, `/2` and `/3` files (see docs/report-format.md). Unknown
 //! fields are ignored; a missing file, bad JSON or another schema major version is an
 //! error that says what to do.
 use std::path::{Path, PathBuf};
@@ -22,6 +22,9 @@ pub struct Frame {
     pub line: Option<u32>,
     #[serde(default)]
     pub inlined: bool,
+    /// A Python frame (schema 3).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub python: bool,
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]

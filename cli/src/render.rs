@@ -14,6 +14,7 @@ pub fn frame_line(i: usize, f: &Frame) -> String {
             module: f.module.as_deref(),
             offset: f.offset,
             inlined: f.inlined,
+            python: f.python,
         },
     )
 }

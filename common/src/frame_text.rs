@@ -1,5 +1,9 @@
 //! One stack frame as LeakSanitizer prints it:
-//! `    #3 0x55d0c0a0115a in train_step /src/x.c:28 (/bin/x+0x115a)`.
+//! `    #3 0x55d0c0a0115a in train_step /src/x.c:28 (/bin/x+0x115a)`; a Python frame as
+//! `    #5 in Model.forward /work/train.py:41 [python]`.
+//!
+//! And the frames-only view of a stack that has Python frames: the native frames up to
+//! the first Python frame (where the memory was allocated), then only Python frames.
 
 pub struct FrameFields<'a> {
     pub ip: &'a str,
@@ -9,11 +13,12 @@ pub struct FrameFields<'a> {
     pub module: Option<&'a str>,
     pub offset: Option<u64>,
     pub inlined: bool,
+    pub python: bool,
 }
 
 pub fn frame_line(index: usize, f: &FrameFields) -> String {
-    let mut s = format!("    #{index} {}", f.ip);
-    if let Some(func) = f.function {
+    let mut s = if f.python { format!("    #{index} in {}", f.function.unwrap_or("?")) } else { format!("    #{index} {}", f.ip) };
+    if let (Some(func), false) = (f.function, f.python) {
         s.push_str(" in ");
         s.push_str(func);
     }
@@ -29,10 +34,35 @@ pub fn frame_line(index: usize, f: &FrameFields) -> String {
         (Some(m), None) => s.push_str(&format!(" ({m})")),
         _ => {}
     }
+    if f.python {
+        s.push_str(" [python]");
+        return s;
+    }
     if f.inlined {
         s.push_str(" [inlined]");
     }
     s
+}
+
+/// The frames the frames-only view shows of a stack whose frames are Python frames or
+/// not (`is_python`, innermost first): every native frame before the first Python
+/// frame, then the Python frames alone. A stack without Python frames is shown whole.
+pub fn python_view(is_python: &[bool]) -> Vec<usize> {
+    let Some(first) = is_python.iter().position(|&p| p) else {
+        return (0..is_python.len()).collect();
+    };
+    (0..first).chain((first..is_python.len()).filter(|&i| is_python[i])).collect()
+}
+
+/// Whether a Python source file is the user's own code: not the standard library, not
+/// an installed package, not frozen or generated code.
+pub fn is_user_python_file(file: &str) -> bool {
+    !(file.starts_with('<')
+        || file.contains("/site-packages/")
+        || file.contains("/dist-packages/")
+        || file.contains("/lib/python3")
+        || file.contains("/lib64/python3")
+        || file.contains("/usr/lib/python"))
 }
 
 #[cfg(test)]
@@ -49,9 +79,38 @@ mod tests {
             module: Some("/bin/x"),
             offset: Some(0x234),
             inlined: false,
+            python: false,
         };
         assert_eq!(frame_line(0, &f), "    #0 0x1234 in leak_here /src/x.c:12 (/bin/x+0x234)");
-        let bare = FrameFields { ip: "0x9", function: None, file: None, line: None, module: None, offset: None, inlined: true };
+        let bare = FrameFields { ip: "0x9", function: None, file: None, line: None, module: None, offset: None, inlined: true, python: false };
         assert_eq!(frame_line(7, &bare), "    #7 0x9 [inlined]");
+        let py = FrameFields {
+            ip: "0x0",
+            function: Some("Model.forward"),
+            file: Some("/w/train.py"),
+            line: Some(41),
+            module: None,
+            offset: Some(12),
+            inlined: false,
+            python: true,
+        };
+        assert_eq!(frame_line(5, &py), "    #5 in Model.forward /w/train.py:41 [python]");
+    }
+
+    #[test]
+    fn frames_only_view() {
+        assert_eq!(python_view(&[false, false]), vec![0, 1]);
+        assert_eq!(python_view(&[false, false, true, false, true, false]), vec![0, 1, 2, 4]);
+        assert_eq!(python_view(&[true, false]), vec![0]);
+    }
+
+    #[test]
+    fn user_files() {
+        assert!(is_user_python_file("/home/me/train.py"));
+        assert!(is_user_python_file("train.py"));
+        assert!(!is_user_python_file("/usr/lib/python3.11/threading.py"));
+        assert!(!is_user_python_file("/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/torch/nn/modules/module.py"));
+        assert!(!is_user_python_file("<frozen importlib._bootstrap>"));
+        assert!(!is_user_python_file("/venv/lib/python3.12/site-packages/x.py"));
     }
 }

@@ -3,6 +3,10 @@
 //! - `leaktrace-report/1`: every stack lists its frames in full.
 //! - `leaktrace-report/2`: the report has one `frames` table of distinct frames and
 //!   every stack (`leaks[].stack`, `timeline.series[].stack`) lists indices into it.
+//! - `leaktrace-report/3`: as 2; a frame may be a Python frame (`"python": true`, no
+//!   address: its `function`, `file` and `line` are the Python code's, `offset` the
+//!   instruction's byte offset in its code object). A reader of 2 would show such a
+//!   frame as a native frame at address 0, hence the new major version.
 //!
 //! Readers of both turn a report into the version 1 shape with `inline_frames`, so that
 //! everything after the parse sees frames in full.
@@ -10,9 +14,9 @@ use serde_json::Value;
 
 pub const SCHEMA_PREFIX: &str = "leaktrace-report/";
 /// The major version the library writes.
-pub const CURRENT_MAJOR: u32 = 2;
+pub const CURRENT_MAJOR: u32 = 3;
 /// The major versions `inline_frames` reads.
-pub const READABLE_MAJORS: [u32; 2] = [1, 2];
+pub const READABLE_MAJORS: [u32; 3] = [1, 2, 3];
 
 /// The major version of a report's `schema` field: `None` when the field is missing or
 /// is not `leaktrace-report/<number>`.
@@ -20,10 +24,10 @@ pub fn major_of(report: &Value) -> Option<u32> {
     report.get("schema")?.as_str()?.strip_prefix(SCHEMA_PREFIX)?.parse().ok()
 }
 
-/// Replaces every stack's frame indices by the frames of the report's table (version 2);
+/// Replaces every stack's frame indices by the frames of the report's table (versions 2, 3);
 /// a version 1 report is left as it is. The error says which stack refers to what.
 pub fn inline_frames(report: &mut Value) -> Result<(), String> {
-    if major_of(report) != Some(2) {
+    if !matches!(major_of(report), Some(2 | 3)) {
         return Ok(());
     }
     let table = match report.get_mut("frames").map(Value::take) {

@@ -4,6 +4,7 @@ pub mod channel;
 pub mod event;
 pub mod hit_tree;
 pub mod mapping;
+pub mod python;
 pub mod stacks;
 pub mod thread;
 pub mod unwind;

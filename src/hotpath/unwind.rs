@@ -905,7 +905,29 @@ fn fold_inward(outer: u64, own: &[u64], states: &mut [u64]) -> u64 {
 /// interned id; 0 when no stack could be taken. `state` is the calling thread's.
 #[inline(never)]
 pub fn capture_stack_id(state: &ThreadState, depth: usize) -> u32 {
-    capture(state, depth, true)
+    let native = capture(state, depth, true);
+    if super::python::enabled() {
+        with_python_frames(native)
+    } else {
+        native
+    }
+}
+
+/// The id of the stack `native` with the calling thread's Python frames, if it runs
+/// any: `[PY_STACK, native, python words…]` (see `python::capture`). Python frames are
+/// part of a stack's identity: two lines that reach one native path are two stacks.
+#[inline(always)]
+fn with_python_frames(native: u32) -> u32 {
+    let mut words = [0u64; 2 + super::python::MAX_PY_FRAMES];
+    let n = super::python::capture(&mut words[2..]);
+    if n == 0 {
+        return native;
+    }
+    words[0] = super::python::PY_STACK;
+    words[1] = native as u64;
+    let epoch = epoch();
+    let words = &words[..n + 2];
+    stacks::intern_hashed(epoch, words, None, stacks::hash_frames(epoch, words))
 }
 
 /// Tests: the same capture with no memo at all (every frame unwound), to compare with.

@@ -11,7 +11,7 @@ use super::timeline::Timeline;
 use crate::collector::state::{GroupSnapshot, KindTotals, Totals};
 use crate::hotpath::event::Kind;
 
-pub const SCHEMA: &str = "leaktrace-report/2";
+pub const SCHEMA: &str = "leaktrace-report/3";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reason {
@@ -44,6 +44,10 @@ pub struct Frame {
     pub file: Option<Arc<str>>,
     pub line: Option<u32>,
     pub inlined: bool,
+    /// A Python frame (`function`, `file` and `line` are the Python function's; `offset`
+    /// is the instruction's byte offset in its code object).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub python: bool,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -152,7 +156,8 @@ pub fn resolve_stacks(ids: &[u32], sym: &mut Symbolizer) -> Vec<Vec<Frame>> {
 
 fn symbolized(raw: Vec<RawFrame>, sym: &mut Symbolizer) -> Vec<Frame> {
     let mut stack = Vec::with_capacity(raw.len());
-    for rf in raw {
+    let python: Vec<u64> = raw.iter().filter_map(|rf| rf.python).collect();
+    for rf in raw.into_iter().filter(|rf| rf.python.is_none()) {
         let (module, offset) = match rf.module {
             Some((m, off)) => (sym.module(m).map(|m| m.path.clone()), Some((m, off))),
             None => (None, None),
@@ -163,7 +168,7 @@ fn symbolized(raw: Vec<RawFrame>, sym: &mut Symbolizer) -> Vec<Frame> {
         };
         let off = offset.map(|(_, o)| o);
         if syms.is_empty() {
-            stack.push(Frame { ip: rf.ip, module: module.clone(), offset: off, function: None, file: None, line: None, inlined: false });
+            stack.push(Frame { ip: rf.ip, module: module.clone(), offset: off, function: None, file: None, line: None, inlined: false, python: false });
         }
         for s in syms {
             stack.push(Frame {
@@ -174,10 +179,15 @@ fn symbolized(raw: Vec<RawFrame>, sym: &mut Symbolizer) -> Vec<Frame> {
                 file: s.file,
                 line: s.line,
                 inlined: s.inlined,
+                python: false,
             });
         }
     }
-    stack
+    if python.is_empty() {
+        stack
+    } else {
+        super::python::merge(stack, &python, &mut sym.python)
+    }
 }
 
 /// Groups beyond the report's limit (`LEAKTRACE_REPORT_GROUPS`): counted, not listed.
@@ -351,7 +361,7 @@ struct FrameTable<'a> {
     index: crate::collector::state::FxMap<FrameKey, u32>,
 }
 
-type FrameKey = (u64, usize, Option<u64>, usize, usize, Option<u32>, bool);
+type FrameKey = (u64, usize, Option<u64>, usize, usize, Option<u32>, bool, bool);
 
 fn identity(s: &Option<Arc<str>>) -> usize {
     s.as_ref().map_or(0, |a| Arc::as_ptr(a) as *const u8 as usize)
@@ -362,7 +372,7 @@ impl<'a> FrameTable<'a> {
         stack
             .iter()
             .map(|f| {
-                let key = (f.ip, identity(&f.module), f.offset, identity(&f.function), identity(&f.file), f.line, f.inlined);
+                let key = (f.ip, identity(&f.module), f.offset, identity(&f.function), identity(&f.file), f.line, f.inlined, f.python);
                 *self.index.entry(key).or_insert_with(|| {
                     self.frames.push(f);
                     self.frames.len() as u32 - 1
@@ -547,6 +557,7 @@ fn frame_text(i: usize, f: &Frame) -> String {
             module: f.module.as_deref(),
             offset: f.offset,
             inlined: f.inlined,
+            python: f.python,
         },
     )
 }
@@ -660,9 +671,14 @@ pub fn summary_text(
                     "\n{label} of {} byte(s) in {} object(s) allocated from {} ({}{device}):\n",
                     a.bytes, a.blocks, g.api, g.kind
                 ));
-                for (i, f) in g.stack.iter().enumerate() {
-                    out.push_str(&frame_text(i, f));
+                let flags: Vec<bool> = g.stack.iter().map(|f| f.python).collect();
+                let shown = leaktrace_common::frame_text::python_view(&flags);
+                for (i, &k) in shown.iter().enumerate() {
+                    out.push_str(&frame_text(i, &g.stack[k]));
                     out.push('\n');
+                }
+                if shown.len() < g.stack.len() {
+                    out.push_str(&format!("    ({} native frame(s) between Python frames not shown; the report has them)\n", g.stack.len() - shown.len()));
                 }
                 if g.stack.is_empty() {
                     out.push_str("    <no stack>\n");
@@ -712,8 +728,9 @@ mod tests {
                     file: Some("/src/x.c".into()),
                     line: Some(12),
                     inlined: false,
+                    python: false,
                 },
-                Frame { ip: 0x9999, module: None, offset: None, function: None, file: None, line: None, inlined: false },
+                Frame { ip: 0x9999, module: None, offset: None, function: None, file: None, line: None, inlined: false, python: false },
             ],
         }
     }
@@ -739,7 +756,7 @@ mod tests {
         other.stack_id = 8;
         other.stack[1].ip = 0x7777;
         let groups = [first, other];
-        let followed = vec![groups[0].stack[0].clone(), Frame { ip: 0x5555, module: None, offset: None, function: None, file: None, line: None, inlined: false }];
+        let followed = vec![groups[0].stack[0].clone(), Frame { ip: 0x5555, module: None, offset: None, function: None, file: None, line: None, inlined: false, python: false }];
         let timeline = TimelineOut {
             points: vec![TimelinePoint { unix_ms: 5, live_bytes: 48, live_blocks: 3 }],
             series: vec![
@@ -762,7 +779,7 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
         let keys: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();
         assert_eq!(&keys[..3], &["schema", "tool", "pid"]);
-        assert_eq!(v["schema"], "leaktrace-report/2");
+        assert_eq!(v["schema"], "leaktrace-report/3");
         use leaktrace_common::report_schema::{CURRENT_MAJOR, SCHEMA_PREFIX};
         assert_eq!(SCHEMA, format!("{SCHEMA_PREFIX}{CURRENT_MAJOR}"), "the readers' idea of the current version");
         assert_eq!(v["reason"], "exit");

@@ -32,7 +32,7 @@ mod tests {
     use super::*;
 
     fn frame(function: &str) -> Frame {
-        Frame { ip: 1, module: None, offset: None, function: Some(function.into()), file: None, line: None, inlined: false }
+        Frame { ip: 1, module: None, offset: None, function: Some(function.into()), file: None, line: None, inlined: false, python: false }
     }
 
     #[test]

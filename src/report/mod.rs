@@ -2,6 +2,7 @@
 pub mod build;
 pub mod cached;
 pub mod process;
+pub mod python;
 pub mod symbolize;
 pub mod timeline;
 pub mod writer;

@@ -28,6 +28,8 @@ pub struct RawFrame {
     pub ip: u64,
     /// Index into `Symbolizer::modules` and offset from the module's load bias.
     pub module: Option<(u32, u64)>,
+    /// A Python frame word (`hotpath::python`): no address, named by `report::python`.
+    pub python: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -52,6 +54,8 @@ pub struct Symbolizer {
     ended_epochs: FxMap<u32, Vec<(u64, u64, u32)>>,
     files: FxMap<u32, Option<ModuleFile>>,
     symbols: FxMap<(u32, u64), Vec<SymFrame>>,
+    /// Python frames named so far.
+    pub python: super::python::PythonNames,
 }
 
 type Reader = gimli::EndianSlice<'static, gimli::RunTimeEndian>;
@@ -324,8 +328,14 @@ impl Symbolizer {
     /// A captured stack's frames with their modules (innermost first).
     pub fn raw_stack(&mut self, id: u32) -> Vec<RawFrame> {
         let (frames, epoch) = stacks::frames_and_epoch(id).unwrap_or_default();
+        if frames.first() == Some(&crate::hotpath::python::PY_STACK) {
+            // The native stack, then the Python frames (placed by `report::python::merge`).
+            let mut out = frames.get(1).map_or_else(Vec::new, |&native| self.raw_stack(native as u32));
+            out.extend(frames.iter().skip(2).map(|&w| RawFrame { ip: 0, module: None, python: Some(w) }));
+            return out;
+        }
         if epoch == unwind::epoch() {
-            return frames.iter().map(|&ip| RawFrame { ip, module: self.module_for_ip(ip) }).collect();
+            return frames.iter().map(|&ip| RawFrame { ip, module: self.module_for_ip(ip), python: None }).collect();
         }
         let ended = self.ended_epochs.get(&epoch).map(Vec::as_slice).unwrap_or(&[]);
         frames
@@ -337,7 +347,7 @@ impl Symbolizer {
                     .map(|i| ended[i])
                     .filter(|m| ip < m.1)
                     .map(|(_, _, idx)| (idx, ip.wrapping_sub(self.modules[idx as usize].base)));
-                RawFrame { ip, module }
+                RawFrame { ip, module, python: None }
             })
             .collect()
     }
