@@ -252,6 +252,10 @@ pub fn start(config: Config, host_tracking: String) -> bool {
             None => Default::default(),
         };
         channel::init();
+        // pymalloc's arenas are known from before the interpreter maps its first one.
+        if config.scan {
+            crate::interpose::pymalloc::install();
+        }
         match crate::hotpath::python::init(config.python_frames) {
             crate::hotpath::python::Found::Off(line) if !line.is_empty() => stderr_line(&line),
             _ => {}

@@ -466,9 +466,17 @@ pub fn innermost(id: u32) -> Option<u64> {
         return None;
     }
     let t = tables()?;
-    let mut first = None;
-    t.visit(id, 0, 1, &mut |ip| first = Some(ip));
-    first
+    let mut two = [None; 2];
+    let mut n = 0;
+    t.visit(id, 0, 2, &mut |ip| {
+        two[n] = Some(ip);
+        n += 1;
+    });
+    match two {
+        // A stack with Python frames: the innermost native frame is its native stack's.
+        [Some(super::python::PY_STACK), Some(native)] => innermost(native as u32),
+        [first, _] => first,
+    }
 }
 
 /// How many stacks could not be interned (table full); their events carry id 0.

@@ -20,6 +20,7 @@ pub mod cuda_driver;
 pub mod cuda_runtime;
 pub mod lifecycle;
 pub mod malloc;
+pub mod pymalloc;
 pub mod real;
 pub mod resolve;
 pub mod threads;

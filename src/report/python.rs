@@ -236,7 +236,7 @@ mod tests {
     fn location_table_forms() {
         let mut t = Vec::new();
         // Short form (code 0), 1 unit: same line as first; 1 byte of columns.
-        t.extend([0x80 | (0 << 3), 0x00]);
+        t.extend([0x80, 0x00]);
         // One-line form code 11: line + 1, 2 units; two column bytes.
         t.extend([0x80 | (11 << 3) | 1, 4, 9]);
         // No-column form code 13: line delta -1 as svarint (3), 1 unit.
@@ -277,6 +277,6 @@ mod tests {
         let merged = merge(stack, &words, &mut names);
         let kinds: Vec<bool> = merged.iter().map(|f| f.python).collect();
         assert_eq!(kinds, [false, true, true, false, false, true, false, false, true]);
-        assert_eq!(merged[8].python, true, "the leftover frame goes last");
+        assert!(merged[8].python, "the leftover frame goes last");
     }
 }

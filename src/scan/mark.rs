@@ -188,6 +188,9 @@ pub struct Roots<'r> {
     /// what the parent wrote before the fork, no address of a block the child made.
     pub inherited: &'r [(u64, u64)],
     pub changed_since_fork: &'r [(u64, u64)],
+    /// CPython's object arenas (start, size): their live objects are program roots
+    /// (`scan::pymalloc`).
+    pub python_arenas: &'r [(u64, u64)],
 }
 
 /// Classifies every block against `roots`, without allocating.
@@ -228,6 +231,9 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
     }
     for &(start, len) in roots.program {
         mark_from(start, len, reached, work, true);
+    }
+    for &arena in roots.python_arenas {
+        super::pymalloc::live_runs(mem, arena, |start, len| mark_from(start, len, reached, work, true));
     }
     trace(reached, work, true);
     for &(start, len) in roots.runtime {
@@ -288,7 +294,7 @@ pub fn classify(blocks: &[Block], roots: &[(u64, u64)], runtime_roots: &[(u64, u
 /// `classify`, with the owner of each indirect block (`Scratch::owners`).
 pub fn classify_with_owners(blocks: &[Block], roots: &[(u64, u64)], runtime_roots: &[(u64, u64)], mem: &impl Memory) -> (Vec<Verdict>, Vec<u32>) {
     let mut s = Scratch::new(blocks);
-    classify_into(blocks, &Roots { program: roots, runtime: runtime_roots, inherited: &[], changed_since_fork: &[] }, mem, &mut s);
+    classify_into(blocks, &Roots { program: roots, runtime: runtime_roots, inherited: &[], changed_since_fork: &[], python_arenas: &[] }, mem, &mut s);
     (s.verdicts, s.owners)
 }
 
@@ -478,7 +484,7 @@ mod tests {
         m.insert(0x5200, 0x5000);
         let mut s = Scratch::new(&b);
         let changed = [(0x1000, 0x1000)];
-        classify_into(&b, &Roots { program: &[], runtime: &[], inherited: &inherited, changed_since_fork: &changed }, &Fake(m), &mut s);
+        classify_into(&b, &Roots { program: &[], runtime: &[], inherited: &inherited, changed_since_fork: &changed, python_arenas: &[] }, &Fake(m), &mut s);
         use Verdict::*;
         assert_eq!(s.verdicts, vec![Reachable, Definite, Definite]);
     }

@@ -4,6 +4,7 @@
 //! reachable, indirect (only leaked blocks point to it) or definite.
 //! On by default (`LEAKTRACE_SCAN=0` turns it off).
 pub mod mark;
+pub mod pymalloc;
 pub mod roots;
 
 use std::time::Instant;
@@ -65,8 +66,11 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32]) -> 
     root_ranges.extend(blocking_stacks.iter().map(|s| (s.as_ptr() as u64, (s.len() * 8) as u64)));
     roots::own_stack(&maps, &mut root_ranges, &mut regs);
     root_ranges.reserve(tids.len() + 8 + roots::WrittenPages::bound(&module_ranges));
+    let mut python_arenas = Vec::with_capacity(crate::interpose::pymalloc::capacity());
     // From here until `resume`: no allocation.
     let stopped = roots::stop_threads(&tids, &maps, &mut root_ranges, &mut regs);
+    // Read while the interpreter's threads are held (arenas come and go under the GIL).
+    crate::interpose::pymalloc::live_arenas(&mut python_arenas);
     // Which pages were written is read while every thread that could write is held.
     if forked_child {
         // What the child never wrote holds only what the parent had at the fork: no
@@ -82,7 +86,7 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32]) -> 
     if root_ranges.len() < root_ranges.capacity() {
         root_ranges.push(regs_range);
     }
-    let all_roots = mark::Roots { program: &root_ranges, runtime: &runtime_ranges, inherited, changed_since_fork: &changed_since_fork };
+    let all_roots = mark::Roots { program: &root_ranges, runtime: &runtime_ranges, inherited, changed_since_fork: &changed_since_fork, python_arenas: &python_arenas };
     mark::classify_into(blocks, &all_roots, &roots::ProcessMemory { readable: &maps }, &mut scratch);
     roots::resume(stopped.asked);
     let info = ScanInfo {

@@ -1,0 +1,150 @@
+//! CPython's object allocator (pymalloc) keeps small objects in arenas that it maps
+//! itself: they are neither tracked blocks nor roots, so a block that only a live
+//! Python object points to (a list's item array, a tensor's storage) would look leaked.
+//! The arena allocator is hooked through the interpreter's public
+//! `PyObject_SetArenaAllocator` (not an exported symbol: no ABI entry of ours), so that
+//! every live arena is known; the scan reads the objects in them as roots
+//! (`scan::pymalloc`). Installed at start-up, before the interpreter maps its first
+//! arena; the hooks run under the GIL and cost one table update per arena (256 KiB or
+//! 1 MiB).
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+/// `PyObjectArenaAllocator`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ArenaAllocator {
+    ctx: *mut libc::c_void,
+    alloc: Option<extern "C" fn(*mut libc::c_void, usize) -> *mut libc::c_void>,
+    free: Option<extern "C" fn(*mut libc::c_void, *mut libc::c_void, usize)>,
+}
+
+const SLOTS: usize = 1 << 16;
+
+struct Table {
+    addr: [AtomicU64; SLOTS],
+    size: [AtomicU64; SLOTS],
+}
+
+static TABLE: AtomicUsize = AtomicUsize::new(0);
+/// Slots below this index may be in use.
+static HIGH: AtomicUsize = AtomicUsize::new(0);
+static FULL: AtomicBool = AtomicBool::new(false);
+static ORIGINAL_CTX: AtomicUsize = AtomicUsize::new(0);
+static ORIGINAL_ALLOC: AtomicUsize = AtomicUsize::new(0);
+static ORIGINAL_FREE: AtomicUsize = AtomicUsize::new(0);
+
+fn table() -> Option<&'static Table> {
+    let p = TABLE.load(Ordering::Acquire);
+    // SAFETY: a zeroed mapping of one Table (all-zero atomics are valid), never unmapped.
+    (p != 0).then(|| unsafe { &*(p as *const Table) })
+}
+
+extern "C" fn arena_alloc(_ctx: *mut libc::c_void, size: usize) -> *mut libc::c_void {
+    let f = ORIGINAL_ALLOC.load(Ordering::Relaxed);
+    // SAFETY: the interpreter's own arena allocator, saved before ours was installed.
+    let f: extern "C" fn(*mut libc::c_void, usize) -> *mut libc::c_void = unsafe { std::mem::transmute(f) };
+    let p = f(ORIGINAL_CTX.load(Ordering::Relaxed) as *mut libc::c_void, size);
+    if !p.is_null() {
+        note(p as u64, size as u64);
+    }
+    p
+}
+
+extern "C" fn arena_free(_ctx: *mut libc::c_void, p: *mut libc::c_void, size: usize) {
+    // Out of the table first: a scan never reads an arena being unmapped.
+    forget(p as u64);
+    let f = ORIGINAL_FREE.load(Ordering::Relaxed);
+    // SAFETY: as in `arena_alloc`.
+    let f: extern "C" fn(*mut libc::c_void, *mut libc::c_void, usize) = unsafe { std::mem::transmute(f) };
+    f(ORIGINAL_CTX.load(Ordering::Relaxed) as *mut libc::c_void, p, size);
+}
+
+fn note(addr: u64, size: u64) {
+    let Some(t) = table() else { return };
+    for i in 0..SLOTS {
+        if t.addr[i].load(Ordering::Relaxed) == 0 && t.addr[i].compare_exchange(0, u64::MAX, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            t.size[i].store(size, Ordering::Relaxed);
+            t.addr[i].store(addr, Ordering::Release);
+            HIGH.fetch_max(i + 1, Ordering::AcqRel);
+            return;
+        }
+    }
+    FULL.store(true, Ordering::Relaxed);
+}
+
+fn forget(addr: u64) {
+    let Some(t) = table() else { return };
+    let high = HIGH.load(Ordering::Acquire);
+    if let Some(slot) = t.addr[..high].iter().find(|a| a.load(Ordering::Acquire) == addr) {
+        slot.store(0, Ordering::Release);
+    }
+}
+
+/// Installs the arena hooks in a process that runs CPython with pymalloc; returns
+/// whether they are in place. Call before the interpreter starts (the library's start).
+pub fn install() -> bool {
+    if table().is_some() {
+        return true;
+    }
+    // SAFETY: dlsym with a valid handle and NUL-terminated names.
+    let (get, set) = unsafe {
+        (
+            libc::dlsym(libc::RTLD_DEFAULT, c"PyObject_GetArenaAllocator".as_ptr()),
+            libc::dlsym(libc::RTLD_DEFAULT, c"PyObject_SetArenaAllocator".as_ptr()),
+        )
+    };
+    if get.is_null() || set.is_null() {
+        return false;
+    }
+    let Some(mem) = crate::hotpath::mapping::map_zeroed(std::mem::size_of::<Table>()) else { return false };
+    let mut original = ArenaAllocator { ctx: std::ptr::null_mut(), alloc: None, free: None };
+    // SAFETY: the interpreter's exported functions, of these signatures; they copy the
+    // struct (callable before the interpreter is initialised).
+    unsafe {
+        let get: extern "C" fn(*mut ArenaAllocator) = std::mem::transmute(get);
+        get(&mut original);
+    }
+    let (Some(alloc), Some(free)) = (original.alloc, original.free) else {
+        crate::hotpath::mapping::unmap(mem, std::mem::size_of::<Table>());
+        return false;
+    };
+    ORIGINAL_CTX.store(original.ctx as usize, Ordering::Relaxed);
+    ORIGINAL_ALLOC.store(alloc as usize, Ordering::Relaxed);
+    ORIGINAL_FREE.store(free as usize, Ordering::Relaxed);
+    TABLE.store(mem as usize, Ordering::Release);
+    let mut ours = ArenaAllocator { ctx: std::ptr::null_mut(), alloc: Some(arena_alloc), free: Some(arena_free) };
+    // SAFETY: as above.
+    unsafe {
+        let set: extern "C" fn(*mut ArenaAllocator) = std::mem::transmute(set);
+        set(&mut ours);
+    }
+    true
+}
+
+/// Whether arenas were mapped that the table had no room for (the scan then misses
+/// the objects in them).
+pub fn overflowed() -> bool {
+    FULL.load(Ordering::Relaxed)
+}
+
+/// The most arenas `live_arenas` can report.
+pub fn capacity() -> usize {
+    if table().is_some() {
+        SLOTS
+    } else {
+        0
+    }
+}
+
+/// Appends the live arenas (start, size) to `out` without allocating: at most its
+/// spare capacity (reserve `capacity()` first).
+pub fn live_arenas(out: &mut Vec<(u64, u64)>) {
+    let Some(t) = table() else { return };
+    let high = HIGH.load(Ordering::Acquire);
+    for i in 0..high {
+        let a = t.addr[i].load(Ordering::Acquire);
+        if a != 0 && a != u64::MAX && out.len() < out.capacity() {
+            out.push((a, t.size[i].load(Ordering::Relaxed)));
+        }
+    }
+}
