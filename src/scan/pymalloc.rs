@@ -67,7 +67,7 @@ fn pool_runs(mem: &impl Memory, p: u64, pool: u64, visit: &mut impl FnMut(u64, u
     let mut free = [0u64; BITMAP_WORDS];
     let mut f = freeblock;
     for _ in 0..nblocks {
-        if f < first || f >= first + nblocks as u64 * bsize || (f - first) % bsize != 0 {
+        if f < first || f >= first + nblocks as u64 * bsize || !(f - first).is_multiple_of(bsize) {
             break;
         }
         let i = ((f - first) / bsize) as usize;
