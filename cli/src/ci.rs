@@ -11,9 +11,13 @@ fn is_user_file(file: &str) -> bool {
     !file.starts_with('<') && !SYSTEM.iter().any(|p| file.starts_with(p)) && !PACKAGES.iter().any(|p| file.contains(p))
 }
 
-/// The first frame of `stack` in the program's own code (a file that `is_user_file`).
+/// The first frame of `stack` in the program's own code (a file that `is_user_file`; for
+/// a Python frame, not the standard library or an installed package).
 pub fn first_user_frame(stack: &[Frame]) -> Option<&Frame> {
-    stack.iter().find(|f| f.file.as_deref().is_some_and(is_user_file) && f.line.is_some())
+    stack.iter().find(|f| {
+        let user = |file: &str| if f.python { leaktrace_common::frame_text::is_user_python_file(file) } else { is_user_file(file) };
+        f.file.as_deref().is_some_and(user) && f.line.is_some()
+    })
 }
 
 /// A path as the CI checkout sees it: relative to the working directory when it lies

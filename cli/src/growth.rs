@@ -20,7 +20,7 @@
 //! A plateau (growth that stops) fails the third test; noise fails the second.
 use serde::Serialize;
 
-use crate::model::{Frame, Report};
+use crate::model::{Frame, Point, Report};
 
 pub const MIN_POINTS: usize = 8;
 pub const DEFAULT_MIN_BYTES: u64 = 1024;
@@ -68,6 +68,31 @@ fn teardown_points(values: &[u64]) -> usize {
     k
 }
 
+/// The `api` of a growth found on a line of the user's Python code (its `stack` is that
+/// one Python frame).
+pub const PYTHON_LINE: &str = "python line";
+
+/// (first, last, points, bytes per minute) of a series that grows steadily.
+fn steady_growth(bytes: &[u64], points: &[Point], cut: usize, min_bytes: u64) -> Option<(u64, u64, usize, u64)> {
+    let values = &bytes[..bytes.len().saturating_sub(cut)];
+    if values.len() != points.len() {
+        return None;
+    }
+    let followed_from = values.iter().position(|&v| v != 0).unwrap_or(values.len());
+    let (values, points) = (&values[followed_from..], &points[followed_from..]);
+    let end = values.len() - teardown_points(values);
+    let (values, points) = (&values[..end], &points[..end]);
+    if !grows_steadily(values, min_bytes) {
+        return None;
+    }
+    let start = values.len() / 4;
+    let (first, last) = (values[start], *values.last()?);
+    let minutes = (points.last()?.unix_ms.saturating_sub(points[start].unix_ms)) as f64 / 60_000.0;
+    Some((first, last, values.len(), if minutes > 0.0 { ((last - first) as f64 / minutes) as u64 } else { 0 }))
+}
+
+/// Growing lines of the user's Python code first (most growth first), then growing
+/// stacks.
 pub fn detect(report: &Report, min_bytes: u64) -> Vec<Growth> {
     let mut points = report.timeline.points.as_slice();
     let mut cut = 0;
@@ -75,40 +100,37 @@ pub fn detect(report: &Report, min_bytes: u64) -> Vec<Growth> {
         points = &points[..points.len() - 1];
         cut = 1;
     }
-    let mut found: Vec<Growth> = report
+    let growth = |kind: &str, api: &str, stack_id: u32, (first, last, n, per_minute): (u64, u64, usize, u64), stack: Vec<Frame>| Growth {
+        kind: kind.into(),
+        api: api.into(),
+        stack_id,
+        first_bytes: first,
+        last_bytes: last,
+        grown_bytes: last - first,
+        bytes_per_minute: per_minute,
+        points: n,
+        stack,
+    };
+    let mut lines: Vec<Growth> = report
+        .timeline
+        .lines
+        .iter()
+        .filter_map(|l| {
+            let g = steady_growth(&l.bytes, points, cut, min_bytes)?;
+            let frame = Frame { ip: "0x0".into(), function: Some(l.function.clone()), file: Some(l.file.clone()), line: Some(l.line), python: true, ..Default::default() };
+            Some(growth("host", PYTHON_LINE, 0, g, vec![frame]))
+        })
+        .collect();
+    let mut stacks: Vec<Growth> = report
         .timeline
         .series
         .iter()
-        .filter_map(|s| {
-            let values = &s.bytes[..s.bytes.len().saturating_sub(cut)];
-            if values.len() != points.len() {
-                return None;
-            }
-            let followed_from = values.iter().position(|&v| v != 0).unwrap_or(values.len());
-            let (values, points) = (&values[followed_from..], &points[followed_from..]);
-            let end = values.len() - teardown_points(values);
-            let (values, points) = (&values[..end], &points[..end]);
-            if !grows_steadily(values, min_bytes) {
-                return None;
-            }
-            let start = values.len() / 4;
-            let (first, last) = (values[start], *values.last()?);
-            let minutes = (points.last()?.unix_ms.saturating_sub(points[start].unix_ms)) as f64 / 60_000.0;
-            Some(Growth {
-                kind: s.kind.clone(),
-                api: s.api.clone(),
-                stack_id: s.stack_id,
-                first_bytes: first,
-                last_bytes: last,
-                grown_bytes: last - first,
-                bytes_per_minute: if minutes > 0.0 { ((last - first) as f64 / minutes) as u64 } else { 0 },
-                points: values.len(),
-                stack: report.series_stack(s).to_vec(),
-            })
-        })
+        .filter_map(|s| Some(growth(&s.kind, &s.api, s.stack_id, steady_growth(&s.bytes, points, cut, min_bytes)?, report.series_stack(s).to_vec())))
         .collect();
-    found.sort_by_key(|g| std::cmp::Reverse(g.grown_bytes));
-    found
+    lines.sort_by_key(|g| std::cmp::Reverse(g.grown_bytes));
+    stacks.sort_by_key(|g| std::cmp::Reverse(g.grown_bytes));
+    lines.extend(stacks);
+    lines
 }
 
 #[cfg(test)]
@@ -140,8 +162,26 @@ mod tests {
     }
 
     #[test]
+    fn a_growing_python_line_comes_first() {
+        use crate::model::{LineSeries, Series};
+        let mut r = Report { reason: "periodic".into(), ..Default::default() };
+        r.timeline.points = (0..20).map(|i| Point { unix_ms: i * 1000, live_bytes: 0, live_blocks: 0 }).collect();
+        r.timeline.series = vec![Series { kind: "host".into(), api: "malloc".into(), stack_id: 1, stack: None, bytes: (0..20).map(|i| i * 1_000_000).collect() }];
+        r.timeline.lines = vec![
+            LineSeries { function: "main".into(), file: "/w/train.py".into(), line: 41, bytes: (0..20).map(|i| i * 100_000).collect() },
+            LineSeries { function: "setup".into(), file: "/w/train.py".into(), line: 9, bytes: vec![5_000_000; 20] },
+        ];
+        let found = detect(&r, 1024);
+        assert_eq!(found.len(), 2);
+        assert_eq!(found[0].api, PYTHON_LINE);
+        assert_eq!((found[0].stack[0].file.as_deref(), found[0].stack[0].line), (Some("/w/train.py"), Some(41)));
+        assert!(found[0].bytes_per_minute > 5_000_000, "{}", found[0].bytes_per_minute);
+        assert_eq!(found[1].api, "malloc");
+    }
+
+    #[test]
     fn a_stack_that_starts_growing_late_is_flagged_from_where_it_starts() {
-        use crate::model::{Point, Series};
+        use crate::model::Series;
         // 20 points of import (the stack not followed yet), 12 of a growing loop, exit.
         let bytes: Vec<u64> = (0..33).map(|i| if (20..32).contains(&i) { (i - 19) * 1_000_000 } else { 0 }).collect();
         let mut r = Report { reason: "exit".into(), ..Default::default() };

@@ -20,7 +20,12 @@ fn frame_label(f: &Frame) -> String {
     s
 }
 
+/// What a row is named by: the first frame in the user's own code (a Python line, or a
+/// source file of the program), else the innermost named function.
 fn top_function(stack: &[Frame]) -> String {
+    if let Some(f) = crate::ci::first_user_frame(stack) {
+        return frame_label(f);
+    }
     stack.iter().find_map(|f| f.function.clone()).unwrap_or_else(|| "(no symbols)".into())
 }
 
@@ -80,8 +85,10 @@ fn chart(report: &Report, idx: usize) -> String {
 }
 
 fn stack_html(stack: &[Frame]) -> String {
-    let items: Vec<String> = stack
+    let shown = crate::render::shown_frames(stack);
+    let items: Vec<String> = shown
         .iter()
+        .map(|&k| &stack[k])
         .map(|f| {
             let module = f.module.as_deref().map(|m| format!(" <span class=\"mod\">{}</span>", esc(m))).unwrap_or_default();
             format!("<li><code>{}</code>{module}</li>", esc(&frame_label(f)))

@@ -66,6 +66,10 @@ struct FilterArgs {
     /// CUDACachingAllocator, TensorFlow's BFC) as leaked too.
     #[arg(long)]
     include_cached: bool,
+    /// Show every native frame of stacks that have Python frames (by default only the
+    /// native frames where the memory was allocated, then the Python frames).
+    #[arg(long)]
+    native_frames: bool,
 }
 
 #[derive(Args)]
@@ -185,6 +189,7 @@ fn usage(message: String) -> Fail {
 }
 
 fn filters(f: &FilterArgs) -> Result<Filters, Fail> {
+    render::NATIVE_FRAMES.store(f.native_frames, std::sync::atomic::Ordering::Relaxed);
     let suppressions = match &f.suppressions {
         Some(p) => Some(suppress::Suppressions::load(p).map_err(usage)?),
         None => None,

@@ -135,12 +135,26 @@ pub struct Series {
     pub bytes: Vec<u64>,
 }
 
+/// Live bytes by a line of the user's own Python code (schema 3, Python processes).
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct LineSeries {
+    #[serde(default)]
+    pub function: String,
+    #[serde(default)]
+    pub file: String,
+    #[serde(default)]
+    pub line: u32,
+    pub bytes: Vec<u64>,
+}
+
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 pub struct Timeline {
     #[serde(default)]
     pub points: Vec<Point>,
     #[serde(default)]
     pub series: Vec<Series>,
+    #[serde(default)]
+    pub lines: Vec<LineSeries>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]

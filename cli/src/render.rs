@@ -19,13 +19,29 @@ pub fn frame_line(i: usize, f: &Frame) -> String {
     )
 }
 
+/// Set by `--native-frames`: stacks with Python frames are shown whole, not in the
+/// frames-only view (`frame_text::python_view`).
+pub static NATIVE_FRAMES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The indices of `stack` to show: all, or the frames-only view of a Python stack.
+pub fn shown_frames(stack: &[Frame]) -> Vec<usize> {
+    if NATIVE_FRAMES.load(std::sync::atomic::Ordering::Relaxed) {
+        return (0..stack.len()).collect();
+    }
+    leaktrace_common::frame_text::python_view(&stack.iter().map(|f| f.python).collect::<Vec<_>>())
+}
+
 fn stack_text(out: &mut String, stack: &[Frame]) {
     if stack.is_empty() {
         out.push_str("    <no stack>\n");
     }
-    for (i, f) in stack.iter().enumerate() {
-        out.push_str(&frame_line(i, f));
+    let shown = shown_frames(stack);
+    for (i, &k) in shown.iter().enumerate() {
+        out.push_str(&frame_line(i, &stack[k]));
         out.push('\n');
+    }
+    if shown.len() < stack.len() {
+        out.push_str(&format!("    ({} native frame(s) between Python frames not shown; --native-frames shows them)\n", stack.len() - shown.len()));
     }
 }
 
@@ -83,14 +99,23 @@ pub fn text(a: &Analysis, top: usize) -> String {
             out.push_str(&format!("\n... {} more leak group(s); --top N shows more\n", p.leaks.len() - top));
         }
         for gr in p.growth.iter().take(top) {
-            out.push_str(&format!(
-                "\nGrowing: {} byte(s) more over {} snapshots ({}/min) allocated from {} ({}):\n",
-                gr.grown_bytes,
-                gr.points,
-                human_bytes(gr.bytes_per_minute),
-                gr.api,
-                gr.kind
-            ));
+            if gr.api == crate::growth::PYTHON_LINE {
+                out.push_str(&format!(
+                    "\nGrowing: {} byte(s) more over {} snapshots ({}/min) allocated under this line of your code:\n",
+                    gr.grown_bytes,
+                    gr.points,
+                    human_bytes(gr.bytes_per_minute)
+                ));
+            } else {
+                out.push_str(&format!(
+                    "\nGrowing: {} byte(s) more over {} snapshots ({}/min) allocated from {} ({}):\n",
+                    gr.grown_bytes,
+                    gr.points,
+                    human_bytes(gr.bytes_per_minute),
+                    gr.api,
+                    gr.kind
+                ));
+            }
             stack_text(&mut out, &gr.stack);
         }
         let mut notes = Vec::new();

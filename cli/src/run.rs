@@ -125,18 +125,6 @@ pub enum Outcome {
     Failed(String),
 }
 
-/// The note `run` prints before a Python program under its default allocator, where
-/// the pointer scan cannot see into pymalloc's arenas (README, "What does not work yet").
-pub fn pymalloc_hint(cmd: &[String], scan: bool, pythonmalloc: Option<&str>) -> Option<&'static str> {
-    let prog = cmd.first()?;
-    let base = Path::new(prog).file_name()?.to_str()?;
-    let python = base.starts_with("python") || base == "pytest";
-    let pymalloc = !matches!(pythonmalloc, Some("malloc") | Some("malloc_debug"));
-    (python && pymalloc && scan).then_some(
-        "leaktrace: Python's own allocator (pymalloc) hides pointers from the scan, so blocks only Python objects hold may show as leaks; PYTHONMALLOC=malloc gives exact verdicts",
-    )
-}
-
 /// `cmd[0]` found through `PATH` (or as given when it names a path).
 fn resolve_program(name: &str) -> Option<PathBuf> {
     if name.contains('/') {
@@ -174,9 +162,6 @@ pub fn follow_pyenv_shim(cmd0: &str) -> Option<(PathBuf, PathBuf)> {
 
 /// Runs `cmd`; returns its exit code (128 + signal when killed, as shells report it).
 pub fn run(lib: &Path, cmd: &[String], s: &RunSettings) -> Outcome {
-    if let Some(hint) = pymalloc_hint(cmd, s.scan, std::env::var("PYTHONMALLOC").ok().as_deref()) {
-        eprintln!("{hint}");
-    }
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(existing) if !existing.trim().is_empty() => format!("{}:{existing}", lib.display()),
         _ => lib.display().to_string(),
@@ -306,20 +291,4 @@ pub fn default_output_dir(cmd: &str) -> PathBuf {
         dir = PathBuf::from(format!("leaktrace-{base}-{stamp}-{n}"));
     }
     dir
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_pymalloc_hint_is_for_python_with_its_own_allocator_only() {
-        let cmd = |s: &str| vec![s.to_string(), "train.py".to_string()];
-        assert!(pymalloc_hint(&cmd("/usr/bin/python3"), true, None).is_some());
-        assert!(pymalloc_hint(&cmd("python3.11"), true, Some("pymalloc")).is_some());
-        assert!(pymalloc_hint(&cmd("python3"), true, Some("malloc")).is_none());
-        assert!(pymalloc_hint(&cmd("python3"), false, None).is_none());
-        assert!(pymalloc_hint(&cmd("./a.out"), true, None).is_none());
-        assert!(pymalloc_hint(&[], true, None).is_none());
-    }
 }

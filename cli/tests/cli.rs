@@ -644,3 +644,172 @@ fn the_readme_shows_what_the_example_prints() {
     let shown: String = readme[start..end].lines().map(|l| l.strip_prefix("    ").unwrap_or(l)).collect::<Vec<_>>().join("\n");
     assert_eq!(shown.trim_end(), text(&out.stdout).trim_end(), "README.md's example is stale: paste scripts/readme_example.sh's output");
 }
+
+// ---- PyTorch as users write it: Python's default allocator, Python lines --------------
+
+/// The interpreter `python3` on PATH stands for (pyenv's shim followed), with PyTorch.
+fn torch_python() -> String {
+    let python = text(&Command::new("python3").args(["-c", "import sys; print(sys.executable)"]).output().unwrap().stdout).trim().to_owned();
+    let has_torch = Command::new(&python).args(["-c", "import torch"]).output().map(|o| o.status.success()).unwrap_or(false);
+    assert!(has_torch, "PyTorch is missing: pip install torch (.ci/run does)");
+    python
+}
+
+fn user_script() -> PathBuf {
+    manifest().join("../tests/fixtures/frameworks/torch_user_leaks.py")
+}
+
+/// The line of the script that carries `marker`.
+fn script_line(marker: &str) -> u32 {
+    let src = std::fs::read_to_string(user_script()).unwrap();
+    src.lines().position(|l| l.contains(marker)).map(|i| i as u32 + 1).unwrap_or_else(|| panic!("no {marker} in the script"))
+}
+
+/// `leaktrace run` of one mode of the script with the default allocator; the reports.
+fn run_user_script(mode: &str, interval: Option<&str>, seconds: &str) -> (PathBuf, Output) {
+    let python = torch_python();
+    let dir = scratch(&format!("torch-{mode}"));
+    let mut args = vec!["run", "--output", "r"];
+    if let Some(ms) = interval {
+        args.extend(["--interval-ms", ms]);
+    }
+    let script = user_script();
+    args.extend(["--", &python, script.to_str().unwrap(), mode]);
+    let out = Command::new(bin()).args(&args).env_remove("PYTHONMALLOC").env("LOOP_SECONDS", seconds).current_dir(&dir).bounded_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "steps True\n");
+    (dir, out)
+}
+
+/// Definite + indirect bytes of one report.
+fn leaked_bytes(r: &Value) -> u64 {
+    let reach = &r["summary"]["host"]["reachability"];
+    reach["definite"]["bytes"].as_u64().unwrap() + reach["indirect"]["bytes"].as_u64().unwrap()
+}
+
+/// Whether a report's leak groups include one whose stack has the Python frame
+/// `file:line` (file by its name).
+fn has_python_frame(r: &Value, file: &str, line: u32) -> bool {
+    let frames = r["frames"].as_array().cloned().unwrap_or_default();
+    r["leaks"].as_array().unwrap().iter().any(|g| {
+        g["stack"].as_array().unwrap().iter().any(|i| {
+            let f = &frames[i.as_u64().unwrap() as usize];
+            f["python"] == true && f["file"].as_str().is_some_and(|p| p.ends_with(file)) && f["line"] == line
+        })
+    })
+}
+
+#[test]
+fn a_training_loop_that_keeps_its_losses_grows_by_the_line_of_the_script() {
+    let (dir, _) = run_user_script("losses", Some("300"), "10");
+    let check = leaktrace(&["check", "--fail-on-growth", "r"], &dir);
+    let t = text(&check.stdout);
+    assert_eq!(check.status.code(), Some(23), "{t}");
+    // The loss (and the graph it keeps) is made by the forward line of the step.
+    let line = script_line("# GROWS:");
+    let want = format!("torch_user_leaks.py:{line} [python]");
+    let first = t.find("Growing: ").expect(&t);
+    assert!(t[first..].lines().nth(1).is_some_and(|l| l.contains(&want)), "the first growth names {want}:\n{t}");
+    assert!(t.contains("allocated under this line of your code"), "{t}");
+    let r = reports(&dir.join("r"));
+    assert!(leaked_bytes(&r[0]) < 64 << 10, "noise: {} bytes", leaked_bytes(&r[0]));
+}
+
+#[test]
+fn a_forward_hook_that_caches_activations_grows_by_the_hook_line() {
+    let (dir, _) = run_user_script("hook", Some("300"), "10");
+    let check = leaktrace(&["check", "--fail-on-growth", "r"], &dir);
+    let t = text(&check.stdout);
+    assert_eq!(check.status.code(), Some(23), "{t}");
+    let want = format!("torch_user_leaks.py:{} [python]", script_line("cache.append(output.detach().clone())  # LEAK"));
+    let first = t.find("Growing: ").expect(&t);
+    assert!(t[first..].lines().nth(1).is_some_and(|l| l.contains(&want)), "the first growth names {want}:\n{t}");
+}
+
+#[test]
+fn a_clean_training_loop_has_no_growing_line_and_no_leak_under_the_default_allocator() {
+    let (dir, out) = run_user_script("clean", Some("300"), "10");
+    // PyTorch's own definite leaks (24 bytes at start-up) stay under --min-bytes.
+    let check = leaktrace(&["check", "--fail-on-growth", "--min-bytes", "65536", "r"], &dir);
+    assert_eq!(check.status.code(), Some(0), "{}\n{}", text(&check.stdout), text(&out.stderr));
+    let r = reports(&dir.join("r"));
+    assert_eq!(r.len(), 1);
+    assert!(leaked_bytes(&r[0]) < 64 << 10, "noise: {} bytes", leaked_bytes(&r[0]));
+    assert!(r[0]["timeline"]["lines"].as_array().is_some_and(|l| !l.is_empty()), "Python lines are followed");
+}
+
+#[test]
+fn a_ctypes_staging_buffer_from_libc_so_6_is_a_definite_leak_at_its_line() {
+    let (dir, _) = run_user_script("ctypes", None, "0");
+    let r = reports(&dir.join("r"));
+    let line = script_line("staging = libc.malloc(x.numel() * 4)  # LEAK");
+    assert!(has_python_frame(&r[0], "torch_user_leaks.py", line), "no leak group at line {line}");
+    // 20 buffers of 32 x 64 floats; a conservative scan (LeakSanitizer's too) may still
+    // find the address of the latest in a register, a stack slot or a reused object.
+    assert!(leaked_bytes(&r[0]) >= 18 * 8192, "{}", leaked_bytes(&r[0]));
+    assert!(leaked_bytes(&r[0]) < 20 * 8192 + (64 << 10), "noise: {}", leaked_bytes(&r[0]));
+    let t = text(&leaktrace(&["report", "r"], &dir).stdout);
+    assert!(t.contains("in train_ctypes ") && t.contains(&format!("torch_user_leaks.py:{line} [python]")), "{t}");
+}
+
+#[test]
+fn a_leak_in_dataloader_workers_is_reported_in_the_workers_at_the_dataset_line() {
+    let (dir, _) = run_user_script("workers", None, "0");
+    let r = reports(&dir.join("r"));
+    assert_eq!(r.len(), 3, "the main process and two workers");
+    let line = script_line("self.libc.malloc(8192)  # LEAK");
+    let (workers, main): (Vec<&Value>, Vec<&Value>) = r.iter().partition(|p| p["fork"]["forked_from_pid"].is_u64());
+    assert_eq!(main.len(), 1);
+    assert!(leaked_bytes(main[0]) < 64 << 10, "noise in the main process: {}", leaked_bytes(main[0]));
+    assert!(!has_python_frame(main[0], "torch_user_leaks.py", line));
+    let leaked: u64 = workers.iter().map(|w| leaked_bytes(w)).sum();
+    assert!(leaked >= 64 * 8192, "64 items, 8 KiB each, across the workers: {leaked}");
+    assert!(workers.iter().all(|w| has_python_frame(w, "torch_user_leaks.py", line)));
+}
+
+/// Python frames on the other CPython versions installed under pyenv (3.9 to 3.13):
+/// plain programs, a ctypes leak three Python calls deep.
+#[test]
+fn python_frames_on_every_installed_cpython() {
+    let root = std::env::var("PYENV_ROOT").map(PathBuf::from).unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap()).join(".pyenv"));
+    let found: Vec<PathBuf> = ["3.9", "3.10", "3.11", "3.12", "3.13"]
+        .iter()
+        .filter_map(|v| {
+            let dirs = std::fs::read_dir(root.join("versions")).ok()?;
+            dirs.filter_map(|e| e.ok()).map(|e| e.path()).find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&format!("{v}."))))
+        })
+        .map(|d| d.join("bin/python3"))
+        .filter(|p| p.is_file())
+        .collect();
+    if std::env::var_os("CI").is_some() {
+        assert!(found.len() >= 3, "CI has pyenv's CPython 3.9-3.13 ({} found)", found.len());
+    }
+    let dir = scratch("pyversions");
+    let script = dir.join("leak.py");
+    std::fs::write(
+        &script,
+        "import ctypes\nlibc = ctypes.CDLL('libc.so.6')\n\ndef stage(n):\n    return libc.malloc(n)\n\nclass Model:\n    def forward(self, i):\n        return stage(1000 + i)\n\ndef main():\n    m = Model()\n    for i in range(50):\n        m.forward(i)\n\nmain()\n",
+    )
+    .unwrap();
+    for python in &found {
+        let out_dir = dir.join(python.parent().unwrap().parent().unwrap().file_name().unwrap());
+        let out = Command::new(bin())
+            .args(["run", "--output"])
+            .arg(&out_dir)
+            .arg("--")
+            .arg(python)
+            .arg(&script)
+            .current_dir(&dir)
+            .bounded_output()
+            .unwrap();
+        assert!(out.status.success(), "{python:?}: {}", text(&out.stderr));
+        let r = reports(&out_dir);
+        assert_eq!(leaked_bytes(&r[0]), 50 * 1000 + 49 * 50 / 2, "{python:?}: exactly the 50 buffers");
+        for line in [5, 9, 14, 16] {
+            assert!(has_python_frame(&r[0], "leak.py", line), "{python:?}: no frame at leak.py:{line}");
+        }
+        let t = text(&leaktrace(&["report", "--format", "text", "."], &out_dir).stdout);
+        let forward = if python.to_string_lossy().contains("/3.9.") || python.to_string_lossy().contains("/3.10.") { "forward" } else { "Model.forward" };
+        assert!(t.contains(&format!("in {forward} ")), "{python:?}: {t}");
+    }
+}

@@ -315,9 +315,18 @@ pub struct TimelineSeries {
 }
 
 #[derive(Serialize)]
+pub struct TimelineLine {
+    function: String,
+    file: String,
+    line: u32,
+    bytes: Vec<u64>,
+}
+
+#[derive(Serialize)]
 pub struct TimelineOut {
     points: Vec<TimelinePoint>,
     series: Vec<TimelineSeries>,
+    lines: Vec<TimelineLine>,
 }
 
 /// The timeline; followed stacks that are not among `groups` are symbolized here.
@@ -341,6 +350,14 @@ pub fn timeline_out(timeline: &Timeline, groups: &[Group], sym: &mut Symbolizer)
                 stack_id: s.stack,
                 stack: (!listed.contains(&s.stack)).then(|| stacks.next().unwrap_or_default()),
                 bytes: s.bytes.clone(),
+            })
+            .collect(),
+        lines: timeline
+            .lines
+            .iter()
+            .map(|l| {
+                let (function, file, line) = super::python::describe(l.line);
+                TimelineLine { function, file, line, bytes: l.bytes.clone() }
             })
             .collect(),
     }
@@ -401,6 +418,9 @@ struct SeriesOut<'a> {
 struct TimelineRefs<'a> {
     points: &'a [TimelinePoint],
     series: Vec<SeriesOut<'a>>,
+    /// Python processes: live bytes by the user's innermost Python line.
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    lines: &'a [TimelineLine],
 }
 
 /// Serialized straight to bytes from these borrowed views (no intermediate JSON tree:
@@ -496,7 +516,7 @@ pub fn write_report_json(w: impl std::io::Write, parts: &ReportParts) -> std::io
     let mut table = FrameTable::default();
     let leaks: Vec<GroupOut> = groups.iter().map(|g| GroupOut { group: g, stack: table.indices(&g.stack) }).collect();
     let series = timeline.series.iter().map(|s| SeriesOut { series: s, stack: s.stack.as_deref().map(|st| table.indices(st)) }).collect();
-    let timeline = TimelineRefs { points: &timeline.points, series };
+    let timeline = TimelineRefs { points: &timeline.points, series, lines: &timeline.lines };
     let report = ReportOut {
         schema: SCHEMA,
         tool: json!({ "name": "leaktrace", "version": env!("CARGO_PKG_VERSION") }),
@@ -763,6 +783,7 @@ mod tests {
                 TimelineSeries { kind: "host", api: "calloc", stack_id: 7, stack: None, bytes: vec![48] },
                 TimelineSeries { kind: "host", api: "malloc", stack_id: 9, stack: Some(followed), bytes: vec![16] },
             ],
+            lines: Vec::new(),
         };
         let facts = RunFacts::default();
         let bytes = report_bytes(&ReportParts {

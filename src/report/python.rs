@@ -115,6 +115,39 @@ fn location_table_line(first: i32, table: &[u8], offset: u64) -> Option<i64> {
     None
 }
 
+/// A line of the user's own Python code: the code object it is in (its id) and the line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct UserLine {
+    pub code: u32,
+    pub line: u32,
+}
+
+/// The innermost frame of a stack that lies in the user's own code
+/// (`frame_text::is_user_python_file`), if the stack has one.
+pub fn user_line(stack: u32) -> Option<UserLine> {
+    let frames = crate::hotpath::stacks::frames(stack)?;
+    if frames.first() != Some(&crate::hotpath::python::PY_STACK) {
+        return None;
+    }
+    frames.iter().skip(2).find_map(|&w| {
+        let rec = codes::record(word_code(w))?;
+        let file = std::str::from_utf8(rec.filename()).ok()?;
+        if !leaktrace_common::frame_text::is_user_python_file(file) {
+            return None;
+        }
+        let line = line_at(rec.minor, rec.firstlineno, rec.line_table(), word_offset(w))?;
+        Some(UserLine { code: word_code(w), line })
+    })
+}
+
+/// Function, file and line of a user line, for the report.
+pub fn describe(l: UserLine) -> (String, String, u32) {
+    match codes::record(l.code) {
+        Some(rec) => (String::from_utf8_lossy(rec.name()).into_owned(), String::from_utf8_lossy(rec.filename()).into_owned(), l.line),
+        None => ("?".into(), "?".into(), l.line),
+    }
+}
+
 /// Named Python frames, each code id and offset worked out once.
 #[derive(Default)]
 pub struct PythonNames {

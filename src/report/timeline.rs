@@ -28,10 +28,25 @@ pub struct Series {
     pub bytes: Vec<u64>,
 }
 
+/// The live bytes of every stack whose innermost frame in the user's own Python code
+/// (not the standard library, not an installed package) is one line: a leak spread over
+/// dozens of native stacks grows as one line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LineSeries {
+    pub line: super::python::UserLine,
+    pub bytes: Vec<u64>,
+}
+
+/// Python lines followed at most.
+const MAX_LINES: usize = 256;
+
 #[derive(Clone, Debug, Default)]
 pub struct Timeline {
     pub points: Vec<Point>,
     pub series: Vec<Series>,
+    pub lines: Vec<LineSeries>,
+    /// Each stack's user line, worked out once (`None`: no Python frame of the user's).
+    line_of: std::collections::HashMap<u32, Option<super::python::UserLine>>,
 }
 
 impl Timeline {
@@ -53,6 +68,9 @@ impl Timeline {
         }
         for (s, v) in self.series.iter_mut().zip(now) {
             s.bytes.push(v);
+        }
+        if crate::hotpath::python::enabled() {
+            self.record_lines(snapshot, n);
         }
         // `snapshot.groups` is sorted largest first. When every slot is taken (an import
         // churns through many stacks before a training loop starts), a newcomer replaces
@@ -89,6 +107,36 @@ impl Timeline {
         }
     }
 
+    /// Adds the point of each Python line (`n` points so far, this one included).
+    fn record_lines(&mut self, snapshot: &Snapshot, n: usize) {
+        let mut sums: std::collections::HashMap<super::python::UserLine, u64> = Default::default();
+        for g in &snapshot.groups {
+            let line = *self.line_of.entry(g.stack).or_insert_with(|| super::python::user_line(g.stack));
+            if let Some(l) = line {
+                *sums.entry(l).or_default() += g.stats.live_bytes;
+            }
+        }
+        for s in self.lines.iter_mut() {
+            s.bytes.push(sums.remove(&s.line).unwrap_or(0));
+        }
+        let mut newcomers: Vec<(super::python::UserLine, u64)> = sums.into_iter().filter(|e| e.1 > 0).collect();
+        newcomers.sort_by_key(|e| std::cmp::Reverse(e.1));
+        for (line, bytes) in newcomers {
+            let mut v = vec![0; n - 1];
+            v.push(bytes);
+            if self.lines.len() < MAX_LINES {
+                self.lines.push(LineSeries { line, bytes: v });
+                continue;
+            }
+            // Full: a line that holds more now replaces the one that holds least.
+            if let Some((i, least)) = self.lines.iter().enumerate().map(|(i, s)| (i, s.bytes.last().copied().unwrap_or(0))).min_by_key(|e| e.1) {
+                if least < bytes {
+                    self.lines[i] = LineSeries { line, bytes: v };
+                }
+            }
+        }
+    }
+
     fn thin(&mut self) {
         fn keep_odd<T: Clone>(v: &[T]) -> Vec<T> {
             // Keep the newest half at full resolution, every other point before it.
@@ -97,6 +145,9 @@ impl Timeline {
         }
         self.points = keep_odd(&self.points);
         for s in self.series.iter_mut() {
+            s.bytes = keep_odd(&s.bytes);
+        }
+        for s in self.lines.iter_mut() {
             s.bytes = keep_odd(&s.bytes);
         }
     }
