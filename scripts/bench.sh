@@ -19,7 +19,10 @@
 #                          2 forked DataLoader workers)
 #   caffe-time             caffe time, 50 iterations of the LeNet-style DummyData net
 #                          (needs scripts/install_caffe.sh)
-#   python-malloc          bench/python_alloc.py under PYTHONMALLOC=malloc
+#   python-default         bench/python_alloc.py under Python's default allocator
+#   python-malloc          the same under PYTHONMALLOC=malloc (every object a malloc)
+# In this set leaktrace also runs with Python frames off (leaktrace-nopy:
+# LEAKTRACE_PYTHON=0): the cost of Python frames is the difference.
 #
 # Peers come from Debian: apt-get install heaptrack liblsan0 libjemalloc2 valgrind
 set -euo pipefail
@@ -70,9 +73,10 @@ frameworks)
         CMDS+=("$CAFFE/usr/bin/caffe time -model tests/fixtures/frameworks/caffe/lenet_dummy.prototxt -iterations 50")
         ENVS+=("LD_LIBRARY_PATH=$(scripts/install_caffe.sh "$CAFFE" | tail -n 1)")
     fi
-    NAMES+=("python-malloc")
-    CMDS+=("$PY bench/python_alloc.py")
-    ENVS+=("PYTHONMALLOC=malloc")
+    NAMES+=("python-default" "python-malloc")
+    CMDS+=("$PY bench/python_alloc.py" "$PY bench/python_alloc.py")
+    ENVS+=("" "PYTHONMALLOC=malloc")
+    TOOLS=("plain" "leaktrace" "leaktrace-nopy" "${TOOLS[@]:2}")
     if [ -e "$LSAN" ]; then TOOLS+=("lsan"); fi
     ;;
 *) echo "unknown set $SET: malloc or frameworks" >&2; exit 2 ;;
@@ -88,6 +92,7 @@ run_once() { # tool, VAR=value list, command... -> seconds, "fail" or "hung"
     case $tool in
         plain) timeout -k 10 "$LIMIT" "$@" >/dev/null 2>&1 ;;
         leaktrace) LD_PRELOAD="$LIB" LEAKTRACE_OUTPUT="$WORK" LEAKTRACE_SUMMARY=0 timeout -k 10 "$LIMIT" "$@" >/dev/null 2>&1 ;;
+        leaktrace-nopy) LD_PRELOAD="$LIB" LEAKTRACE_PYTHON=0 LEAKTRACE_OUTPUT="$WORK" LEAKTRACE_SUMMARY=0 timeout -k 10 "$LIMIT" "$@" >/dev/null 2>&1 ;;
         heaptrack) timeout -k 10 "$LIMIT" heaptrack -o "$WORK/ht" "$@" >/dev/null 2>&1; rm -f "$WORK"/ht* ;;
         lsan) LD_PRELOAD="$LSAN" LSAN_OPTIONS=exitcode=0 timeout -k 10 "$LIMIT" "$@" >/dev/null 2>&1 ;;
         jemalloc-prof) LD_PRELOAD="$JEMALLOC" MALLOC_CONF="prof:true,prof_leak:true,lg_prof_sample:0,prof_final:true,prof_prefix:$WORK/jeprof" timeout -k 10 "$LIMIT" "$@" >/dev/null 2>&1; rm -f "$WORK"/jeprof* ;;

@@ -162,7 +162,7 @@ fn periodic_and_signal_snapshots_while_running() {
         .spawn()
         .unwrap();
     let snap = wait_for_report(&dir, "signal", Duration::from_secs(30)).expect("SIGUSR2 asks for a snapshot");
-    assert_eq!(snap["schema"], "leaktrace-report/2");
+    assert_eq!(snap["schema"], "leaktrace-report/3");
     let out = wait_within(child);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "still running\n", "the program was not stopped");
 }

@@ -20,13 +20,18 @@ fn frame_label(f: &Frame) -> String {
     s
 }
 
-/// What a row is named by: the first frame in the user's own code (a Python line, or a
-/// source file of the program), else the innermost named function.
+/// The function a stack is named by: that of its first frame in the user's own code (a
+/// Python line, or a source file of the program), else the innermost named one.
 fn top_function(stack: &[Frame]) -> String {
-    if let Some(f) = crate::ci::first_user_frame(stack) {
-        return frame_label(f);
-    }
-    stack.iter().find_map(|f| f.function.clone()).unwrap_or_else(|| "(no symbols)".into())
+    crate::ci::first_user_frame(stack)
+        .and_then(|f| f.function.clone())
+        .or_else(|| stack.iter().find_map(|f| f.function.clone()))
+        .unwrap_or_else(|| "(no symbols)".into())
+}
+
+/// A leak row's name: the first frame in the user's own code with its file and line.
+fn row_site(stack: &[Frame]) -> String {
+    crate::ci::first_user_frame(stack).map(frame_label).unwrap_or_else(|| top_function(stack))
 }
 
 const COLORS: [&str; 8] = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
@@ -158,7 +163,7 @@ pub fn page(a: &Analysis, reports: &[Report]) -> String {
                 g.blocks,
                 g.blocks,
                 esc(&g.api),
-                esc(&top_function(&g.stack)),
+                esc(&row_site(&g.stack)),
                 stack_html(&g.stack)
             ));
         }

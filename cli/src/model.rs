@@ -322,7 +322,7 @@ mod tests {
         let p = Path::new("x.json");
         assert!(parse("{", p).unwrap_err().contains("not valid JSON"));
         assert!(parse("{\"a\":1}", p).unwrap_err().contains("not a leaktrace report"));
-        assert!(parse("{\"schema\":\"leaktrace-report/3\"}", p).unwrap_err().contains("cannot read"));
+        assert!(parse("{\"schema\":\"leaktrace-report/4\"}", p).unwrap_err().contains("cannot read"));
         assert!(parse("{\"schema\":\"leaktrace-report/x\"}", p).unwrap_err().contains("cannot read"));
         assert!(parse("{\"schema\":\"leaktrace-report/1\"}", p).unwrap_err().contains("damaged"));
         assert!(parse("{\"schema\":\"leaktrace-report/2\"}", p).unwrap_err().contains("damaged"));
