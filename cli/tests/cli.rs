@@ -713,6 +713,13 @@ fn a_training_loop_that_keeps_its_losses_grows_by_the_line_of_the_script() {
     assert!(t.contains("allocated under this line of your code"), "{t}");
     let r = reports(&dir.join("r"));
     assert!(leaked_bytes(&r[0]) < 64 << 10, "noise: {} bytes", leaked_bytes(&r[0]));
+    // The HTML page of the run: small, and the growth names the script's function.
+    let html = leaktrace(&["report", "--format", "html", "r"], &dir);
+    assert!(html.status.success());
+    assert!(html.stdout.len() < 5 << 20, "{} bytes of HTML", html.stdout.len());
+    std::fs::write(dir.join("leaks.html"), &html.stdout).unwrap();
+    let dom = text(&chromium(&["--dump-dom", &format!("file://{}", dir.join("leaks.html").display())], &dir.join("profile")).stdout);
+    assert!(dom.contains("id=\"growth\"") && dom.contains("train_losses.&lt;locals&gt;.step — grew"), "{}", &dom[..dom.len().min(4000)]);
 }
 
 #[test]

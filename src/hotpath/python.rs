@@ -19,8 +19,20 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize
 pub const MAX_PY_FRAMES: usize = 96;
 
 /// First word of an interned stack that carries Python frames: `[PY_STACK, native id,
-/// python words…]`. No code address is this high.
+/// id of the Python part]`. No code address is this high.
 pub const PY_STACK: u64 = 0xffff_ffff_ffff_ff50;
+/// First word of an interned Python part: `[PY_FRAMES, python words…]`.
+pub const PY_FRAMES: u64 = 0xffff_ffff_ffff_ff51;
+
+/// The Python frame words of a stack with Python frames (`[PY_STACK, native, python]`),
+/// innermost first; `None` for a native stack.
+pub fn python_words(stack: &[u64]) -> Option<Vec<u64>> {
+    if stack.first() != Some(&PY_STACK) {
+        return None;
+    }
+    let part = crate::hotpath::stacks::frames(*stack.get(2)? as u32)?;
+    (part.first() == Some(&PY_FRAMES)).then(|| part[1..].to_vec())
+}
 
 /// A Python frame word: code id (32 bits), instruction offset in bytes (31 bits), and
 /// whether this frame is the outermost one its native eval call runs (bit 0).
@@ -513,6 +525,11 @@ pub mod codes {
         let p = record_slot(id)?.load(Ordering::Acquire);
         // SAFETY: a published record in the arena, never changed or freed.
         (p != 0).then(|| unsafe { &*(p as *const CodeRecord) })
+    }
+
+    /// Code objects registered so far.
+    pub fn count() -> u32 {
+        NEXT_ID.load(Ordering::Relaxed) - 1
     }
 
     /// Code objects not registered because the registry was full.

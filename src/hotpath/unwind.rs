@@ -914,20 +914,43 @@ pub fn capture_stack_id(state: &ThreadState, depth: usize) -> u32 {
 }
 
 /// The id of the stack `native` with the calling thread's Python frames, if it runs
-/// any: `[PY_STACK, native, python words…]` (see `python::capture`). Python frames are
-/// part of a stack's identity: two lines that reach one native path are two stacks.
+/// any: `[PY_STACK, native, python]`, where `python` is the interned
+/// `[PY_FRAMES, python words…]` (see `python::capture`). Python frames are part of a
+/// stack's identity: two lines that reach one native path are two stacks. The Python
+/// part is interned on its own: a few thousand distinct ones serve every native stack
+/// under them, so a new combined stack costs three words, not forty.
 #[inline(always)]
 fn with_python_frames(native: u32) -> u32 {
-    let mut words = [0u64; 2 + super::python::MAX_PY_FRAMES];
-    let n = super::python::capture(&mut words[2..]);
+    let mut words = [0u64; 1 + super::python::MAX_PY_FRAMES];
+    let n = super::python::capture(&mut words[1..]);
     if n == 0 {
         return native;
     }
-    words[0] = super::python::PY_STACK;
-    words[1] = native as u64;
+    words[0] = super::python::PY_FRAMES;
     let epoch = epoch();
-    let words = &words[..n + 2];
-    stacks::intern_hashed(epoch, words, None, stacks::hash_frames(epoch, words))
+    let words = &words[..n + 1];
+    let h = stacks::hash_frames(epoch, words);
+    // A thread allocates again and again under the same Python lines: the ids of its
+    // recent Python parts are kept by hash (64 bits: a collision is out of reach), which
+    // spares the shared table's probe and the comparison with its record.
+    let slot = (h as usize) & (PY_RECENT - 1);
+    let python = match PY_RECENT_IDS.with(|r| r[slot].get()) {
+        (hh, id) if hh == h && id != 0 => id,
+        _ => {
+            let id = stacks::intern_hashed(epoch, words, None, h);
+            PY_RECENT_IDS.with(|r| r[slot].set((h, id)));
+            id
+        }
+    };
+    let combined = [super::python::PY_STACK, native as u64, python as u64];
+    stacks::intern_hashed(epoch, &combined, None, stacks::hash_frames(epoch, &combined))
+}
+
+const PY_RECENT: usize = 64;
+
+thread_local! {
+    /// (hash, id) of the thread's recent Python parts, by hash.
+    static PY_RECENT_IDS: [std::cell::Cell<(u64, u32)>; PY_RECENT] = const { [const { std::cell::Cell::new((0, 0)) }; PY_RECENT] };
 }
 
 /// Tests: the same capture with no memo at all (every frame unwound), to compare with.

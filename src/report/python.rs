@@ -126,10 +126,8 @@ pub struct UserLine {
 /// (`frame_text::is_user_python_file`), if the stack has one.
 pub fn user_line(stack: u32) -> Option<UserLine> {
     let frames = crate::hotpath::stacks::frames(stack)?;
-    if frames.first() != Some(&crate::hotpath::python::PY_STACK) {
-        return None;
-    }
-    frames.iter().skip(2).find_map(|&w| {
+    let words = crate::hotpath::python::python_words(&frames)?;
+    words.iter().find_map(|&w| {
         let rec = codes::record(word_code(w))?;
         let file = std::str::from_utf8(rec.filename()).ok()?;
         if !leaktrace_common::frame_text::is_user_python_file(file) {

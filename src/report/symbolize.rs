@@ -331,7 +331,8 @@ impl Symbolizer {
         if frames.first() == Some(&crate::hotpath::python::PY_STACK) {
             // The native stack, then the Python frames (placed by `report::python::merge`).
             let mut out = frames.get(1).map_or_else(Vec::new, |&native| self.raw_stack(native as u32));
-            out.extend(frames.iter().skip(2).map(|&w| RawFrame { ip: 0, module: None, python: Some(w) }));
+            let words = crate::hotpath::python::python_words(&frames).unwrap_or_default();
+            out.extend(words.into_iter().map(|w| RawFrame { ip: 0, module: None, python: Some(w) }));
             return out;
         }
         if epoch == unwind::epoch() {

@@ -46,7 +46,7 @@ pub struct Timeline {
     pub series: Vec<Series>,
     pub lines: Vec<LineSeries>,
     /// Each stack's user line, worked out once (`None`: no Python frame of the user's).
-    line_of: std::collections::HashMap<u32, Option<super::python::UserLine>>,
+    line_of: crate::collector::state::FxMap<u32, Option<super::python::UserLine>>,
 }
 
 impl Timeline {
@@ -109,8 +109,8 @@ impl Timeline {
 
     /// Adds the point of each Python line (`n` points so far, this one included).
     fn record_lines(&mut self, snapshot: &Snapshot, n: usize) {
-        let mut sums: std::collections::HashMap<super::python::UserLine, u64> = Default::default();
-        for g in &snapshot.groups {
+        let mut sums: crate::collector::state::FxMap<super::python::UserLine, u64> = Default::default();
+        for g in snapshot.groups.iter().filter(|g| g.stats.live_bytes > 0) {
             let line = *self.line_of.entry(g.stack).or_insert_with(|| super::python::user_line(g.stack));
             if let Some(l) = line {
                 *sums.entry(l).or_default() += g.stats.live_bytes;
