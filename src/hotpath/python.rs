@@ -245,11 +245,6 @@ fn interp() -> Option<&'static Interp> {
     (!p.is_null()).then(|| unsafe { &*p })
 }
 
-fn symbol(name: &std::ffi::CStr) -> usize {
-    // SAFETY: dlsym with a valid handle and a NUL-terminated name.
-    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) as usize }
-}
-
 /// What `init` found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Found {
@@ -266,12 +261,12 @@ pub fn init(wanted: bool) -> Found {
     if interp().is_some() {
         return Found::On(minor().unwrap_or(0));
     }
-    let (init_fn, tstate_fn, code_type) =
-        (symbol(c"Py_IsInitialized"), symbol(c"PyGILState_GetThisThreadState"), symbol(c"PyCode_Type"));
-    let version_fn = symbol(c"Py_GetVersion");
-    if init_fn == 0 || tstate_fn == 0 || code_type == 0 || version_fn == 0 {
+    let symbol = crate::os::loader::global_symbol;
+    let (Some(init_fn), Some(tstate_fn), Some(code_type), Some(version_fn)) =
+        (symbol(c"Py_IsInitialized"), symbol(c"PyGILState_GetThisThreadState"), symbol(c"PyCode_Type"), symbol(c"Py_GetVersion"))
+    else {
         return Found::NoPython;
-    }
+    };
     if !wanted {
         return Found::Off(String::new());
     }
@@ -283,15 +278,14 @@ pub fn init(wanted: bool) -> Found {
     let short = version.split_whitespace().next().unwrap_or("?").to_string();
     let layout = match minor_of_version(&version) {
         Some(m) if m >= 13 => {
-            let runtime = symbol(c"_PyRuntime");
-            if runtime == 0 {
-                Err("no _PyRuntime".to_string())
-            } else {
+            if let Some(runtime) = symbol(c"_PyRuntime") {
                 let mut words = [0u64; 71];
                 // SAFETY: _PyRuntime is the interpreter's static runtime state, far
                 // larger than 71 words; its first field is _Py_DebugOffsets.
                 unsafe { std::ptr::copy_nonoverlapping(runtime as *const u64, words.as_mut_ptr(), words.len()) };
                 debug_offsets_layout(&words)
+            } else {
+                Err("no _PyRuntime".to_string())
             }
         }
         Some(m) => table_layout(m).ok_or_else(|| format!("Python 3.{m}")),

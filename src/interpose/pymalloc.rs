@@ -86,22 +86,16 @@ pub fn install() -> bool {
     if table().is_some() {
         return true;
     }
-    // SAFETY: dlsym with a valid handle and NUL-terminated names.
-    let (get, set) = unsafe {
-        (
-            libc::dlsym(libc::RTLD_DEFAULT, c"PyObject_GetArenaAllocator".as_ptr()),
-            libc::dlsym(libc::RTLD_DEFAULT, c"PyObject_SetArenaAllocator".as_ptr()),
-        )
-    };
-    if get.is_null() || set.is_null() {
+    let symbol = crate::os::loader::global_symbol;
+    let (Some(get), Some(set)) = (symbol(c"PyObject_GetArenaAllocator"), symbol(c"PyObject_SetArenaAllocator")) else {
         return false;
-    }
+    };
     let Some(mem) = crate::hotpath::mapping::map_zeroed(std::mem::size_of::<Table>()) else { return false };
     let mut original = ArenaAllocator { ctx: std::ptr::null_mut(), alloc: None, free: None };
     // SAFETY: the interpreter's exported functions, of these signatures; they copy the
     // struct (callable before the interpreter is initialised).
     unsafe {
-        let get: extern "C" fn(*mut ArenaAllocator) = std::mem::transmute(get);
+        let get: extern "C" fn(*mut ArenaAllocator) = std::mem::transmute::<usize, _>(get);
         get(&mut original);
     }
     let (Some(alloc), Some(free)) = (original.alloc, original.free) else {
@@ -115,7 +109,7 @@ pub fn install() -> bool {
     let mut ours = ArenaAllocator { ctx: std::ptr::null_mut(), alloc: Some(arena_alloc), free: Some(arena_free) };
     // SAFETY: as above.
     unsafe {
-        let set: extern "C" fn(*mut ArenaAllocator) = std::mem::transmute(set);
+        let set: extern "C" fn(*mut ArenaAllocator) = std::mem::transmute::<usize, _>(set);
         set(&mut ours);
     }
     true

@@ -7,6 +7,13 @@
 /// lock first: no walk of ours is under way across a fork.
 static LOADER_WALKS: super::lock::SpinLock<()> = super::lock::SpinLock::new(());
 
+/// The address of `name` as the program sees it (`dlsym(RTLD_DEFAULT)`), if defined.
+pub fn global_symbol(name: &std::ffi::CStr) -> Option<usize> {
+    // SAFETY: dlsym with a valid handle and a NUL-terminated name.
+    let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) } as usize;
+    (p != 0).then_some(p)
+}
+
 /// A `dl_iterate_phdr` callback.
 pub type ModuleVisitor = unsafe extern "C" fn(*mut libc::dl_phdr_info, usize, *mut std::ffi::c_void) -> std::ffi::c_int;
 

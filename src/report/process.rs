@@ -82,10 +82,7 @@ impl ProcessInfo {
 /// Whether the running program is a Go program that links the C library (cgo), told
 /// by the symbols every such program exports; a cheap check for the constructor.
 pub fn is_cgo_program() -> bool {
-    [c"_cgo_get_context_function", c"x_cgo_init", c"_cgo_init"].iter().any(|name| {
-        // SAFETY: dlsym with a valid handle and NUL-terminated name.
-        !unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }.is_null()
-    })
+    [c"_cgo_get_context_function", c"x_cgo_init", c"_cgo_init"].iter().any(|name| crate::os::loader::global_symbol(name).is_some())
 }
 
 /// Why a process running `exe` can never be given a final report, if it cannot: the
