@@ -331,8 +331,11 @@ fn plausible(p: u64) -> bool {
 
 /// Writes the calling thread's Python frames (innermost first) as frame words into
 /// `out`; returns how many. 0 when the thread runs no Python (or Python frames are off).
+///
+/// `cache`, the calling thread's own (see `ThreadCache`), spares the shared registry's
+/// lookup for the code objects the thread met recently.
 #[inline]
-pub fn capture(out: &mut [u64]) -> usize {
+pub fn capture(out: &mut [u64], cache: Option<&mut ThreadCache>) -> usize {
     if !enabled() {
         return 0;
     }
@@ -347,13 +350,101 @@ pub fn capture(out: &mut [u64]) -> usize {
     // SAFETY: below, every address read is a field of the thread state the interpreter
     // gave us for this thread, or of a frame on its chain, or of a code object such a
     // frame holds: all live while this thread is inside the call (see the module notes).
-    unsafe { walk(py, tstate, out) }
+    unsafe { walk(py, tstate, out, cache) }
+}
+
+const THREAD_CODES: usize = 512;
+const THREAD_PARTS: usize = 256;
+const THREAD_COMBINED: usize = 8192;
+
+/// One thread's caches of the ids a capture looks up (about 40 KiB, kept in the
+/// thread's unwind memo; all-zero bytes are a valid empty cache). A training loop
+/// allocates again and again under the same code objects, the same Python parts and
+/// the same (native, Python) pairs; the shared tables behind them hold millions of
+/// stacks after `import torch`, and each of their lookups is a cache miss or three.
+#[repr(C)]
+pub struct ThreadCache {
+    /// By code object address: (code, a mix of the objects it points to, id).
+    codes: [(u64, u64, u64); THREAD_CODES],
+    /// By hash of the Python part's words: (hash, id).
+    parts: [(u64, u64); THREAD_PARTS],
+    /// By (native id, Python part id): (native << 32 | python, epoch << 32 | combined id).
+    combined: [(u64, u64); THREAD_COMBINED],
+    /// The previous capture's Python part (words, epoch and id): the next allocation
+    /// is most often made under the same lines, and a comparison is cheaper than a hash.
+    last_words: [u64; 1 + MAX_PY_FRAMES],
+    last_len: usize,
+    last_epoch: u32,
+    last_id: u32,
+}
+
+impl ThreadCache {
+    /// The code id cached for `code`, whose file name, name and line table objects mix
+    /// to `mix`.
+    #[inline(always)]
+    fn code(&self, code: u64, mix: u64) -> Option<u32> {
+        let e = &self.codes[slot_of(code, THREAD_CODES)];
+        (e.0 == code && e.1 == mix && e.2 != 0).then_some(e.2 as u32)
+    }
+
+    #[inline(always)]
+    fn put_code(&mut self, code: u64, mix: u64, id: u32) {
+        self.codes[slot_of(code, THREAD_CODES)] = (code, mix, id as u64);
+    }
+
+    /// The id of the previous capture's Python part, if it was `words` in `epoch`.
+    #[inline(always)]
+    pub fn same_as_last(&self, words: &[u64], epoch: u32) -> Option<u32> {
+        (self.last_id != 0 && self.last_epoch == epoch && self.last_len == words.len() && self.last_words[..words.len()] == *words)
+            .then_some(self.last_id)
+    }
+
+    #[inline(always)]
+    pub fn put_last(&mut self, words: &[u64], epoch: u32, id: u32) {
+        if words.len() <= self.last_words.len() {
+            self.last_words[..words.len()].copy_from_slice(words);
+            self.last_len = words.len();
+            self.last_epoch = epoch;
+            self.last_id = id;
+        }
+    }
+
+    /// The id of the Python part of hash `h` (64 bits: a collision is out of reach).
+    #[inline(always)]
+    pub fn part(&self, h: u64) -> Option<u32> {
+        let e = &self.parts[(h as usize) & (THREAD_PARTS - 1)];
+        (e.0 == h && e.1 != 0).then_some(e.1 as u32)
+    }
+
+    #[inline(always)]
+    pub fn put_part(&mut self, h: u64, id: u32) {
+        self.parts[(h as usize) & (THREAD_PARTS - 1)] = (h, id as u64);
+    }
+
+    /// The combined id of (`native`, `python`) interned in `epoch`.
+    #[inline(always)]
+    pub fn combined(&self, native: u32, python: u32, epoch: u32) -> Option<u32> {
+        let key = (native as u64) << 32 | python as u64;
+        let e = &self.combined[slot_of(key, THREAD_COMBINED)];
+        (e.0 == key && (e.1 >> 32) as u32 == epoch && e.1 as u32 != 0).then_some(e.1 as u32)
+    }
+
+    #[inline(always)]
+    pub fn put_combined(&mut self, native: u32, python: u32, epoch: u32, id: u32) {
+        let key = (native as u64) << 32 | python as u64;
+        self.combined[slot_of(key, THREAD_COMBINED)] = (key, (epoch as u64) << 32 | id as u64);
+    }
+}
+
+#[inline(always)]
+fn slot_of(key: u64, slots: usize) -> usize {
+    (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as usize & (slots - 1)
 }
 
 /// # Safety
 /// `tstate` must be this thread's live thread state of the layout `py.layout`.
 #[inline(always)]
-unsafe fn walk(py: &Interp, tstate: u64, out: &mut [u64]) -> usize {
+unsafe fn walk(py: &Interp, tstate: u64, out: &mut [u64], mut cache: Option<&mut ThreadCache>) -> usize {
     let l = &py.layout;
     // SAFETY: as the caller vouches.
     let mut frame = unsafe { word(tstate + l.tstate_frame as u64) };
@@ -411,7 +502,7 @@ unsafe fn walk(py: &Interp, tstate: u64, out: &mut [u64]) -> usize {
             }
         };
         // SAFETY: `code` is a live code object (checked above).
-        let id = unsafe { codes::id_of(l, code) };
+        let id = unsafe { codes::id_of(l, code, cache.as_deref_mut()) };
         out[n] = frame_word(id, offset, entry);
         n += 1;
         frame = back;
@@ -537,11 +628,34 @@ pub mod codes {
     /// # Safety
     /// `code` must be a live code object of layout `l`.
     #[inline(always)]
-    pub unsafe fn id_of(l: &Layout, code: u64) -> u32 {
+    pub unsafe fn id_of(l: &Layout, code: u64, cache: Option<&mut ThreadCache>) -> u32 {
         // SAFETY: fields of a live code object.
         let (f, n, t) = unsafe {
             (word(code + l.code_filename as u64), word(code + name_field(l) as u64), word(code + l.code_linetable as u64))
         };
+        // The thread's cache is trusted as far as the registry is: same address, same
+        // objects (mixed into one word; a mix that matches by chance after the address
+        // was reused needs three new objects whose addresses collide in 64 bits).
+        let mix = f.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ n.rotate_left(21).wrapping_mul(0xc2b2_ae3d_27d4_eb4f) ^ t.rotate_left(42);
+        if let Some(c) = cache.as_deref() {
+            if let Some(id) = c.code(code, mix) {
+                return id;
+            }
+        }
+        // SAFETY: as the caller vouches.
+        let id = unsafe { shared_id_of(l, code, f, n, t) };
+        if let Some(c) = cache {
+            if id != 0 {
+                c.put_code(code, mix, id);
+            }
+        }
+        id
+    }
+
+    /// # Safety
+    /// As for `id_of`; `f`, `n`, `t` are its file name, name and line table objects.
+    #[inline(always)]
+    unsafe fn shared_id_of(l: &Layout, code: u64, f: u64, n: u64, t: u64) -> u32 {
         let home = (code.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 48) as usize;
         for k in 0..PROBES {
             let p = slot(home + k).load(Ordering::Acquire);
@@ -683,6 +797,35 @@ pub mod codes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn empty_cache() -> Box<ThreadCache> {
+        // SAFETY: all-zero bytes are a valid empty cache (plain integers throughout).
+        unsafe { Box::new(std::mem::zeroed()) }
+    }
+
+    #[test]
+    fn thread_cache_answers_only_what_it_was_told() {
+        let mut c = empty_cache();
+        assert_eq!(c.code(0x1000, 7), None);
+        c.put_code(0x1000, 7, 42);
+        assert_eq!(c.code(0x1000, 7), Some(42));
+        // Same address, other objects: a new code object there.
+        assert_eq!(c.code(0x1000, 8), None);
+        c.put_combined(5, 6, 1, 99);
+        assert_eq!(c.combined(5, 6, 1), Some(99));
+        assert_eq!(c.combined(5, 6, 2), None, "another dlclose epoch");
+        assert_eq!(c.combined(6, 5, 1), None);
+        c.put_part(0xabcdef, 17);
+        assert_eq!(c.part(0xabcdef), Some(17));
+        assert_eq!(c.part(0xabcdef + THREAD_PARTS as u64), None);
+        let words = [PY_FRAMES, 1, 2, 3];
+        assert_eq!(c.same_as_last(&words, 0), None);
+        c.put_last(&words, 0, 23);
+        assert_eq!(c.same_as_last(&words, 0), Some(23));
+        assert_eq!(c.same_as_last(&words[..3], 0), None);
+        assert_eq!(c.same_as_last(&words, 1), None);
+        assert_eq!(c.same_as_last(&[PY_FRAMES, 1, 2, 4], 0), None);
+    }
 
     #[test]
     fn words_round_trip() {

@@ -634,6 +634,8 @@ struct Memo {
     /// table is large and its lines are usually cold; the frames near `main` and the
     /// program's allocation helpers repeat on every capture.
     l1: [(u64, u64); L1_RULES],
+    /// The thread's caches of Python capture ids.
+    py: super::python::ThreadCache,
 }
 
 impl Memo {
@@ -907,7 +909,7 @@ fn fold_inward(outer: u64, own: &[u64], states: &mut [u64]) -> u64 {
 pub fn capture_stack_id(state: &ThreadState, depth: usize) -> u32 {
     let native = capture(state, depth, true);
     if super::python::enabled() {
-        with_python_frames(native)
+        with_python_frames(state, native)
     } else {
         native
     }
@@ -918,39 +920,54 @@ pub fn capture_stack_id(state: &ThreadState, depth: usize) -> u32 {
 /// `[PY_FRAMES, python words…]` (see `python::capture`). Python frames are part of a
 /// stack's identity: two lines that reach one native path are two stacks. The Python
 /// part is interned on its own: a few thousand distinct ones serve every native stack
-/// under them, so a new combined stack costs three words, not forty.
+/// under them, so a new combined stack costs three words, not forty. The thread's
+/// `ThreadCache` answers the repeated lookups of a loop.
 #[inline(always)]
-fn with_python_frames(native: u32) -> u32 {
+fn with_python_frames(state: &ThreadState, native: u32) -> u32 {
+    let mut cache = memo_for_thread(state).map(|m| &mut m.py);
     let mut words = [0u64; 1 + super::python::MAX_PY_FRAMES];
-    let n = super::python::capture(&mut words[1..]);
+    let n = super::python::capture(&mut words[1..], cache.as_deref_mut());
     if n == 0 {
         return native;
     }
     words[0] = super::python::PY_FRAMES;
     let epoch = epoch();
     let words = &words[..n + 1];
-    let h = stacks::hash_frames(epoch, words);
-    // A thread allocates again and again under the same Python lines: the ids of its
-    // recent Python parts are kept by hash (64 bits: a collision is out of reach), which
-    // spares the shared table's probe and the comparison with its record.
-    let slot = (h as usize) & (PY_RECENT - 1);
-    let python = match PY_RECENT_IDS.with(|r| r[slot].get()) {
-        (hh, id) if hh == h && id != 0 => id,
-        _ => {
-            let id = stacks::intern_hashed(epoch, words, None, h);
-            PY_RECENT_IDS.with(|r| r[slot].set((h, id)));
+    let python = match cache.as_deref().and_then(|c| c.same_as_last(words, epoch)) {
+        Some(id) => id,
+        None => {
+            let id = python_part_id(cache.as_deref_mut(), epoch, words);
+            if let Some(c) = cache.as_deref_mut() {
+                c.put_last(words, epoch, id);
+            }
             id
         }
     };
+    if let Some(id) = cache.as_deref().and_then(|c| c.combined(native, python, epoch)) {
+        return id;
+    }
     let combined = [super::python::PY_STACK, native as u64, python as u64];
-    stacks::intern_hashed(epoch, &combined, None, stacks::hash_frames(epoch, &combined))
+    let id = stacks::intern_hashed(epoch, &combined, None, stacks::hash_frames(epoch, &combined));
+    if let Some(c) = cache {
+        if id != 0 && python != 0 {
+            c.put_combined(native, python, epoch, id);
+        }
+    }
+    id
 }
 
-const PY_RECENT: usize = 64;
-
-thread_local! {
-    /// (hash, id) of the thread's recent Python parts, by hash.
-    static PY_RECENT_IDS: [std::cell::Cell<(u64, u32)>; PY_RECENT] = const { [const { std::cell::Cell::new((0, 0)) }; PY_RECENT] };
+/// The id of a Python part (`[PY_FRAMES, words…]`), through the thread's cache.
+#[inline(always)]
+fn python_part_id(cache: Option<&mut super::python::ThreadCache>, epoch: u32, words: &[u64]) -> u32 {
+    let h = stacks::hash_frames(epoch, words);
+    if let Some(id) = cache.as_deref().and_then(|c| c.part(h)) {
+        return id;
+    }
+    let id = stacks::intern_hashed(epoch, words, None, h);
+    if let Some(c) = cache {
+        c.put_part(h, id);
+    }
+    id
 }
 
 /// Tests: the same capture with no memo at all (every frame unwound), to compare with.
