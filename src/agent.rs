@@ -15,6 +15,7 @@ use crate::hotpath::channel::{self, DrainState};
 use crate::hotpath::thread::ThreadState;
 use crate::hotpath::{stacks, thread, unwind};
 use crate::report::build::{self, Reason, RunFacts};
+use crate::report::checks;
 use crate::report::process::{self, ProcessInfo};
 use crate::report::symbolize::Symbolizer;
 use crate::report::timeline::Timeline;
@@ -57,6 +58,9 @@ struct ReportSide {
     exit_signal: Option<i32>,
     /// Why this process can never be given a final report, once the collector found out.
     no_final_report: Option<&'static str>,
+    /// The checks the program asked for (`checkpoint`), and how many more were not kept.
+    checks: Vec<checks::Check>,
+    checks_dropped: u64,
 }
 
 impl ReportSide {
@@ -80,6 +84,8 @@ impl ReportSide {
             suppressions,
             exit_signal: None,
             no_final_report: None,
+            checks: Vec::new(),
+            checks_dropped: 0,
         }
     }
 }
@@ -161,6 +167,10 @@ pub fn record_alloc(addr: usize, size: usize, api: Api) {
     recording(|s| {
         let stack = unwind::capture_stack_id(s, LIFECYCLE.depth());
         publish(s, EventKind::Alloc, api, stack, addr as u64, size as u64);
+        if s.lsan_disabled() {
+            // Between __lsan_disable and __lsan_enable: never a leak.
+            publish(s, EventKind::Ignore, Api::Malloc, 0, addr as u64, 0);
+        }
     });
 }
 
@@ -586,6 +596,8 @@ fn write_report(reason: Reason) {
             timeline: &timeline,
             scan: scan_out,
             omitted,
+            checks: &r.checks,
+            checks_dropped: r.checks_dropped,
         };
         writer::write_atomic_with(path, |w| build::write_report_json(w, &parts))
     };
@@ -617,7 +629,8 @@ fn write_report(reason: Reason) {
         LIFECYCLE.leaks_found(build::leaked_total(&visible, omitted).1 > 0);
         if r.config.summary {
             let shown = result.is_ok().then(|| path.display().to_string());
-            let text = build::summary_text(r.process.pid, &visible, suppressed, &used, r.config.summary_top, shown.as_deref(), omitted);
+            let mut text = build::summary_text(r.process.pid, &visible, suppressed, &used, r.config.summary_top, shown.as_deref(), omitted);
+            text.push_str(&checks::summary_lines(&r.checks, r.checks_dropped));
             crate::os::fds::write_stderr(text.as_bytes());
         }
     }
@@ -715,7 +728,9 @@ struct ScanResult {
 /// others reachable but are not counted). Device and managed memory is a target only:
 /// its contents are not host memory to read (managed pages would migrate); page-locked
 /// host memory is read like the heap.
-fn reachability_scan(input: &crate::collector::state::ScanInput, names_thread: u32) -> ScanResult {
+/// The pointer scan's verdict on each of `input.blocks` (in order), the index of the
+/// leaked block each indirect one hangs from, and what the scan measured.
+fn classify_live(input: &crate::collector::state::ScanInput, names_thread: u32) -> (Vec<crate::scan::mark::Verdict>, Vec<u32>, crate::scan::ScanInfo) {
     let live = &input.blocks;
     let blocks: Vec<crate::scan::mark::Block> = live
         .iter()
@@ -731,7 +746,16 @@ fn reachability_scan(input: &crate::collector::state::ScanInput, names_thread: u
     // thread that is exiting never answers the stop signal).
     let collector = LIFECYCLE.collector_tid();
     let own: Vec<u32> = [collector, names_thread].into_iter().filter(|&t| t != 0).collect();
-    let (mut verdicts, owners, info) = crate::scan::scan(&blocks, &input.inherited, &own);
+    // Ignored blocks are roots (what they point to is not leaked either), and so are
+    // the regions the program registered (LeakSanitizer's interface).
+    let mut extra_roots = crate::scan::roots::root_regions();
+    extra_roots.extend(live.iter().filter(|b| b.ignored).map(|b| (b.addr, b.size)));
+    let (mut verdicts, owners, info) = crate::scan::scan(&blocks, &input.inherited, &own, &extra_roots);
+    for (b, v) in live.iter().zip(verdicts.iter_mut()) {
+        if b.ignored {
+            *v = crate::scan::mark::Verdict::Reachable;
+        }
+    }
     if let Some((lo, hi)) = crate::scan::roots::loader_range() {
         for (b, v) in live.iter().zip(verdicts.iter_mut()) {
             let innermost = stacks::innermost(b.stack);
@@ -740,6 +764,12 @@ fn reachability_scan(input: &crate::collector::state::ScanInput, names_thread: u
             }
         }
     }
+    (verdicts, owners, info)
+}
+
+fn reachability_scan(input: &crate::collector::state::ScanInput, names_thread: u32) -> ScanResult {
+    let live = &input.blocks;
+    let (verdicts, owners, info) = classify_live(input, names_thread);
     let mut by_group: std::collections::HashMap<GroupKey, build::Reachability> = Default::default();
     let mut indirect_from: std::collections::HashMap<GroupKey, std::collections::BTreeMap<u32, (u64, u64)>> = Default::default();
     let mut totals = build::KindReachability::default();
@@ -756,6 +786,106 @@ fn reachability_scan(input: &crate::collector::state::ScanInput, names_thread: u
         }
     }
     ScanResult { out: build::ScanOut { ran: true, info }, by_group, totals, indirect_from }
+}
+
+/// A leak check the program asked for (the C API): drains what was published so far,
+/// runs the pointer scan over every outstanding block, and classifies those of `scope`
+/// (allocated since the last `leaktrace_mark`, or all); suppressions apply. The check is
+/// kept under `label` for every later report. `None` when nothing is tracked here or
+/// the scan is off (`LEAKTRACE_SCAN=0`).
+///
+/// Runs on the calling thread, which is not stopped: its stack from here up is a root,
+/// as the program's own frames are (LeakSanitizer's `__lsan_do_recoverable_leak_check`
+/// does the same).
+pub fn checkpoint(label: &str, scope: checks::Scope) -> Option<checks::Check> {
+    if !active() || !SCAN_AT_EXIT.load(Ordering::Relaxed) || LIFECYCLE.final_in_progress() {
+        return None;
+    }
+    thread::untracked(|| catch_unwind(AssertUnwindSafe(|| checkpoint_inner(label, scope))).ok().flatten())
+}
+
+fn checkpoint_inner(label: &str, scope: checks::Scope) -> Option<checks::Check> {
+    let (input, mark) = {
+        let mut state = lock_bounded(&STATE, Duration::from_secs(5))?;
+        let c = state.as_mut()?;
+        // Every event published before this call (ours in order, other threads' up to
+        // their tickets) is applied before the blocks are taken.
+        let backlog = c.order.backlog();
+        drain_into(c, backlog, false);
+        (c.model.live_blocks(), c.model.mark())
+    };
+    let (verdicts, _, _) = classify_live(&input, 0);
+    let mut by_group: std::collections::HashMap<(u32, Api, Option<u8>), build::Reachability> = Default::default();
+    for (b, v) in input.blocks.iter().zip(verdicts) {
+        if scope == checks::Scope::Region && b.mark != mark {
+            continue;
+        }
+        by_group.entry((b.stack, b.api, b.device)).or_default().add(v, b.size);
+    }
+    let mut keys: Vec<_> = by_group.into_iter().collect();
+    // Leaked groups first, largest first: those are the ones named.
+    keys.sort_by_key(|(_, r)| std::cmp::Reverse((r.definite.bytes + r.indirect.bytes, r.definite.blocks + r.indirect.blocks)));
+    let named = keys.iter().take_while(|(_, r)| r.definite.blocks + r.indirect.blocks > 0).count().min(CHECK_NAMED_GROUPS);
+    let mut report = lock_bounded(&REPORT, Duration::from_secs(30))?;
+    let r = report.as_mut()?;
+    let ids: Vec<u32> = keys[..named].iter().map(|((stack, _, _), _)| *stack).collect();
+    let mut stacks = build::resolve_stacks(&ids, &mut r.symbolizer).into_iter();
+    let groups: Vec<build::Group> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, ((stack, api, device), reach))| build::Group {
+            kind: api.kind().name(),
+            api: api.name(),
+            device: *device,
+            cached_by: None,
+            bytes: reach.definite.bytes + reach.indirect.bytes + reach.reachable.bytes,
+            blocks: reach.definite.blocks + reach.indirect.blocks + reach.reachable.blocks,
+            peak_bytes: 0,
+            total_allocs: 0,
+            total_bytes: 0,
+            stack_id: *stack,
+            reachability: Some(*reach),
+            indirect_from: Vec::new(),
+            stack: if i < named { stacks.next().unwrap_or_default() } else { Vec::new() },
+        })
+        .collect();
+    let (shown, _, _) = build::apply_suppressions(&groups, &r.suppressions);
+    let check = checks::make(label, process::unix_ms(), scope, &groups, &shown);
+    if r.checks.len() < checks::KEPT_CHECKS {
+        r.checks.push(check.clone());
+    } else {
+        r.checks_dropped += 1;
+    }
+    Some(check)
+}
+
+/// Leaked groups of a check whose stacks are named (and matched by suppressions).
+const CHECK_NAMED_GROUPS: usize = 256;
+
+/// A checkpoint region starts (`leaktrace_mark`): blocks this thread allocates from
+/// now on belong to it. Ordered with the calling thread's own events.
+pub fn start_region() -> bool {
+    if !active() {
+        return false;
+    }
+    let mut done = false;
+    recording(|s| {
+        publish(s, EventKind::Mark, Api::Malloc, 0, 0, 0);
+        done = true;
+    });
+    done
+}
+
+/// `__lsan_disable` (`true`) and `__lsan_enable`: while a thread's count is above
+/// zero, the blocks it allocates are never reported. Nests, as LeakSanitizer's does;
+/// an enable without a disable is ignored (LeakSanitizer calls it an error).
+pub fn lsan_disable(on: bool) {
+    thread::with(|s| s.lsan_disable(on));
+}
+
+/// The live block at `addr` is never reported (`__lsan_ignore_object`).
+pub fn ignore_block(addr: u64) {
+    recording(|s| publish(s, EventKind::Ignore, Api::Malloc, 0, addr, 0));
 }
 
 /// The final report: exactly once per process image, after the last event is drained.

@@ -95,3 +95,55 @@ fn the_exiting_threads_live_frames_and_registers_are_roots_but_its_dead_slots_ar
         }
     }
 }
+
+/// The C API by region and LeakSanitizer's interface (tests/fixtures/api_checks.c), the
+/// way a test runner calls them: each region's leaked bytes, the checks in the report,
+/// and the same answer as LeakSanitizer itself on `__lsan_do_recoverable_leak_check`
+/// (the same program built with -fsanitize=leak, where only the __lsan_* calls exist).
+#[test]
+fn checks_by_region_and_the_lsan_interface_give_lsans_answers() {
+    let bin = build_fixture("api_checks.c", &[]);
+    let plain = run_plain(Command::new(&bin));
+    let out = String::from_utf8_lossy(&plain.stdout).into_owned();
+    assert!(out.contains("leaks_a_buffer -2") && !out.contains("recoverable_check"), "without the library the weak calls are null: {out}");
+    let run = run_traced(Command::new(&bin), "api");
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let out = run.stdout();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "leaks_a_buffer 4000",
+            "fills_a_cache 0",
+            "is_clean 0",
+            "leaks_a_list 192",
+            "leaks_on_purpose 0",
+            "json_length_positive 1",
+            "recoverable_check 1"
+        ],
+        "{}",
+        run.stderr()
+    );
+    let r = run.report();
+    let checks = r["checks"].as_array().expect("checks in the report");
+    let labels: Vec<&str> = checks.iter().map(|c| c["label"].as_str().unwrap()).collect();
+    assert_eq!(labels, ["leaks_a_buffer", "fills_a_cache", "is_clean", "leaks_a_list", "leaks_on_purpose", "__lsan_do_recoverable_leak_check"]);
+    let list = &checks[3];
+    assert_eq!((list["definite"]["bytes"].as_u64(), list["indirect"]["bytes"].as_u64()), (Some(64), Some(128)));
+    assert_eq!(checks[1]["reachable"]["bytes"], 2048, "the cache is reachable, not leaked");
+    let frames = r["frames"].as_array().unwrap();
+    let top = &frames[checks[0]["leaks"][0]["stack"][0].as_u64().unwrap() as usize];
+    assert_eq!(top["function"], "test_leaks_a_buffer", "{top:#}");
+    // Ignored and disabled blocks stay out of the exit report too.
+    assert!(groups_with(&r, "test_leaks_on_purpose").iter().all(|g| g["reachability"]["definite"]["bytes"] == 0 && g["reachability"]["indirect"]["bytes"] == 0));
+    let err = run.stderr();
+    assert!(err.contains("3 of 6 checks leaked") && err.contains("leaks_a_list: 192 bytes in 3 blocks"), "{err}");
+    assert!(err.contains("SUMMARY: leaktrace: 4192 byte(s) leaked in 4 allocation(s)"), "{err}");
+
+    // LeakSanitizer on the same program: the same total at its on-demand check.
+    let lsan = build_fixture("api_checks.c", &["-fsanitize=leak"]);
+    let out = Command::new(&lsan).env("LSAN_OPTIONS", "exitcode=0").timed_output().expect("LeakSanitizer (gcc -fsanitize=leak) must work");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("recoverable_check 1"));
+    assert!(err.contains("SUMMARY: LeakSanitizer: 4192 byte(s) leaked in 4 allocation(s)."), "{err}");
+}

@@ -45,6 +45,8 @@ pub struct ProcessAnalysis {
     pub unlisted_bytes: u64,
     pub leaks: Vec<Group>,
     pub growth: Vec<Growth>,
+    /// The leak checks the process asked for, in order.
+    pub checks: Vec<crate::model::Check>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -145,6 +147,7 @@ pub fn analyze(reports: &[Report], filters: &Filters) -> Analysis {
                 suppressions_used: applied.map(|a| a.used).unwrap_or_default(),
                 leaks,
                 growth,
+                checks: r.checks.clone(),
             }
         })
         .collect();

@@ -157,6 +157,49 @@ pub struct Timeline {
     pub lines: Vec<LineSeries>,
 }
 
+/// One leak check (`leaktrace_snapshot(label)`, a pytest test): what the scan found
+/// among the blocks of its region.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct Check {
+    pub label: String,
+    #[serde(default)]
+    pub scope: String,
+    #[serde(default)]
+    pub definite: Amount,
+    #[serde(default)]
+    pub indirect: Amount,
+    #[serde(default)]
+    pub reachable: Amount,
+    #[serde(default)]
+    pub suppressed: Amount,
+    #[serde(default)]
+    pub leak_groups: usize,
+    #[serde(default)]
+    pub leaks: Vec<CheckLeak>,
+}
+
+impl Check {
+    pub fn leaked_bytes(&self) -> u64 {
+        self.definite.bytes + self.indirect.bytes
+    }
+
+    pub fn leaked_blocks(&self) -> u64 {
+        self.definite.blocks + self.indirect.blocks
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct CheckLeak {
+    #[serde(default)]
+    pub kind: String,
+    #[serde(default)]
+    pub api: String,
+    #[serde(default)]
+    pub reachability: Reachability,
+    #[serde(default)]
+    pub stack: Vec<Frame>,
+}
+
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 pub struct Fork {
     #[serde(default)]
@@ -191,6 +234,9 @@ pub struct Report {
     pub timeline: Timeline,
     #[serde(default)]
     pub leaks: Vec<Group>,
+    /// Leak checks the program asked for through the C API or the pytest plugin.
+    #[serde(default)]
+    pub checks: Vec<Check>,
     /// Where it was read from (not part of the file).
     #[serde(skip)]
     pub path: PathBuf,

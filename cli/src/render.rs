@@ -45,6 +45,40 @@ fn stack_text(out: &mut String, stack: &[Frame]) {
     }
 }
 
+/// The leak checks of a process (the C API, the pytest plugin): one line each, and the
+/// largest leak's stack under each check that leaked.
+fn checks_text(out: &mut String, checks: &[crate::model::Check]) {
+    if checks.is_empty() {
+        return;
+    }
+    let leaking = checks.iter().filter(|c| c.leaked_blocks() > 0).count();
+    out.push_str(&format!("\nChecks: {leaking} of {} leaked\n", checks.len()));
+    for c in checks {
+        if c.leaked_blocks() == 0 {
+            out.push_str(&format!("  ok    {}", c.label));
+            if c.reachable.bytes > 0 {
+                out.push_str(&format!(" ({} byte(s) still reachable)", c.reachable.bytes));
+            }
+            out.push('\n');
+            continue;
+        }
+        out.push_str(&format!(
+            "  LEAK  {}: {} byte(s) in {} allocation(s) ({} definite, {} indirect)\n",
+            c.label,
+            c.leaked_bytes(),
+            c.leaked_blocks(),
+            c.definite.bytes,
+            c.indirect.bytes
+        ));
+        if let Some(l) = c.leaks.first() {
+            for (i, at) in shown_frames(&l.stack).into_iter().take(6).enumerate() {
+                out.push_str(&frame_line(i, &l.stack[at]));
+                out.push('\n');
+            }
+        }
+    }
+}
+
 pub fn human_bytes(b: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = b as f64;
@@ -118,6 +152,7 @@ pub fn text(a: &Analysis, top: usize) -> String {
             }
             stack_text(&mut out, &gr.stack);
         }
+        checks_text(&mut out, &p.checks);
         let mut notes = Vec::new();
         if p.suppressed_groups > 0 {
             notes.push(format!("{} group(s), {} byte(s) suppressed", p.suppressed_groups, p.suppressed_bytes));

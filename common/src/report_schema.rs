@@ -62,6 +62,17 @@ pub fn inline_frames(report: &mut Value) -> Result<(), String> {
             }
         }
     }
+    if let Some(Value::Array(checks)) = report.get_mut("checks") {
+        for (i, c) in checks.iter_mut().enumerate() {
+            if let Some(Value::Array(leaks)) = c.get_mut("leaks") {
+                for (j, l) in leaks.iter_mut().enumerate() {
+                    if let Some(stack) = l.get_mut("stack") {
+                        expand(stack, &format!("check {i} leak {j}"))?;
+                    }
+                }
+            }
+        }
+    }
     report["frames"] = Value::Array(table);
     Ok(())
 }
@@ -77,9 +88,11 @@ mod tests {
             "schema": "leaktrace-report/2",
             "frames": [{"ip": "0x1", "function": "a"}, {"ip": "0x2", "function": "b"}],
             "timeline": {"series": [{"stack": null}, {"stack": [1]}]},
-            "leaks": [{"stack": [0, 1]}, {"stack": []}]
+            "leaks": [{"stack": [0, 1]}, {"stack": []}],
+            "checks": [{"label": "t", "leaks": [{"stack": [1, 0]}]}]
         });
         inline_frames(&mut r).unwrap();
+        assert_eq!(r["checks"][0]["leaks"][0]["stack"][0]["function"], "b");
         assert_eq!(r["leaks"][0]["stack"][1]["function"], "b");
         assert_eq!(r["leaks"][1]["stack"], json!([]));
         assert!(r["timeline"]["series"][0]["stack"].is_null());

@@ -55,15 +55,37 @@ pub struct LiveBlock {
     /// The process generation that allocated it (`Collector::generation`); an older
     /// one means the parent allocated it before this (forked) process existed.
     pub generation: u16,
+    /// The checkpoint region it was allocated in (`Collector::mark`, 31 bits): a
+    /// checkpoint counts the blocks of the current region (`leaktrace_mark`).
+    pub mark: u32,
+    /// Never a leak, as LeakSanitizer's ignored objects: `__lsan_ignore_object`, or
+    /// allocated between `__lsan_disable` and `__lsan_enable`. Its contents keep what
+    /// they point to reachable.
+    pub ignored: bool,
 }
+
+/// Heap block sizes fit in 48 bits (the address space is 47); the top 16 bits of the
+/// size word carry the low half of the mark.
+const SIZE_BITS: u32 = 48;
+pub const MARK_MASK: u32 = (1 << 31) - 1;
 
 impl Packed for LiveBlock {
     fn pack(self) -> [u64; 2] {
-        [self.size, self.group as u64 | (self.generation as u64) << 32]
+        let mark = (self.mark & MARK_MASK) as u64;
+        [
+            (self.size & ((1 << SIZE_BITS) - 1)) | (mark & 0xffff) << SIZE_BITS,
+            self.group as u64 | (self.generation as u64) << 32 | (mark >> 16) << 48 | (self.ignored as u64) << 63,
+        ]
     }
 
     fn unpack([size, rest]: [u64; 2]) -> LiveBlock {
-        LiveBlock { size, group: rest as u32, generation: (rest >> 32) as u16 }
+        LiveBlock {
+            size: size & ((1 << SIZE_BITS) - 1),
+            group: rest as u32,
+            generation: (rest >> 32) as u16,
+            mark: (size >> SIZE_BITS) as u32 | (((rest >> 48) & 0x7fff) as u32) << 16,
+            ignored: rest >> 63 != 0,
+        }
     }
 }
 
@@ -184,6 +206,9 @@ fn is_pool(api: Api) -> bool {
 pub struct LiveEntry {
     pub addr: u64,
     pub size: u64,
+    /// Its checkpoint region and whether it is ignored (see `LiveBlock`).
+    pub mark: u32,
+    pub ignored: bool,
     pub stack: u32,
     pub api: Api,
     pub device: Option<u8>,
@@ -236,6 +261,8 @@ pub struct Collector {
     /// How many fork boundaries this process image is below the traced program's first
     /// process. A chain of 65,536 nested forks would wrap it.
     generation: u16,
+    /// The current checkpoint region: bumped by each `Mark` event.
+    mark: u32,
     /// In a forked child: the groups whose statistics this generation started afresh,
     /// the only ones with anything live here. A snapshot looks at these instead of every
     /// group (a PyTorch DataLoader worker inherits 880k groups and touches a few
@@ -343,7 +370,7 @@ impl Collector {
     /// The pointer scan's entry for the live block `b` at `addr`.
     fn live_entry(&self, addr: u64, b: &LiveBlock) -> LiveEntry {
         let ((stack, api, device), _) = self.groups[b.group as usize];
-        LiveEntry { addr, size: b.size, stack, api, device }
+        LiveEntry { addr, size: b.size, mark: b.mark, ignored: b.ignored, stack, api, device }
     }
 
     fn add_live(&mut self, space: Space, addr: u64, block: LiveBlock) {
@@ -486,7 +513,7 @@ impl Collector {
                 }
                 let size = ev.bytes();
                 let group = self.group_of((ev.stack, ev.api, ev.device()));
-                let block = LiveBlock { size, group, generation: self.generation };
+                let block = LiveBlock { size, group, generation: self.generation, mark: self.mark, ignored: false };
                 let g = self.group_stats(group);
                 g.total_allocs += 1;
                 g.total_bytes += size;
@@ -510,6 +537,28 @@ impl Collector {
             EventKind::ReallocFreed => {
                 if let Some((_, block)) = self.realloc_in_flight.remove(&(ev.tid, space)) {
                     self.count_free(&block);
+                }
+            }
+            EventKind::Mark => self.mark = (self.mark + 1) & MARK_MASK,
+            EventKind::Ignore => self.ignore(ev.addr),
+        }
+    }
+
+    /// The current checkpoint region (see `LiveBlock::mark`).
+    pub fn mark(&self) -> u32 {
+        self.mark
+    }
+
+    /// Marks the live heap block at `addr` ignored; an address that is not the start
+    /// of one is left alone (LeakSanitizer's `__lsan_ignore_object` says so and does
+    /// nothing else).
+    fn ignore(&mut self, addr: u64) {
+        if let Some(mut b) = self.live.get(addr) {
+            b.ignored = true;
+            self.live.insert(addr, b);
+            if let Some(p) = self.prepared.as_mut() {
+                if p.own_heap.get(addr).is_some() {
+                    p.own_heap.insert(addr, b);
                 }
             }
         }

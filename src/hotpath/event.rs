@@ -163,13 +163,17 @@ pub enum EventKind {
     ReallocRestore = 4,
     /// The call freed the block without a new one (`realloc(p, 0)`, a CUDA free).
     ReallocFreed = 5,
+    /// A checkpoint region starts (`leaktrace_mark`): no address.
+    Mark = 6,
+    /// The block at `addr` is never a leak (`__lsan_ignore_object`, `__lsan_disable`).
+    Ignore = 7,
 }
 
 impl EventKind {
     /// Events about an address that another thread may touch next: they take a ticket
     /// in the address's bucket (see `hotpath::channel`).
     pub fn orders_by_address(self) -> bool {
-        matches!(self, EventKind::Alloc | EventKind::Free | EventKind::ReallocRelease)
+        matches!(self, EventKind::Alloc | EventKind::Free | EventKind::ReallocRelease | EventKind::Ignore)
     }
 
     pub fn from_bits(b: u8) -> Option<EventKind> {
@@ -179,6 +183,8 @@ impl EventKind {
             3 => EventKind::ReallocRelease,
             4 => EventKind::ReallocRestore,
             5 => EventKind::ReallocFreed,
+            6 => EventKind::Mark,
+            7 => EventKind::Ignore,
             _ => return None,
         })
     }

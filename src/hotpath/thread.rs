@@ -32,6 +32,8 @@ pub struct ThreadState {
     /// coroutine's, a signal's alternate stack), `[alt_lo, alt_hi)`; 0 when none.
     pub(crate) alt_lo: Cell<usize>,
     pub(crate) alt_hi: Cell<usize>,
+    /// `__lsan_disable` calls not yet matched by `__lsan_enable`.
+    lsan_disabled: Cell<u32>,
 }
 
 /// The thread's state lives in an initial-exec TLS block of this library, reached from
@@ -91,6 +93,19 @@ pub fn with<R>(f: impl FnOnce(&ThreadState) -> R) -> R {
 pub struct HookGuard {
     state: *const ThreadState,
     errno: i32,
+}
+
+impl ThreadState {
+    /// Whether this thread is between `__lsan_disable` and `__lsan_enable`.
+    #[inline(always)]
+    pub fn lsan_disabled(&self) -> bool {
+        self.lsan_disabled.get() != 0
+    }
+
+    pub fn lsan_disable(&self, on: bool) {
+        let n = self.lsan_disabled.get();
+        self.lsan_disabled.set(if on { n.saturating_add(1) } else { n.saturating_sub(1) });
+    }
 }
 
 impl HookGuard {

@@ -7,6 +7,7 @@
 //! | malloc    | `malloc.rs`    | malloc, calloc, realloc, reallocarray, free, posix_memalign, aligned_alloc, memalign, valloc, pvalloc, malloc_usable_size (+ free_sized, free_aligned_sized where glibc has them) |
 //! | lifecycle | `lifecycle.rs` | exit, quick_exit, _exit, _Exit, dlclose, unshare, setns, chroot (+ constructor/destructor, atfork, snapshot and SIGTERM handlers) |
 //! | threads   | `threads.rs`   | pthread_create (notes each new thread's stack bounds before its routine runs) |
+//! | API       | `api.rs`       | leaktrace_active, leaktrace_mark, leaktrace_snapshot, leaktrace_snapshot_json, __lsan_do_leak_check, __lsan_do_recoverable_leak_check, __lsan_ignore_object, __lsan_disable, __lsan_enable, __lsan_register_root_region, __lsan_unregister_root_region (`include/leaktrace.h`) |
 //! | resolver  | `resolve.rs`   | dlsym (hands out CUDA wrappers; `RTLD_NEXT` passes straight through) |
 //! | CUDA runtime | `cuda_runtime.rs` | `cuda_runtime::WRAPPED`: cudaMalloc, cudaFree, cudaMallocAsync, cudaFreeAsync, cudaMallocFromPoolAsync (+ `_ptsz`), cudaMallocManaged, cudaMallocPitch, cudaMalloc3D, cudaMallocHost, cudaHostAlloc, cudaFreeHost, cudaHostRegister, cudaHostUnregister, cudaDeviceReset, cudaGetDriverEntryPoint(ByVersion) (+ `_ptsz`) |
 //! | CUDA driver | `cuda_driver.rs` | `cuda_driver::WRAPPED`: cuMemAlloc_v2, cuMemFree_v2, cuMemAllocPitch_v2, cuMemAllocManaged, cuMemAllocAsync, cuMemFreeAsync, cuMemAllocFromPoolAsync (+ `_ptsz`), cuMemAllocHost_v2, cuMemHostAlloc, cuMemFreeHost, cuMemHostRegister_v2, cuMemHostUnregister, cuMemCreate, cuMemRelease, cuMemAddressReserve, cuMemAddressFree, cuMemMap, cuMemUnmap, cuCtxDestroy_v2, cuDevicePrimaryCtxReset(_v2), cuGetProcAddress(_v2, _v2_ptsz) |
@@ -15,6 +16,7 @@
 //! Each hook forwards to the real function found with `dlsym(RTLD_NEXT)` (`real.rs`),
 //! keeps its C semantics (return values, errno, NULL and zero sizes) and reports to the
 //! agent only after the real call succeeded (allocations) or before it runs (frees).
+pub mod api;
 pub mod cuda;
 pub mod cuda_driver;
 pub mod cuda_runtime;
@@ -53,6 +55,17 @@ pub const EXPORTED: &[&str] = &[
     "setns",
     "chroot",
     "pthread_create",
+    "leaktrace_active",
+    "leaktrace_mark",
+    "leaktrace_snapshot",
+    "leaktrace_snapshot_json",
+    "__lsan_do_leak_check",
+    "__lsan_do_recoverable_leak_check",
+    "__lsan_ignore_object",
+    "__lsan_disable",
+    "__lsan_enable",
+    "__lsan_register_root_region",
+    "__lsan_unregister_root_region",
 ];
 
 /// Exported only when the build machine's glibc has them (C23, glibc >= 2.41).

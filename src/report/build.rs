@@ -452,6 +452,29 @@ struct ReportOut<'a> {
     frames: &'a [&'a Frame],
     timeline: TimelineRefs<'a>,
     leaks: Vec<GroupOut<'a>>,
+    /// The checks the program asked for (`report::checks`), oldest first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    checks: Vec<CheckOut<'a>>,
+    #[serde(skip_serializing_if = "is_zero")]
+    checks_dropped: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+#[derive(Serialize)]
+struct CheckOut<'a> {
+    #[serde(flatten)]
+    check: &'a super::checks::Check,
+    leaks: Vec<CheckLeakOut<'a>>,
+}
+
+#[derive(Serialize)]
+struct CheckLeakOut<'a> {
+    #[serde(flatten)]
+    leak: &'a super::checks::CheckLeak,
+    stack: Vec<u32>,
 }
 
 #[derive(Serialize)]
@@ -494,6 +517,8 @@ pub struct ReportParts<'a> {
     pub timeline: &'a TimelineOut,
     pub scan: Option<(&'a ScanOut, KindReachability)>,
     pub omitted: Omitted,
+    pub checks: &'a [super::checks::Check],
+    pub checks_dropped: u64,
 }
 
 /// `write_report_json` into memory (tests).
@@ -506,7 +531,7 @@ pub fn report_bytes(parts: &ReportParts) -> Vec<u8> {
 
 /// The report as JSON, written into `w` as it is serialized.
 pub fn write_report_json(w: impl std::io::Write, parts: &ReportParts) -> std::io::Result<()> {
-    let &ReportParts { process, reason, written_unix_ms, totals, groups, facts, timeline, scan, omitted } = parts;
+    let &ReportParts { process, reason, written_unix_ms, totals, groups, facts, timeline, scan, omitted, checks, checks_dropped } = parts;
     let kind = |k: Kind| KindTotalsOut::new(totals.kind(k), scan.map(|s| s.1[k.index()]));
     let mut cached = Amount::default();
     for g in groups.iter().filter(|g| g.cached_by.is_some()) {
@@ -517,6 +542,10 @@ pub fn write_report_json(w: impl std::io::Write, parts: &ReportParts) -> std::io
     let leaks: Vec<GroupOut> = groups.iter().map(|g| GroupOut { group: g, stack: table.indices(&g.stack) }).collect();
     let series = timeline.series.iter().map(|s| SeriesOut { series: s, stack: s.stack.as_deref().map(|st| table.indices(st)) }).collect();
     let timeline = TimelineRefs { points: &timeline.points, series, lines: &timeline.lines };
+    let checks = checks
+        .iter()
+        .map(|c| CheckOut { check: c, leaks: c.leaks.iter().map(|l| CheckLeakOut { leak: l, stack: table.indices(&l.stack) }).collect() })
+        .collect();
     let report = ReportOut {
         schema: SCHEMA,
         tool: json!({ "name": "leaktrace", "version": env!("CARGO_PKG_VERSION") }),
@@ -561,11 +590,13 @@ pub fn write_report_json(w: impl std::io::Write, parts: &ReportParts) -> std::io
         frames: &table.frames,
         timeline,
         leaks,
+        checks,
+        checks_dropped,
     };
     serde_json::to_writer(w, &report).map_err(std::io::Error::from)
 }
 
-fn frame_text(i: usize, f: &Frame) -> String {
+pub(crate) fn frame_text(i: usize, f: &Frame) -> String {
     let ip = format!("{:#x}", f.ip);
     leaktrace_common::frame_text::frame_line(
         i,
@@ -796,6 +827,8 @@ mod tests {
             timeline: &timeline,
             scan: None,
             omitted: Omitted::default(),
+            checks: &[],
+            checks_dropped: 0,
         });
         let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
         let keys: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();

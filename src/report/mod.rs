@@ -1,6 +1,7 @@
 //! Off the hot path: symbolization, report rendering and atomic writing.
 pub mod build;
 pub mod cached;
+pub mod checks;
 pub mod process;
 pub mod python;
 pub mod symbolize;

@@ -43,7 +43,10 @@ pub struct ScanInfo {
 /// child's (see `mark::Roots`). `own_threads` (the library's collector) are neither
 /// stopped nor roots: their stacks hold the addresses of the events they just
 /// processed, which the program does not.
-pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32]) -> (Vec<Verdict>, Vec<u32>, ScanInfo) {
+///
+/// `extra_roots`: ranges the program declared roots (`__lsan_register_root_region`,
+/// ignored blocks): read like module data.
+pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], extra_roots: &[(u64, u64)]) -> (Vec<Verdict>, Vec<u32>, ScanInfo) {
     let t0 = Instant::now();
     let have_signal = roots::install();
     let mut tids = if have_signal { roots::other_threads() } else { Vec::new() };
@@ -62,6 +65,7 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32]) -> 
     let inherited_pages = inherited_pages(inherited);
     let mut changed_since_fork = Vec::with_capacity(roots::WrittenPages::bound(&inherited_pages));
     root_ranges.extend_from_slice(roots::main_tls());
+    root_ranges.extend_from_slice(extra_roots);
     root_ranges.extend(roots::main_dtv(&maps));
     root_ranges.extend(blocking_stacks.iter().map(|s| (s.as_ptr() as u64, (s.len() * 8) as u64)));
     roots::own_stack(&maps, &mut root_ranges, &mut regs);

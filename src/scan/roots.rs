@@ -632,6 +632,35 @@ impl Drop for WrittenPages {
     }
 }
 
+/// Ranges the program registered as roots with `__lsan_register_root_region`.
+static ROOT_REGIONS: crate::os::lock::SpinLock<Vec<(u64, u64)>> = crate::os::lock::SpinLock::new(Vec::new());
+
+/// `__lsan_register_root_region`: `[start, start + size)` is read as a root by every
+/// later scan, until unregistered.
+pub fn register_root_region(start: u64, size: u64) {
+    if size > 0 {
+        ROOT_REGIONS.lock().push((start, size));
+    }
+}
+
+/// `__lsan_unregister_root_region`: forgets one registration of exactly that range;
+/// false when there is none (LeakSanitizer reports that as an error).
+pub fn unregister_root_region(start: u64, size: u64) -> bool {
+    let mut regions = ROOT_REGIONS.lock();
+    match regions.iter().position(|&r| r == (start, size)) {
+        Some(i) => {
+            regions.swap_remove(i);
+            true
+        }
+        None => false,
+    }
+}
+
+/// The registered root regions, as the scan reads them (only the readable parts).
+pub fn root_regions() -> Vec<(u64, u64)> {
+    ROOT_REGIONS.lock().clone()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
