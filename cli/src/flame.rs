@@ -101,6 +101,7 @@ mod tests {
                 unlisted_bytes: 0,
                 leaks: vec![g],
                 growth: vec![],
+                checks: vec![],
             }],
         }
     }
