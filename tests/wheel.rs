@@ -1,6 +1,7 @@
 //! `pip install .` into a fresh virtual environment gives a `leaktrace` command that
 //! works with nothing else: no Rust on PATH, no checkout beside it, a fresh HOME. It
-//! runs a Python program with a planted ctypes leak and fails `--fail-on-leak`.
+//! runs a Python program with a planted ctypes leak and fails `--fail-on-leak`, and its
+//! pytest plugin (an entry point of the wheel) fails the one test of a suite that leaks.
 //! Needs python3 with venv and pip, and the network for maturin (PyPI): a missing piece
 //! is a counted skip, except under CI.
 mod common;
@@ -51,4 +52,24 @@ fn pip_install_gives_a_command_that_finds_a_planted_leak() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "trained\n");
     assert_eq!(out.status.code(), Some(23), "{err}");
     assert!(err.contains("Leak of 1048576 byte(s) in 1 object(s) allocated from malloc"), "{err}");
+
+    // The pytest plugin comes with the wheel (an entry point): `pytest --leaktrace`
+    // with no `-p`, in the same environment.
+    let out = Command::new(&pip).args(["install", "-q", "pytest"]).timed_output().unwrap();
+    assert!(out.status.success(), "pip install pytest failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::copy(root().join("tests/fixtures/pytest/test_user_suite.py"), work.join("test_user_suite.py")).unwrap();
+    let out = Command::new(&leaktrace)
+        .args(["run", "--output", "p", "--", "python", "-m", "pytest", "--leaktrace", "-q", "-p", "no:cacheprovider", "--rootdir", ".", "test_user_suite.py"])
+        .current_dir(&work)
+        .env("PATH", &path)
+        .env("HOME", &home)
+        .env_remove("XDG_CACHE_HOME")
+        .env_remove("LEAKTRACE_LIB")
+        .env_remove("LD_PRELOAD")
+        .env_remove("PYTHONPATH")
+        .timed_output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("1 failed, 4 passed") && stdout.contains("FAILED test_user_suite.py::test_leaks - leaktrace:"), "{stdout}");
 }

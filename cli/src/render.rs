@@ -71,7 +71,7 @@ fn checks_text(out: &mut String, checks: &[crate::model::Check]) {
             c.indirect.bytes
         ));
         if let Some(l) = c.leaks.first() {
-            for (i, at) in shown_frames(&l.stack).into_iter().take(6).enumerate() {
+            for (i, at) in shown_frames(&l.stack).into_iter().take(10).enumerate() {
                 out.push_str(&frame_line(i, &l.stack[at]));
                 out.push('\n');
             }

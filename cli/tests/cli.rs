@@ -827,3 +827,60 @@ fn python_frames_on_every_installed_cpython() {
         assert!(t.contains(&format!("in {forward} ")), "{python:?}: {t}");
     }
 }
+
+/// `leaktrace run -- pytest --leaktrace` on a suite as users write it
+/// (tests/fixtures/pytest/test_user_suite.py), the plugin taken from the source tree
+/// (the wheel test installs it as users do): the leaking test fails with its line in the
+/// message, the cache and the clean test pass, a marker's limit and warm-up are honoured,
+/// and the report lists each test as a check. Without the library, `--leaktrace` is a
+/// usage error that says what to run.
+#[test]
+fn pytest_leaktrace_fails_the_test_that_leaks_at_its_line() {
+    let py = python();
+    if Command::new(&py).args(["-c", "import pytest"]).output().map(|o| !o.status.success()).unwrap_or(true) {
+        assert!(std::env::var_os("CI").is_none(), "pytest must be installed under CI");
+        eprintln!("SKIPPED: pytest is not installed for {py} (python3 -m pip install pytest)");
+        return;
+    }
+    let work = scratch("pytest");
+    let suite = manifest().join("../tests/fixtures/pytest/test_user_suite.py");
+    std::fs::copy(&suite, work.join("test_user_suite.py")).unwrap();
+    let pythonpath = manifest().join("../python");
+    let out = Command::new(bin())
+        .args(["run", "--output", "r", "--"])
+        .arg(&py)
+        .args(["-m", "pytest", "-p", "leaktrace.pytest_plugin", "--leaktrace", "-q", "-p", "no:cacheprovider", "--rootdir", ".", "test_user_suite.py"])
+        .current_dir(&work)
+        .env("PYTHONPATH", &pythonpath)
+        .bounded_output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "pytest's own status: one test failed\n{stdout}\n{}", text(&out.stderr));
+    assert!(stdout.contains("1 failed, 4 passed"), "{stdout}");
+    assert!(stdout.contains("FAILED test_user_suite.py::test_leaks - leaktrace:") && stdout.contains("leaktrace: test_user_suite.py::test_leaks leaked 48.8 KiB (50000 bytes), over its limit of 0 B"), "{stdout}");
+    let line = std::fs::read_to_string(&suite).unwrap().lines().position(|l| l.trim_end().ends_with("# LEAK")).unwrap() + 1;
+    assert!(stdout.lines().any(|l| l.contains("in test_leaks /") && l.ends_with(&format!("/test_user_suite.py:{line} [python]"))), "the test's own line:\n{stdout}");
+    assert!(stdout.contains("ok   test_user_suite.py::test_leaks_under_its_limit: 1000 B leaked"), "{stdout}");
+    let reps = reports(&work.join("r"));
+    let checks: Vec<&Value> = reps.iter().flat_map(|r| r["checks"].as_array().into_iter().flatten()).collect();
+    let by = |name: &str| checks.iter().find(|c| c["label"].as_str().is_some_and(|l| l.ends_with(name))).unwrap_or_else(|| panic!("no check {name}"));
+    assert_eq!(by("::test_leaks")["definite"]["bytes"], 50000);
+    assert_eq!(by("::test_fills_a_cache")["definite"]["bytes"], 0);
+    assert!(by("::test_fills_a_cache")["reachable"]["bytes"].as_u64().unwrap() >= 200000);
+    assert_eq!(by("::test_lazy_init_with_warmup")["definite"]["bytes"], 0, "the warm-up run took the first-time allocation");
+    assert_eq!(by("::test_clean")["definite"]["bytes"], 0);
+    let shown = leaktrace(&["report", "r"], &work);
+    let shown = text(&shown.stdout);
+    assert!(shown.contains("Checks: 2 of 5 leaked") && shown.contains("LEAK  test_user_suite.py::test_leaks: 50000 byte(s)"), "{shown}");
+
+    // Without the library: a usage error naming the command to run.
+    let plain = Command::new(&py)
+        .args(["-m", "pytest", "-p", "leaktrace.pytest_plugin", "--leaktrace", "-q", "-p", "no:cacheprovider", "--rootdir", ".", "test_user_suite.py"])
+        .current_dir(&work)
+        .env("PYTHONPATH", &pythonpath)
+        .env_remove("LD_PRELOAD")
+        .bounded_output()
+        .unwrap();
+    assert_eq!(plain.status.code(), Some(4), "pytest's usage-error status");
+    assert!(text(&plain.stderr).contains("leaktrace run -- pytest --leaktrace"), "{}", text(&plain.stderr));
+}
