@@ -131,8 +131,8 @@ fn checks_by_region_and_the_lsan_interface_give_lsans_answers() {
     let list = &checks[3];
     assert_eq!((list["definite"]["bytes"].as_u64(), list["indirect"]["bytes"].as_u64()), (Some(64), Some(128)));
     assert_eq!(checks[1]["reachable"]["bytes"], 2048, "the cache is reachable, not leaked");
-    let frames = r["frames"].as_array().unwrap();
-    let top = &frames[checks[0]["leaks"][0]["stack"][0].as_u64().unwrap() as usize];
+    // Read as every reader reads it: stacks inlined from the frame table.
+    let top = &checks[0]["leaks"][0]["stack"][0];
     assert_eq!(top["function"], "test_leaks_a_buffer", "{top:#}");
     // Ignored and disabled blocks stay out of the exit report too.
     assert!(groups_with(&r, "test_leaks_on_purpose").iter().all(|g| g["reachability"]["definite"]["bytes"] == 0 && g["reachability"]["indirect"]["bytes"] == 0));
