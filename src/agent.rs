@@ -7,13 +7,13 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::os::lock::SpinLock;
 use crate::collector::state::Collector;
 use crate::config::Config;
-use crate::hotpath::event::{self, Api, EventKind, Kind, Space};
 use crate::hotpath::channel::{self, DrainState};
+use crate::hotpath::event::{self, Api, EventKind, Kind, Space};
 use crate::hotpath::thread::ThreadState;
 use crate::hotpath::{stacks, thread, unwind};
+use crate::os::lock::SpinLock;
 use crate::report::build::{self, Reason, RunFacts};
 use crate::report::checks;
 use crate::report::process::{self, ProcessInfo};
@@ -313,9 +313,7 @@ fn spawn_collector() {
     // thread (a forked child's starts here, in the fork handler), and that block is ours.
     if let Err(rc) = thread::untracked(|| crate::interpose::lifecycle::spawn_internal_thread(collector_thread)) {
         LIFECYCLE.collector_gone();
-        stderr_line(&format!(
-            "leaktrace: cannot start the collector thread (error {rc}); events are drained by the program's threads instead"
-        ));
+        stderr_line(&format!("leaktrace: cannot start the collector thread (error {rc}); events are drained by the program's threads instead"));
     }
 }
 
@@ -337,7 +335,9 @@ fn collector_thread() {
             stderr_line("leaktrace: internal error in the collector thread; starting it again");
             spawn_collector();
         } else {
-            stderr_line("leaktrace: internal error in the collector thread again; the program's threads drain the events, the final report is still written at exit");
+            stderr_line(
+                "leaktrace: internal error in the collector thread again; the program's threads drain the events, the final report is still written at exit",
+            );
         }
     }
 }
@@ -460,8 +460,7 @@ pub fn pause_collector() -> bool {
     while start.elapsed() < Duration::from_secs(2) {
         // Finished its loop (a thread not yet started leaves at once), and gone from the
         // kernel's thread list.
-        if LIFECYCLE.no_collector_lives() && crate::os::threads::thread_is_gone(LIFECYCLE.collector_tid())
-        {
+        if LIFECYCLE.no_collector_lives() && crate::os::threads::thread_is_gone(LIFECYCLE.collector_tid()) {
             break;
         }
         std::thread::yield_now();
@@ -559,9 +558,7 @@ fn write_report(reason: Reason) {
     r.timeline.record(now, &snapshot);
     // Groups the scan cannot classify (registrations, VMM handles and ranges) keep no
     // breakdown: they count as outstanding.
-    let reach = |g: &crate::collector::state::GroupSnapshot| {
-        scan.as_ref().and_then(|s| s.by_group.get(&(g.stack, g.api.name(), g.device)).copied())
-    };
+    let reach = |g: &crate::collector::state::GroupSnapshot| scan.as_ref().and_then(|s| s.by_group.get(&(g.stack, g.api.name(), g.device)).copied());
     let (selected, omitted) = build::select_groups(&snapshot.groups, reach, r.config.report_groups);
     let mut groups = build::resolve_groups(&selected, &mut r.symbolizer);
     if let Some(s) = &scan {
@@ -606,11 +603,7 @@ fn write_report(reason: Reason) {
     if let Err(e) = &result {
         let fallback = PathBuf::from("/tmp");
         if !r.write_failed_once {
-            stderr_line(&format!(
-                "leaktrace: cannot write report {} ({e}); trying {}",
-                path.display(),
-                fallback.display()
-            ));
+            stderr_line(&format!("leaktrace: cannot write report {} ({e}); trying {}", path.display(), fallback.display()));
         }
         r.write_failed_once = true;
         if r.output_dir != fallback {
@@ -1017,13 +1010,7 @@ fn fork_child_inner() {
         let (symbolizer, config, output_dir, host_tracking, suppressions) = if was_free {
             (old.symbolizer, old.config, old.output_dir, old.host_tracking, old.suppressions)
         } else {
-            let kept = (
-                Symbolizer::new(process.exe.clone()),
-                old.config.clone(),
-                old.output_dir.clone(),
-                old.host_tracking.clone(),
-                old.suppressions.clone(),
-            );
+            let kept = (Symbolizer::new(process.exe.clone()), old.config.clone(), old.output_dir.clone(), old.host_tracking.clone(), old.suppressions.clone());
             std::mem::forget(old);
             kept
         };

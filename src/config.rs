@@ -183,12 +183,7 @@ impl Config {
         if let Some(v) = get("LEAKTRACE_STACK_DEPTH") {
             match v.trim().parse::<usize>() {
                 Ok(n) if (1..=crate::hotpath::unwind::MAX_DEPTH).contains(&n) => c.stack_depth = n,
-                _ => bad(
-                    "LEAKTRACE_STACK_DEPTH",
-                    &v,
-                    &format!("a depth between 1 and {}", crate::hotpath::unwind::MAX_DEPTH),
-                    DEFAULT_DEPTH.to_string(),
-                ),
+                _ => bad("LEAKTRACE_STACK_DEPTH", &v, &format!("a depth between 1 and {}", crate::hotpath::unwind::MAX_DEPTH), DEFAULT_DEPTH.to_string()),
             }
         }
         if let Some(v) = get("LEAKTRACE_SUMMARY") {

@@ -73,9 +73,13 @@ fn expect(r: &Value, function: &str, api: &str, kind: &str, bytes: u64, device: 
 }
 
 fn no_cuda_groups_in(r: &Value, function: &str) {
-    let gs: Vec<_> = r["leaks"].as_array().unwrap().iter().filter(|g| g["kind"] != "host").filter(|g| {
-        g["stack"].as_array().unwrap().iter().any(|f| f["function"] == function)
-    }).collect();
+    let gs: Vec<_> = r["leaks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| g["kind"] != "host")
+        .filter(|g| g["stack"].as_array().unwrap().iter().any(|f| f["function"] == function))
+        .collect();
     assert!(gs.is_empty(), "{function} freed everything it allocated: {gs:#?}");
 }
 
@@ -249,15 +253,10 @@ fn the_library_links_no_cuda_library() {
 /// same codes with and without the library, and nothing recorded.
 #[test]
 fn the_real_cudart_without_a_driver_passes_errors_through_and_records_nothing() {
-    let out = Command::new(python())
-        .args(["-c", "import nvidia.cuda_runtime as m, os; print(os.path.join(list(m.__path__)[0], 'lib'))"])
-        .timed_output()
-        .unwrap();
+    let out =
+        Command::new(python()).args(["-c", "import nvidia.cuda_runtime as m, os; print(os.path.join(list(m.__path__)[0], 'lib'))"]).timed_output().unwrap();
     let libdir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    assert!(
-        libdir.join("libcudart.so.12").exists(),
-        "the real libcudart.so.12 is missing: pip install nvidia-cuda-runtime-cu12 (.ci/run does)"
-    );
+    assert!(libdir.join("libcudart.so.12").exists(), "the real libcudart.so.12 is missing: pip install nvidia-cuda-runtime-cu12 (.ci/run does)");
     let dir = fresh_dir("real-cudart");
     let bin = dir.join("runtime_app_real");
     let (src, bin_s, lib_s) = (fixture("runtime_app.cpp"), bin.to_str().unwrap().to_owned(), libdir.to_str().unwrap().to_owned());

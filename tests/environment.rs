@@ -28,9 +28,10 @@ fn python_runs_unchanged_and_gets_a_report() {
     assert!(host(&r, "total_allocs") > 20000, "PYTHONMALLOC=malloc sends objects to malloc");
     assert_eq!(host(&r, "total_allocs") - host(&r, "total_frees"), host(&r, "live_blocks"));
     // Python's frames are symbolized from its own module.
-    let any_py_function = r["leaks"].as_array().unwrap().iter().any(|g| {
-        g["stack"].as_array().unwrap().iter().any(|f| f["function"].as_str().map(|n| n.starts_with("Py") || n.starts_with("_Py")).unwrap_or(false))
-    });
+    let any_py_function =
+        r["leaks"].as_array().unwrap().iter().any(|g| {
+            g["stack"].as_array().unwrap().iter().any(|f| f["function"].as_str().map(|n| n.starts_with("Py") || n.starts_with("_Py")).unwrap_or(false))
+        });
     assert!(any_py_function, "python frames are named");
 }
 
@@ -55,11 +56,7 @@ fn with_jemalloc_after_us_allocations_are_tracked_through_it() {
     }
     let bin = build_fixture("leaks.c", &[]);
     let dir = fresh_dir("jemalloc-after");
-    let out = Command::new(&bin)
-        .env("LD_PRELOAD", format!("{}:{JEMALLOC}", lib_path().display()))
-        .env("LEAKTRACE_OUTPUT", &dir)
-        .timed_output()
-        .unwrap();
+    let out = Command::new(&bin).env("LD_PRELOAD", format!("{}:{JEMALLOC}", lib_path().display())).env("LEAKTRACE_OUTPUT", &dir).timed_output().unwrap();
     assert_eq!(out.status.code(), Some(7));
     let r = &reports_in(&dir)[0];
     assert_eq!(r["diagnostics"]["host_tracking"], "active");
@@ -74,11 +71,7 @@ fn with_jemalloc_before_us_the_program_runs_and_we_say_why_nothing_is_seen() {
     }
     let bin = build_fixture("leaks.c", &[]);
     let dir = fresh_dir("jemalloc-before");
-    let out = Command::new(&bin)
-        .env("LD_PRELOAD", format!("{JEMALLOC}:{}", lib_path().display()))
-        .env("LEAKTRACE_OUTPUT", &dir)
-        .timed_output()
-        .unwrap();
+    let out = Command::new(&bin).env("LD_PRELOAD", format!("{JEMALLOC}:{}", lib_path().display())).env("LEAKTRACE_OUTPUT", &dir).timed_output().unwrap();
     assert_eq!(out.status.code(), Some(7));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "leaks fixture done\n");
     let err = String::from_utf8_lossy(&out.stderr);
@@ -139,12 +132,7 @@ fn missing_output_directory_is_created() {
     let bin = build_fixture("leaks.c", &[]);
     let work = fresh_dir("mkdir");
     let target = work.join("a/b/c");
-    let out = Command::new(&bin)
-        .env("LD_PRELOAD", lib_path())
-        .env("LEAKTRACE_OUTPUT", &target)
-        .env("LEAKTRACE_SUMMARY", "0")
-        .timed_output()
-        .unwrap();
+    let out = Command::new(&bin).env("LD_PRELOAD", lib_path()).env("LEAKTRACE_OUTPUT", &target).env("LEAKTRACE_SUMMARY", "0").timed_output().unwrap();
     assert_eq!(out.status.code(), Some(7));
     assert_eq!(String::from_utf8_lossy(&out.stderr), "");
     let reports = reports_in(&target);
@@ -278,12 +266,8 @@ fn a_suppressed_leak_hides_the_indirect_leaks_that_hang_from_it_as_in_lsan() {
     assert!(err.contains("in leak_other"), "{err}");
     // The command applies the same rules to the report.
     let report_dir = run.dir.clone();
-    let out = Command::new(lib_path().parent().unwrap().join("leaktrace"))
-        .args(["report", "--suppressions"])
-        .arg(&supp)
-        .arg(&report_dir)
-        .timed_output()
-        .unwrap();
+    let out =
+        Command::new(lib_path().parent().unwrap().join("leaktrace")).args(["report", "--suppressions"]).arg(&supp).arg(&report_dir).timed_output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(text.contains("      8        464 make_root"), "{text}");
     assert!(text.contains("SUMMARY: leaktrace: 104 byte(s) leaked in 2 allocation(s) (1 group(s), 464 byte(s) suppressed"), "{text}");
@@ -306,12 +290,7 @@ fn a_full_output_disk_gets_one_line_and_the_report_lands_in_tmp() {
     }
     let _guard = Unmount(mnt.clone());
     let _ = Command::new("dd").arg("if=/dev/zero").arg(format!("of={}", mnt.join("fill").display())).args(["bs=4k", "count=100"]).timed_output();
-    let out = Command::new(&bin)
-        .env("LD_PRELOAD", lib_path())
-        .env("LEAKTRACE_OUTPUT", &mnt)
-        .env("LEAKTRACE_SUMMARY", "0")
-        .timed_output()
-        .unwrap();
+    let out = Command::new(&bin).env("LD_PRELOAD", lib_path()).env("LEAKTRACE_OUTPUT", &mnt).env("LEAKTRACE_SUMMARY", "0").timed_output().unwrap();
     assert_eq!(out.status.code(), Some(7), "the program runs on unchanged");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "leaks fixture done\n");
     let err = String::from_utf8_lossy(&out.stderr);

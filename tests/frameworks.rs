@@ -49,18 +49,12 @@ fn pytorch_training_with_dataloader_workers_runs_unchanged_and_every_process_rep
         assert_eq!(h["total_allocs"].as_u64().unwrap() - h["total_frees"].as_u64().unwrap(), h["live_blocks"].as_u64().unwrap());
         // The library's own blocks are never the program's: a worker's collector thread,
         // started in the fork handler, resized the thread-local-storage vector there.
-        let ours: Vec<&Value> =
-            r["leaks"].as_array().unwrap().iter().filter(|g| g["stack"].to_string().contains("leaktrace::")).collect();
+        let ours: Vec<&Value> = r["leaks"].as_array().unwrap().iter().filter(|g| g["stack"].to_string().contains("leaktrace::")).collect();
         assert!(ours.is_empty(), "pid {}: {ours:#?}", r["pid"]);
     }
     // The planted native leak (100 x malloc(4096) through ctypes), with the stack that
     // led to it through the interpreter.
-    let planted: Vec<&Value> = main["leaks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|g| g["blocks"] == 100 && g["bytes"] == 409_600)
-        .collect();
+    let planted: Vec<&Value> = main["leaks"].as_array().unwrap().iter().filter(|g| g["blocks"] == 100 && g["bytes"] == 409_600).collect();
     assert_eq!(planted.len(), 1, "the ctypes malloc loop, one group");
     let frames: Vec<&str> = planted[0]["stack"].as_array().unwrap().iter().filter_map(|f| f["function"].as_str()).collect();
     assert!(frames.iter().any(|f| f.contains("ffi_call")), "{frames:?}");

@@ -76,12 +76,8 @@ fn a_program_that_frees_everything_has_no_leak_of_its_own() {
     let run = run_traced(Command::new(&bin), "clean");
     assert_eq!(run.code(), Some(0));
     let r = run.report();
-    let own: Vec<_> = r["leaks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|g| g["stack"].as_array().unwrap().iter().any(|f| f["module"].as_str() == bin.to_str()))
-        .collect();
+    let own: Vec<_> =
+        r["leaks"].as_array().unwrap().iter().filter(|g| g["stack"].as_array().unwrap().iter().any(|f| f["module"].as_str() == bin.to_str())).collect();
     assert!(own.is_empty(), "{own:#?}");
     assert!(host(&r, "total_allocs") >= 9000, "every entry point was seen");
     assert_eq!(host(&r, "total_allocs") - host(&r, "total_frees"), host(&r, "live_blocks"));
@@ -104,10 +100,7 @@ fn cxx_new_reaches_malloc_and_static_destructors_are_not_leaks() {
     assert!(top["module"].as_str().unwrap().contains("libstdc++"), "{top}");
     assert_eq!(array[0]["api"], "malloc");
     // The global map was destroyed at exit before the final report.
-    assert!(groups_with(&r, "main").iter().all(|g| g["stack"].as_array().unwrap().iter().all(|f| !f["function"]
-        .as_str()
-        .unwrap_or("")
-        .contains("_Rb_tree"))));
+    assert!(groups_with(&r, "main").iter().all(|g| g["stack"].as_array().unwrap().iter().all(|f| !f["function"].as_str().unwrap_or("").contains("_Rb_tree"))));
 }
 
 #[test]
@@ -156,7 +149,9 @@ fn ctypes_malloc_from_libc_by_name_and_by_find_library_is_tracked() {
     let run = run_traced(cmd, "ctypes-libc");
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let r = run.report();
-    let find = |bytes: u64| r["leaks"].as_array().unwrap().iter().find(|g| g["bytes"] == bytes).map(|g| (g["api"].as_str().unwrap().to_string(), g["blocks"].as_u64().unwrap()));
+    let find = |bytes: u64| {
+        r["leaks"].as_array().unwrap().iter().find(|g| g["bytes"] == bytes).map(|g| (g["api"].as_str().unwrap().to_string(), g["blocks"].as_u64().unwrap()))
+    };
     assert_eq!(find(3 * 1000003), Some(("malloc".to_string(), 3)));
     assert_eq!(find(777001), Some(("calloc".to_string(), 1)));
 }
@@ -179,6 +174,13 @@ fn leaktrace_exit_code_makes_a_leaking_process_fail_unless_it_failed_already() {
         }
     }
     // Without the variable the program's own status stands.
-    let run = run_traced({ let mut c = Command::new(&bin); c.args(["return", "0", "1"]); c }, "exit-code-off");
+    let run = run_traced(
+        {
+            let mut c = Command::new(&bin);
+            c.args(["return", "0", "1"]);
+            c
+        },
+        "exit-code-off",
+    );
     assert_eq!(run.code(), Some(0));
 }

@@ -62,8 +62,9 @@ fn a_forked_childs_leaks_are_classified_the_same_early_and_late() {
         assert_eq!((run.code(), run.stdout()), (Some(0), "child status 0\n".to_owned()), "stderr:\n{}", run.stderr());
         let reports = run.reports();
         let child = reports.iter().find(|r| !r["fork"]["forked_from_pid"].is_null()).expect("the child's report");
-        let verdict = |f: &str, class: &str| sum(&groups_with(child, f), "bytes").min(
-            groups_with(child, f).iter().map(|g| g["reachability"][class]["bytes"].as_u64().unwrap()).sum());
+        let verdict = |f: &str, class: &str| {
+            sum(&groups_with(child, f), "bytes").min(groups_with(child, f).iter().map(|g| g["reachability"][class]["bytes"].as_u64().unwrap()).sum())
+        };
         assert_eq!(verdict("kept_in_inherited", "reachable"), 1111, "after {ms} ms: held by an inherited block");
         assert_eq!(verdict("realloc_inherited", "reachable"), 3333, "after {ms} ms");
         assert_eq!(verdict("reuse_inherited_address", "reachable"), 200, "after {ms} ms");
@@ -290,10 +291,8 @@ fn modules_with_tls_loaded_in_turn_never_recurse_through_the_hooks() {
     let r = run.report();
     // Every module's own block was freed at once. What remains under `touch_tls` is
     // glibc's: the modules' TLS blocks and DTV, allocated inside `__tls_get_addr`.
-    let mallocs: Vec<_> = groups_with(&r, "touch_tls")
-        .into_iter()
-        .filter(|g| g["stack"][0]["function"].as_str().is_some_and(|f| f.starts_with("touch_tls")))
-        .collect();
+    let mallocs: Vec<_> =
+        groups_with(&r, "touch_tls").into_iter().filter(|g| g["stack"][0]["function"].as_str().is_some_and(|f| f.starts_with("touch_tls"))).collect();
     assert!(mallocs.is_empty(), "{mallocs:#?}");
     assert_eq!(host(&r, "total_allocs") - host(&r, "total_frees"), host(&r, "live_blocks"), "{:#}", r["summary"]);
 }

@@ -112,15 +112,7 @@ fn checks_by_region_and_the_lsan_interface_give_lsans_answers() {
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(
         lines,
-        [
-            "leaks_a_buffer 4000",
-            "fills_a_cache 0",
-            "is_clean 0",
-            "leaks_a_list 192",
-            "leaks_on_purpose 0",
-            "json_length_positive 1",
-            "recoverable_check 1"
-        ],
+        ["leaks_a_buffer 4000", "fills_a_cache 0", "is_clean 0", "leaks_a_list 192", "leaks_on_purpose 0", "json_length_positive 1", "recoverable_check 1"],
         "{}",
         run.stderr()
     );
@@ -135,7 +127,9 @@ fn checks_by_region_and_the_lsan_interface_give_lsans_answers() {
     let top = &checks[0]["leaks"][0]["stack"][0];
     assert_eq!(top["function"], "test_leaks_a_buffer", "{top:#}");
     // Ignored and disabled blocks stay out of the exit report too.
-    assert!(groups_with(&r, "test_leaks_on_purpose").iter().all(|g| g["reachability"]["definite"]["bytes"] == 0 && g["reachability"]["indirect"]["bytes"] == 0));
+    assert!(groups_with(&r, "test_leaks_on_purpose")
+        .iter()
+        .all(|g| g["reachability"]["definite"]["bytes"] == 0 && g["reachability"]["indirect"]["bytes"] == 0));
     let err = run.stderr();
     assert!(err.contains("3 of 6 checks leaked") && err.contains("leaks_a_list: 192 bytes in 3 blocks"), "{err}");
     assert!(err.contains("SUMMARY: leaktrace: 4192 byte(s) leaked in 4 allocation(s)"), "{err}");

@@ -34,14 +34,7 @@ struct Program {
 
 impl Program {
     fn new(name: &'static str, argv: &[&str]) -> Program {
-        Program {
-            name,
-            argv: argv.iter().map(|s| s.to_string()).collect(),
-            files: &[],
-            needs: &[],
-            env: Vec::new(),
-            reports: Reports::Some,
-        }
+        Program { name, argv: argv.iter().map(|s| s.to_string()).collect(), files: &[], needs: &[], env: Vec::new(), reports: Reports::Some }
     }
     fn files(mut self, f: &'static [&'static str]) -> Program {
         self.files = f;
@@ -174,11 +167,7 @@ fn java_threads() {
 
 #[test]
 fn rustc_compiles_a_program() {
-    check(
-        Program::new("rustc", &["rustc", "-O", "threads.rs", "-o", "threads"])
-            .files(&["threads.rs"])
-            .needs(&[("rustc", "rustc (or rustup)")]),
-    );
+    check(Program::new("rustc", &["rustc", "-O", "threads.rs", "-o", "threads"]).files(&["threads.rs"]).needs(&[("rustc", "rustc (or rustup)")]));
 }
 
 #[test]
@@ -338,7 +327,10 @@ impl Program {
 
 #[test]
 fn bash_pipelines_and_subshells() {
-    check(Program::new("bash", &["bash", "-c", "for i in $(seq 1 200); do echo $((i * i)); done | sort -n | tail -3; (echo sub; exit 3); echo $?"]).needs(&[("bash", "bash")]));
+    check(
+        Program::new("bash", &["bash", "-c", "for i in $(seq 1 200); do echo $((i * i)); done | sort -n | tail -3; (echo sub; exit 3); echo $?"])
+            .needs(&[("bash", "bash")]),
+    );
 }
 
 #[test]
@@ -348,7 +340,10 @@ fn coreutils_sort_in_parallel() {
 
 #[test]
 fn tar_and_gzip() {
-    check(Program::new("tar-gzip", &["bash", "-c", "tar c -C /usr/share/doc/bash . | gzip -n | gzip -d | tar t | sort | md5sum"]).needs(&[("tar", "tar"), ("gzip", "gzip")]));
+    check(
+        Program::new("tar-gzip", &["bash", "-c", "tar c -C /usr/share/doc/bash . | gzip -n | gzip -d | tar t | sort | md5sum"])
+            .needs(&[("tar", "tar"), ("gzip", "gzip")]),
+    );
 }
 
 #[test]
@@ -375,8 +370,26 @@ fn a_setuid_program() {
 #[test]
 fn bubblewrap_sandbox() {
     check(
-        Program::new("bwrap", &["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "--unshare-ipc", "--", "bash", "-c", "echo sandboxed; ls / | wc -l"])
-            .needs(&[("bwrap", "bubblewrap")]),
+        Program::new(
+            "bwrap",
+            &[
+                "bwrap",
+                "--ro-bind",
+                "/",
+                "/",
+                "--dev",
+                "/dev",
+                "--proc",
+                "/proc",
+                "--unshare-pid",
+                "--unshare-ipc",
+                "--",
+                "bash",
+                "-c",
+                "echo sandboxed; ls / | wc -l",
+            ],
+        )
+        .needs(&[("bwrap", "bubblewrap")]),
     );
 }
 

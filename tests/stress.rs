@@ -32,10 +32,7 @@ fn threads_forks_and_snapshot_signals_lose_nothing_and_never_hang() {
     for round in 0..3 {
         let dir = fresh_dir("stress");
         let mut cmd = Command::new(&bin);
-        cmd.env("LD_PRELOAD", lib_path())
-            .env("LEAKTRACE_OUTPUT", &dir)
-            .env("LEAKTRACE_INTERVAL_MS", "20")
-            .env("LEAKTRACE_SUMMARY", "0");
+        cmd.env("LD_PRELOAD", lib_path()).env("LEAKTRACE_OUTPUT", &dir).env("LEAKTRACE_INTERVAL_MS", "20").env("LEAKTRACE_SUMMARY", "0");
         let out = run_with_timeout(cmd, Duration::from_secs(120));
         assert!(out.status.success(), "round {round}: {:?}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -60,9 +57,7 @@ fn threads_forks_and_snapshot_signals_lose_nothing_and_never_hang() {
         // the shared slots, after 320,000 allocations freed by whichever thread replaced
         // them, and nothing else of theirs. (glibc keeps the TLS blocks of exited threads
         // in its stack cache; those allocations are inside pthread_create.)
-        let field = |name: &str| -> u64 {
-            text.split_whitespace().find_map(|kv| kv.strip_prefix(&format!("{name}="))).unwrap().parse().unwrap()
-        };
+        let field = |name: &str| -> u64 { text.split_whitespace().find_map(|kv| kv.strip_prefix(&format!("{name}="))).unwrap().parse().unwrap() };
         let own: Vec<_> = parent["leaks"].as_array().unwrap().iter().filter(|g| g["stack"][0]["function"] == "worker").collect();
         assert_eq!((sum(&own, "blocks"), sum(&own, "bytes")), (field("live"), field("live_bytes")), "{own:#?}");
         assert!(field("live") > 0);

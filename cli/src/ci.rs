@@ -65,7 +65,8 @@ pub fn github(a: &Analysis) -> String {
             out.push_str(&format!("::error {}title=leaktrace: leak::{}\n", location(&g.stack), gh_message(&msg)));
         }
         for gr in &p.growth {
-            let msg = format!("grew by {} ({}/min) from {}{} ({})", human_bytes(gr.grown_bytes), human_bytes(gr.bytes_per_minute), gr.api, site(&gr.stack), p.label);
+            let msg =
+                format!("grew by {} ({}/min) from {}{} ({})", human_bytes(gr.grown_bytes), human_bytes(gr.bytes_per_minute), gr.api, site(&gr.stack), p.label);
             out.push_str(&format!("::warning {}title=leaktrace: growing::{}\n", location(&gr.stack), gh_message(&msg)));
         }
     }
@@ -138,10 +139,7 @@ pub fn junit(a: &Analysis) -> String {
         let (tests, failures) = process_cases(p, &mut cases);
         all_tests += tests;
         all_failures += failures;
-        suites.push_str(&format!(
-            "  <testsuite name=\"{}\" tests=\"{tests}\" failures=\"{failures}\" errors=\"0\">\n{cases}  </testsuite>\n",
-            xml(&p.label)
-        ));
+        suites.push_str(&format!("  <testsuite name=\"{}\" tests=\"{tests}\" failures=\"{failures}\" errors=\"0\">\n{cases}  </testsuite>\n", xml(&p.label)));
     }
     format!(
         "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"leaktrace\" tests=\"{all_tests}\" failures=\"{all_failures}\" errors=\"0\">\n{suites}</testsuites>\n"

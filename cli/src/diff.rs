@@ -61,11 +61,29 @@ pub fn diff(base: &[Report], new: &[Report]) -> Vec<Change> {
             Some(_) if *nb < bb => "shrank",
             Some(_) => continue,
         };
-        out.push(Change { status, kind: g.kind.clone(), api: g.api.clone(), base_bytes: bb, new_bytes: *nb, base_blocks: bk, new_blocks: *nk, stack: g.stack.clone() });
+        out.push(Change {
+            status,
+            kind: g.kind.clone(),
+            api: g.api.clone(),
+            base_bytes: bb,
+            new_bytes: *nb,
+            base_blocks: bk,
+            new_blocks: *nk,
+            stack: g.stack.clone(),
+        });
     }
     for (key, (g, bb, bk)) in &b {
         if !n.contains_key(key) {
-            out.push(Change { status: "gone", kind: g.kind.clone(), api: g.api.clone(), base_bytes: *bb, new_bytes: 0, base_blocks: *bk, new_blocks: 0, stack: g.stack.clone() });
+            out.push(Change {
+                status: "gone",
+                kind: g.kind.clone(),
+                api: g.api.clone(),
+                base_bytes: *bb,
+                new_bytes: 0,
+                base_blocks: *bk,
+                new_blocks: 0,
+                stack: g.stack.clone(),
+            });
         }
     }
     out.sort_by(|x, y| y.new_bytes.abs_diff(y.base_bytes).cmp(&x.new_bytes.abs_diff(x.base_bytes)).then(x.status.cmp(y.status)));

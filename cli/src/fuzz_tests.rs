@@ -150,5 +150,7 @@ fn hostile_reports_never_panic() {
     }
     exercise(&format!("{}{}", "[".repeat(10_000), "]".repeat(10_000)));
     exercise(r#"{"schema":"leaktrace-report/1","pid":1e400,"reason":"exit","summary":{"host":{}}}"#);
-    exercise(r#"{"schema":"leaktrace-report/1","pid":1,"reason":"exit","summary":{"host":{"live_bytes":18446744073709551615,"live_blocks":1,"total_allocs":1,"total_frees":0,"peak_live_bytes":1}},"timeline":{"points":[{"unix_ms":5,"live_bytes":1},{"unix_ms":1,"live_bytes":2}],"series":[{"kind":"host","api":"malloc","stack_id":9,"bytes":[1]}]}}"#);
+    exercise(
+        r#"{"schema":"leaktrace-report/1","pid":1,"reason":"exit","summary":{"host":{"live_bytes":18446744073709551615,"live_blocks":1,"total_allocs":1,"total_frees":0,"peak_live_bytes":1}},"timeline":{"points":[{"unix_ms":5,"live_bytes":1},{"unix_ms":1,"live_bytes":2}],"series":[{"kind":"host","api":"malloc","stack_id":9,"bytes":[1]}]}}"#,
+    );
 }

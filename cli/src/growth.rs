@@ -117,7 +117,14 @@ pub fn detect(report: &Report, min_bytes: u64) -> Vec<Growth> {
         .iter()
         .filter_map(|l| {
             let g = steady_growth(&l.bytes, points, cut, min_bytes)?;
-            let frame = Frame { ip: "0x0".into(), function: Some(l.function.clone()), file: Some(l.file.clone()), line: Some(l.line), python: true, ..Default::default() };
+            let frame = Frame {
+                ip: "0x0".into(),
+                function: Some(l.function.clone()),
+                file: Some(l.file.clone()),
+                line: Some(l.line),
+                python: true,
+                ..Default::default()
+            };
             Some(growth("host", PYTHON_LINE, 0, g, vec![frame]))
         })
         .collect();
@@ -166,7 +173,8 @@ mod tests {
         use crate::model::{LineSeries, Series};
         let mut r = Report { reason: "periodic".into(), ..Default::default() };
         r.timeline.points = (0..20).map(|i| Point { unix_ms: i * 1000, live_bytes: 0, live_blocks: 0 }).collect();
-        r.timeline.series = vec![Series { kind: "host".into(), api: "malloc".into(), stack_id: 1, stack: None, bytes: (0..20).map(|i| i * 1_000_000).collect() }];
+        r.timeline.series =
+            vec![Series { kind: "host".into(), api: "malloc".into(), stack_id: 1, stack: None, bytes: (0..20).map(|i| i * 1_000_000).collect() }];
         r.timeline.lines = vec![
             LineSeries { function: "main".into(), file: "/w/train.py".into(), line: 41, bytes: (0..20).map(|i| i * 100_000).collect() },
             LineSeries { function: "setup".into(), file: "/w/train.py".into(), line: 9, bytes: vec![5_000_000; 20] },

@@ -118,12 +118,8 @@ document.querySelectorAll('#leaks th').forEach(th=>th.addEventListener('click',(
 const m=location.hash.match(/sort=(\\w+)-(asc|desc)/);if(m){const th=document.querySelector('#leaks th[data-col='+m[1]+']');if(th)sortBy(th,m[2])}";
 
 pub fn page(a: &Analysis, reports: &[Report]) -> String {
-    let mut body = format!(
-        "<h1>leaktrace: {} leaked in {} allocation(s) across {} process(es)</h1>",
-        human_bytes(a.leaked_bytes),
-        a.leaked_blocks,
-        a.processes.len()
-    );
+    let mut body =
+        format!("<h1>leaktrace: {} leaked in {} allocation(s) across {} process(es)</h1>", human_bytes(a.leaked_bytes), a.leaked_blocks, a.processes.len());
     body.push_str("<h2>Live memory over time</h2>");
     for (i, (p, r)) in a.processes.iter().zip(reports).enumerate() {
         body.push_str(&format!("<h3>{}</h3>{}", esc(&p.label), chart(r, i)));

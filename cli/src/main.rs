@@ -2,6 +2,7 @@
 //! reports it writes. Exit codes follow LeakSanitizer: 23 when leaks remain under
 //! `--fail-on-leak`/`check`, 2 for usage and input errors, 127 when CMD is not found.
 mod analyze;
+mod ci;
 mod diff;
 mod flame;
 #[cfg(test)]
@@ -12,7 +13,6 @@ mod model;
 mod render;
 mod run;
 mod suppress;
-mod ci;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -38,16 +38,22 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run CMD under leaktrace, collect the reports of all its processes, print a summary.
-    #[command(after_help = "Example:\n  leaktrace run --interval-ms 1000 --fail-on-leak -- ./service --port 0\n\nExit status: CMD's own; 23 (see --exit-code) under --fail-on-leak when leaks remain\nafter suppressions and --min-bytes; 127 if CMD is not found; 2 on other errors.")]
+    #[command(
+        after_help = "Example:\n  leaktrace run --interval-ms 1000 --fail-on-leak -- ./service --port 0\n\nExit status: CMD's own; 23 (see --exit-code) under --fail-on-leak when leaks remain\nafter suppressions and --min-bytes; 127 if CMD is not found; 2 on other errors."
+    )]
     Run(RunArgs),
     /// Print the reports of a file or directory as text, JSON, Markdown or a flamegraph.
-    #[command(after_help = "Examples:\n  leaktrace report --format markdown leaktrace-myprog-20261121-101500/ >> \"$GITHUB_STEP_SUMMARY\"\n  leaktrace report --format flamegraph reports/ > leaks.svg\n  leaktrace report --format html reports/ > leaks.html")]
+    #[command(
+        after_help = "Examples:\n  leaktrace report --format markdown leaktrace-myprog-20261121-101500/ >> \"$GITHUB_STEP_SUMMARY\"\n  leaktrace report --format flamegraph reports/ > leaks.svg\n  leaktrace report --format html reports/ > leaks.html"
+    )]
     Report(ReportArgs),
     /// Compare two runs: leak groups that are new, grew, shrank or went away.
     #[command(after_help = "Example:\n  leaktrace diff runs/main/ runs/my-branch/\n\nGroups are matched by their symbolized stacks, not by addresses.")]
     Diff(DiffArgs),
     /// Exit with 23 if leaks remain after suppressions and the size threshold (for CI).
-    #[command(after_help = "Example:\n  leaktrace check --suppressions lsan.supp --min-bytes 1024 reports/\n\nSuppressions use LeakSanitizer's format: leak:PATTERN lines, '*' wildcard, '^'/'$' anchors,\nmatched against function, source file and module names; '#' starts a comment.")]
+    #[command(
+        after_help = "Example:\n  leaktrace check --suppressions lsan.supp --min-bytes 1024 reports/\n\nSuppressions use LeakSanitizer's format: leak:PATTERN lines, '*' wildcard, '^'/'$' anchors,\nmatched against function, source file and module names; '#' starts a comment."
+    )]
     Check(CheckArgs),
 }
 

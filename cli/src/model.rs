@@ -272,9 +272,10 @@ pub fn without_final_report(reports: &[Report], top: Option<u32>) -> Vec<String>
             continue;
         }
         let last = of_pid.iter().max_by_key(|r| r.written_unix_ms).expect("one report at least");
-        let why = last.no_final_report.clone().unwrap_or_else(|| {
-            "it ended where no exit path of the library runs (killed with SIGKILL, a crash, or an exec into an untraced program)".into()
-        });
+        let why = last
+            .no_final_report
+            .clone()
+            .unwrap_or_else(|| "it ended where no exit path of the library runs (killed with SIGKILL, a crash, or an exec into an untraced program)".into());
         out.push(format!("{} left no final report: {why}", last.label()));
     }
     if let Some(top) = top {
@@ -288,8 +289,8 @@ pub fn without_final_report(reports: &[Report], top: Option<u32>) -> Vec<String>
 }
 
 pub fn parse(text: &str, path: &Path) -> Result<Report, String> {
-    let mut value: serde_json::Value = serde_json::from_str(text)
-        .map_err(|e| format!("{} is not valid JSON ({e}); is it a leaktrace report?", path.display()))?;
+    let mut value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("{} is not valid JSON ({e}); is it a leaktrace report?", path.display()))?;
     let schema = value.get("schema").and_then(|s| s.as_str()).unwrap_or("").to_owned();
     if !schema.starts_with(SCHEMA_PREFIX) {
         return Err(format!("{} is not a leaktrace report (no \"schema\": \"{SCHEMA_PREFIX}N\")", path.display()));
@@ -302,8 +303,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Report, String> {
         ));
     }
     report_schema::inline_frames(&mut value).map_err(|e| format!("{} is a damaged leaktrace report ({e})", path.display()))?;
-    let mut report: Report = serde_json::from_value(value)
-        .map_err(|e| format!("{} is a damaged leaktrace report ({e})", path.display()))?;
+    let mut report: Report = serde_json::from_value(value).map_err(|e| format!("{} is a damaged leaktrace report ({e})", path.display()))?;
     report.path = path.to_path_buf();
     Ok(report)
 }
@@ -349,12 +349,8 @@ mod tests {
             no_final_report: why.map(str::to_string),
             ..Default::default()
         };
-        let reports = vec![
-            rep(1, "periodic", None),
-            rep(1, "exit", None),
-            rep(2, "periodic", Some("the Go runtime ends the process")),
-            rep(3, "periodic", None),
-        ];
+        let reports =
+            vec![rep(1, "periodic", None), rep(1, "exit", None), rep(2, "periodic", Some("the Go runtime ends the process")), rep(3, "periodic", None)];
         let lines = without_final_report(&reports, Some(1));
         assert_eq!(lines.len(), 2, "{lines:?}");
         assert!(lines[0].contains("pid 2") && lines[0].contains("Go runtime"));

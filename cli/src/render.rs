@@ -175,10 +175,7 @@ pub fn text(a: &Analysis, top: usize) -> String {
             out.push('\n');
             out.push_str(&used);
         }
-        out.push_str(&format!(
-            "\nSUMMARY: leaktrace: {} byte(s) leaked in {} allocation(s){suppressed}.\n\n",
-            p.leaked_bytes, p.leaked_blocks
-        ));
+        out.push_str(&format!("\nSUMMARY: leaktrace: {} byte(s) leaked in {} allocation(s){suppressed}.\n\n", p.leaked_bytes, p.leaked_blocks));
     }
     if !hidden.is_empty() {
         out.push_str(&format!("==== {} other process(es) without leaks: {}\n\n", hidden.len(), quiet_names(&hidden)));
@@ -299,12 +296,6 @@ pub fn diff_text(changes: &[Change], top: usize) -> String {
         out.push_str(&format!("\n... {} more change(s); --top N shows more\n", changes.len() - top));
     }
     let count = |s: &str| changes.iter().filter(|c| c.status == s).count();
-    out.push_str(&format!(
-        "\nDIFF: {} new, {} grew, {} shrank, {} gone.\n",
-        count("new"),
-        count("grew"),
-        count("shrank"),
-        count("gone")
-    ));
+    out.push_str(&format!("\nDIFF: {} new, {} grew, {} shrank, {} gone.\n", count("new"), count("grew"), count("shrank"), count("gone")));
     out
 }

@@ -102,12 +102,8 @@ pub fn find_library() -> Result<PathBuf, String> {
             return Ok(candidate.canonicalize().unwrap_or(candidate));
         }
     }
-    embedded_library().map_err(|e| {
-        format!(
-            "libleaktrace.so not found beside {} or in ../lib, and {e}; build it (cargo build --release) or set LEAKTRACE_LIB",
-            exe.display()
-        )
-    })
+    embedded_library()
+        .map_err(|e| format!("libleaktrace.so not found beside {} or in ../lib, and {e}; build it (cargo build --release) or set LEAKTRACE_LIB", exe.display()))
 }
 
 pub struct RunSettings {

@@ -151,7 +151,8 @@ fn run_a_cxx_program_with_planted_leaks() {
     // Default output directory: ./leaktrace-<cmd>-<timestamp>/
     let out = leaktrace(&["run", "--", leaks.to_str().unwrap()], &dir);
     assert_eq!(out.status.code(), Some(7));
-    let made: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with("leaktrace-leaks-")).collect();
+    let made: Vec<String> =
+        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with("leaktrace-leaks-")).collect();
     assert_eq!(made.len(), 1, "{made:?}");
     // The page format is written beside the reports.
     let out = leaktrace(&["run", "--output", "r3", "--format", "html", "--", leaks.to_str().unwrap()], &dir);
@@ -188,10 +189,7 @@ fn python_multiprocessing_children_get_reports_fork_and_spawn() {
         // fresh interpreter started with --multiprocessing-fork).
         let workers: Vec<&Value> = rs
             .iter()
-            .filter(|r| {
-                r["fork"]["forked_from_pid"] == rs[0]["pid"]
-                    || r["argv"].as_array().unwrap().iter().any(|a| a == "--multiprocessing-fork")
-            })
+            .filter(|r| r["fork"]["forked_from_pid"] == rs[0]["pid"] || r["argv"].as_array().unwrap().iter().any(|a| a == "--multiprocessing-fork"))
             .collect();
         assert_eq!(workers.len(), 2, "{method}: {} reports", rs.len());
         // The four planted ctypes leaks are all there, in the workers that ran the tasks.
@@ -310,12 +308,7 @@ fn html_report_renders_in_headless_chromium_with_chart_and_sortable_table() {
     // The table: three groups of the sample report, sorted ascending by the page's own
     // script (URL #sort=bytes-asc), so the script ran in the browser.
     let body = &dom[dom.find("<tbody>").unwrap()..dom.find("</tbody>").unwrap()];
-    let bytes: Vec<u64> = body
-        .split("<td class=\"num\" data-v=\"")
-        .skip(1)
-        .step_by(2)
-        .map(|s| s[..s.find('"').unwrap()].parse().unwrap())
-        .collect();
+    let bytes: Vec<u64> = body.split("<td class=\"num\" data-v=\"").skip(1).step_by(2).map(|s| s[..s.find('"').unwrap()].parse().unwrap()).collect();
     assert_eq!(bytes, vec![640, 1600, 4096], "{body}");
     assert!(dom.contains("th class=\"num\" data-col=\"bytes\" data-dir=\"asc\""));
     // And it paints: a screenshot of the page is a real image.
@@ -411,8 +404,7 @@ fn device_leaks_count_and_caching_allocator_segments_do_not() {
     assert!(!t.contains("grow_segment"), "{t}");
     assert!(t.contains(&format!("{} byte(s) held by caching allocators not counted", 22 << 20)), "{t}");
     // The segments are still reachable (the allocator keeps them): both switches count them.
-    let all: Value =
-        serde_json::from_slice(&leaktrace(&["report", "--include-cached", "--include-reachable", "--format", "json", "r"], &dir).stdout).unwrap();
+    let all: Value = serde_json::from_slice(&leaktrace(&["report", "--include-cached", "--include-reachable", "--format", "json", "r"], &dir).stdout).unwrap();
     let some: Value = serde_json::from_slice(&leaktrace(&["report", "--include-reachable", "--format", "json", "r"], &dir).stdout).unwrap();
     assert_eq!(all["leaked_bytes"].as_u64().unwrap() - some["leaked_bytes"].as_u64().unwrap(), 22 << 20);
     assert_eq!(some["processes"][0]["cached_groups"], 2);
@@ -457,12 +449,8 @@ fn a_reader_that_stops_early_ends_report_quietly() {
     for i in 0..200 {
         std::fs::write(dir.join(format!("leaktrace.x.{i}.json")), &sample).unwrap();
     }
-    let mut child = Command::new(bin())
-        .args(["report", dir.to_str().unwrap()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child =
+        Command::new(bin()).args(["report", dir.to_str().unwrap()]).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
     let mut first = [0u8; 64];
     child.stdout.as_mut().unwrap().read_exact(&mut first).unwrap();
     drop(child.stdout.take());
@@ -803,15 +791,7 @@ fn python_frames_on_every_installed_cpython() {
     .unwrap();
     for python in &found {
         let out_dir = dir.join(python.parent().unwrap().parent().unwrap().file_name().unwrap());
-        let out = Command::new(bin())
-            .args(["run", "--output"])
-            .arg(&out_dir)
-            .arg("--")
-            .arg(python)
-            .arg(&script)
-            .current_dir(&dir)
-            .bounded_output()
-            .unwrap();
+        let out = Command::new(bin()).args(["run", "--output"]).arg(&out_dir).arg("--").arg(python).arg(&script).current_dir(&dir).bounded_output().unwrap();
         assert!(out.status.success(), "{python:?}: {}", text(&out.stderr));
         let r = reports(&out_dir);
         // The 50 buffers (1000..1049 bytes) and nothing else; a conservative scan may still
@@ -857,9 +837,16 @@ fn pytest_leaktrace_fails_the_test_that_leaks_at_its_line() {
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "pytest's own status: one test failed\n{stdout}\n{}", text(&out.stderr));
     assert!(stdout.contains("1 failed, 4 passed"), "{stdout}");
-    assert!(stdout.contains("FAILED test_user_suite.py::test_leaks - leaktrace:") && stdout.contains("leaktrace: test_user_suite.py::test_leaks leaked 48.8 KiB (50000 bytes), over its limit of 0 B"), "{stdout}");
+    assert!(
+        stdout.contains("FAILED test_user_suite.py::test_leaks - leaktrace:")
+            && stdout.contains("leaktrace: test_user_suite.py::test_leaks leaked 48.8 KiB (50000 bytes), over its limit of 0 B"),
+        "{stdout}"
+    );
     let line = std::fs::read_to_string(&suite).unwrap().lines().position(|l| l.trim_end().ends_with("# LEAK")).unwrap() + 1;
-    assert!(stdout.lines().any(|l| l.contains("in test_leaks /") && l.ends_with(&format!("/test_user_suite.py:{line} [python]"))), "the test's own line:\n{stdout}");
+    assert!(
+        stdout.lines().any(|l| l.contains("in test_leaks /") && l.ends_with(&format!("/test_user_suite.py:{line} [python]"))),
+        "the test's own line:\n{stdout}"
+    );
     assert!(stdout.contains("ok   test_user_suite.py::test_leaks_under_its_limit: 1000 B leaked"), "{stdout}");
     let reps = reports(&work.join("r"));
     let checks: Vec<&Value> = reps.iter().flat_map(|r| r["checks"].as_array().into_iter().flatten()).collect();

@@ -21,10 +21,7 @@ impl Suppressions {
             match line.split_once(':') {
                 Some(("leak", pat)) if !pat.trim().is_empty() => patterns.push(pat.trim().to_string()),
                 Some((kind, _)) if !kind.contains(' ') && kind != "leak" => {
-                    return Err(format!(
-                        "{origin}:{}: unsupported suppression type \"{kind}\"; leaktrace understands leak:PATTERN lines",
-                        i + 1
-                    ))
+                    return Err(format!("{origin}:{}: unsupported suppression type \"{kind}\"; leaktrace understands leak:PATTERN lines", i + 1))
                 }
                 _ => return Err(format!("{origin}:{}: expected leak:PATTERN, found {line:?}", i + 1)),
             }
@@ -33,8 +30,7 @@ impl Suppressions {
     }
 
     pub fn load(path: &std::path::Path) -> Result<Suppressions, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read suppressions file {} ({e}); check the path", path.display()))?;
+        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read suppressions file {} ({e}); check the path", path.display()))?;
         Suppressions::parse(&text, &path.display().to_string())
     }
 

@@ -712,11 +712,8 @@ impl Collector {
 
     pub fn snapshot(&self) -> Snapshot {
         // The first process's groups all start in its generation, 0, and are never reset.
-        let candidates: Box<dyn Iterator<Item = &(GroupKey, GroupStats)>> = if self.generation == 0 {
-            Box::new(self.groups.iter())
-        } else {
-            Box::new(self.touched.iter().map(|&g| &self.groups[g as usize]))
-        };
+        let candidates: Box<dyn Iterator<Item = &(GroupKey, GroupStats)>> =
+            if self.generation == 0 { Box::new(self.groups.iter()) } else { Box::new(self.touched.iter().map(|&g| &self.groups[g as usize])) };
         let mut groups: Vec<GroupSnapshot> = candidates
             .filter(|(_, s)| s.live_blocks > 0 && s.generation == self.generation)
             .map(|&((stack, api, device), stats)| GroupSnapshot { stack, api, device, stats })

@@ -382,9 +382,7 @@ pub fn park_consumer(timeout: std::time::Duration) {
     let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
     // SAFETY: FUTEX_WAIT on a static word with a relative timeout that outlives the call;
     // it returns at once if the word is no longer 1 (a producer woke us first).
-    unsafe {
-        libc::syscall(libc::SYS_futex, CONSUMER_PARKED.as_ptr(), libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG, 1, &ts as *const libc::timespec)
-    };
+    unsafe { libc::syscall(libc::SYS_futex, CONSUMER_PARKED.as_ptr(), libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG, 1, &ts as *const libc::timespec) };
     CONSUMER_PARKED.store(0, Ordering::SeqCst);
 }
 

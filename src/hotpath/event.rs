@@ -207,10 +207,7 @@ const TID_BITS: u32 = 22;
 
 impl Event {
     pub fn pack_meta(&self) -> u64 {
-        (self.stack as u64)
-            | (((self.tid & ((1 << TID_BITS) - 1)) as u64) << 32)
-            | ((self.kind as u64 & 0x7) << 54)
-            | ((self.api as u64 & 0x7f) << 57)
+        (self.stack as u64) | (((self.tid & ((1 << TID_BITS) - 1)) as u64) << 32) | ((self.kind as u64 & 0x7) << 54) | ((self.api as u64 & 0x7f) << 57)
     }
 
     pub fn unpack(meta: u64, addr: u64, size: u64) -> Option<Event> {

@@ -7,14 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub fn map_zeroed(bytes: usize) -> Option<*mut u8> {
     // SAFETY: an anonymous private mapping has no preconditions; failure is checked.
     let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            bytes,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
+        libc::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0)
     };
     (p != libc::MAP_FAILED).then_some(p as *mut u8)
 }
@@ -127,9 +120,7 @@ pub fn prefetch_line_for_write<T>(p: &T) {
     if PREFETCHW.load(Ordering::Relaxed) {
         // SAFETY: a prefetch is a hint: it never faults and changes no state the
         // program can observe; the CPU has the instruction (`detect_prefetch_for_write`).
-        unsafe {
-            std::arch::asm!("prefetchw [{0}]", in(reg) p as *const T, options(nostack, preserves_flags, readonly))
-        };
+        unsafe { std::arch::asm!("prefetchw [{0}]", in(reg) p as *const T, options(nostack, preserves_flags, readonly)) };
         return;
     }
     prefetch_line(p);
@@ -180,7 +171,11 @@ pub struct ZeroedArray<T: Zeroable> {
 }
 
 enum Backing<T> {
-    Mapped { ptr: std::ptr::NonNull<T>, len: usize, bytes: usize },
+    Mapped {
+        ptr: std::ptr::NonNull<T>,
+        len: usize,
+        bytes: usize,
+    },
     /// Where the kernel refused a mapping: an ordinary vector.
     Heap(Vec<T>),
 }

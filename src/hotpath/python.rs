@@ -293,11 +293,7 @@ pub fn init(wanted: bool) -> Found {
     };
     let layout = match layout {
         Ok(l) => l,
-        Err(why) => {
-            return Found::Off(format!(
-                "leaktrace: Python {short}: frames of {why} cannot be read (CPython 3.9 to 3.13 are); stacks stay native"
-            ))
-        }
+        Err(why) => return Found::Off(format!("leaktrace: Python {short}: frames of {why} cannot be read (CPython 3.9 to 3.13 are); stacks stay native")),
     };
     if !codes::init() {
         return Found::Off("leaktrace: no memory for the Python code registry; stacks stay native".into());
@@ -395,8 +391,7 @@ impl ThreadCache {
     /// The id of the previous capture's Python part, if it was `words` in `epoch`.
     #[inline(always)]
     pub fn same_as_last(&self, words: &[u64], epoch: u32) -> Option<u32> {
-        (self.last_id != 0 && self.last_epoch == epoch && self.last_len == words.len() && self.last_words[..words.len()] == *words)
-            .then_some(self.last_id)
+        (self.last_id != 0 && self.last_epoch == epoch && self.last_len == words.len() && self.last_words[..words.len()] == *words).then_some(self.last_id)
     }
 
     #[inline(always)]
@@ -630,9 +625,7 @@ pub mod codes {
     #[inline(always)]
     pub unsafe fn id_of(l: &Layout, code: u64, cache: Option<&mut ThreadCache>) -> u32 {
         // SAFETY: fields of a live code object.
-        let (f, n, t) = unsafe {
-            (word(code + l.code_filename as u64), word(code + name_field(l) as u64), word(code + l.code_linetable as u64))
-        };
+        let (f, n, t) = unsafe { (word(code + l.code_filename as u64), word(code + name_field(l) as u64), word(code + l.code_linetable as u64)) };
         // The thread's cache is trusted as far as the registry is: same address, same
         // objects (mixed into one word; a mix that matches by chance after the address
         // was reused needs three new objects whose addresses collide in 64 bits).
@@ -675,7 +668,11 @@ pub mod codes {
     }
 
     fn name_field(l: &Layout) -> usize {
-        if l.code_qualname != 0 { l.code_qualname } else { l.code_name }
+        if l.code_qualname != 0 {
+            l.code_qualname
+        } else {
+            l.code_name
+        }
     }
 
     /// # Safety

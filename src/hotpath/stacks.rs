@@ -608,11 +608,7 @@ mod tests {
     #[test]
     fn concurrent_interning_agrees_on_ids() {
         let ids: Vec<Vec<u32>> = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..8)
-                .map(|_| {
-                    s.spawn(|| (0..2000u64).map(|i| intern(7, &[i, i * 3, 0x1000 + i])).collect::<Vec<_>>())
-                })
-                .collect();
+            let hs: Vec<_> = (0..8).map(|_| s.spawn(|| (0..2000u64).map(|i| intern(7, &[i, i * 3, 0x1000 + i])).collect::<Vec<_>>())).collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });
         for v in &ids[1..] {

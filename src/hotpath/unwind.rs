@@ -25,8 +25,8 @@ use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use gimli::{BaseAddresses, CfaRule, EhFrame, EhFrameHdr, NativeEndian, Pointer, RegisterRule, UnwindContext, UnwindSection, X86_64};
 
 use super::hit_tree::HitTree;
-use super::thread::{self, ThreadState};
 use super::stacks;
+use super::thread::{self, ThreadState};
 
 /// Upper bound on the configurable depth; keeps the hook's stack use small (~4 KiB).
 pub const MAX_DEPTH: usize = 128;
@@ -131,13 +131,7 @@ pub fn find_object(addr: u64) -> Option<ObjectInfo> {
         // SAFETY: glibc returns a live link_map for the object containing addr.
         unsafe { ((*out.link_map).l_addr, (*out.link_map).l_name) }
     };
-    Some(ObjectInfo {
-        map_start: out.map_start as u64,
-        map_end: out.map_end as u64,
-        base: base as u64,
-        name,
-        eh_frame_hdr: out.eh_frame as u64,
-    })
+    Some(ObjectInfo { map_start: out.map_start as u64, map_end: out.map_end as u64, base: base as u64, name, eh_frame_hdr: out.eh_frame as u64 })
 }
 
 /// A module as the report needs it: path, load bias and mapped range.
@@ -191,10 +185,7 @@ type Section = gimli::EndianSlice<'static, NativeEndian>;
 
 /// Runs `f` on the FDE (the CFI of one function) that covers `lookup_ip`, found through
 /// the module's `.eh_frame_hdr` search table, with the FDE's address as its identity.
-fn with_fde<R>(
-    lookup_ip: u64,
-    f: impl FnOnce(&EhFrame<Section>, &BaseAddresses, &gimli::FrameDescriptionEntry<Section>, u64) -> Option<R>,
-) -> Option<R> {
+fn with_fde<R>(lookup_ip: u64, f: impl FnOnce(&EhFrame<Section>, &BaseAddresses, &gimli::FrameDescriptionEntry<Section>, u64) -> Option<R>) -> Option<R> {
     let obj = find_object(lookup_ip)?;
     if obj.eh_frame_hdr == 0 || obj.eh_frame_hdr >= obj.map_end {
         return None;
@@ -202,9 +193,7 @@ fn with_fde<R>(
     // SAFETY: the PT_GNU_EH_FRAME segment lies inside the object's mapping, which stays
     // mapped while code from it is on our stack; gimli only reads the header, the
     // search table, and the FDE/CIE it points at.
-    let hdr: &'static [u8] = unsafe {
-        std::slice::from_raw_parts(obj.eh_frame_hdr as *const u8, (obj.map_end - obj.eh_frame_hdr) as usize)
-    };
+    let hdr: &'static [u8] = unsafe { std::slice::from_raw_parts(obj.eh_frame_hdr as *const u8, (obj.map_end - obj.eh_frame_hdr) as usize) };
     let bases = BaseAddresses::default().set_eh_frame_hdr(obj.eh_frame_hdr);
     let parsed = EhFrameHdr::new(hdr, NativeEndian).parse(&bases, 8).ok()?;
     let eh_frame_addr = match parsed.eh_frame_ptr() {
@@ -215,9 +204,7 @@ fn with_fde<R>(
         return None;
     }
     // SAFETY: as above, `.eh_frame` is inside the object's mapping.
-    let eh: &'static [u8] = unsafe {
-        std::slice::from_raw_parts(eh_frame_addr as *const u8, (obj.map_end - eh_frame_addr) as usize)
-    };
+    let eh: &'static [u8] = unsafe { std::slice::from_raw_parts(eh_frame_addr as *const u8, (obj.map_end - eh_frame_addr) as usize) };
     let eh_frame = EhFrame::new(eh, NativeEndian);
     let bases = bases.set_eh_frame(eh_frame_addr);
     let table = parsed.table()?;
@@ -548,9 +535,8 @@ fn rule_for(lookup_ip: u64, epoch: u32) -> u64 {
     let key = rule_key(lookup_ip, epoch);
     let Some((first, large)) = rule_tables() else { return compute_rule(lookup_ip) };
     let start = shared_slot(key);
-    let probes = (0..FIRST_RULE_PROBES)
-        .map(|k| &first[(start + k) & (FIRST_RULE_SLOTS - 1)])
-        .chain((0..RULE_PROBES).map(|k| &large[(start + k) & (RULE_SLOTS - 1)]));
+    let probes =
+        (0..FIRST_RULE_PROBES).map(|k| &first[(start + k) & (FIRST_RULE_SLOTS - 1)]).chain((0..RULE_PROBES).map(|k| &large[(start + k) & (RULE_SLOTS - 1)]));
     for (k, e) in probes.enumerate() {
         let found = e.key.load(Ordering::Acquire);
         if found == key {

@@ -164,10 +164,7 @@ macro_rules! cuda_hook {
 pub fn missing(name: &CStr) {
     static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if !SAID.swap(true, Ordering::Relaxed) {
-        agent::stderr_line(&format!(
-            "leaktrace: {} was called but no CUDA library defines it; returning error {ERROR_UNKNOWN}",
-            name.to_string_lossy()
-        ));
+        agent::stderr_line(&format!("leaktrace: {} was called but no CUDA library defines it; returning error {ERROR_UNKNOWN}", name.to_string_lossy()));
     }
 }
 
@@ -195,13 +192,7 @@ pub unsafe fn allocation_on(api: Api, out: *const u64, device: Option<u8>, call:
 /// # Safety
 /// As `allocation`.
 #[inline]
-unsafe fn allocated(
-    api: Api,
-    out: *const u64,
-    call: impl FnOnce() -> c_int,
-    size: impl FnOnce() -> u64,
-    device: impl FnOnce() -> Option<u8>,
-) -> c_int {
+unsafe fn allocated(api: Api, out: *const u64, call: impl FnOnce() -> c_int, size: impl FnOnce() -> u64, device: impl FnOnce() -> Option<u8>) -> c_int {
     let (rc, outermost) = thread::cuda_call(call);
     if rc == 0 && outermost && !out.is_null() && agent::active() {
         let _errno = ErrnoGuard::save();

@@ -110,10 +110,10 @@ cuda_hook!(cuMemUnmap(ptr: DevPtr, size: usize) -> c_int, missing = ERROR_UNKNOW
 
 // Context destroy and primary-context reset free every context-bound allocation.
 cuda_hook!(cuCtxDestroy_v2(ctx: Context) -> c_int, missing = ERROR_UNKNOWN,
-    |real| {
-        let device = cuda::context_device(ctx as usize);
-        cuda::reset(device, || real(ctx))
-    });
+|real| {
+    let device = cuda::context_device(ctx as usize);
+    cuda::reset(device, || real(ctx))
+});
 
 cuda_hook!(cuDevicePrimaryCtxReset_v2(device: c_int) -> c_int, missing = ERROR_UNKNOWN,
     |real| cuda::reset(cuda::device_from(device), || real(device)));

@@ -84,11 +84,11 @@ cuda_hook!(cudaHostUnregister(ptr: *mut c_void) -> c_int, missing = ERROR_UNKNOW
     |real| release(Space::Registered, ptr as u64, || real(ptr)));
 
 cuda_hook!(cudaDeviceReset() -> c_int, missing = ERROR_UNKNOWN,
-    |real| {
-        // The runtime resets its current device: read it before it is gone.
-        let device = cuda::current_device();
-        cuda::reset(device, || real())
-    });
+|real| {
+    // The runtime resets its current device: read it before it is gone.
+    let device = cuda::current_device();
+    cuda::reset(device, || real())
+});
 
 // The runtime's own resolvers: CUDA 12 passes a query-result pointer as the last
 // argument; CUDA 11 had one argument less, which forwarding an extra register ignores.

@@ -10,8 +10,8 @@ use std::ffi::{c_int, c_void, CStr};
 
 use super::real;
 use crate::agent;
-use crate::lifecycle::LIFECYCLE;
 use crate::config::Config;
+use crate::lifecycle::LIFECYCLE;
 
 extern "C" fn on_load() {
     // The constructor must never unwind into the dynamic loader.
@@ -141,9 +141,7 @@ fn host_tracking_state() -> String {
     // Only another module's own definition of `malloc` means that allocator comes first.
     match (ours, theirs) {
         (Some((our_base, _, _)), Some((their_base, their_name, true))) if our_base != their_base => {
-            let msg = format!(
-                "inactive: malloc is bound to {their_name}, preloaded before leaktrace; put libleaktrace.so first in LD_PRELOAD"
-            );
+            let msg = format!("inactive: malloc is bound to {their_name}, preloaded before leaktrace; put libleaktrace.so first in LD_PRELOAD");
             agent::stderr_line(&format!("leaktrace: host allocations are not seen: {msg}"));
             msg
         }

@@ -228,8 +228,7 @@ pub fn hook_for(name: &[u8], found: usize) -> Option<usize> {
     }
     // glibc's reallocarray is not what our hook forwards to (that is realloc): it is
     // recognised as the definition that follows this library.
-    (name == b"reallocarray" && super::resolve::next_definition(c"reallocarray") == Some(found))
-        .then_some(reallocarray as *const () as usize)
+    (name == b"reallocarray" && super::resolve::next_definition(c"reallocarray") == Some(found)).then_some(reallocarray as *const () as usize)
 }
 
 /// The library's own Rust allocations go straight to the real allocator: they are

@@ -20,12 +20,8 @@ pub type DlcloseFn = unsafe extern "C" fn(*mut c_void) -> c_int;
 pub type UnshareFn = unsafe extern "C" fn(c_int) -> c_int;
 pub type SetnsFn = unsafe extern "C" fn(c_int, c_int) -> c_int;
 pub type ChrootFn = unsafe extern "C" fn(*const std::ffi::c_char) -> c_int;
-pub type PthreadCreateFn = unsafe extern "C" fn(
-    *mut libc::pthread_t,
-    *const libc::pthread_attr_t,
-    Option<extern "C" fn(*mut c_void) -> *mut c_void>,
-    *mut c_void,
-) -> c_int;
+pub type PthreadCreateFn =
+    unsafe extern "C" fn(*mut libc::pthread_t, *const libc::pthread_attr_t, Option<extern "C" fn(*mut c_void) -> *mut c_void>, *mut c_void) -> c_int;
 
 macro_rules! real_table {
     ($($field:ident : $ty:ty = $name:literal),* $(,)?) => {

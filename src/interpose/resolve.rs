@@ -126,11 +126,7 @@ pub fn substitute_named(name: &CStr, real: usize) -> Option<usize> {
         return None;
     }
     let result = std::panic::catch_unwind(|| {
-        cuda_runtime::WRAPPED
-            .iter()
-            .chain(cuda_driver::WRAPPED)
-            .find(|(n, _)| n.to_bytes() == bytes)
-            .and_then(|(_, substitute)| substitute(real))
+        cuda_runtime::WRAPPED.iter().chain(cuda_driver::WRAPPED).find(|(n, _)| n.to_bytes() == bytes).and_then(|(_, substitute)| substitute(real))
     });
     result.ok().flatten()
 }

@@ -55,7 +55,11 @@ mod tests {
         if pid == 0 {
             let code = if is_unadopted_child() {
                 mark_own_image();
-                if is_unadopted_child() { 2 } else { 0 }
+                if is_unadopted_child() {
+                    2
+                } else {
+                    0
+                }
             } else {
                 1
             };

@@ -7,12 +7,7 @@
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-type CreateFn = unsafe extern "C" fn(
-    *mut libc::pthread_t,
-    *const libc::pthread_attr_t,
-    extern "C" fn(*mut c_void) -> *mut c_void,
-    *mut c_void,
-) -> c_int;
+type CreateFn = unsafe extern "C" fn(*mut libc::pthread_t, *const libc::pthread_attr_t, extern "C" fn(*mut c_void) -> *mut c_void, *mut c_void) -> c_int;
 
 static CREATE: AtomicUsize = AtomicUsize::new(0);
 
@@ -102,9 +97,7 @@ mod tests {
     static SEEN: AtomicU32 = AtomicU32::new(0);
 
     extern "C" fn probe(_: *mut c_void) -> *mut c_void {
-        let all = [libc::SIGINT, libc::SIGTERM, libc::SIGCHLD, libc::SIGALRM, libc::SIGUSR1, libc::SIGRTMIN()]
-            .iter()
-            .all(|&s| blocks(s));
+        let all = [libc::SIGINT, libc::SIGTERM, libc::SIGCHLD, libc::SIGALRM, libc::SIGUSR1, libc::SIGRTMIN()].iter().all(|&s| blocks(s));
         SEEN.store(if all { 1 } else { 2 }, Ordering::SeqCst);
         std::ptr::null_mut()
     }

@@ -336,11 +336,7 @@ pub fn timeline_out(timeline: &Timeline, groups: &[Group], sym: &mut Symbolizer)
     // In series order, as the series below take them.
     let mut stacks = resolve_stacks(&followed, sym).into_iter();
     TimelineOut {
-        points: timeline
-            .points
-            .iter()
-            .map(|p| TimelinePoint { unix_ms: p.unix_ms, live_bytes: p.live_bytes, live_blocks: p.live_blocks })
-            .collect(),
+        points: timeline.points.iter().map(|p| TimelinePoint { unix_ms: p.unix_ms, live_bytes: p.live_bytes, live_blocks: p.live_blocks }).collect(),
         series: timeline
             .series
             .iter()
@@ -684,8 +680,7 @@ pub fn summary_text(
     let mut out = String::new();
     let leaking: Vec<&&Group> = groups.iter().filter(|g| counted(g).1 > 0).collect();
     let (bytes, blocks) = leaked_total(groups, omitted);
-    let reachable: u64 =
-        groups.iter().filter(|g| g.cached_by.is_none()).filter_map(|g| g.reachability.map(|r| r.reachable.bytes)).sum();
+    let reachable: u64 = groups.iter().filter(|g| g.cached_by.is_none()).filter_map(|g| g.reachability.map(|r| r.reachable.bytes)).sum();
     let cached: u64 = groups.iter().filter(|g| g.cached_by.is_some()).map(|g| g.bytes).sum();
     let mut notes = Vec::new();
     if suppressed > 0 {
@@ -718,10 +713,7 @@ pub fn summary_text(
             };
             for (label, a) in parts {
                 let device = g.device.map(|d| format!(", device {d}")).unwrap_or_default();
-                out.push_str(&format!(
-                    "\n{label} of {} byte(s) in {} object(s) allocated from {} ({}{device}):\n",
-                    a.bytes, a.blocks, g.api, g.kind
-                ));
+                out.push_str(&format!("\n{label} of {} byte(s) in {} object(s) allocated from {} ({}{device}):\n", a.bytes, a.blocks, g.api, g.kind));
                 let flags: Vec<bool> = g.stack.iter().map(|f| f.python).collect();
                 let shown = leaktrace_common::frame_text::python_view(&flags);
                 for (i, &k) in shown.iter().enumerate() {
@@ -788,15 +780,8 @@ mod tests {
 
     #[test]
     fn json_has_the_contract_fields() {
-        let p = ProcessInfo {
-            pid: 10,
-            ppid: 1,
-            exe: "/bin/x".into(),
-            argv: vec!["x".into()],
-            started_unix_ms: 5,
-            forked_from: None,
-            file_name: "f.json".into(),
-        };
+        let p =
+            ProcessInfo { pid: 10, ppid: 1, exe: "/bin/x".into(), argv: vec!["x".into()], started_unix_ms: 5, forked_from: None, file_name: "f.json".into() };
         let mut t = Totals::default();
         t.kinds[Kind::Host.index()] = KindTotals { live_bytes: 48, live_blocks: 3, total_allocs: 4, total_frees: 1, peak_live_bytes: 64 };
         t.kinds[Kind::Device.index()] = KindTotals { live_bytes: 1 << 20, live_blocks: 1, total_allocs: 2, total_frees: 1, peak_live_bytes: 2 << 20 };
@@ -807,7 +792,10 @@ mod tests {
         other.stack_id = 8;
         other.stack[1].ip = 0x7777;
         let groups = [first, other];
-        let followed = vec![groups[0].stack[0].clone(), Frame { ip: 0x5555, module: None, offset: None, function: None, file: None, line: None, inlined: false, python: false }];
+        let followed = vec![
+            groups[0].stack[0].clone(),
+            Frame { ip: 0x5555, module: None, offset: None, function: None, file: None, line: None, inlined: false, python: false },
+        ];
         let timeline = TimelineOut {
             points: vec![TimelinePoint { unix_ms: 5, live_bytes: 48, live_blocks: 3 }],
             series: vec![
@@ -901,7 +889,10 @@ mod tests {
         let s = summary_text(10, &[&dev, &cache], 0, &[], 10, None, Omitted::default());
         assert!(s.contains("Leak of 4096 byte(s) in 1 object(s) allocated from cudaMalloc (device, device 1):"), "{s}");
         assert!(s.contains("SUMMARY: leaktrace: 4096 byte(s) leaked in 1 allocation(s) (2097152 byte(s) held by caching allocators not counted)."), "{s}");
-        assert_eq!(summary_text(10, &[&cache], 0, &[], 10, None, Omitted::default()), "==10==leaktrace: no leaks found (2097152 byte(s) held by caching allocators not counted)\n");
+        assert_eq!(
+            summary_text(10, &[&cache], 0, &[], 10, None, Omitted::default()),
+            "==10==leaktrace: no leaks found (2097152 byte(s) held by caching allocators not counted)\n"
+        );
     }
 
     #[test]
@@ -919,7 +910,11 @@ mod tests {
         let reach = |s: &GroupSnapshot| {
             let mut r = Reachability::default();
             let a = Amount { bytes: s.stats.live_bytes, blocks: 1 };
-            if s.stack == 1 || s.stack == 4 { r.reachable = a } else { r.definite = a }
+            if s.stack == 1 || s.stack == 4 {
+                r.reachable = a
+            } else {
+                r.definite = a
+            }
             Some(r)
         };
         let (kept, omitted) = select_groups(&groups, reach, 2);

@@ -22,9 +22,7 @@ pub fn owner(kind: Kind, stack: &[Frame]) -> Option<&'static str> {
     if kind == Kind::Host {
         return None;
     }
-    stack.iter().filter_map(|f| f.function.as_deref()).find_map(|name| {
-        MARKERS.iter().find(|(marker, _)| name.contains(marker)).map(|(_, owner)| *owner)
-    })
+    stack.iter().filter_map(|f| f.function.as_deref()).find_map(|name| MARKERS.iter().find(|(marker, _)| name.contains(marker)).map(|(_, owner)| *owner))
 }
 
 #[cfg(test)]
@@ -44,7 +42,10 @@ mod tests {
         ];
         assert_eq!(owner(Kind::Device, &torch), Some("PyTorch CUDACachingAllocator"));
         assert_eq!(owner(Kind::Host, &torch), None);
-        assert_eq!(owner(Kind::Pinned, &[frame("at::cuda::(anonymous namespace)::CachingHostAllocatorImpl::allocate_host_memory(unsigned long, void**)")]), Some("PyTorch CachingHostAllocator"));
+        assert_eq!(
+            owner(Kind::Pinned, &[frame("at::cuda::(anonymous namespace)::CachingHostAllocatorImpl::allocate_host_memory(unsigned long, void**)")]),
+            Some("PyTorch CachingHostAllocator")
+        );
         assert_eq!(owner(Kind::Mapping, &[frame("tsl::BFCAllocator::Extend(unsigned long, unsigned long)")]), Some("TensorFlow BFCAllocator"));
         assert_eq!(owner(Kind::Device, &[frame("train_step"), frame("main")]), None);
         assert_eq!(owner(Kind::Device, &[]), None);

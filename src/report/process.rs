@@ -34,11 +34,7 @@ fn random_u32() -> u32 {
 }
 
 pub fn sanitize_component(s: &str) -> String {
-    let cleaned: String = s
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' { c } else { '_' })
-        .take(40)
-        .collect();
+    let cleaned: String = s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' { c } else { '_' }).take(40).collect();
     if cleaned.is_empty() || cleaned.starts_with('.') {
         format!("x{cleaned}")
     } else {
@@ -56,12 +52,7 @@ impl ProcessInfo {
         let pid = std::process::id();
         let exe = crate::os::anchor::read_proc_link("self/exe").unwrap_or_default();
         let argv = crate::os::anchor::read_proc("self/cmdline")
-            .map(|raw| {
-                raw.split(|b| *b == 0)
-                    .filter(|s| !s.is_empty())
-                    .map(|s| String::from_utf8_lossy(s).into_owned())
-                    .collect()
-            })
+            .map(|raw| raw.split(|b| *b == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect())
             .unwrap_or_default();
         ProcessInfo {
             pid,
@@ -127,7 +118,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("lt-go-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let src = dir.join("g.c");
-        std::fs::write(&src, "__attribute__((section(\".go.buildinfo\"), used)) static const char info[32] = \"\\xff Go buildinf:\";\nint main(void) { return 0; }\n").unwrap();
+        std::fs::write(
+            &src,
+            "__attribute__((section(\".go.buildinfo\"), used)) static const char info[32] = \"\\xff Go buildinf:\";\nint main(void) { return 0; }\n",
+        )
+        .unwrap();
         let bin = dir.join("g");
         let ok = std::process::Command::new("cc").arg(&src).arg("-o").arg(&bin).status().map(|s| s.success()).unwrap_or(false);
         if ok {

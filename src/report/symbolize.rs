@@ -7,9 +7,9 @@
 //! own epoch, and one from the current epoch against the live loader. Names are then
 //! read from the module *file* (DWARF via addr2line, else the symbol table), which
 //! still works after the module was unloaded.
-use std::sync::Arc;
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use crate::collector::state::FxMap;
 use crate::hotpath::{stacks, unwind};
@@ -343,11 +343,7 @@ impl Symbolizer {
             .iter()
             .map(|&ip| {
                 let i = ended.partition_point(|m| m.0 <= ip);
-                let module = i
-                    .checked_sub(1)
-                    .map(|i| ended[i])
-                    .filter(|m| ip < m.1)
-                    .map(|(_, _, idx)| (idx, ip.wrapping_sub(self.modules[idx as usize].base)));
+                let module = i.checked_sub(1).map(|i| ended[i]).filter(|m| ip < m.1).map(|(_, _, idx)| (idx, ip.wrapping_sub(self.modules[idx as usize].base)));
                 RawFrame { ip, module, python: None }
             })
             .collect()
@@ -487,9 +483,9 @@ mod tests {
         let generic: Vec<SymbolEntry> = [(false, file.symbols()), (true, file.dynamic_symbols())]
             .into_iter()
             .flat_map(|(dynamic, symbols)| {
-                symbols.filter(|s| s.address() != 0 && s.is_definition() && matches!(s.kind(), SymbolKind::Text | SymbolKind::Unknown)).map(
-                    move |s| SymbolEntry { start: s.address(), end: s.address() + s.size(), index: s.index().0 as u32, dynamic },
-                )
+                symbols
+                    .filter(|s| s.address() != 0 && s.is_definition() && matches!(s.kind(), SymbolKind::Text | SymbolKind::Unknown))
+                    .map(move |s| SymbolEntry { start: s.address(), end: s.address() + s.size(), index: s.index().0 as u32, dynamic })
             })
             .collect();
         let object::File::Elf64(elf) = &file else { panic!("not ELF64") };
@@ -503,8 +499,7 @@ mod tests {
         let mut rng = crate::test_rng::TestRng::new(0x2545_f491_4f6c_dd1d);
         let mut next = |n: u64| rng.below(n);
         for _ in 0..200 {
-            let symbols: Vec<SymbolEntry> =
-                (0..next(60)).map(|i| sym(next(4000), if next(3) == 0 { 0 } else { next(300) }, i as u32, next(2) == 0)).collect();
+            let symbols: Vec<SymbolEntry> = (0..next(60)).map(|i| sym(next(4000), if next(3) == 0 { 0 } else { next(300) }, i as u32, next(2) == 0)).collect();
             let mut probes: Vec<u64> = (0..next(40)).map(|_| next(4500)).collect();
             probes.sort_unstable();
             assert_eq!(nearest_symbols(&probes, symbols.iter().copied()), by_index(&probes, &symbols), "{symbols:?} {probes:?}");

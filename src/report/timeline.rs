@@ -58,8 +58,7 @@ impl Timeline {
         let n = self.points.len();
         // One pass over the groups (a process that imported PyTorch has half a million);
         // groups of one stack and api on several devices add up.
-        let followed: std::collections::HashMap<(u32, Api), usize> =
-            self.series.iter().enumerate().map(|(i, s)| ((s.stack, s.api), i)).collect();
+        let followed: std::collections::HashMap<(u32, Api), usize> = self.series.iter().enumerate().map(|(i, s)| ((s.stack, s.api), i)).collect();
         let mut now = vec![0u64; self.series.len()];
         for g in &snapshot.groups {
             if let Some(&i) = followed.get(&(g.stack, g.api)) {

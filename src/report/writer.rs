@@ -20,12 +20,7 @@ pub fn write_atomic_with(target: &Path, write: impl FnOnce(&mut dyn Write) -> st
     }
     let tmp = dir.join(&tmp_name);
     let result = (|| {
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&tmp)?;
+        let f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(&tmp)?;
         let mut buffered = std::io::BufWriter::with_capacity(1 << 20, f);
         write(&mut buffered)?;
         buffered.flush()?;
@@ -45,9 +40,7 @@ fn write_atomic_at(dirfd: i32, tmp: &str, name: &str, write: impl FnOnce(&mut dy
     let c = |s: &str| std::ffi::CString::new(s).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput));
     let (ctmp, cname) = (c(tmp)?, c(name)?);
     // SAFETY: a directory descriptor of ours, a NUL-terminated name, a fresh file.
-    let fd = unsafe {
-        libc::openat(dirfd, ctmp.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC, 0o600)
-    };
+    let fd = unsafe { libc::openat(dirfd, ctmp.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC, 0o600) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }

@@ -454,7 +454,10 @@ mod tests {
 
     #[test]
     fn zero_sized_blocks_and_empty_inputs() {
-        let b = vec![Block { start: 0x100, size: 0, opaque: false, cuda: false, not_a_reference: 0 }, Block { start: 0x200, size: 8, opaque: false, cuda: false, not_a_reference: 0 }];
+        let b = vec![
+            Block { start: 0x100, size: 0, opaque: false, cuda: false, not_a_reference: 0 },
+            Block { start: 0x200, size: 8, opaque: false, cuda: false, not_a_reference: 0 },
+        ];
         let mut m = BTreeMap::new();
         m.insert(0x8, 0x100);
         assert_eq!(classify(&b, &[(0, 0x10)], &[], &Fake(m)), vec![Verdict::Reachable, Verdict::Definite]);

@@ -90,7 +90,8 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
     if root_ranges.len() < root_ranges.capacity() {
         root_ranges.push(regs_range);
     }
-    let all_roots = mark::Roots { program: &root_ranges, runtime: &runtime_ranges, inherited, changed_since_fork: &changed_since_fork, python_arenas: &python_arenas };
+    let all_roots =
+        mark::Roots { program: &root_ranges, runtime: &runtime_ranges, inherited, changed_since_fork: &changed_since_fork, python_arenas: &python_arenas };
     mark::classify_into(blocks, &all_roots, &roots::ProcessMemory { readable: &maps }, &mut scratch);
     roots::resume(stopped.asked);
     let info = ScanInfo {

@@ -19,11 +19,7 @@ struct Slot {
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
-const EMPTY: Slot = Slot {
-    tid: AtomicU32::new(0),
-    sp: AtomicU64::new(0),
-    regs: [const { AtomicU64::new(0) }; GREGS],
-};
+const EMPTY: Slot = Slot { tid: AtomicU32::new(0), sp: AtomicU64::new(0), regs: [const { AtomicU64::new(0) }; GREGS] };
 static SLOTS: [Slot; MAX_THREADS] = [EMPTY; MAX_THREADS];
 static ARRIVED: AtomicUsize = AtomicUsize::new(0);
 static LEFT: AtomicUsize = AtomicUsize::new(0);
@@ -166,10 +162,7 @@ pub fn module_data() -> (Ranges, Ranges) {
 /// maps and scopes, TLS blocks) are kept in places no root covers: as LeakSanitizer's
 /// `use_ld_allocations`, they count as reachable.
 pub fn loader_range() -> Option<(u64, u64)> {
-    crate::interpose::resolve::loaded_modules()
-        .into_iter()
-        .find(|m| is_loader(m.path.as_bytes()))
-        .map(|m| (m.lo as u64, m.hi as u64))
+    crate::interpose::resolve::loaded_modules().into_iter().find(|m| is_loader(m.path.as_bytes())).map(|m| (m.lo as u64, m.hi as u64))
 }
 
 /// The last component of a module path.
@@ -204,11 +197,7 @@ pub fn split_blocking(tids: &[u32]) -> (Vec<u32>, Vec<u32>) {
     }
     tids.iter().partition(|&&t| {
         let status = crate::os::anchor::read_proc_string(&format!("self/task/{t}/status")).unwrap_or_default();
-        let blocked = status
-            .lines()
-            .find_map(|l| l.strip_prefix("SigBlk:"))
-            .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
-            .unwrap_or(0);
+        let blocked = status.lines().find_map(|l| l.strip_prefix("SigBlk:")).and_then(|m| u64::from_str_radix(m.trim(), 16).ok()).unwrap_or(0);
         blocked & (1u64 << (sig - 1)) == 0
     })
 }
@@ -492,7 +481,11 @@ const PM_EXCLUSIVE: u64 = 1 << 56;
 fn page_size() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 { p as u64 } else { 4096 }
+    if p > 0 {
+        p as u64
+    } else {
+        4096
+    }
 }
 
 impl WrittenPages {

@@ -21,11 +21,7 @@ pub fn lib_path() -> PathBuf {
     // cargo test never rebuilds a cdylib that no test links: refuse to test a stale one.
     let built = std::fs::metadata(&lib).unwrap().modified().unwrap();
     let newest_source = newest_mtime(&root().join("src")).max(newest_mtime(&root().join("common/src")));
-    assert!(
-        built >= newest_source,
-        "{} is older than the sources: run scripts/test.sh (it builds the library before testing)",
-        lib.display()
-    );
+    assert!(built >= newest_source, "{} is older than the sources: run scripts/test.sh (it builds the library before testing)", lib.display());
     lib
 }
 
@@ -208,9 +204,11 @@ pub fn groups_with<'a>(report: &'a Value, function: &str) -> Vec<&'a Value> {
         .unwrap()
         .iter()
         .filter(|g| {
-            g["stack"].as_array().unwrap().iter().any(|f| {
-                f["function"].as_str().map(|n| n == function || n.starts_with(&format!("{function}("))).unwrap_or(false)
-            })
+            g["stack"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| f["function"].as_str().map(|n| n == function || n.starts_with(&format!("{function}("))).unwrap_or(false))
         })
         .collect()
 }
