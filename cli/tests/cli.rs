@@ -871,3 +871,36 @@ fn pytest_leaktrace_fails_the_test_that_leaks_at_its_line() {
     assert_eq!(plain.status.code(), Some(4), "pytest's usage-error status");
     assert!(text(&plain.stderr).contains("leaktrace run -- pytest --leaktrace"), "{}", text(&plain.stderr));
 }
+
+/// `torchrun` as users launch it: its elastic agent starts the workers, each a Python
+/// process of its own. Each worker's leak is reported at the script's line, and the
+/// agent (which leaks nothing of the user's) shows under 64 KiB of noise.
+#[test]
+fn torchrun_workers_each_report_the_leak_at_the_scripts_line() {
+    let python = torch_python();
+    let torchrun = Path::new(&python).with_file_name("torchrun");
+    assert!(torchrun.is_file(), "torchrun comes with torch: {}", torchrun.display());
+    let dir = scratch("torchrun");
+    let script = user_script();
+    let out = Command::new(bin())
+        .args(["run", "--output", "r", "--"])
+        .arg(&torchrun)
+        .args(["--nproc_per_node=2", script.to_str().unwrap(), "ctypes"])
+        .env_remove("PYTHONMALLOC")
+        .current_dir(&dir)
+        .bounded_output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "steps True\nsteps True\n");
+    let line = script_line("staging = libc.malloc(x.numel() * 4)  # LEAK");
+    let reps = reports(&dir.join("r"));
+    let is_agent = |r: &Value| r["argv"].as_array().unwrap().iter().any(|a| a.as_str().is_some_and(|a| a.ends_with("/torchrun")));
+    let workers: Vec<&Value> = reps.iter().filter(|r| !is_agent(r)).collect();
+    assert_eq!(workers.len(), 2, "{:?}", reps.iter().map(|r| r["argv"].clone()).collect::<Vec<_>>());
+    for w in &workers {
+        assert!(has_python_frame(w, "torch_user_leaks.py", line), "no leak group at line {line} in worker {}", w["pid"]);
+        assert!(leaked_bytes(w) >= 18 * 8192, "{}", leaked_bytes(w));
+    }
+    let agent = reps.iter().find(|r| is_agent(r)).expect("the agent's report");
+    assert!(leaked_bytes(agent) < 64 << 10, "agent noise: {}", leaked_bytes(agent));
+}
