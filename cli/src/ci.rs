@@ -94,12 +94,42 @@ fn stack_lines(stack: &[Frame]) -> String {
     stack.iter().enumerate().map(|(i, f)| crate::render::frame_line(i, f)).collect::<Vec<_>>().join("\n")
 }
 
+/// One test case per leak check the process asked for (a C++ test's
+/// `leaktrace_snapshot(label)`, a pytest test), named by its label: failing when the
+/// check found definite or indirect leaks.
+fn check_cases(p: &ProcessAnalysis, out: &mut String) -> (usize, usize) {
+    let class = xml(&format!("leaktrace.checks.{}", p.label));
+    let mut failures = 0;
+    for c in &p.checks {
+        if c.leaked_blocks() == 0 {
+            out.push_str(&format!("    <testcase classname=\"{class}\" name=\"{}\"/>\n", xml(&c.label)));
+            continue;
+        }
+        failures += 1;
+        let msg = format!(
+            "{} byte(s) leaked in {} allocation(s) ({} definite, {} indirect)",
+            c.leaked_bytes(),
+            c.leaked_blocks(),
+            c.definite.bytes,
+            c.indirect.bytes
+        );
+        let stack = c.leaks.first().map(|l| stack_lines(&l.stack)).unwrap_or_default();
+        out.push_str(&format!(
+            "    <testcase classname=\"{class}\" name=\"{}\">\n      <failure type=\"leak\" message=\"{}\">{}</failure>\n    </testcase>\n",
+            xml(&c.label),
+            xml(&msg),
+            xml(&stack)
+        ));
+    }
+    (p.checks.len(), failures)
+}
+
 fn process_cases(p: &ProcessAnalysis, out: &mut String) -> (usize, usize) {
     let class = xml(&format!("leaktrace.{}", p.label));
-    let (mut tests, mut failures) = (0, 0);
+    let (mut tests, mut failures) = check_cases(p, out);
     if p.leaks.is_empty() && p.growth.is_empty() {
         out.push_str(&format!("    <testcase classname=\"{class}\" name=\"no leaks\"/>\n"));
-        return (1, 0);
+        return (tests + 1, failures);
     }
     for g in &p.leaks {
         tests += 1;
@@ -130,7 +160,8 @@ fn process_cases(p: &ProcessAnalysis, out: &mut String) -> (usize, usize) {
 }
 
 /// JUnit XML: one test suite per process, one failing test case per leak group and per
-/// growing stack, one passing case for a process without either.
+/// growing stack, one passing case for a process without either, and one case per leak
+/// check the process asked for (failing when it leaked).
 pub fn junit(a: &Analysis) -> String {
     let mut suites = String::new();
     let (mut all_tests, mut all_failures) = (0, 0);

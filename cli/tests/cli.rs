@@ -904,3 +904,27 @@ fn torchrun_workers_each_report_the_leak_at_the_scripts_line() {
     let agent = reps.iter().find(|r| is_agent(r)).expect("the agent's report");
     assert!(leaked_bytes(agent) < 64 << 10, "agent noise: {}", leaked_bytes(agent));
 }
+
+/// A C test runner's checks (one `leaktrace_snapshot(label)` per test, the C API
+/// fixture) as `leaktrace report` shows them: one line per label in text, one JUnit test
+/// case per label that fails when the check leaked, and `--fail-on-leak` failing the run.
+#[test]
+fn checks_of_a_c_test_runner_are_listed_by_label_and_are_junit_cases() {
+    let dir = scratch("checks");
+    let bin_path = build(&manifest().join("../tests/fixtures/api_checks.c"), &dir);
+    let out = Command::new(bin()).args(["run", "--fail-on-leak", "--output", "r", "--"]).arg(&bin_path).current_dir(&dir).bounded_output().unwrap();
+    assert_eq!(out.status.code(), Some(23), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("leaks_a_list 192"));
+    let t = text(&leaktrace(&["report", "r"], &dir).stdout);
+    assert!(t.contains("Checks: 3 of 6 leaked"), "{t}");
+    assert!(t.contains("  ok    fills_a_cache (2048 byte(s) still reachable)"), "{t}");
+    assert!(t.contains("  LEAK  leaks_a_buffer: 4000 byte(s) in 1 allocation(s) (4000 definite, 0 indirect)"), "{t}");
+    assert!(t.contains("in test_leaks_a_buffer ") && t.contains("api_checks.c:"), "{t}");
+    let x = text(&leaktrace(&["report", "--format", "junit", "r"], &dir).stdout);
+    for label in ["fills_a_cache", "is_clean", "leaks_on_purpose"] {
+        assert!(x.contains(&format!("name=\"{label}\"/>")), "passing case {label}: {x}");
+    }
+    for label in ["leaks_a_buffer", "leaks_a_list", "__lsan_do_recoverable_leak_check"] {
+        assert!(x.contains(&format!("name=\"{label}\">\n      <failure type=\"leak\"")), "failing case {label}: {x}");
+    }
+}
