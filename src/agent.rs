@@ -14,7 +14,7 @@ use crate::hotpath::event::{self, Api, EventKind, Kind, Space};
 use crate::hotpath::thread::ThreadState;
 use crate::hotpath::{stacks, thread, unwind};
 use crate::os::lock::SpinLock;
-use crate::report::build::{self, Reason, RunFacts};
+use crate::report::build::{self, Reason, RunFacts, Tally};
 use crate::report::checks;
 use crate::report::process::{self, ProcessInfo};
 use crate::report::symbolize::Symbolizer;

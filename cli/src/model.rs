@@ -27,24 +27,8 @@ pub struct Frame {
     pub python: bool,
 }
 
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
-pub struct Amount {
-    #[serde(default)]
-    pub bytes: u64,
-    #[serde(default)]
-    pub blocks: u64,
-}
-
-/// From the library's pointer scan (LEAKTRACE_SCAN=1), when it ran.
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
-pub struct Reachability {
-    #[serde(default)]
-    pub definite: Amount,
-    #[serde(default)]
-    pub indirect: Amount,
-    #[serde(default)]
-    pub reachable: Amount,
-}
+/// The schema's own types (`common`), as the library writes them.
+pub use leaktrace_common::report_schema::{Amount, Reachability};
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 pub struct Group {

@@ -10,7 +10,45 @@
 //!
 //! Readers of both turn a report into the version 1 shape with `inline_frames`, so that
 //! everything after the parse sees frames in full.
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+/// Bytes and blocks: how every amount of memory in a report is written (`summary`'s
+/// reachability, a leak group's, a check's). The library writes it and the command
+/// reads it with this one type.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Amount {
+    #[serde(default)]
+    pub bytes: u64,
+    #[serde(default)]
+    pub blocks: u64,
+}
+
+impl Amount {
+    pub fn add(&mut self, bytes: u64) {
+        self.bytes += bytes;
+        self.blocks += 1;
+    }
+}
+
+/// LeakSanitizer's classes of outstanding memory, as the pointer scan found them:
+/// `{definite, indirect, reachable}`, each an `Amount`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reachability {
+    #[serde(default)]
+    pub definite: Amount,
+    #[serde(default)]
+    pub indirect: Amount,
+    #[serde(default)]
+    pub reachable: Amount,
+}
+
+impl Reachability {
+    /// Definite + indirect: what counts as leaked.
+    pub fn leaked(&self) -> Amount {
+        Amount { bytes: self.definite.bytes + self.indirect.bytes, blocks: self.definite.blocks + self.indirect.blocks }
+    }
+}
 
 pub const SCHEMA_PREFIX: &str = "leaktrace-report/";
 /// The major version the library writes.
@@ -81,6 +119,15 @@ pub fn inline_frames(report: &mut Value) -> Result<(), String> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn amounts_read_what_they_write_and_missing_fields_are_zero() {
+        let r = Reachability { definite: Amount { bytes: 7, blocks: 1 }, ..Default::default() };
+        let text = serde_json::to_string(&r).unwrap();
+        assert_eq!(text, r#"{"definite":{"bytes":7,"blocks":1},"indirect":{"bytes":0,"blocks":0},"reachable":{"bytes":0,"blocks":0}}"#);
+        assert_eq!(serde_json::from_str::<Reachability>(&text).unwrap(), r);
+        assert_eq!(serde_json::from_str::<Reachability>(r#"{"indirect":{"bytes":3}}"#).unwrap().leaked(), Amount { bytes: 3, blocks: 0 });
+    }
 
     #[test]
     fn version_2_stacks_become_frames() {

@@ -50,30 +50,21 @@ pub struct Frame {
     pub python: bool,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct Amount {
-    pub bytes: u64,
-    pub blocks: u64,
+pub use leaktrace_common::report_schema::{Amount, Reachability};
+
+/// Adds a scan verdict to a `Reachability` (the type is the schema's, in `common`).
+pub trait Tally {
+    fn add(&mut self, verdict: crate::scan::mark::Verdict, bytes: u64);
 }
 
-/// LeakSanitizer's classes of outstanding memory, from the pointer scan.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct Reachability {
-    pub definite: Amount,
-    pub indirect: Amount,
-    pub reachable: Amount,
-}
-
-impl Reachability {
-    pub fn add(&mut self, verdict: crate::scan::mark::Verdict, bytes: u64) {
+impl Tally for Reachability {
+    fn add(&mut self, verdict: crate::scan::mark::Verdict, bytes: u64) {
         use crate::scan::mark::Verdict::*;
-        let a = match verdict {
-            Definite => &mut self.definite,
-            Indirect => &mut self.indirect,
-            Reachable => &mut self.reachable,
-        };
-        a.bytes += bytes;
-        a.blocks += 1;
+        match verdict {
+            Definite => self.definite.add(bytes),
+            Indirect => self.indirect.add(bytes),
+            Reachable => self.reachable.add(bytes),
+        }
     }
 }
 
