@@ -419,6 +419,7 @@ fn a_pytorch_loop_that_keeps_its_losses_is_flagged_as_growing() {
     let python = text(&Command::new("python3").args(["-c", "import sys; print(sys.executable)"]).output().unwrap().stdout).trim().to_owned();
     let has_torch = Command::new(&python).args(["-c", "import torch"]).output().map(|o| o.status.success()).unwrap_or(false);
     assert!(has_torch, "PyTorch is missing: pip install torch (.ci/run does)");
+    let _one_job = torch_job();
     let dir = scratch("torch-grow");
     let script = manifest().join("../tests/fixtures/frameworks/torch_train.py");
     let out = Command::new(bin())
@@ -636,6 +637,15 @@ fn the_readme_shows_what_the_example_prints() {
 // ---- PyTorch as users write it: Python's default allocator, Python lines --------------
 
 /// The interpreter `python3` on PATH stands for (pyenv's shim followed), with PyTorch.
+/// Held by the tests that run PyTorch jobs (a few processes each, on a 2-core machine):
+/// one at a time. Growth is judged from periodic snapshots, and a job starved by
+/// another test's three torch processes took too few of them (seen once under CI).
+static TORCH_JOB: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn torch_job() -> std::sync::MutexGuard<'static, ()> {
+    TORCH_JOB.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn torch_python() -> String {
     let python = text(&Command::new("python3").args(["-c", "import sys; print(sys.executable)"]).output().unwrap().stdout).trim().to_owned();
     let has_torch = Command::new(&python).args(["-c", "import torch"]).output().map(|o| o.status.success()).unwrap_or(false);
@@ -656,6 +666,7 @@ fn script_line(marker: &str) -> u32 {
 /// `leaktrace run` of one mode of the script with the default allocator; the reports.
 fn run_user_script(mode: &str, interval: Option<&str>, seconds: &str) -> (PathBuf, Output) {
     let python = torch_python();
+    let _one_job = torch_job();
     let dir = scratch(&format!("torch-{mode}"));
     let mut args = vec!["run", "--output", "r"];
     if let Some(ms) = interval {
@@ -879,6 +890,7 @@ fn pytest_leaktrace_fails_the_test_that_leaks_at_its_line() {
 fn torchrun_workers_each_report_the_leak_at_the_scripts_line() {
     let python = torch_python();
     let torchrun = Path::new(&python).with_file_name("torchrun");
+    let _one_job = torch_job();
     assert!(torchrun.is_file(), "torchrun comes with torch: {}", torchrun.display());
     let dir = scratch("torchrun");
     let script = user_script();
