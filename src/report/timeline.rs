@@ -47,6 +47,8 @@ pub struct Timeline {
     pub lines: Vec<LineSeries>,
     /// Each stack's user line, worked out once (`None`: no Python frame of the user's).
     line_of: crate::collector::state::FxMap<u32, Option<super::python::UserLine>>,
+    /// The same by Python part (`python::python_part`): decoded once per part.
+    line_of_part: crate::collector::state::FxMap<u32, Option<super::python::UserLine>>,
 }
 
 impl Timeline {
@@ -110,7 +112,11 @@ impl Timeline {
     fn record_lines(&mut self, snapshot: &Snapshot, n: usize) {
         let mut sums: crate::collector::state::FxMap<super::python::UserLine, u64> = Default::default();
         for g in snapshot.groups.iter().filter(|g| g.stats.live_bytes > 0) {
-            let line = *self.line_of.entry(g.stack).or_insert_with(|| super::python::user_line(g.stack));
+            let by_part = &mut self.line_of_part;
+            let line = *self.line_of.entry(g.stack).or_insert_with(|| {
+                let part = super::python::python_part(g.stack)?;
+                *by_part.entry(part).or_insert_with(|| super::python::user_line_of_part(part))
+            });
             if let Some(l) = line {
                 *sums.entry(l).or_default() += g.stats.live_bytes;
             }
