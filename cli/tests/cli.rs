@@ -751,8 +751,10 @@ fn a_ctypes_staging_buffer_from_libc_so_6_is_a_definite_leak_at_its_line() {
     let line = script_line("staging = libc.malloc(x.numel() * 4)  # LEAK");
     assert!(has_python_frame(&r[0], "torch_user_leaks.py", line), "no leak group at line {line}");
     // 20 buffers of 32 x 64 floats; a conservative scan (LeakSanitizer's too) may still
-    // find the address of the latest in a register, a stack slot or a reused object.
-    assert!(leaked_bytes(&r[0]) >= 18 * 8192, "{}", leaked_bytes(&r[0]));
+    // find the address of the latest ones in a register, a stack slot or a reused
+    // object (Python ints that held them): 17 of 20 were seen once under the full CI
+    // run, 18-20 alone. Never more than the 20 (below).
+    assert!(leaked_bytes(&r[0]) >= 17 * 8192, "{}", leaked_bytes(&r[0]));
     assert!(leaked_bytes(&r[0]) < 20 * 8192 + (64 << 10), "noise: {}", leaked_bytes(&r[0]));
     let t = text(&leaktrace(&["report", "r"], &dir).stdout);
     assert!(t.contains("in train_ctypes ") && t.contains(&format!("torch_user_leaks.py:{line} [python]")), "{t}");
