@@ -819,8 +819,8 @@ fn checkpoint_inner(label: &str, scope: checks::Scope) -> Option<checks::Check> 
     }
     let mut keys: Vec<_> = by_group.into_iter().collect();
     // Leaked groups first, largest first: those are the ones named.
-    keys.sort_by_key(|(_, r)| std::cmp::Reverse((r.definite.bytes + r.indirect.bytes, r.definite.blocks + r.indirect.blocks)));
-    let named = keys.iter().take_while(|(_, r)| r.definite.blocks + r.indirect.blocks > 0).count().min(CHECK_NAMED_GROUPS);
+    keys.sort_by_key(|(_, r)| std::cmp::Reverse((r.leaked().bytes, r.leaked().blocks)));
+    let named = keys.iter().take_while(|(_, r)| r.leaked().blocks > 0).count().min(CHECK_NAMED_GROUPS);
     let mut report = lock_bounded(&REPORT, Duration::from_secs(30))?;
     let r = report.as_mut()?;
     let ids: Vec<u32> = keys[..named].iter().map(|((stack, _, _), _)| *stack).collect();
@@ -833,8 +833,8 @@ fn checkpoint_inner(label: &str, scope: checks::Scope) -> Option<checks::Check> 
             api: api.name(),
             device: *device,
             cached_by: None,
-            bytes: reach.definite.bytes + reach.indirect.bytes + reach.reachable.bytes,
-            blocks: reach.definite.blocks + reach.indirect.blocks + reach.reachable.blocks,
+            bytes: reach.outstanding().bytes,
+            blocks: reach.outstanding().blocks,
             peak_bytes: 0,
             total_allocs: 0,
             total_bytes: 0,

@@ -110,8 +110,8 @@ fn check_cases(p: &ProcessAnalysis, out: &mut String) -> (usize, usize) {
             "{} byte(s) leaked in {} allocation(s) ({} definite, {} indirect)",
             c.leaked_bytes(),
             c.leaked_blocks(),
-            c.definite.bytes,
-            c.indirect.bytes
+            c.found.definite.bytes,
+            c.found.indirect.bytes
         );
         let stack = c.leaks.first().map(|l| stack_lines(&l.stack)).unwrap_or_default();
         out.push_str(&format!(

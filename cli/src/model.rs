@@ -148,12 +148,9 @@ pub struct Check {
     pub label: String,
     #[serde(default)]
     pub scope: String,
-    #[serde(default)]
-    pub definite: Amount,
-    #[serde(default)]
-    pub indirect: Amount,
-    #[serde(default)]
-    pub reachable: Amount,
+    /// `definite`, `indirect`, `reachable` at the top of the check.
+    #[serde(flatten)]
+    pub found: Reachability,
     #[serde(default)]
     pub suppressed: Amount,
     #[serde(default)]
@@ -164,11 +161,11 @@ pub struct Check {
 
 impl Check {
     pub fn leaked_bytes(&self) -> u64 {
-        self.definite.bytes + self.indirect.bytes
+        self.found.leaked().bytes
     }
 
     pub fn leaked_blocks(&self) -> u64 {
-        self.definite.blocks + self.indirect.blocks
+        self.found.leaked().blocks
     }
 }
 

@@ -56,8 +56,8 @@ fn checks_text(out: &mut String, checks: &[crate::model::Check]) {
     for c in checks {
         if c.leaked_blocks() == 0 {
             out.push_str(&format!("  ok    {}", c.label));
-            if c.reachable.bytes > 0 {
-                out.push_str(&format!(" ({} byte(s) still reachable)", c.reachable.bytes));
+            if c.found.reachable.bytes > 0 {
+                out.push_str(&format!(" ({} byte(s) still reachable)", c.found.reachable.bytes));
             }
             out.push('\n');
             continue;
@@ -67,8 +67,8 @@ fn checks_text(out: &mut String, checks: &[crate::model::Check]) {
             c.label,
             c.leaked_bytes(),
             c.leaked_blocks(),
-            c.definite.bytes,
-            c.indirect.bytes
+            c.found.definite.bytes,
+            c.found.indirect.bytes
         ));
         if let Some(l) = c.leaks.first() {
             for (i, at) in shown_frames(&l.stack).into_iter().take(10).enumerate() {

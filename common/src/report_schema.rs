@@ -43,7 +43,29 @@ pub struct Reachability {
     pub reachable: Amount,
 }
 
+impl std::ops::AddAssign for Amount {
+    fn add_assign(&mut self, other: Amount) {
+        self.bytes += other.bytes;
+        self.blocks += other.blocks;
+    }
+}
+
+impl std::ops::AddAssign for Reachability {
+    fn add_assign(&mut self, other: Reachability) {
+        self.definite += other.definite;
+        self.indirect += other.indirect;
+        self.reachable += other.reachable;
+    }
+}
+
 impl Reachability {
+    /// Everything outstanding: definite + indirect + reachable.
+    pub fn outstanding(&self) -> Amount {
+        let mut all = self.leaked();
+        all += self.reachable;
+        all
+    }
+
     /// Definite + indirect: what counts as leaked.
     pub fn leaked(&self) -> Amount {
         Amount { bytes: self.definite.bytes + self.indirect.bytes, blocks: self.definite.blocks + self.indirect.blocks }
@@ -127,6 +149,9 @@ mod tests {
         assert_eq!(text, r#"{"definite":{"bytes":7,"blocks":1},"indirect":{"bytes":0,"blocks":0},"reachable":{"bytes":0,"blocks":0}}"#);
         assert_eq!(serde_json::from_str::<Reachability>(&text).unwrap(), r);
         assert_eq!(serde_json::from_str::<Reachability>(r#"{"indirect":{"bytes":3}}"#).unwrap().leaked(), Amount { bytes: 3, blocks: 0 });
+        let mut sum = r;
+        sum += Reachability { reachable: Amount { bytes: 5, blocks: 2 }, ..Default::default() };
+        assert_eq!(sum.outstanding(), Amount { bytes: 12, blocks: 3 });
     }
 
     #[test]

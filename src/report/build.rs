@@ -195,7 +195,7 @@ pub struct Omitted {
 /// What a group counts as leaked: definite + indirect with a scan, else all of it.
 fn leaked(g: &GroupSnapshot, r: Option<Reachability>) -> (u64, u64) {
     match r {
-        Some(r) => (r.definite.bytes + r.indirect.bytes, r.definite.blocks + r.indirect.blocks),
+        Some(r) => (r.leaked().bytes, r.leaked().blocks),
         None => (g.stats.live_bytes, g.stats.live_blocks),
     }
 }
@@ -615,7 +615,7 @@ pub fn apply_suppressions(groups: &[Group], s: &leaktrace_common::Suppressions) 
             stack_id: g.stack_id,
             names: g.stack.iter().flat_map(|f| [f.function.as_deref(), f.file.as_deref(), f.module.as_deref()].into_iter().flatten()).collect(),
             leaked: match g.reachability {
-                Some(r) => (r.definite.bytes + r.indirect.bytes, r.definite.blocks + r.indirect.blocks),
+                Some(r) => (r.leaked().bytes, r.leaked().blocks),
                 None => (g.bytes, g.blocks),
             },
             indirect_from: from,
@@ -644,7 +644,7 @@ pub fn apply_suppressions(groups: &[Group], s: &leaktrace_common::Suppressions) 
 fn counted(g: &Group) -> (u64, u64) {
     match (g.cached_by, g.reachability) {
         (Some(_), _) => (0, 0),
-        (None, Some(r)) => (r.definite.bytes + r.indirect.bytes, r.definite.blocks + r.indirect.blocks),
+        (None, Some(r)) => (r.leaked().bytes, r.leaked().blocks),
         (None, None) => (g.bytes, g.blocks),
     }
 }

@@ -54,11 +54,11 @@ pub struct CheckLeak {
 impl Check {
     /// Definite + indirect bytes: what counts against a test.
     pub fn leaked_bytes(&self) -> u64 {
-        self.found.definite.bytes + self.found.indirect.bytes
+        self.found.leaked().bytes
     }
 
     pub fn leaked_blocks(&self) -> u64 {
-        self.found.definite.blocks + self.found.indirect.blocks
+        self.found.leaked().blocks
     }
 }
 
@@ -67,24 +67,19 @@ impl Check {
 /// `shown` are the groups left, `suppressed` what the hidden ones held.
 pub fn make(label: &str, unix_ms: u64, scope: Scope, all: &[Group], shown: &[Group]) -> Check {
     let mut found = Reachability::default();
-    for g in shown {
-        if let Some(r) = g.reachability {
-            add(&mut found.definite, r.definite);
-            add(&mut found.indirect, r.indirect);
-            add(&mut found.reachable, r.reachable);
-        }
+    for r in shown.iter().filter_map(|g| g.reachability) {
+        found += r;
     }
     let mut suppressed = Amount::default();
-    for g in all {
-        if let Some(r) = g.reachability {
-            suppressed.bytes += r.definite.bytes + r.indirect.bytes;
-            suppressed.blocks += r.definite.blocks + r.indirect.blocks;
-        }
+    for r in all.iter().filter_map(|g| g.reachability) {
+        suppressed += r.leaked();
     }
-    suppressed.bytes -= (found.definite.bytes + found.indirect.bytes).min(suppressed.bytes);
-    suppressed.blocks -= (found.definite.blocks + found.indirect.blocks).min(suppressed.blocks);
-    let mut leaking: Vec<&Group> = shown.iter().filter(|g| g.reachability.is_some_and(|r| leaked(&r) > 0)).collect();
-    leaking.sort_by_key(|g| std::cmp::Reverse(g.reachability.map_or(0, |r| leaked(&r))));
+    let kept = found.leaked();
+    suppressed.bytes -= kept.bytes.min(suppressed.bytes);
+    suppressed.blocks -= kept.blocks.min(suppressed.blocks);
+    let leaked = |g: &Group| g.reachability.map(|r| r.leaked()).unwrap_or_default();
+    let mut leaking: Vec<&Group> = shown.iter().filter(|g| leaked(g).blocks > 0).collect();
+    leaking.sort_by_key(|g| std::cmp::Reverse((leaked(g).bytes, leaked(g).blocks)));
     Check {
         label: label.to_string(),
         unix_ms,
@@ -105,15 +100,6 @@ pub fn make(label: &str, unix_ms: u64, scope: Scope, all: &[Group], shown: &[Gro
             })
             .collect(),
     }
-}
-
-fn leaked(r: &Reachability) -> u64 {
-    (r.definite.bytes + r.indirect.bytes).max(r.definite.blocks + r.indirect.blocks)
-}
-
-fn add(a: &mut Amount, b: Amount) {
-    a.bytes += b.bytes;
-    a.blocks += b.blocks;
 }
 
 /// A check as the C API hands it to the program (`leaktrace_snapshot_json`): the
