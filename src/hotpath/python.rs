@@ -353,7 +353,7 @@ const THREAD_CODES: usize = 512;
 const THREAD_PARTS: usize = 256;
 const THREAD_COMBINED: usize = 8192;
 
-/// One thread's caches of the ids a capture looks up (about 40 KiB, kept in the
+/// One thread's caches of the ids a capture looks up (144 KiB, kept in the
 /// thread's unwind memo; all-zero bytes are a valid empty cache). A training loop
 /// allocates again and again under the same code objects, the same Python parts and
 /// the same (native, Python) pairs; the shared tables behind them hold millions of
@@ -366,12 +366,6 @@ pub struct ThreadCache {
     parts: [(u64, u64); THREAD_PARTS],
     /// By (native id, Python part id): (native << 32 | python, epoch << 32 | combined id).
     combined: [(u64, u64); THREAD_COMBINED],
-    /// The previous capture's Python part (words, epoch and id): the next allocation
-    /// is most often made under the same lines, and a comparison is cheaper than a hash.
-    last_words: [u64; 1 + MAX_PY_FRAMES],
-    last_len: usize,
-    last_epoch: u32,
-    last_id: u32,
 }
 
 impl ThreadCache {
@@ -386,22 +380,6 @@ impl ThreadCache {
     #[inline(always)]
     fn put_code(&mut self, code: u64, mix: u64, id: u32) {
         self.codes[slot_of(code, THREAD_CODES)] = (code, mix, id as u64);
-    }
-
-    /// The id of the previous capture's Python part, if it was `words` in `epoch`.
-    #[inline(always)]
-    pub fn same_as_last(&self, words: &[u64], epoch: u32) -> Option<u32> {
-        (self.last_id != 0 && self.last_epoch == epoch && self.last_len == words.len() && self.last_words[..words.len()] == *words).then_some(self.last_id)
-    }
-
-    #[inline(always)]
-    pub fn put_last(&mut self, words: &[u64], epoch: u32, id: u32) {
-        if words.len() <= self.last_words.len() {
-            self.last_words[..words.len()].copy_from_slice(words);
-            self.last_len = words.len();
-            self.last_epoch = epoch;
-            self.last_id = id;
-        }
     }
 
     /// The id of the Python part of hash `h` (64 bits: a collision is out of reach).
@@ -815,13 +793,6 @@ mod tests {
         c.put_part(0xabcdef, 17);
         assert_eq!(c.part(0xabcdef), Some(17));
         assert_eq!(c.part(0xabcdef + THREAD_PARTS as u64), None);
-        let words = [PY_FRAMES, 1, 2, 3];
-        assert_eq!(c.same_as_last(&words, 0), None);
-        c.put_last(&words, 0, 23);
-        assert_eq!(c.same_as_last(&words, 0), Some(23));
-        assert_eq!(c.same_as_last(&words[..3], 0), None);
-        assert_eq!(c.same_as_last(&words, 1), None);
-        assert_eq!(c.same_as_last(&[PY_FRAMES, 1, 2, 4], 0), None);
     }
 
     #[test]

@@ -919,16 +919,7 @@ fn with_python_frames(state: &ThreadState, native: u32) -> u32 {
     words[0] = super::python::PY_FRAMES;
     let epoch = epoch();
     let words = &words[..n + 1];
-    let python = match cache.as_deref().and_then(|c| c.same_as_last(words, epoch)) {
-        Some(id) => id,
-        None => {
-            let id = python_part_id(cache.as_deref_mut(), epoch, words);
-            if let Some(c) = cache.as_deref_mut() {
-                c.put_last(words, epoch, id);
-            }
-            id
-        }
-    };
+    let python = python_part_id(cache.as_deref_mut(), epoch, words);
     if let Some(id) = cache.as_deref().and_then(|c| c.combined(native, python, epoch)) {
         return id;
     }

@@ -122,12 +122,6 @@ pub struct UserLine {
     pub line: u32,
 }
 
-/// The innermost frame of a stack that lies in the user's own code
-/// (`frame_text::is_user_python_file`), if the stack has one.
-pub fn user_line(stack: u32) -> Option<UserLine> {
-    user_line_of_part(python_part(stack)?)
-}
-
 /// The id of a stack's Python part (`[PY_FRAMES, words…]`), if it has one: every stack
 /// under the same Python lines shares it, so what depends on the Python frames alone is
 /// worked out once per part (a few tens of thousands after `import torch`) rather than
@@ -137,7 +131,8 @@ pub fn python_part(stack: u32) -> Option<u32> {
     (frames.first() == Some(&crate::hotpath::python::PY_STACK)).then(|| frames.get(2).map(|&p| p as u32)).flatten()
 }
 
-/// `user_line` of a Python part.
+/// The innermost frame of a Python part that lies in the user's own code
+/// (`frame_text::is_user_python_file`), if it has one.
 pub fn user_line_of_part(part: u32) -> Option<UserLine> {
     let frames = crate::hotpath::stacks::frames(part)?;
     if frames.first() != Some(&crate::hotpath::python::PY_FRAMES) {
