@@ -33,16 +33,22 @@ fn pip_install_gives_a_command_that_finds_a_planted_leak() {
     let home = work.join("home");
     std::fs::create_dir_all(&home).unwrap();
     let path = format!("{}:/usr/bin:/bin", venv.join("bin").display());
-    let out = Command::new(&leaktrace)
-        .args(["run", "--fail-on-leak", "--output", "r", "--", "python", "planted.py"])
-        .current_dir(&work)
-        .env("PATH", &path)
-        .env("HOME", &home)
-        .env_remove("XDG_CACHE_HOME")
-        .env_remove("LEAKTRACE_LIB")
-        .env_remove("LD_PRELOAD")
-        .timed_output()
-        .unwrap();
+    // The installed command in the venv alone: its own PATH, a fresh HOME, nothing that
+    // points at this checkout.
+    let installed = |args: &[&str]| {
+        Command::new(&leaktrace)
+            .args(args)
+            .current_dir(&work)
+            .env("PATH", &path)
+            .env("HOME", &home)
+            .env_remove("XDG_CACHE_HOME")
+            .env_remove("LEAKTRACE_LIB")
+            .env_remove("LD_PRELOAD")
+            .env_remove("PYTHONPATH")
+            .timed_output()
+            .unwrap()
+    };
+    let out = installed(&["run", "--fail-on-leak", "--output", "r", "--", "python", "planted.py"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "trained\n");
     assert_eq!(out.status.code(), Some(23), "{err}");
@@ -53,17 +59,22 @@ fn pip_install_gives_a_command_that_finds_a_planted_leak() {
     let out = Command::new(&pip).args(["install", "-q", "pytest"]).timed_output().unwrap();
     assert!(out.status.success(), "pip install pytest failed:\n{}", String::from_utf8_lossy(&out.stderr));
     std::fs::copy(root().join("tests/fixtures/pytest/test_user_suite.py"), work.join("test_user_suite.py")).unwrap();
-    let out = Command::new(&leaktrace)
-        .args(["run", "--output", "p", "--", "python", "-m", "pytest", "--leaktrace", "-q", "-p", "no:cacheprovider", "--rootdir", ".", "test_user_suite.py"])
-        .current_dir(&work)
-        .env("PATH", &path)
-        .env("HOME", &home)
-        .env_remove("XDG_CACHE_HOME")
-        .env_remove("LEAKTRACE_LIB")
-        .env_remove("LD_PRELOAD")
-        .env_remove("PYTHONPATH")
-        .timed_output()
-        .unwrap();
+    let out = installed(&[
+        "run",
+        "--output",
+        "p",
+        "--",
+        "python",
+        "-m",
+        "pytest",
+        "--leaktrace",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--rootdir",
+        ".",
+        "test_user_suite.py",
+    ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("1 failed, 4 passed") && stdout.contains("FAILED test_user_suite.py::test_leaks - leaktrace:"), "{stdout}");

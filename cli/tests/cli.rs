@@ -700,15 +700,8 @@ fn has_python_frame(r: &Value, file: &str, line: u32) -> bool {
 
 #[test]
 fn a_training_loop_that_keeps_its_losses_grows_by_the_line_of_the_script() {
-    let (dir, _) = run_user_script("losses", Some("300"), "10");
-    let check = leaktrace(&["check", "--fail-on-growth", "r"], &dir);
-    let t = text(&check.stdout);
-    assert_eq!(check.status.code(), Some(23), "{t}");
     // The loss (and the graph it keeps) is made by the forward line of the step.
-    let line = script_line("# GROWS:");
-    let want = format!("torch_user_leaks.py:{line} [python]");
-    let first = t.find("Growing: ").expect(&t);
-    assert!(t[first..].lines().nth(1).is_some_and(|l| l.contains(&want)), "the first growth names {want}:\n{t}");
+    let (dir, t) = first_growth_is_at("losses", "# GROWS:");
     assert!(t.contains("allocated under this line of your code"), "{t}");
     let r = reports(&dir.join("r"));
     assert!(leaked_bytes(&r[0]) < 64 << 10, "noise: {} bytes", leaked_bytes(&r[0]));
@@ -723,13 +716,21 @@ fn a_training_loop_that_keeps_its_losses_grows_by_the_line_of_the_script() {
 
 #[test]
 fn a_forward_hook_that_caches_activations_grows_by_the_hook_line() {
-    let (dir, _) = run_user_script("hook", Some("300"), "10");
+    first_growth_is_at("hook", "cache.append(output.detach().clone())  # LEAK");
+}
+
+/// Runs `mode` of the script (snapshots every 300 ms, 10 s), checks that
+/// `check --fail-on-growth` fails and that its first growth names the script's line
+/// marked `marker`; the run's folder and the check's text.
+fn first_growth_is_at(mode: &str, marker: &str) -> (PathBuf, String) {
+    let (dir, _) = run_user_script(mode, Some("300"), "10");
     let check = leaktrace(&["check", "--fail-on-growth", "r"], &dir);
     let t = text(&check.stdout);
     assert_eq!(check.status.code(), Some(23), "{t}");
-    let want = format!("torch_user_leaks.py:{} [python]", script_line("cache.append(output.detach().clone())  # LEAK"));
+    let want = format!("torch_user_leaks.py:{} [python]", script_line(marker));
     let first = t.find("Growing: ").expect(&t);
     assert!(t[first..].lines().nth(1).is_some_and(|l| l.contains(&want)), "the first growth names {want}:\n{t}");
+    (dir, t)
 }
 
 #[test]
