@@ -563,7 +563,7 @@ fn write_report(reason: Reason) {
     let mut groups = build::resolve_groups(&selected, &mut r.symbolizer);
     if let Some(s) = &scan {
         for g in groups.iter_mut() {
-            if let Some(from) = s.indirect_from.get(&(g.stack_id, g.api, g.device)) {
+            if let Some(from) = s.indirect_from.get(&(g.stack_id, g.api.as_ref(), g.device.and_then(|d| u8::try_from(d).ok()))) {
                 g.indirect_from = from.iter().map(|(&stack_id, &(bytes, blocks))| build::IndirectFrom { stack_id, bytes, blocks }).collect();
             }
         }
@@ -709,7 +709,7 @@ fn finish_as(sig: i32) {
 type GroupKey = (u32, &'static str, Option<u8>);
 
 struct ScanResult {
-    out: build::ScanOut,
+    out: crate::scan::ScanInfo,
     by_group: std::collections::HashMap<GroupKey, build::Reachability>,
     totals: build::KindReachability,
     /// Per group, its indirect bytes and blocks by the stack of the definite leak each
@@ -780,7 +780,7 @@ fn reachability_scan(input: &crate::collector::state::ScanInput, names_thread: u
             }
         }
     }
-    ScanResult { out: build::ScanOut { ran: true, info }, by_group, totals, indirect_from }
+    ScanResult { out: info, by_group, totals, indirect_from }
 }
 
 /// A leak check the program asked for (the C API): drains what was published so far,
@@ -829,9 +829,9 @@ fn checkpoint_inner(label: &str, scope: checks::Scope) -> Option<checks::Check> 
         .iter()
         .enumerate()
         .map(|(i, ((stack, api, device), reach))| build::Group {
-            kind: api.kind().name(),
-            api: api.name(),
-            device: *device,
+            kind: api.kind().name().into(),
+            api: api.name().into(),
+            device: device.map(u32::from),
             cached_by: None,
             bytes: reach.outstanding().bytes,
             blocks: reach.outstanding().blocks,

@@ -131,7 +131,7 @@ pub fn analyze(reports: &[Report], filters: &Filters) -> Analysis {
                 label: r.label(),
                 pid: r.pid,
                 exe: r.exe.clone(),
-                reason: r.reason.clone(),
+                reason: r.reason.to_string(),
                 file: r.path.display().to_string(),
                 forked_from_pid: r.fork.forked_from_pid,
                 leaked_bytes: leaks.iter().map(|g| g.bytes).fold(r.summary.omitted.leaked_bytes, sat_add),

@@ -69,6 +69,11 @@ pub fn github(a: &Analysis) -> String {
                 format!("grew by {} ({}/min) from {}{} ({})", human_bytes(gr.grown_bytes), human_bytes(gr.bytes_per_minute), gr.api, site(&gr.stack), p.label);
             out.push_str(&format!("::warning {}title=leaktrace: growing::{}\n", location(&gr.stack), gh_message(&msg)));
         }
+        for c in p.checks.iter().filter(|c| c.leaked_blocks() > 0) {
+            let stack: &[Frame] = c.leaks.first().map_or(&[], |l| &l.stack);
+            let msg = format!("check {} leaked {} in {} allocation(s){} ({})", c.label, human_bytes(c.leaked_bytes()), c.leaked_blocks(), site(stack), p.label);
+            out.push_str(&format!("::error {}title={}::{}\n", location(stack), gh_property(&format!("leaktrace: {} leaked", c.label)), gh_message(&msg)));
+        }
     }
     out
 }

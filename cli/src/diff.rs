@@ -20,9 +20,9 @@ pub struct Change {
 
 fn frame_key(f: &Frame) -> String {
     match (&f.function, &f.module, f.offset) {
-        (Some(func), _, _) => func.clone(),
+        (Some(func), _, _) => func.to_string(),
         (None, Some(m), Some(off)) => format!("{m}+{off:#x}"),
-        (None, Some(m), None) => m.clone(),
+        (None, Some(m), None) => m.to_string(),
         _ => "?".into(),
     }
 }
@@ -63,8 +63,8 @@ pub fn diff(base: &[Report], new: &[Report]) -> Vec<Change> {
         };
         out.push(Change {
             status,
-            kind: g.kind.clone(),
-            api: g.api.clone(),
+            kind: g.kind.to_string(),
+            api: g.api.to_string(),
             base_bytes: bb,
             new_bytes: *nb,
             base_blocks: bk,
@@ -76,8 +76,8 @@ pub fn diff(base: &[Report], new: &[Report]) -> Vec<Change> {
         if !n.contains_key(key) {
             out.push(Change {
                 status: "gone",
-                kind: g.kind.clone(),
-                api: g.api.clone(),
+                kind: g.kind.to_string(),
+                api: g.api.to_string(),
                 base_bytes: *bb,
                 new_bytes: 0,
                 base_blocks: *bk,
@@ -94,13 +94,13 @@ pub fn diff(base: &[Report], new: &[Report]) -> Vec<Change> {
 mod tests {
     use super::*;
 
-    fn group(func: &str, bytes: u64, ip: &str) -> Group {
+    fn group(func: &str, bytes: u64, ip: u64) -> Group {
         Group {
             kind: "host".into(),
             api: "malloc".into(),
             bytes,
             blocks: 1,
-            stack: vec![Frame { ip: ip.into(), function: Some(func.into()), ..Default::default() }],
+            stack: vec![Frame { ip, function: Some(func.into()), ..Default::default() }],
             ..Default::default()
         }
     }
@@ -111,8 +111,8 @@ mod tests {
 
     #[test]
     fn matches_by_stack_not_address() {
-        let base = [report(vec![group("a", 10, "0x1"), group("b", 10, "0x2"), group("c", 10, "0x3"), group("d", 5, "0x4")])];
-        let new = [report(vec![group("a", 10, "0x9"), group("b", 30, "0x8"), group("d", 1, "0x7"), group("e", 7, "0x6")])];
+        let base = [report(vec![group("a", 10, 0x1), group("b", 10, 0x2), group("c", 10, 0x3), group("d", 5, 0x4)])];
+        let new = [report(vec![group("a", 10, 0x9), group("b", 30, 0x8), group("d", 1, 0x7), group("e", 7, 0x6)])];
         let d = diff(&base, &new);
         let st: Vec<(&str, &str)> = d.iter().map(|c| (c.status, c.stack[0].function.as_deref().unwrap())).collect();
         assert_eq!(st, vec![("grew", "b"), ("gone", "c"), ("new", "e"), ("shrank", "d")]);

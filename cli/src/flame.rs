@@ -5,12 +5,12 @@ use crate::model::Frame;
 
 fn frame_name(f: &Frame) -> String {
     let name = match (&f.function, &f.module, f.offset) {
-        (Some(func), _, _) => func.clone(),
+        (Some(func), _, _) => func.to_string(),
         (None, Some(m), Some(off)) => {
-            let base = std::path::Path::new(m).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let base = std::path::Path::new(&**m).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
             format!("{base}+{off:#x}")
         }
-        _ => f.ip.clone(),
+        _ => format!("{:#x}", f.ip),
     };
     // ';' separates frames, lines end records, and a trailing number is the count in the
     // collapsed format.
@@ -71,9 +71,9 @@ mod tests {
             bytes: 4096,
             blocks: 1,
             stack: vec![
-                Frame { ip: "0x1".into(), function: Some("inner;x".into()), ..Default::default() },
-                Frame { ip: "0x2".into(), module: Some("/lib/libz.so".into()), offset: Some(0x20), ..Default::default() },
-                Frame { ip: "0x3".into(), function: Some("main".into()), ..Default::default() },
+                Frame { ip: 0x1, function: Some("inner;x".into()), ..Default::default() },
+                Frame { ip: 0x2, module: Some("/lib/libz.so".into()), offset: Some(0x20), ..Default::default() },
+                Frame { ip: 0x3, function: Some("main".into()), ..Default::default() },
             ],
             ..Default::default()
         };

@@ -118,9 +118,8 @@ pub fn detect(report: &Report, min_bytes: u64) -> Vec<Growth> {
         .filter_map(|l| {
             let g = steady_growth(&l.bytes, points, cut, min_bytes)?;
             let frame = Frame {
-                ip: "0x0".into(),
-                function: Some(l.function.clone()),
-                file: Some(l.file.clone()),
+                function: Some(l.function.as_str().into()),
+                file: Some(l.file.as_str().into()),
                 line: Some(l.line),
                 python: true,
                 ..Default::default()
@@ -170,7 +169,8 @@ mod tests {
 
     #[test]
     fn a_growing_python_line_comes_first() {
-        use crate::model::{LineSeries, Series};
+        use crate::model::Series;
+        use leaktrace_common::report_schema::LineSeries;
         let mut r = Report { reason: "periodic".into(), ..Default::default() };
         r.timeline.points = (0..20).map(|i| Point { unix_ms: i * 1000, live_bytes: 0, live_blocks: 0 }).collect();
         r.timeline.series =

@@ -10,9 +10,9 @@ fn esc(s: &str) -> String {
 }
 
 fn frame_label(f: &Frame) -> String {
-    let mut s = f.function.clone().unwrap_or_else(|| match (&f.module, f.offset) {
+    let mut s = f.function.as_deref().map(str::to_string).unwrap_or_else(|| match (&f.module, f.offset) {
         (Some(m), Some(o)) => format!("{m}+{o:#x}"),
-        _ => f.ip.clone(),
+        _ => format!("{:#x}", f.ip),
     });
     if let (Some(file), Some(line)) = (&f.file, f.line) {
         s.push_str(&format!(" ({file}:{line})"));
@@ -24,9 +24,10 @@ fn frame_label(f: &Frame) -> String {
 /// Python line, or a source file of the program), else the innermost named one.
 fn top_function(stack: &[Frame]) -> String {
     crate::ci::first_user_frame(stack)
-        .and_then(|f| f.function.clone())
-        .or_else(|| stack.iter().find_map(|f| f.function.clone()))
-        .unwrap_or_else(|| "(no symbols)".into())
+        .and_then(|f| f.function.as_deref())
+        .or_else(|| stack.iter().find_map(|f| f.function.as_deref()))
+        .unwrap_or("(no symbols)")
+        .to_string()
 }
 
 /// A leak row's name: the first frame in the user's own code with its file and line.

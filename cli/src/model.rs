@@ -4,240 +4,13 @@
 use std::path::{Path, PathBuf};
 
 use leaktrace_common::report_schema::{self, READABLE_MAJORS, SCHEMA_PREFIX};
-use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
-pub struct Frame {
-    #[serde(default)]
-    pub ip: String,
-    #[serde(default)]
-    pub module: Option<String>,
-    #[serde(default)]
-    pub offset: Option<u64>,
-    #[serde(default)]
-    pub function: Option<String>,
-    #[serde(default)]
-    pub file: Option<String>,
-    #[serde(default)]
-    pub line: Option<u32>,
-    #[serde(default)]
-    pub inlined: bool,
-    /// A Python frame (schema 3).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub python: bool,
-}
-
-/// The schema's own types (`common`), as the library writes them.
-pub use leaktrace_common::report_schema::{Amount, Reachability};
-
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-pub struct Group {
-    pub kind: String,
-    pub api: String,
-    /// CUDA device ordinal (device-side groups).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub device: Option<u32>,
-    /// The caching allocator holding this memory (a cache, not a leak by default).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cached_by: Option<String>,
-    pub bytes: u64,
-    pub blocks: u64,
-    #[serde(default)]
-    pub peak_bytes: u64,
-    #[serde(default)]
-    pub total_allocs: u64,
-    #[serde(default)]
-    pub stack_id: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reachability: Option<Reachability>,
-    /// Its indirect leaks by the stack of the definite leak each hangs from.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub indirect_from: Vec<IndirectFrom>,
-    #[serde(default)]
-    pub stack: Vec<Frame>,
-}
-
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
-pub struct IndirectFrom {
-    pub stack_id: u32,
-    pub bytes: u64,
-    pub blocks: u64,
-}
-
-impl Group {
-    /// `kind`, with the device for device-side groups: "device, device 1".
-    pub fn kind_label(&self) -> String {
-        match self.device {
-            Some(d) => format!("{}, device {d}", self.kind),
-            None => self.kind.clone(),
-        }
-    }
-}
-
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-pub struct HostTotals {
-    pub live_bytes: u64,
-    pub live_blocks: u64,
-    pub total_allocs: u64,
-    pub total_frees: u64,
-    pub peak_live_bytes: u64,
-}
-
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-pub struct Summary {
-    pub host: HostTotals,
-    /// Groups the library did not list (over LEAKTRACE_REPORT_GROUPS), added up.
-    #[serde(default)]
-    pub omitted: Omitted,
-}
-
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
-pub struct Omitted {
-    #[serde(default)]
-    pub groups: u64,
-    #[serde(default)]
-    pub leaked_bytes: u64,
-    #[serde(default)]
-    pub leaked_blocks: u64,
-}
-
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-pub struct Point {
-    pub unix_ms: u64,
-    pub live_bytes: u64,
-    #[serde(default)]
-    pub live_blocks: u64,
-}
-
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-pub struct Series {
-    pub kind: String,
-    pub api: String,
-    pub stack_id: u32,
-    #[serde(default)]
-    pub stack: Option<Vec<Frame>>,
-    pub bytes: Vec<u64>,
-}
-
-/// Live bytes by a line of the user's own Python code (schema 3, Python processes).
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-pub struct LineSeries {
-    #[serde(default)]
-    pub function: String,
-    #[serde(default)]
-    pub file: String,
-    #[serde(default)]
-    pub line: u32,
-    pub bytes: Vec<u64>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-pub struct Timeline {
-    #[serde(default)]
-    pub points: Vec<Point>,
-    #[serde(default)]
-    pub series: Vec<Series>,
-    #[serde(default)]
-    pub lines: Vec<LineSeries>,
-}
-
-/// One leak check (`leaktrace_snapshot(label)`, a pytest test): what the scan found
-/// among the blocks of its region.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-pub struct Check {
-    pub label: String,
-    #[serde(default)]
-    pub scope: String,
-    /// `definite`, `indirect`, `reachable` at the top of the check.
-    #[serde(flatten)]
-    pub found: Reachability,
-    #[serde(default)]
-    pub suppressed: Amount,
-    #[serde(default)]
-    pub leak_groups: usize,
-    #[serde(default)]
-    pub leaks: Vec<CheckLeak>,
-}
-
-impl Check {
-    pub fn leaked_bytes(&self) -> u64 {
-        self.found.leaked().bytes
-    }
-
-    pub fn leaked_blocks(&self) -> u64 {
-        self.found.leaked().blocks
-    }
-}
-
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-pub struct CheckLeak {
-    #[serde(default)]
-    pub kind: String,
-    #[serde(default)]
-    pub api: String,
-    #[serde(default)]
-    pub reachability: Reachability,
-    #[serde(default)]
-    pub stack: Vec<Frame>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-pub struct Fork {
-    #[serde(default)]
-    pub forked_from_pid: Option<u32>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-pub struct Report {
-    pub schema: String,
-    pub pid: u32,
-    #[serde(default)]
-    pub ppid: u32,
-    #[serde(default)]
-    pub exe: String,
-    #[serde(default)]
-    pub argv: Vec<String>,
-    pub reason: String,
-    /// The signal that ended the process (final reports written for one).
-    #[serde(default)]
-    pub exit_signal: Option<i32>,
-    /// Why this process can never get a final report (the library found out).
-    #[serde(default)]
-    pub no_final_report: Option<String>,
-    #[serde(default)]
-    pub started_unix_ms: u64,
-    #[serde(default)]
-    pub written_unix_ms: u64,
-    #[serde(default)]
-    pub fork: Fork,
-    pub summary: Summary,
-    #[serde(default)]
-    pub timeline: Timeline,
-    #[serde(default)]
-    pub leaks: Vec<Group>,
-    /// Leak checks the program asked for through the C API or the pytest plugin.
-    #[serde(default)]
-    pub checks: Vec<Check>,
-    /// Where it was read from (not part of the file).
-    #[serde(skip)]
-    pub path: PathBuf,
-}
-
-impl Report {
-    /// A short name for the process: "python3 (pid 123)".
-    pub fn label(&self) -> String {
-        let name = Path::new(&self.exe).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "?".into());
-        format!("{name} (pid {})", self.pid)
-    }
-
-    /// The stack of a timeline series: its own, or that of the leak group it names.
-    pub fn series_stack<'a>(&'a self, s: &'a Series) -> &'a [Frame] {
-        match &s.stack {
-            Some(st) => st,
-            None => self.leaks.iter().find(|g| g.stack_id == s.stack_id).map(|g| g.stack.as_slice()).unwrap_or(&[]),
-        }
-    }
-}
+/// The schema's own types (`common`), as the library writes them; stacks read in full.
+pub use leaktrace_common::report_schema::{Frame, Point};
+pub type Group = leaktrace_common::report_schema::Group;
+pub type Series = leaktrace_common::report_schema::Series;
+pub type Check = leaktrace_common::report_schema::Check;
+pub type Report = leaktrace_common::report_schema::Report;
 
 /// Processes whose last image left no final report, each as a sentence: their last
 /// report is older than their end, so leaks after it are unknown. `top` is the pid of the
@@ -326,8 +99,8 @@ mod tests {
         let rep = |pid: u32, reason: &str, why: Option<&str>| Report {
             pid,
             exe: "/bin/prog".into(),
-            reason: reason.into(),
-            no_final_report: why.map(str::to_string),
+            reason: reason.to_string().into(),
+            no_final_report: why.map(|w| w.to_string().into()),
             ..Default::default()
         };
         let reports =
@@ -380,7 +153,7 @@ mod tests {
         .unwrap();
         let names: Vec<_> = r.leaks[0].stack.iter().map(|f| f.function.as_deref().unwrap()).collect();
         assert_eq!(names, ["f", "main"]);
-        assert_eq!(r.series_stack(&r.timeline.series[0])[0].ip, "0x2");
+        assert_eq!(r.series_stack(&r.timeline.series[0])[0].ip, 0x2);
         let bad = parse(r#"{"schema":"leaktrace-report/2","frames":[],"leaks":[{"stack":[0]}]}"#, Path::new("b.json"));
         assert!(bad.unwrap_err().contains("damaged leaktrace report (the stack of leak group 0 refers to frame 0"));
     }

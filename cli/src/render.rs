@@ -3,22 +3,7 @@ use crate::analyze::Analysis;
 use crate::diff::Change;
 use crate::model::Frame;
 
-pub fn frame_line(i: usize, f: &Frame) -> String {
-    leaktrace_common::frame_text::frame_line(
-        i,
-        &leaktrace_common::frame_text::FrameFields {
-            ip: &f.ip,
-            function: f.function.as_deref(),
-            file: f.file.as_deref(),
-            line: f.line,
-            module: f.module.as_deref(),
-            offset: f.offset,
-            inlined: f.inlined,
-            python: f.python,
-        },
-    )
-}
-
+pub use leaktrace_common::frame_text::frame_line;
 /// Set by `--native-frames`: stacks with Python frames are shown whole, not in the
 /// frames-only view (`frame_text::python_view`).
 pub static NATIVE_FRAMES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -201,7 +186,7 @@ fn md_site(stack: &[Frame]) -> String {
             let func = f.function.as_ref()?;
             let place = match (&f.file, f.line) {
                 (Some(file), Some(line)) => {
-                    let base = std::path::Path::new(file).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                    let base = std::path::Path::new(&**file).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
                     format!(" ({base}:{line})")
                 }
                 _ => String::new(),
@@ -239,7 +224,8 @@ pub fn markdown(a: &Analysis, top: usize) -> String {
         ));
     }
     for p in &a.processes {
-        if p.leaks.is_empty() && p.growth.is_empty() {
+        let leaking_checks: Vec<&crate::model::Check> = p.checks.iter().filter(|c| c.leaked_blocks() > 0).collect();
+        if p.leaks.is_empty() && p.growth.is_empty() && leaking_checks.is_empty() {
             continue;
         }
         out.push_str(&format!("\n#### {}\n\n", md_escape(&p.label)));
@@ -263,6 +249,28 @@ pub fn markdown(a: &Analysis, top: usize) -> String {
                     gr.api,
                     md_site(&gr.stack)
                 ));
+            }
+        }
+        if !leaking_checks.is_empty() {
+            out.push_str(&format!(
+                "\nChecks: {} of {} leaked\n\n| check | leaked | allocations | definite | indirect | allocated at |\n|---|---:|---:|---:|---:|---|\n",
+                leaking_checks.len(),
+                p.checks.len()
+            ));
+            for c in leaking_checks.iter().take(top) {
+                let at = c.leaks.first().map(|l| md_site(&l.stack)).unwrap_or_default();
+                out.push_str(&format!(
+                    "| {} | {} | {} | {} | {} | {} |\n",
+                    md_escape(&c.label),
+                    human_bytes(c.leaked_bytes()),
+                    c.leaked_blocks(),
+                    human_bytes(c.found.definite.bytes),
+                    human_bytes(c.found.indirect.bytes),
+                    at
+                ));
+            }
+            if leaking_checks.len() > top {
+                out.push_str(&format!("\n{} more leaking check(s) not shown.\n", leaking_checks.len() - top));
             }
         }
     }

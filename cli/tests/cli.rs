@@ -942,4 +942,16 @@ fn checks_of_a_c_test_runner_are_listed_by_label_and_are_junit_cases() {
     for label in ["leaks_a_buffer", "leaks_a_list", "__lsan_do_recoverable_leak_check"] {
         assert!(x.contains(&format!("name=\"{label}\">\n      <failure type=\"leak\"")), "failing case {label}: {x}");
     }
+    // CI formats name the checks that leaked, at the test's own line.
+    let md = text(&leaktrace(&["report", "--format", "markdown", "r"], &dir).stdout);
+    assert!(md.contains("Checks: 3 of 6 leaked") && md.contains("| leaks_a_buffer | 3.9 KiB | 1 | 3.9 KiB | 0 B | `"), "{md}");
+    assert!(!md.contains("| fills_a_cache |"), "{md}");
+    let gh = text(&leaktrace(&["report", "--format", "github", "r"], &dir).stdout);
+    let line = gh.lines().find(|l| l.contains("title=leaktrace%3A leaks_a_buffer leaked::")).unwrap_or_else(|| panic!("{gh}"));
+    assert!(
+        line.starts_with("::error file=")
+            && line.contains("api_checks.c,line=")
+            && line.contains("check leaks_a_buffer leaked 3.9 KiB in 1 allocation(s) in test_leaks_a_buffer"),
+        "{line}"
+    );
 }

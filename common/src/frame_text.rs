@@ -5,31 +5,22 @@
 //! And the frames-only view of a stack that has Python frames: the native frames up to
 //! the first Python frame (where the memory was allocated), then only Python frames.
 
-pub struct FrameFields<'a> {
-    pub ip: &'a str,
-    pub function: Option<&'a str>,
-    pub file: Option<&'a str>,
-    pub line: Option<u32>,
-    pub module: Option<&'a str>,
-    pub offset: Option<u64>,
-    pub inlined: bool,
-    pub python: bool,
-}
+use crate::report_schema::Frame;
 
-pub fn frame_line(index: usize, f: &FrameFields) -> String {
-    let mut s = if f.python { format!("    #{index} in {}", f.function.unwrap_or("?")) } else { format!("    #{index} {}", f.ip) };
-    if let (Some(func), false) = (f.function, f.python) {
+pub fn frame_line(index: usize, f: &Frame) -> String {
+    let mut s = if f.python { format!("    #{index} in {}", f.function.as_deref().unwrap_or("?")) } else { format!("    #{index} {:#x}", f.ip) };
+    if let (Some(func), false) = (&f.function, f.python) {
         s.push_str(" in ");
         s.push_str(func);
     }
-    if let Some(file) = f.file {
+    if let Some(file) = &f.file {
         s.push(' ');
         s.push_str(file);
         if let Some(line) = f.line {
             s.push_str(&format!(":{line}"));
         }
     }
-    match (f.module, f.offset) {
+    match (&f.module, f.offset) {
         (Some(m), Some(off)) => s.push_str(&format!(" ({m}+{off:#x})")),
         (Some(m), None) => s.push_str(&format!(" ({m})")),
         _ => {}
@@ -71,29 +62,20 @@ mod tests {
 
     #[test]
     fn lsan_shape() {
-        let f = FrameFields {
-            ip: "0x1234",
-            function: Some("leak_here"),
-            file: Some("/src/x.c"),
+        let text = |s: &str| Some(std::sync::Arc::from(s));
+        let f = Frame {
+            ip: 0x1234,
+            function: text("leak_here"),
+            file: text("/src/x.c"),
             line: Some(12),
-            module: Some("/bin/x"),
+            module: text("/bin/x"),
             offset: Some(0x234),
-            inlined: false,
-            python: false,
+            ..Default::default()
         };
         assert_eq!(frame_line(0, &f), "    #0 0x1234 in leak_here /src/x.c:12 (/bin/x+0x234)");
-        let bare = FrameFields { ip: "0x9", function: None, file: None, line: None, module: None, offset: None, inlined: true, python: false };
+        let bare = Frame { ip: 0x9, inlined: true, ..Default::default() };
         assert_eq!(frame_line(7, &bare), "    #7 0x9 [inlined]");
-        let py = FrameFields {
-            ip: "0x0",
-            function: Some("Model.forward"),
-            file: Some("/w/train.py"),
-            line: Some(41),
-            module: None,
-            offset: Some(12),
-            inlined: false,
-            python: true,
-        };
+        let py = Frame { function: text("Model.forward"), file: text("/w/train.py"), line: Some(41), offset: Some(12), python: true, ..Default::default() };
         assert_eq!(frame_line(5, &py), "    #5 in Model.forward /w/train.py:41 [python]");
     }
 

@@ -10,6 +10,9 @@
 //!
 //! Readers of both turn a report into the version 1 shape with `inline_frames`, so that
 //! everything after the parse sees frames in full.
+use std::borrow::Cow;
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -70,6 +73,484 @@ impl Reachability {
     pub fn leaked(&self) -> Amount {
         Amount { bytes: self.definite.bytes + self.indirect.bytes, blocks: self.definite.blocks + self.indirect.blocks }
     }
+}
+
+/// A name the library writes from a fixed set (`kind`, `api`, `reason`, ...): borrowed
+/// when written, owned when read.
+pub type Name = Cow<'static, str>;
+
+/// An address: written as a hex string ("0x7f..."), as the report has always had it.
+mod hex_addr {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{v:#x}"))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            Text(String),
+            Number(u64),
+        }
+        match Either::deserialize(d)? {
+            Either::Number(n) => Ok(n),
+            Either::Text(t) => {
+                let digits = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")).unwrap_or(&t);
+                if digits.is_empty() {
+                    return Ok(0);
+                }
+                u64::from_str_radix(digits, 16).map_err(|_| serde::de::Error::custom(format!("{t:?} is not a hex address")))
+            }
+        }
+    }
+}
+
+/// One frame of a stack, innermost first. A native frame has its return address and,
+/// once symbolized, module+offset, function, file and line (`inlined`: a function that
+/// the compiler inlined into the next frame). A Python frame (`python`) has no address:
+/// its `function`, `file` and `line` are the Python code's and `offset` the instruction's
+/// byte offset in its code object.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Frame {
+    #[serde(default, with = "hex_addr")]
+    pub ip: u64,
+    #[serde(default)]
+    pub module: Option<Arc<str>>,
+    #[serde(default)]
+    pub offset: Option<u64>,
+    #[serde(default)]
+    pub function: Option<Arc<str>>,
+    #[serde(default)]
+    pub file: Option<Arc<str>>,
+    #[serde(default)]
+    pub line: Option<u32>,
+    #[serde(default)]
+    pub inlined: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub python: bool,
+}
+
+/// A stack as a reader holds it: its frames in full.
+pub type Inline = Vec<Frame>;
+/// A stack as the library writes it (schema 2+): indices into the report's `frames`.
+pub type Indexed = Vec<u32>;
+
+/// Memory outstanding from one call stack, entry point and device. `S` is how its stack
+/// is held (`Inline` or `Indexed`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(bound(serialize = "S: Serialize", deserialize = "S: Deserialize<'de> + Default"))]
+pub struct Group<S = Inline> {
+    pub kind: Name,
+    pub api: Name,
+    /// CUDA device ordinal (device-side groups, when known).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<u32>,
+    /// The caching allocator that holds this memory (PyTorch's, TensorFlow's): not a
+    /// leak by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_by: Option<Name>,
+    pub bytes: u64,
+    pub blocks: u64,
+    #[serde(default)]
+    pub peak_bytes: u64,
+    #[serde(default)]
+    pub total_allocs: u64,
+    #[serde(default)]
+    pub total_bytes: u64,
+    #[serde(default)]
+    pub stack_id: u32,
+    /// What the pointer scan found (absent without a scan).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reachability: Option<Reachability>,
+    /// Its indirect leaks by the definite leak each hangs from (that leak's stack): a
+    /// suppressed leak hides them with it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub indirect_from: Vec<IndirectFrom>,
+    #[serde(default)]
+    pub stack: S,
+}
+
+impl<S> Group<S> {
+    /// The same group with its stack held as `stack`.
+    pub fn with_stack<T>(&self, stack: T) -> Group<T> {
+        Group {
+            kind: self.kind.clone(),
+            api: self.api.clone(),
+            device: self.device,
+            cached_by: self.cached_by.clone(),
+            bytes: self.bytes,
+            blocks: self.blocks,
+            peak_bytes: self.peak_bytes,
+            total_allocs: self.total_allocs,
+            total_bytes: self.total_bytes,
+            stack_id: self.stack_id,
+            reachability: self.reachability,
+            indirect_from: self.indirect_from.clone(),
+            stack,
+        }
+    }
+
+    /// `kind`, with the device for device-side groups: "device, device 1".
+    pub fn kind_label(&self) -> String {
+        match self.device {
+            Some(d) => format!("{}, device {d}", self.kind),
+            None => self.kind.to_string(),
+        }
+    }
+
+    /// What counts as leaked: definite + indirect with a scan, else all of it.
+    pub fn leaked(&self) -> Amount {
+        match self.reachability {
+            Some(r) => r.leaked(),
+            None => Amount { bytes: self.bytes, blocks: self.blocks },
+        }
+    }
+}
+
+/// Indirect leaks of a group that hang from the definite leaks of one stack.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IndirectFrom {
+    pub stack_id: u32,
+    pub bytes: u64,
+    pub blocks: u64,
+}
+
+/// One kind of memory (host, device, pinned, ...) over the whole process.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KindTotals {
+    #[serde(default)]
+    pub live_bytes: u64,
+    #[serde(default)]
+    pub live_blocks: u64,
+    #[serde(default)]
+    pub total_allocs: u64,
+    #[serde(default)]
+    pub total_frees: u64,
+    #[serde(default)]
+    pub peak_live_bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reachability: Option<Reachability>,
+}
+
+/// Groups beyond the report's limit (`LEAKTRACE_REPORT_GROUPS`): counted, not listed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Omitted {
+    #[serde(default)]
+    pub groups: u64,
+    #[serde(default)]
+    pub bytes: u64,
+    #[serde(default)]
+    pub blocks: u64,
+    /// Of those, leaked: definite + indirect with a scan, else everything.
+    #[serde(default)]
+    pub leaked_bytes: u64,
+    #[serde(default)]
+    pub leaked_blocks: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Summary {
+    pub host: KindTotals,
+    #[serde(default)]
+    pub device: KindTotals,
+    #[serde(default)]
+    pub pinned: KindTotals,
+    #[serde(default)]
+    pub managed: KindTotals,
+    #[serde(default)]
+    pub reservation: KindTotals,
+    #[serde(default)]
+    pub mapping: KindTotals,
+    /// Outstanding memory held by known caching allocators (also inside the kinds above).
+    #[serde(default)]
+    pub cached: Amount,
+    /// Groups outstanding but not listed in `leaks` (over `LEAKTRACE_REPORT_GROUPS`).
+    #[serde(default)]
+    pub omitted: Omitted,
+    #[serde(default)]
+    pub leak_groups: usize,
+}
+
+/// How the library itself fared.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Diagnostics {
+    #[serde(default)]
+    pub host_tracking: String,
+    #[serde(default)]
+    pub events: u64,
+    #[serde(default)]
+    pub buffer_full_waits: u64,
+    #[serde(default)]
+    pub rings_grown: u64,
+    #[serde(default)]
+    pub unknown_frees: u64,
+    #[serde(default)]
+    pub stacks_interned: u64,
+    #[serde(default)]
+    pub stack_table_overflows: u64,
+    #[serde(default)]
+    pub cuda_untracked_copies: u64,
+}
+
+/// The pointer scan of this report: whether it ran, and what it measured.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Scan {
+    #[serde(default)]
+    pub ran: bool,
+    #[serde(default)]
+    pub duration_ms: u64,
+    #[serde(default)]
+    pub threads: usize,
+    #[serde(default)]
+    pub threads_stopped: usize,
+    /// Threads that block the stop signal: their stacks were copied while they slept.
+    #[serde(default)]
+    pub threads_copied: usize,
+    #[serde(default)]
+    pub root_bytes: u64,
+    #[serde(default)]
+    pub heap_bytes: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tool {
+    #[serde(default)]
+    pub name: Name,
+    #[serde(default)]
+    pub version: Name,
+}
+
+/// A forked child's inheritance from its parent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fork {
+    #[serde(default)]
+    pub forked_from_pid: Option<u32>,
+    #[serde(default)]
+    pub inherited_live_bytes: u64,
+    #[serde(default)]
+    pub inherited_live_blocks: u64,
+    #[serde(default)]
+    pub inherited_frees: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Config {
+    #[serde(default)]
+    pub stack_depth: usize,
+    #[serde(default)]
+    pub interval_ms: u64,
+}
+
+/// One periodic snapshot of the whole process.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Point {
+    pub unix_ms: u64,
+    pub live_bytes: u64,
+    #[serde(default)]
+    pub live_blocks: u64,
+}
+
+/// Live bytes of one followed stack at each point.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(bound(serialize = "S: Serialize", deserialize = "S: Deserialize<'de> + Default"))]
+pub struct Series<S = Inline> {
+    pub kind: Name,
+    pub api: Name,
+    pub stack_id: u32,
+    /// None when a leak group of the same report has this `stack_id` (and so the stack).
+    #[serde(default)]
+    pub stack: Option<S>,
+    pub bytes: Vec<u64>,
+}
+
+/// Live bytes by a line of the user's own Python code (Python processes).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LineSeries {
+    #[serde(default)]
+    pub function: String,
+    #[serde(default)]
+    pub file: String,
+    #[serde(default)]
+    pub line: u32,
+    pub bytes: Vec<u64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(bound(serialize = "S: Serialize", deserialize = "S: Deserialize<'de> + Default"))]
+pub struct Timeline<S = Inline> {
+    #[serde(default)]
+    pub points: Vec<Point>,
+    #[serde(default = "Vec::new")]
+    pub series: Vec<Series<S>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lines: Vec<LineSeries>,
+}
+
+/// What a leak check looked at.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// Blocks allocated since the last `leaktrace_mark`.
+    #[default]
+    Region,
+    /// Every outstanding block (LeakSanitizer's on-demand check).
+    All,
+}
+
+/// One leak check (`leaktrace_snapshot(label)`, a pytest test): what the scan found
+/// among the blocks of its region.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(bound(serialize = "S: Serialize", deserialize = "S: Deserialize<'de> + Default"))]
+pub struct Check<S = Inline> {
+    pub label: String,
+    #[serde(default)]
+    pub unix_ms: u64,
+    #[serde(default)]
+    pub scope: Scope,
+    /// What the scan found among the blocks checked (suppressed leaks left out), as
+    /// `definite`, `indirect`, `reachable` at the top of the check.
+    #[serde(flatten)]
+    pub found: Reachability,
+    /// Leaks the suppressions hid (with the indirect leaks hanging from them).
+    #[serde(default)]
+    pub suppressed: Amount,
+    /// Groups with leaked blocks, after suppressions.
+    #[serde(default)]
+    pub leak_groups: usize,
+    /// The largest of them.
+    #[serde(default = "Vec::new")]
+    pub leaks: Vec<CheckLeak<S>>,
+}
+
+impl<S> Check<S> {
+    /// The same check with each leak's stack held as `stack(leak)` gives it.
+    pub fn with_stacks<T>(&self, mut stack: impl FnMut(&CheckLeak<S>) -> T) -> Check<T> {
+        Check {
+            label: self.label.clone(),
+            unix_ms: self.unix_ms,
+            scope: self.scope,
+            found: self.found,
+            suppressed: self.suppressed,
+            leak_groups: self.leak_groups,
+            leaks: self
+                .leaks
+                .iter()
+                .map(|l| CheckLeak {
+                    kind: l.kind.clone(),
+                    api: l.api.clone(),
+                    device: l.device,
+                    reachability: l.reachability,
+                    stack_id: l.stack_id,
+                    stack: stack(l),
+                })
+                .collect(),
+        }
+    }
+
+    /// Definite + indirect bytes: what counts against a test.
+    pub fn leaked_bytes(&self) -> u64 {
+        self.found.leaked().bytes
+    }
+
+    pub fn leaked_blocks(&self) -> u64 {
+        self.found.leaked().blocks
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(bound(serialize = "S: Serialize", deserialize = "S: Deserialize<'de> + Default"))]
+pub struct CheckLeak<S = Inline> {
+    #[serde(default)]
+    pub kind: Name,
+    #[serde(default)]
+    pub api: Name,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<u32>,
+    #[serde(default)]
+    pub reachability: Reachability,
+    #[serde(default)]
+    pub stack_id: u32,
+    #[serde(default)]
+    pub stack: S,
+}
+
+/// A whole report file. The library writes `Report<Indexed>` (stacks as indices into
+/// `frames`); `leaktrace` reads `Report<Inline>` after `inline_frames`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(bound(serialize = "S: Serialize", deserialize = "S: Deserialize<'de> + Default"))]
+pub struct Report<S = Inline> {
+    pub schema: Name,
+    #[serde(default)]
+    pub tool: Tool,
+    pub pid: u32,
+    #[serde(default)]
+    pub ppid: u32,
+    #[serde(default)]
+    pub exe: String,
+    #[serde(default)]
+    pub argv: Vec<String>,
+    /// `periodic`, `exit`, `signal`, `snapshot`, ...
+    pub reason: Name,
+    /// The signal that ended the process, when the final report was written for one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_signal: Option<i32>,
+    /// Present when this process can never be given a final report: why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_final_report: Option<Name>,
+    #[serde(default)]
+    pub started_unix_ms: u64,
+    #[serde(default)]
+    pub written_unix_ms: u64,
+    #[serde(default)]
+    pub fork: Fork,
+    #[serde(default)]
+    pub config: Config,
+    pub summary: Summary,
+    #[serde(default)]
+    pub diagnostics: Diagnostics,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scan: Option<Scan>,
+    /// The distinct frames that `Indexed` stacks refer to, before them for readers that
+    /// stream. Inlined stacks leave it as it was read.
+    #[serde(default)]
+    pub frames: Vec<Frame>,
+    #[serde(default = "Timeline::default")]
+    pub timeline: Timeline<S>,
+    #[serde(default = "Vec::new")]
+    pub leaks: Vec<Group<S>>,
+    /// The checks the program asked for, oldest first.
+    #[serde(default = "Vec::new", skip_serializing_if = "Vec::is_empty")]
+    pub checks: Vec<Check<S>>,
+    /// Checks over the kept number, counted only.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub checks_dropped: u64,
+    /// Where a reader found it (not part of the file).
+    #[serde(skip)]
+    pub path: std::path::PathBuf,
+}
+
+impl<S> Report<S> {
+    /// A short name for the process: "python3 (pid 123)".
+    pub fn label(&self) -> String {
+        let name = std::path::Path::new(&self.exe).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "?".into());
+        format!("{name} (pid {})", self.pid)
+    }
+}
+
+impl Report<Inline> {
+    /// The stack of a timeline series: its own, or that of the leak group it names.
+    pub fn series_stack<'a>(&'a self, s: &'a Series) -> &'a [Frame] {
+        match &s.stack {
+            Some(st) => st,
+            None => self.leaks.iter().find(|g| g.stack_id == s.stack_id).map(|g| g.stack.as_slice()).unwrap_or(&[]),
+        }
+    }
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 pub const SCHEMA_PREFIX: &str = "leaktrace-report/";
@@ -152,6 +633,53 @@ mod tests {
         let mut sum = r;
         sum += Reachability { reachable: Amount { bytes: 5, blocks: 2 }, ..Default::default() };
         assert_eq!(sum.outstanding(), Amount { bytes: 12, blocks: 3 });
+    }
+
+    #[test]
+    fn a_written_report_reads_back_with_its_stacks_inlined() {
+        let frame = |ip, f: &str| Frame { ip, function: Some(f.into()), ..Default::default() };
+        let series = |stack_id, stack| Series { kind: "host".into(), api: "malloc".into(), stack_id, stack, bytes: vec![1, 2] };
+        let written = Report::<Indexed> {
+            schema: format!("{SCHEMA_PREFIX}{CURRENT_MAJOR}").into(),
+            pid: 7,
+            reason: "exit".into(),
+            summary: Summary { leak_groups: 1, ..Default::default() },
+            frames: vec![frame(0x10, "leak"), frame(0x7f00_0000_0020, "main")],
+            timeline: Timeline {
+                points: vec![Point { unix_ms: 1, live_bytes: 64, live_blocks: 1 }],
+                series: vec![series(3, None), series(4, Some(vec![1]))],
+                lines: Vec::new(),
+            },
+            leaks: vec![Group { kind: "host".into(), api: "malloc".into(), bytes: 64, blocks: 1, stack_id: 3, stack: vec![0, 1], ..Default::default() }],
+            checks: vec![Check {
+                label: "t".into(),
+                scope: Scope::All,
+                leaks: vec![CheckLeak { stack: vec![1, 0], ..Default::default() }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let mut v = serde_json::to_value(&written).unwrap();
+        assert_eq!(v["frames"][1]["ip"], "0x7f0000000020");
+        assert_eq!(v["checks"][0]["scope"], "all");
+        assert!(v.get("checks_dropped").is_none() && v.get("path").is_none() && v["timeline"].get("lines").is_none());
+        inline_frames(&mut v).unwrap();
+        let read: Report = serde_json::from_value(v).unwrap();
+        assert_eq!(read.leaks[0].stack, written.frames);
+        assert_eq!(read.checks[0].leaks[0].stack, vec![written.frames[1].clone(), written.frames[0].clone()]);
+        assert_eq!(read.series_stack(&read.timeline.series[0]), written.frames.as_slice(), "a series without a stack takes its group's");
+        assert_eq!(read.series_stack(&read.timeline.series[1])[0].ip, 0x7f00_0000_0020);
+        assert_eq!((read.pid, read.reason.as_ref(), read.summary.leak_groups, read.checks[0].scope), (7, "exit", 1, Scope::All));
+    }
+
+    #[test]
+    fn addresses_read_as_hex_text_or_numbers() {
+        let f: Frame = serde_json::from_str(r#"{"ip": "0xfF"}"#).unwrap();
+        assert_eq!(f.ip, 255);
+        let f: Frame = serde_json::from_str(r#"{"ip": 12, "function": "f"}"#).unwrap();
+        assert_eq!((f.ip, f.function.as_deref()), (12, Some("f")));
+        assert_eq!(serde_json::from_str::<Frame>("{}").unwrap(), Frame::default());
+        assert!(serde_json::from_str::<Frame>(r#"{"ip": "0xzz"}"#).unwrap_err().to_string().contains("not a hex address"));
     }
 
     #[test]

@@ -2,8 +2,7 @@
 //! text summary. Both render the same resolved groups.
 use std::sync::Arc;
 
-use serde::Serialize;
-use serde_json::json;
+use leaktrace_common::report_schema as schema;
 
 use super::process::ProcessInfo;
 use super::symbolize::{RawFrame, Symbolizer};
@@ -30,27 +29,7 @@ impl Reason {
     }
 }
 
-fn hex<S: serde::Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&format!("{v:#x}"))
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Frame {
-    #[serde(serialize_with = "hex")]
-    pub ip: u64,
-    pub module: Option<Arc<str>>,
-    pub offset: Option<u64>,
-    pub function: Option<Arc<str>>,
-    pub file: Option<Arc<str>>,
-    pub line: Option<u32>,
-    pub inlined: bool,
-    /// A Python frame (`function`, `file` and `line` are the Python function's; `offset`
-    /// is the instruction's byte offset in its code object).
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub python: bool,
-}
-
-pub use leaktrace_common::report_schema::{Amount, Reachability};
+pub use leaktrace_common::report_schema::{Amount, Frame, Group, IndirectFrom, Omitted, Reachability};
 
 /// Adds a scan verdict to a `Reachability` (the type is the schema's, in `common`).
 pub trait Tally {
@@ -66,50 +45,6 @@ impl Tally for Reachability {
             Reachable => self.reachable.add(bytes),
         }
     }
-}
-
-/// The report's `scan` object: whether the pointer scan ran, and what it measured.
-#[derive(Clone, Debug, Serialize)]
-pub struct ScanOut {
-    pub ran: bool,
-    #[serde(flatten)]
-    pub info: crate::scan::ScanInfo,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct Group {
-    pub kind: &'static str,
-    pub api: &'static str,
-    /// CUDA device ordinal (device-side groups, when known).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub device: Option<u8>,
-    /// The caching allocator that holds this memory (see `report::cached`): not a leak
-    /// by default.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cached_by: Option<&'static str>,
-    pub bytes: u64,
-    pub blocks: u64,
-    pub peak_bytes: u64,
-    pub total_allocs: u64,
-    pub total_bytes: u64,
-    pub stack_id: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reachability: Option<Reachability>,
-    /// Its indirect leaks by the definite leak each hangs from (that leak's stack): a
-    /// suppressed leak hides them with it.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub indirect_from: Vec<IndirectFrom>,
-    /// Written as indices into the report's frame table (see `FrameTable`).
-    #[serde(skip)]
-    pub stack: Vec<Frame>,
-}
-
-/// Indirect leaks of a group that hang from the definite leaks of one stack.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub struct IndirectFrom {
-    pub stack_id: u32,
-    pub bytes: u64,
-    pub blocks: u64,
 }
 
 /// Extra facts the report carries besides the collector's view.
@@ -181,17 +116,6 @@ fn symbolized(raw: Vec<RawFrame>, sym: &mut Symbolizer) -> Vec<Frame> {
     }
 }
 
-/// Groups beyond the report's limit (`LEAKTRACE_REPORT_GROUPS`): counted, not listed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct Omitted {
-    pub groups: u64,
-    pub bytes: u64,
-    pub blocks: u64,
-    /// Of those, leaked: definite + indirect with a scan, else everything.
-    pub leaked_bytes: u64,
-    pub leaked_blocks: u64,
-}
-
 /// What a group counts as leaked: definite + indirect with a scan, else all of it.
 fn leaked(g: &GroupSnapshot, r: Option<Reachability>) -> (u64, u64) {
     match r {
@@ -242,10 +166,10 @@ pub fn resolve_groups(selected: &[(&GroupSnapshot, Option<Reachability>)], sym: 
         .map(|(&(g, reachability), stack)| {
             let kind = g.api.kind();
             Group {
-                kind: kind.name(),
-                api: g.api.name(),
-                device: g.device,
-                cached_by: super::cached::owner(kind, &stack),
+                kind: kind.name().into(),
+                api: g.api.name().into(),
+                device: g.device.map(u32::from),
+                cached_by: super::cached::owner(kind, &stack).map(Into::into),
                 bytes: g.stats.live_bytes,
                 blocks: g.stats.live_blocks,
                 peak_bytes: g.stats.peak_live_bytes,
@@ -260,65 +184,22 @@ pub fn resolve_groups(selected: &[(&GroupSnapshot, Option<Reachability>)], sym: 
         .collect()
 }
 
-#[derive(Serialize)]
-struct KindTotalsOut {
-    live_bytes: u64,
-    live_blocks: u64,
-    total_allocs: u64,
-    total_frees: u64,
-    peak_live_bytes: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    reachability: Option<Reachability>,
-}
-
-impl KindTotalsOut {
-    fn new(t: &KindTotals, reachability: Option<Reachability>) -> KindTotalsOut {
-        KindTotalsOut {
-            live_bytes: t.live_bytes,
-            live_blocks: t.live_blocks,
-            total_allocs: t.total_allocs,
-            total_frees: t.total_frees,
-            peak_live_bytes: t.peak_live_bytes,
-            reachability,
-        }
+fn kind_totals(t: &KindTotals, reachability: Option<Reachability>) -> schema::KindTotals {
+    schema::KindTotals {
+        live_bytes: t.live_bytes,
+        live_blocks: t.live_blocks,
+        total_allocs: t.total_allocs,
+        total_frees: t.total_frees,
+        peak_live_bytes: t.peak_live_bytes,
+        reachability,
     }
 }
 
 /// Reachability totals of a scan, one per kind of memory.
 pub type KindReachability = [Reachability; Kind::ALL.len()];
 
-#[derive(Serialize)]
-pub struct TimelinePoint {
-    unix_ms: u64,
-    live_bytes: u64,
-    live_blocks: u64,
-}
-
-#[derive(Serialize)]
-pub struct TimelineSeries {
-    kind: &'static str,
-    api: &'static str,
-    stack_id: u32,
-    /// None when a leak group of the same report has this `stack_id` (and so the stack).
-    #[serde(skip)]
-    stack: Option<Vec<Frame>>,
-    bytes: Vec<u64>,
-}
-
-#[derive(Serialize)]
-pub struct TimelineLine {
-    function: String,
-    file: String,
-    line: u32,
-    bytes: Vec<u64>,
-}
-
-#[derive(Serialize)]
-pub struct TimelineOut {
-    points: Vec<TimelinePoint>,
-    series: Vec<TimelineSeries>,
-    lines: Vec<TimelineLine>,
-}
+/// A report's timeline, stacks in full (`None`: the stack of a listed leak group).
+pub type TimelineOut = schema::Timeline<schema::Inline>;
 
 /// The timeline; followed stacks that are not among `groups` are symbolized here.
 pub fn timeline_out(timeline: &Timeline, groups: &[Group], sym: &mut Symbolizer) -> TimelineOut {
@@ -327,13 +208,13 @@ pub fn timeline_out(timeline: &Timeline, groups: &[Group], sym: &mut Symbolizer)
     // In series order, as the series below take them.
     let mut stacks = resolve_stacks(&followed, sym).into_iter();
     TimelineOut {
-        points: timeline.points.iter().map(|p| TimelinePoint { unix_ms: p.unix_ms, live_bytes: p.live_bytes, live_blocks: p.live_blocks }).collect(),
+        points: timeline.points.iter().map(|p| schema::Point { unix_ms: p.unix_ms, live_bytes: p.live_bytes, live_blocks: p.live_blocks }).collect(),
         series: timeline
             .series
             .iter()
-            .map(|s| TimelineSeries {
-                kind: s.api.kind().name(),
-                api: s.api.name(),
+            .map(|s| schema::Series {
+                kind: s.api.kind().name().into(),
+                api: s.api.name().into(),
                 stack_id: s.stack,
                 stack: (!listed.contains(&s.stack)).then(|| stacks.next().unwrap_or_default()),
                 bytes: s.bytes.clone(),
@@ -344,7 +225,7 @@ pub fn timeline_out(timeline: &Timeline, groups: &[Group], sym: &mut Symbolizer)
             .iter()
             .map(|l| {
                 let (function, file, line) = super::python::describe(l.line);
-                TimelineLine { function, file, line, bytes: l.bytes.clone() }
+                schema::LineSeries { function, file, line, bytes: l.bytes.clone() }
             })
             .collect(),
     }
@@ -360,8 +241,8 @@ pub fn timeline_out(timeline: &Timeline, groups: &[Group], sym: &mut Symbolizer)
 /// frame is alive while the table is built, so no address is reused. Two equal frames
 /// from separate allocations would take two entries, which a reader cannot tell apart.
 #[derive(Default)]
-struct FrameTable<'a> {
-    frames: Vec<&'a Frame>,
+struct FrameTable {
+    frames: Vec<Frame>,
     index: crate::collector::state::FxMap<FrameKey, u32>,
 }
 
@@ -371,124 +252,20 @@ fn identity(s: &Option<Arc<str>>) -> usize {
     s.as_ref().map_or(0, |a| Arc::as_ptr(a) as *const u8 as usize)
 }
 
-impl<'a> FrameTable<'a> {
-    fn indices(&mut self, stack: &'a [Frame]) -> Vec<u32> {
+impl FrameTable {
+    fn indices(&mut self, stack: &[Frame]) -> schema::Indexed {
         stack
             .iter()
             .map(|f| {
                 let key = (f.ip, identity(&f.module), f.offset, identity(&f.function), identity(&f.file), f.line, f.inlined, f.python);
                 *self.index.entry(key).or_insert_with(|| {
-                    self.frames.push(f);
+                    // A clone shares the frame's strings (the key's identities stay valid).
+                    self.frames.push(f.clone());
                     self.frames.len() as u32 - 1
                 })
             })
             .collect()
     }
-}
-
-#[derive(Serialize)]
-struct GroupOut<'a> {
-    #[serde(flatten)]
-    group: &'a Group,
-    stack: Vec<u32>,
-}
-
-#[derive(Serialize)]
-struct SeriesOut<'a> {
-    #[serde(flatten)]
-    series: &'a TimelineSeries,
-    /// Null when a leak group of the same report has this `stack_id` (and so the stack).
-    stack: Option<Vec<u32>>,
-}
-
-#[derive(Serialize)]
-struct TimelineRefs<'a> {
-    points: &'a [TimelinePoint],
-    series: Vec<SeriesOut<'a>>,
-    /// Python processes: live bytes by the user's innermost Python line.
-    #[serde(skip_serializing_if = "<[_]>::is_empty")]
-    lines: &'a [TimelineLine],
-}
-
-/// Serialized straight to bytes from these borrowed views (no intermediate JSON tree:
-/// a Python process has thousands of groups of dozens of frames).
-#[derive(Serialize)]
-struct ReportOut<'a> {
-    schema: &'static str,
-    tool: serde_json::Value,
-    pid: u32,
-    ppid: u32,
-    exe: &'a str,
-    argv: &'a [String],
-    reason: &'static str,
-    /// The signal that ended the process, when the final report was written for one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    exit_signal: Option<i32>,
-    /// Present when this process can never be given a final report: why.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    no_final_report: Option<&'static str>,
-    started_unix_ms: u64,
-    written_unix_ms: u64,
-    fork: serde_json::Value,
-    config: serde_json::Value,
-    summary: SummaryOut,
-    diagnostics: DiagnosticsOut<'a>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    scan: Option<&'a ScanOut>,
-    /// Before the stacks that refer to it, for readers that stream.
-    frames: &'a [&'a Frame],
-    timeline: TimelineRefs<'a>,
-    leaks: Vec<GroupOut<'a>>,
-    /// The checks the program asked for (`report::checks`), oldest first.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    checks: Vec<CheckOut<'a>>,
-    #[serde(skip_serializing_if = "is_zero")]
-    checks_dropped: u64,
-}
-
-fn is_zero(v: &u64) -> bool {
-    *v == 0
-}
-
-#[derive(Serialize)]
-struct CheckOut<'a> {
-    #[serde(flatten)]
-    check: &'a super::checks::Check,
-    leaks: Vec<CheckLeakOut<'a>>,
-}
-
-#[derive(Serialize)]
-struct CheckLeakOut<'a> {
-    #[serde(flatten)]
-    leak: &'a super::checks::CheckLeak,
-    stack: Vec<u32>,
-}
-
-#[derive(Serialize)]
-struct SummaryOut {
-    host: KindTotalsOut,
-    device: KindTotalsOut,
-    pinned: KindTotalsOut,
-    managed: KindTotalsOut,
-    reservation: KindTotalsOut,
-    mapping: KindTotalsOut,
-    /// Outstanding memory held by known caching allocators (also inside the kinds above).
-    cached: Amount,
-    /// Groups outstanding but not listed in `leaks` (over `LEAKTRACE_REPORT_GROUPS`).
-    omitted: Omitted,
-    leak_groups: usize,
-}
-
-#[derive(Serialize)]
-struct DiagnosticsOut<'a> {
-    host_tracking: &'a str,
-    events: u64,
-    buffer_full_waits: u64,
-    rings_grown: u64,
-    unknown_frees: u64,
-    stacks_interned: u64,
-    stack_table_overflows: u64,
-    cuda_untracked_copies: u64,
 }
 
 /// The report as compact JSON bytes (a large process has thousands of frames; pretty
@@ -502,7 +279,7 @@ pub struct ReportParts<'a> {
     pub groups: &'a [Group],
     pub facts: &'a RunFacts,
     pub timeline: &'a TimelineOut,
-    pub scan: Option<(&'a ScanOut, KindReachability)>,
+    pub scan: Option<(&'a schema::Scan, KindReachability)>,
     pub omitted: Omitted,
     pub checks: &'a [super::checks::Check],
     pub checks_dropped: u64,
@@ -516,43 +293,51 @@ pub fn report_bytes(parts: &ReportParts) -> Vec<u8> {
     bytes
 }
 
-/// The report as JSON, written into `w` as it is serialized.
+/// The report as JSON (`leaktrace_common::report_schema::Report`, stacks as indices
+/// into its frame table), written into `w` as it is serialized.
 pub fn write_report_json(w: impl std::io::Write, parts: &ReportParts) -> std::io::Result<()> {
     let &ReportParts { process, reason, written_unix_ms, totals, groups, facts, timeline, scan, omitted, checks, checks_dropped } = parts;
-    let kind = |k: Kind| KindTotalsOut::new(totals.kind(k), scan.map(|s| s.1[k.index()]));
+    let kind = |k: Kind| kind_totals(totals.kind(k), scan.map(|s| s.1[k.index()]));
     let mut cached = Amount::default();
     for g in groups.iter().filter(|g| g.cached_by.is_some()) {
         cached.bytes += g.bytes;
         cached.blocks += g.blocks;
     }
     let mut table = FrameTable::default();
-    let leaks: Vec<GroupOut> = groups.iter().map(|g| GroupOut { group: g, stack: table.indices(&g.stack) }).collect();
-    let series = timeline.series.iter().map(|s| SeriesOut { series: s, stack: s.stack.as_deref().map(|st| table.indices(st)) }).collect();
-    let timeline = TimelineRefs { points: &timeline.points, series, lines: &timeline.lines };
-    let checks = checks
+    let leaks = groups.iter().map(|g| g.with_stack(table.indices(&g.stack))).collect();
+    let series = timeline
+        .series
         .iter()
-        .map(|c| CheckOut { check: c, leaks: c.leaks.iter().map(|l| CheckLeakOut { leak: l, stack: table.indices(&l.stack) }).collect() })
+        .map(|s| schema::Series {
+            kind: s.kind.clone(),
+            api: s.api.clone(),
+            stack_id: s.stack_id,
+            stack: s.stack.as_deref().map(|st| table.indices(st)),
+            bytes: s.bytes.clone(),
+        })
         .collect();
-    let report = ReportOut {
-        schema: SCHEMA,
-        tool: json!({ "name": "leaktrace", "version": env!("CARGO_PKG_VERSION") }),
+    let timeline = schema::Timeline { points: timeline.points.clone(), series, lines: timeline.lines.clone() };
+    let checks = checks.iter().map(|c| c.with_stacks(|l| table.indices(&l.stack))).collect();
+    let report = schema::Report::<schema::Indexed> {
+        schema: SCHEMA.into(),
+        tool: schema::Tool { name: "leaktrace".into(), version: env!("CARGO_PKG_VERSION").into() },
         pid: process.pid,
         ppid: process.ppid,
-        exe: &process.exe,
-        argv: &process.argv,
-        reason: reason.name(),
+        exe: process.exe.clone(),
+        argv: process.argv.clone(),
+        reason: reason.name().into(),
         exit_signal: facts.exit_signal,
-        no_final_report: facts.no_final_report,
+        no_final_report: facts.no_final_report.map(Into::into),
         started_unix_ms: process.started_unix_ms,
         written_unix_ms,
-        fork: json!({
-            "forked_from_pid": process.forked_from,
-            "inherited_live_bytes": totals.inherited_live_bytes,
-            "inherited_live_blocks": totals.inherited_live_blocks,
-            "inherited_frees": totals.inherited_frees,
-        }),
-        config: json!({ "stack_depth": facts.stack_depth, "interval_ms": facts.interval_ms }),
-        summary: SummaryOut {
+        fork: schema::Fork {
+            forked_from_pid: process.forked_from,
+            inherited_live_bytes: totals.inherited_live_bytes,
+            inherited_live_blocks: totals.inherited_live_blocks,
+            inherited_frees: totals.inherited_frees,
+        },
+        config: schema::Config { stack_depth: facts.stack_depth, interval_ms: facts.interval_ms },
+        summary: schema::Summary {
             host: kind(Kind::Host),
             device: kind(Kind::Device),
             pinned: kind(Kind::Pinned),
@@ -563,8 +348,8 @@ pub fn write_report_json(w: impl std::io::Write, parts: &ReportParts) -> std::io
             omitted,
             leak_groups: groups.len(),
         },
-        diagnostics: DiagnosticsOut {
-            host_tracking: &facts.host_tracking,
+        diagnostics: schema::Diagnostics {
+            host_tracking: facts.host_tracking.clone(),
             events: totals.events,
             buffer_full_waits: facts.buffer_full_waits,
             rings_grown: facts.rings_grown,
@@ -573,33 +358,18 @@ pub fn write_report_json(w: impl std::io::Write, parts: &ReportParts) -> std::io
             stack_table_overflows: facts.stack_table_overflows,
             cuda_untracked_copies: facts.cuda_untracked_copies,
         },
-        scan: scan.map(|s| s.0),
-        frames: &table.frames,
+        scan: scan.map(|s| *s.0),
+        frames: table.frames,
         timeline,
         leaks,
         checks,
         checks_dropped,
+        path: Default::default(),
     };
     serde_json::to_writer(w, &report).map_err(std::io::Error::from)
 }
 
-pub(crate) fn frame_text(i: usize, f: &Frame) -> String {
-    let ip = format!("{:#x}", f.ip);
-    leaktrace_common::frame_text::frame_line(
-        i,
-        &leaktrace_common::frame_text::FrameFields {
-            ip: &ip,
-            function: f.function.as_deref(),
-            file: f.file.as_deref(),
-            line: f.line,
-            module: f.module.as_deref(),
-            offset: f.offset,
-            inlined: f.inlined,
-            python: f.python,
-        },
-    )
-}
-
+pub(crate) use leaktrace_common::frame_text::frame_line as frame_text;
 /// Splits groups into those to show and the number suppressed (by function, file or
 /// module name of any frame).
 /// The groups the exit summary shows after `s` (LeakSanitizer's semantics: a suppressed
@@ -642,7 +412,7 @@ pub fn apply_suppressions(groups: &[Group], s: &leaktrace_common::Suppressions) 
 /// What a group counts as leaked: definite + indirect with a scan, everything
 /// outstanding without one, nothing when a caching allocator holds it.
 fn counted(g: &Group) -> (u64, u64) {
-    match (g.cached_by, g.reachability) {
+    match (&g.cached_by, g.reachability) {
         (Some(_), _) => (0, 0),
         (None, Some(r)) => (r.leaked().bytes, r.leaked().blocks),
         (None, None) => (g.bytes, g.blocks),
@@ -741,8 +511,8 @@ mod tests {
 
     fn group() -> Group {
         Group {
-            kind: "host",
-            api: "calloc",
+            kind: "host".into(),
+            api: "calloc".into(),
             device: None,
             cached_by: None,
             bytes: 48,
@@ -788,10 +558,10 @@ mod tests {
             Frame { ip: 0x5555, module: None, offset: None, function: None, file: None, line: None, inlined: false, python: false },
         ];
         let timeline = TimelineOut {
-            points: vec![TimelinePoint { unix_ms: 5, live_bytes: 48, live_blocks: 3 }],
+            points: vec![schema::Point { unix_ms: 5, live_bytes: 48, live_blocks: 3 }],
             series: vec![
-                TimelineSeries { kind: "host", api: "calloc", stack_id: 7, stack: None, bytes: vec![48] },
-                TimelineSeries { kind: "host", api: "malloc", stack_id: 9, stack: Some(followed), bytes: vec![16] },
+                schema::Series { kind: "host".into(), api: "calloc".into(), stack_id: 7, stack: None, bytes: vec![48] },
+                schema::Series { kind: "host".into(), api: "malloc".into(), stack_id: 9, stack: Some(followed), bytes: vec![16] },
             ],
             lines: Vec::new(),
         };
@@ -873,9 +643,9 @@ mod tests {
     #[test]
     fn device_groups_name_their_device_and_caches_are_not_counted() {
         let mut dev = group();
-        (dev.kind, dev.api, dev.device, dev.bytes, dev.blocks) = ("device", "cudaMalloc", Some(1), 4096, 1);
+        (dev.kind, dev.api, dev.device, dev.bytes, dev.blocks) = ("device".into(), "cudaMalloc".into(), Some(1), 4096, 1);
         let mut cache = dev.clone();
-        cache.cached_by = Some("PyTorch CUDACachingAllocator");
+        cache.cached_by = Some("PyTorch CUDACachingAllocator".into());
         cache.bytes = 1 << 21;
         let s = summary_text(10, &[&dev, &cache], 0, &[], 10, None, Omitted::default());
         assert!(s.contains("Leak of 4096 byte(s) in 1 object(s) allocated from cudaMalloc (device, device 1):"), "{s}");

@@ -2,65 +2,16 @@
 //! `__lsan_do_recoverable_leak_check`): each classifies the outstanding blocks of a
 //! region (allocated since the last `leaktrace_mark`) or of the whole process with the
 //! pointer scan, and is kept under its label for every later report (`checks`).
-use serde::Serialize;
-
-use super::build::{Amount, Frame, Group, Reachability};
+use super::build::{Amount, Group, Reachability};
+pub use leaktrace_common::report_schema::{CheckLeak, Scope};
 
 /// Leak groups kept per check, largest first (the rest are counted in the totals).
 pub const KEPT_GROUPS: usize = 8;
 /// Checks kept per process; later ones are counted only.
 pub const KEPT_CHECKS: usize = 20_000;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Scope {
-    /// Blocks allocated since the last `leaktrace_mark`.
-    Region,
-    /// Every outstanding block (LeakSanitizer's on-demand check).
-    All,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct Check {
-    pub label: String,
-    pub unix_ms: u64,
-    pub scope: Scope,
-    /// What the scan found among the blocks checked (suppressed leaks left out).
-    #[serde(flatten)]
-    pub found: Reachability,
-    /// Leaks the suppressions hid (with the indirect leaks hanging from them).
-    pub suppressed: Amount,
-    /// Groups with leaked blocks, after suppressions.
-    pub leak_groups: usize,
-    /// The largest of them (at most `KEPT_GROUPS`); the report writes them with their
-    /// stacks as frame-table indices.
-    #[serde(skip)]
-    pub leaks: Vec<CheckLeak>,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct CheckLeak {
-    pub kind: &'static str,
-    pub api: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub device: Option<u8>,
-    pub reachability: Reachability,
-    pub stack_id: u32,
-    /// Written as indices into the report's frame table.
-    #[serde(skip)]
-    pub stack: Vec<Frame>,
-}
-
-impl Check {
-    /// Definite + indirect bytes: what counts against a test.
-    pub fn leaked_bytes(&self) -> u64 {
-        self.found.leaked().bytes
-    }
-
-    pub fn leaked_blocks(&self) -> u64 {
-        self.found.leaked().blocks
-    }
-}
+/// A check, its leaks' stacks in full (the report writes them as frame-table indices).
+pub type Check = leaktrace_common::report_schema::Check;
 
 /// A check of `groups` (every group with blocks in the checked set, each with its stack
 /// and its breakdown in `reachability`), suppressions already applied by the caller:
@@ -91,8 +42,8 @@ pub fn make(label: &str, unix_ms: u64, scope: Scope, all: &[Group], shown: &[Gro
             .iter()
             .take(KEPT_GROUPS)
             .map(|g| CheckLeak {
-                kind: g.kind,
-                api: g.api,
+                kind: g.kind.clone(),
+                api: g.api.clone(),
                 device: g.device,
                 reachability: g.reachability.unwrap_or_default(),
                 stack_id: g.stack_id,
@@ -175,8 +126,8 @@ mod tests {
 
     fn group(stack_id: u32, definite: u64, indirect: u64, reachable: u64) -> Group {
         Group {
-            kind: "host",
-            api: "malloc",
+            kind: "host".into(),
+            api: "malloc".into(),
             device: None,
             cached_by: None,
             bytes: definite + indirect + reachable,

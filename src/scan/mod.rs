@@ -27,16 +27,8 @@ fn inherited_pages(inherited: &[(u64, u64)]) -> Vec<(u64, u64)> {
     out
 }
 
-#[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct ScanInfo {
-    pub duration_ms: u64,
-    pub threads: usize,
-    pub threads_stopped: usize,
-    /// Threads that block the stop signal: their stacks were copied while they slept.
-    pub threads_copied: usize,
-    pub root_bytes: u64,
-    pub heap_bytes: u64,
-}
+/// What a scan measured (the report's `scan` object, defined with the schema).
+pub use leaktrace_common::report_schema::Scan as ScanInfo;
 
 /// Classifies `blocks` (sorted by start, not overlapping) against the process's roots.
 /// `inherited`: in a forked child, the parent's blocks (sorted), which may point to the
@@ -95,6 +87,7 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
     mark::classify_into(blocks, &all_roots, &roots::ProcessMemory { readable: &maps }, &mut scratch);
     roots::resume(stopped.asked);
     let info = ScanInfo {
+        ran: true,
         duration_ms: t0.elapsed().as_millis() as u64,
         threads: tids.len() + blocking.len() + 1,
         threads_stopped: stopped.stopped + 1,
