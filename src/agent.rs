@@ -534,7 +534,11 @@ fn write_report(reason: Reason) {
         drain_into(c, backlog, false);
     }
     c.model.advance_trends();
-    let snapshot = c.model.snapshot();
+    let mut snapshot = c.model.snapshot_unsorted();
+    if final_report {
+        // Tracking has stopped: nobody waits for the collector.
+        snapshot.sort();
+    }
     // The scan runs for the final report and for snapshots asked with the signal.
     let scan_now = (final_report || reason == Reason::Signal) && SCAN_AT_EXIT.load(Ordering::Relaxed);
     // The final report's names are found on another core while this one gathers the
@@ -543,6 +547,9 @@ fn write_report(reason: Reason) {
     let presymbolizer = (final_report && scan_now).then(|| Presymbolizer::start(&snapshot)).flatten();
     let live = scan_now.then(|| if final_report { c.model.take_live_blocks() } else { c.model.live_blocks() });
     drop(state);
+    if !final_report {
+        snapshot.sort();
+    }
     // The scan stops the other threads: it runs holding none of our locks.
     let scan = live.map(|live| reachability_scan(&live, presymbolizer.as_ref().map_or(0, Presymbolizer::tid)));
     drop(presymbolizer);
@@ -574,7 +581,7 @@ fn write_report(reason: Reason) {
         interval_ms: r.config.interval_ms,
         buffer_full_waits: channel::full_waits(),
         rings_grown: channel::rings_grown(),
-        stacks_interned: stacks::count().saturating_sub(1) as u64,
+        stacks_interned: stacks::count().saturating_sub(1) as u64 + stacks::children(),
         stack_table_overflows: stacks::overflows(),
         host_tracking: r.host_tracking.clone(),
         exit_signal: r.exit_signal,

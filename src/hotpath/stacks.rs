@@ -20,6 +20,17 @@
 //! it, two page faults each. Both indexes together are one linear-probing sequence whose
 //! slots only ever go from empty to filled, so concurrent interning still agrees on ids.
 //!
+//! **Python children.** A stack with Python frames is `[PY_STACK, native, python]`
+//! (`unwind::with_python_frames`). The first such stack of each native stack has no
+//! record at all: its id is `CHILD_BASE + native`, and the native stack's word in the
+//! `children` array holds its Python part. `import torch` makes ~1M stacks with Python
+//! frames, nearly all the first of their native stack; as records they were 60 MB of
+//! records, frames and index slots to fault in and zero (on the collector, which then
+//! fell behind and made the program wait), and an index probe each that missed the
+//! cache. Other combinations of the same native stack are records, through the index,
+//! as any stack: each combination still has exactly one id. `dense_index` gives both
+//! kinds of id a place in one dense array.
+//!
 //! **Tagged slots.** A slot holds a stack id in its low `ID_BITS` and ten bits of the
 //! stack's hash above them: a probe that meets another stack's slot tells it apart
 //! without reading that stack's record (a cache miss in the record array).
@@ -85,6 +96,10 @@ pub struct SharedTail {
 
 struct Tables {
     records: *const Record,
+    /// Per stack id: the Python part of its first Python child (0: none yet).
+    children: *const AtomicU32,
+    /// First children handed out.
+    child_count: AtomicU64,
     first_index: *const AtomicU32,
     index: *const AtomicU32,
     frames: *mut u64,
@@ -118,6 +133,7 @@ fn published_tables() -> Option<&'static Tables> {
 #[cold]
 fn init_tables() -> Option<&'static Tables> {
     let records = map_anonymous(MAX_STACKS * std::mem::size_of::<Record>())?;
+    let children = map_anonymous(MAX_STACKS * 4)?;
     let first_index = map_anonymous(FIRST_INDEX_SLOTS * 4)?;
     let index = super::mapping::map_zeroed_aligned(INDEX_SLOTS * 4)?;
     let frames = map_anonymous(FRAME_CAPACITY * 8)?;
@@ -126,6 +142,8 @@ fn init_tables() -> Option<&'static Tables> {
     unsafe {
         header.write(Tables {
             records: records as *const Record,
+            children: children as *const AtomicU32,
+            child_count: AtomicU64::new(0),
             first_index: first_index as *const AtomicU32,
             index: index as *const AtomicU32,
             frames: frames as *mut u64,
@@ -400,6 +418,64 @@ pub fn intern_hashed(epoch: u32, frames: &[u64], tail: Option<SharedTail>, h: u6
     0
 }
 
+/// Ids from here on are first Python children: `CHILD_BASE + native`.
+pub const CHILD_BASE: u32 = MAX_STACKS as u32;
+
+/// The id of `[PY_STACK, native, python]` (a stack with Python frames, see
+/// `unwind::with_python_frames`; `h` its hash as `hash_frames` gives it), inserting it
+/// if new: `CHILD_BASE + native` when `python` is, or now becomes, `native`'s first
+/// Python part, else a record as any stack.
+#[inline]
+pub fn intern_child(epoch: u32, native: u32, python: u32, h: u64) -> u32 {
+    let frames = [super::python::PY_STACK, native as u64, python as u64];
+    let Some(t) = tables() else { return 0 };
+    if native == 0 || python == 0 || native >= CHILD_BASE {
+        return intern_hashed(epoch, &frames, None, h);
+    }
+    // SAFETY: native < MAX_STACKS, the children array's length.
+    let word = unsafe { &*t.children.add(native as usize) };
+    let first = match word.load(Ordering::Acquire) {
+        0 => match word.compare_exchange(0, python, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => {
+                t.child_count.fetch_add(1, Ordering::Relaxed);
+                python
+            }
+            // Another thread gave this native stack its first child meanwhile.
+            Err(won) => won,
+        },
+        first => first,
+    };
+    if first == python {
+        CHILD_BASE + native
+    } else {
+        intern_hashed(epoch, &frames, None, h)
+    }
+}
+
+/// A place for stack `id` in an array indexed by stack: stacks with records at even
+/// places, first Python children at odd ones; proportional to the records handed out.
+#[inline]
+pub fn dense_index(id: u32) -> usize {
+    if id >= CHILD_BASE {
+        2 * (id - CHILD_BASE) as usize + 1
+    } else {
+        2 * id as usize
+    }
+}
+
+/// `[PY_STACK, native, python]` of a first Python child, and `native`'s epoch; `None`
+/// while `native`'s record is still being written.
+fn child_frames(t: &Tables, id: u32) -> Option<(Vec<u64>, u32)> {
+    let native = id - CHILD_BASE;
+    if native as usize >= MAX_STACKS {
+        return Some((Vec::new(), 0));
+    }
+    t.parts(native)?;
+    // SAFETY: native < MAX_STACKS, the children array's length.
+    let python = unsafe { &*t.children.add(native as usize) }.load(Ordering::Acquire);
+    Some((vec![super::python::PY_STACK, native as u64, python as u64], t.record(native).epoch.load(Ordering::Relaxed)))
+}
+
 fn make_record(t: &Tables, h: u64, epoch: u32, frames: &[u64], tail: Option<SharedTail>) -> Option<u32> {
     let id = t.next_id.fetch_add(1, Ordering::Relaxed);
     if id as usize >= MAX_STACKS {
@@ -437,6 +513,11 @@ fn make_record(t: &Tables, h: u64, epoch: u32, frames: &[u64], tail: Option<Shar
     Some(id)
 }
 
+/// First Python children handed out so far (ids without a record).
+pub fn children() -> u64 {
+    tables().map_or(0, |t| t.child_count.load(Ordering::Relaxed))
+}
+
 /// Number of ids handed out so far (some may not be ready yet).
 pub fn count() -> u32 {
     tables().map(|t| t.next_id.load(Ordering::Acquire).min(MAX_STACKS as u32)).unwrap_or(1)
@@ -450,7 +531,10 @@ pub fn frames(id: u32) -> Option<Vec<u64>> {
 /// The frames of a stack and the dlclose epoch it was captured in, or `None` while its
 /// record is still being written.
 pub fn frames_and_epoch(id: u32) -> Option<(Vec<u64>, u32)> {
-    if id == 0 || id as usize >= MAX_STACKS {
+    if id >= CHILD_BASE {
+        return child_frames(tables()?, id);
+    }
+    if id == 0 {
         return Some((Vec::new(), 0));
     }
     let t = tables()?;
@@ -462,7 +546,10 @@ pub fn frames_and_epoch(id: u32) -> Option<(Vec<u64>, u32)> {
 
 /// The innermost frame of a stack, without reading the rest.
 pub fn innermost(id: u32) -> Option<u64> {
-    if id == 0 || id as usize >= MAX_STACKS {
+    if id >= CHILD_BASE {
+        return innermost(id - CHILD_BASE);
+    }
+    if id == 0 {
         return None;
     }
     let t = tables()?;
@@ -617,6 +704,56 @@ mod tests {
         for (i, id) in ids[0].iter().enumerate() {
             let i = i as u64;
             assert_eq!(frames(*id).unwrap(), [i, i * 3, 0x1000 + i]);
+        }
+    }
+
+    #[test]
+    fn python_children_have_one_id_per_combination_under_concurrency() {
+        const MARK: u64 = super::super::python::PY_STACK;
+        let natives: Vec<u32> = (0..300u64).map(|i| intern(9, &[0xaa00 + i, 0xbb])).collect();
+        let parts: Vec<u32> = (0..3u64).map(|i| intern(9, &[0xcc00 + i])).collect();
+        let child = |n: u32, p: u32| {
+            let frames = [MARK, n as u64, p as u64];
+            intern_child(9, n, p, hash_frames(9, &frames))
+        };
+        let ids: Vec<Vec<u32>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..8usize)
+                .map(|k| {
+                    let (natives, parts) = (&natives, &parts);
+                    // Each thread meets the Python parts in another order, so that
+                    // threads race for the first child of a stack with different ones.
+                    s.spawn(move || natives.iter().flat_map(|&n| (0..3).map(move |j| child(n, parts[(j + k) % 3]))).collect::<Vec<_>>())
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let by_pair = |k: usize| -> std::collections::BTreeMap<(u32, u32), u32> {
+            let mut m = std::collections::BTreeMap::new();
+            for (i, &n) in natives.iter().enumerate() {
+                for j in 0..3 {
+                    m.insert((n, parts[(j + k) % 3]), ids[k][i * 3 + j]);
+                }
+            }
+            m
+        };
+        let first = by_pair(0);
+        for k in 1..8 {
+            assert_eq!(by_pair(k), first, "thread {k} got other ids");
+        }
+        let distinct: std::collections::BTreeSet<u32> = first.values().copied().collect();
+        assert_eq!(distinct.len(), 900);
+        // Each native stack's first child is the record-less id; the other two are records.
+        for (i, &n) in natives.iter().enumerate() {
+            let kids: Vec<u32> = parts.iter().map(|&p| first[&(n, p)]).collect();
+            assert_eq!(kids.iter().filter(|&&id| id == CHILD_BASE + n).count(), 1, "{kids:?}");
+            assert!(kids.iter().all(|&id| id == CHILD_BASE + n || id < CHILD_BASE));
+            assert_eq!(innermost(CHILD_BASE + n), Some(0xaa00 + i as u64));
+        }
+        let places: std::collections::BTreeSet<usize> = first.values().chain(&natives).map(|&id| dense_index(id)).collect();
+        assert_eq!(places.len(), 1200, "dense places never collide");
+        for (&(n, p), &id) in &first {
+            assert_eq!(frames(id).unwrap(), [MARK, n as u64, p as u64]);
+            assert_eq!(child(n, p), id, "found again");
         }
     }
 

@@ -924,7 +924,7 @@ fn with_python_frames(state: &ThreadState, native: u32) -> u32 {
         return id;
     }
     let combined = [super::python::PY_STACK, native as u64, python as u64];
-    let id = stacks::intern_hashed(epoch, &combined, None, stacks::hash_frames(epoch, &combined));
+    let id = stacks::intern_child(epoch, native, python, stacks::hash_frames(epoch, &combined));
     if let Some(c) = cache {
         if id != 0 && python != 0 {
             c.put_combined(native, python, epoch, id);

@@ -45,11 +45,20 @@ pub struct Timeline {
     pub points: Vec<Point>,
     pub series: Vec<Series>,
     pub lines: Vec<LineSeries>,
-    /// Each stack's user line, worked out once (`None`: no Python frame of the user's).
-    line_of: crate::collector::state::FxMap<u32, Option<super::python::UserLine>>,
+    /// Each stack's user line, by stack id, worked out once: `LINE_UNKNOWN`, `NO_LINE`
+    /// (no Python frame of the user's) or an index into `known_lines`. A vector, not a
+    /// map: after `import torch` every snapshot looks up ~600k groups among 2M stacks,
+    /// and a hash map's probes were most of the collector's time then.
+    line_of: Vec<u32>,
     /// The same by Python part (`python::python_part`): decoded once per part.
-    line_of_part: crate::collector::state::FxMap<u32, Option<super::python::UserLine>>,
+    line_of_part: crate::collector::state::FxMap<u32, u32>,
+    /// The distinct user lines met, and their indices.
+    known_lines: Vec<super::python::UserLine>,
+    index_of_line: crate::collector::state::FxMap<super::python::UserLine, u32>,
 }
+
+const LINE_UNKNOWN: u32 = 0;
+const NO_LINE: u32 = u32::MAX;
 
 impl Timeline {
     pub fn record(&mut self, unix_ms: u64, snapshot: &Snapshot) {
@@ -109,22 +118,56 @@ impl Timeline {
     }
 
     /// Adds the point of each Python line (`n` points so far, this one included).
+    /// The user line of `stack` as `line_of` holds it (see there), worked out if new.
+    fn line_index(&mut self, stack: u32) -> u32 {
+        let slot = crate::hotpath::stacks::dense_index(stack);
+        if self.line_of.len() <= slot {
+            self.line_of.resize((slot + 1).next_power_of_two(), LINE_UNKNOWN);
+        }
+        if self.line_of[slot] != LINE_UNKNOWN {
+            return self.line_of[slot];
+        }
+        let found = match super::python::python_part(stack) {
+            None => NO_LINE,
+            Some(part) => match self.line_of_part.get(&part) {
+                Some(&i) => i,
+                None => {
+                    let i = match super::python::user_line_of_part(part) {
+                        None => NO_LINE,
+                        Some(line) => *self.index_of_line.entry(line).or_insert_with(|| {
+                            self.known_lines.push(line);
+                            self.known_lines.len() as u32
+                        }),
+                    };
+                    self.line_of_part.insert(part, i);
+                    i
+                }
+            },
+        };
+        self.line_of[slot] = found;
+        found
+    }
+
     fn record_lines(&mut self, snapshot: &Snapshot, n: usize) {
-        let mut sums: crate::collector::state::FxMap<super::python::UserLine, u64> = Default::default();
+        // By index into `known_lines` + 1.
+        let mut sums: Vec<u64> = Vec::new();
         for g in snapshot.groups.iter().filter(|g| g.stats.live_bytes > 0) {
-            let by_part = &mut self.line_of_part;
-            let line = *self.line_of.entry(g.stack).or_insert_with(|| {
-                let part = super::python::python_part(g.stack)?;
-                *by_part.entry(part).or_insert_with(|| super::python::user_line_of_part(part))
-            });
-            if let Some(l) = line {
-                *sums.entry(l).or_default() += g.stats.live_bytes;
+            let i = self.line_index(g.stack);
+            if i == NO_LINE {
+                continue;
             }
+            if sums.len() <= i as usize {
+                sums.resize(self.known_lines.len() + 1, 0);
+            }
+            sums[i as usize] += g.stats.live_bytes;
         }
+        sums.resize(self.known_lines.len() + 1, 0);
         for s in self.lines.iter_mut() {
-            s.bytes.push(sums.remove(&s.line).unwrap_or(0));
+            let i = self.index_of_line.get(&s.line).map_or(0, |&i| i as usize);
+            s.bytes.push(std::mem::take(&mut sums[i]));
         }
-        let mut newcomers: Vec<(super::python::UserLine, u64)> = sums.into_iter().filter(|e| e.1 > 0).collect();
+        let mut newcomers: Vec<(super::python::UserLine, u64)> =
+            sums.iter().enumerate().skip(1).filter(|e| *e.1 > 0).map(|(i, &b)| (self.known_lines[i - 1], b)).collect();
         newcomers.sort_by_key(|e| std::cmp::Reverse(e.1));
         for (line, bytes) in newcomers {
             let mut v = vec![0; n - 1];
