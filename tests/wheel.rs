@@ -27,7 +27,10 @@ fn pip_install_gives_a_command_that_finds_a_planted_leak() {
     let work = fresh_dir("wheel-run");
     std::fs::write(
         work.join("planted.py"),
-        "import ctypes\nlibc = ctypes.CDLL('libc.so.6')\nlibc.malloc.restype = ctypes.c_void_p\nstaging = libc.malloc(1 << 20)\ndel staging\nprint('trained')\n",
+        // Four staging buffers from one line, each dropped: the last one's address may
+        // stay in a dead slot of a live frame at exit, which the conservative scan
+        // counts as a reference (docs/design.md); the earlier ones are overwritten.
+        "import ctypes\nlibc = ctypes.CDLL('libc.so.6')\nlibc.malloc.restype = ctypes.c_void_p\nfor _ in range(4):\n    staging = libc.malloc(1 << 20)\ndel staging\nprint('trained')\n",
     )
     .unwrap();
     let home = work.join("home");
@@ -52,7 +55,9 @@ fn pip_install_gives_a_command_that_finds_a_planted_leak() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "trained\n");
     assert_eq!(out.status.code(), Some(23), "{err}");
-    assert!(err.contains("Leak of 1048576 byte(s) in 1 object(s) allocated from malloc"), "{err}");
+    let found = ["Leak of 4194304 byte(s) in 4 object(s) allocated from malloc", "Leak of 3145728 byte(s) in 3 object(s) allocated from malloc"];
+    assert!(found.iter().any(|f| err.contains(f)), "{err}");
+    assert!(err.contains("planted.py:5"), "the leak is named at the script's line: {err}");
 
     // The pytest plugin comes with the wheel (an entry point): `pytest --leaktrace`
     // with no `-p`, in the same environment.

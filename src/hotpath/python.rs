@@ -254,14 +254,37 @@ pub enum Found {
     Off(String),
 }
 
+/// Whether Python frames are wanted (`LEAKTRACE_PYTHON`), as the library's start said:
+/// an interpreter loaded later (`init_loaded`) gets them then.
+static WANTED: AtomicBool = AtomicBool::new(false);
+
 /// Looks for a CPython in the process (the executable or a library it loaded) and turns
 /// Python frames on when its layout is known. Runs at start-up, before the program's
 /// `main` (and so before the interpreter runs any Python).
 pub fn init(wanted: bool) -> Found {
+    WANTED.store(wanted, Ordering::Relaxed);
+    init_with(wanted, &crate::os::loader::global_symbol)
+}
+
+/// A CPython that the program loaded itself (`dlopen` of libpython, as a C++ program
+/// that embeds Python does) is found when the program looks up the function that
+/// starts it (`dlsym(handle, "Py_Initialize")`): `symbol` finds names in that library.
+/// Returns the stderr line to print when its frames cannot be read; nothing when frames
+/// are on already, or not wanted.
+pub fn init_loaded(symbol: &dyn Fn(&std::ffi::CStr) -> Option<usize>) -> Option<String> {
+    if interp().is_some() || !WANTED.load(Ordering::Relaxed) {
+        return None;
+    }
+    match init_with(true, symbol) {
+        Found::Off(line) if !line.is_empty() => Some(line),
+        _ => None,
+    }
+}
+
+fn init_with(wanted: bool, symbol: &dyn Fn(&std::ffi::CStr) -> Option<usize>) -> Found {
     if interp().is_some() {
         return Found::On(minor().unwrap_or(0));
     }
-    let symbol = crate::os::loader::global_symbol;
     let (Some(init_fn), Some(tstate_fn), Some(code_type), Some(version_fn)) =
         (symbol(c"Py_IsInitialized"), symbol(c"PyGILState_GetThisThreadState"), symbol(c"PyCode_Type"), symbol(c"Py_GetVersion"))
     else {
@@ -305,7 +328,13 @@ pub fn init(wanted: bool) -> Found {
         this_thread_state: unsafe { std::mem::transmute::<usize, extern "C" fn() -> usize>(tstate_fn) },
         code_type: code_type as u64,
     });
-    INTERP.store(Box::into_raw(interp), Ordering::Release);
+    let interp = Box::into_raw(interp);
+    if INTERP.compare_exchange(std::ptr::null_mut(), interp, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        // Another thread found it first (two `dlsym`s at once): its answer stands.
+        // SAFETY: ours, never published.
+        drop(unsafe { Box::from_raw(interp) });
+        return Found::On(minor().unwrap_or(0));
+    }
     ON.store(true, Ordering::Release);
     Found::On(layout.minor)
 }

@@ -80,13 +80,36 @@ fn forget(addr: u64) {
     }
 }
 
+/// Whether the scan wants the arenas (`install` was called at the library's start): an
+/// interpreter loaded later gets the hooks too (`install_loaded`).
+static WANTED: AtomicBool = AtomicBool::new(false);
+
 /// Installs the arena hooks in a process that runs CPython with pymalloc; returns
 /// whether they are in place. Call before the interpreter starts (the library's start).
 pub fn install() -> bool {
+    WANTED.store(true, Ordering::Relaxed);
+    install_with(&crate::os::loader::global_symbol)
+}
+
+/// `install` for a libpython the program loaded itself, found by `symbol`, when the
+/// program is about to start it (see `python::init_loaded`): only while that
+/// interpreter is not initialised, so that no arena was mapped unseen.
+pub fn install_loaded(symbol: &dyn Fn(&std::ffi::CStr) -> Option<usize>) -> bool {
+    if table().is_some() || !WANTED.load(Ordering::Relaxed) {
+        return table().is_some();
+    }
+    let Some(is_initialized) = symbol(c"Py_IsInitialized") else { return false };
+    // SAFETY: the interpreter's exported `int Py_IsInitialized(void)`, callable at any time.
+    if unsafe { std::mem::transmute::<usize, extern "C" fn() -> i32>(is_initialized)() } != 0 {
+        return false;
+    }
+    install_with(symbol)
+}
+
+fn install_with(symbol: &dyn Fn(&std::ffi::CStr) -> Option<usize>) -> bool {
     if table().is_some() {
         return true;
     }
-    let symbol = crate::os::loader::global_symbol;
     let (Some(get), Some(set)) = (symbol(c"PyObject_GetArenaAllocator"), symbol(c"PyObject_SetArenaAllocator")) else {
         return false;
     };

@@ -116,7 +116,27 @@ extern "C" fn dlsym_wrapped(handle: *mut c_void, name: *const c_char) -> *mut c_
     if let Some(hook) = super::malloc::hook_for(n.to_bytes(), p as usize) {
         return hook as *mut c_void;
     }
+    if starts_python(n.to_bytes()) {
+        python_library_seen(handle as usize);
+    }
     substitute_named(n, p as usize).map(|w| w as *mut c_void).unwrap_or(p)
+}
+
+/// The names a program that loaded libpython itself calls to start the interpreter.
+fn starts_python(name: &[u8]) -> bool {
+    name.starts_with(b"Py_Initialize") || name == b"Py_Main" || name == b"Py_BytesMain"
+}
+
+/// A program looked up how to start a CPython in `handle` (its own `dlopen` of
+/// libpython): the arena hooks and Python frames, which the library's start could not
+/// find then, are set up from that library now, before the interpreter starts.
+#[cold]
+fn python_library_seen(handle: usize) {
+    let symbol = |name: &CStr| Some(real_dlsym(handle, name)).filter(|&p| p != 0);
+    super::pymalloc::install_loaded(&symbol);
+    if let Some(line) = crate::hotpath::python::init_loaded(&symbol) {
+        crate::os::fds::write_stderr(format!("{line}\n").as_bytes());
+    }
 }
 
 /// The wrapper for the real function `real`, known to be the symbol `name`.
