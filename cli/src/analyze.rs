@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use crate::growth::{self, Growth};
 use crate::model::{Group, Report};
-use crate::suppress::{self, Suppressions};
+use leaktrace_common::Suppressions;
 
 #[derive(Clone, Debug, Default)]
 pub struct Filters {
@@ -79,7 +79,7 @@ pub fn analyze(reports: &[Report], filters: &Filters) -> Analysis {
             let (mut suppressed_groups, mut suppressed_bytes) = (0, 0);
             let (mut reachable_groups, mut reachable_bytes) = (0, 0);
             let (mut cached_groups, mut cached_bytes) = (0, 0);
-            let applied = filters.suppressions.as_ref().map(|s| suppress::apply(s, &r.leaks));
+            let applied = filters.suppressions.as_ref().map(|s| s.apply_to_groups(&r.leaks));
             for (i, g) in r.leaks.iter().enumerate() {
                 // What a caching allocator holds at exit is its cache (docs/report-format.md).
                 if g.cached_by.is_some() && !filters.include_cached {
@@ -124,7 +124,7 @@ pub fn analyze(reports: &[Report], filters: &Filters) -> Analysis {
                 .into_iter()
                 .filter(|gr| {
                     let as_group = Group { stack: gr.stack.clone(), ..Default::default() };
-                    filters.suppressions.as_ref().and_then(|s| suppress::matching(s, &as_group)).is_none()
+                    filters.suppressions.as_ref().and_then(|s| s.matching_group(&as_group)).is_none()
                 })
                 .collect();
             ProcessAnalysis {

@@ -12,7 +12,6 @@ mod html;
 mod model;
 mod render;
 mod run;
-mod suppress;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -197,7 +196,7 @@ fn usage(message: String) -> Fail {
 fn filters(f: &FilterArgs) -> Result<Filters, Fail> {
     render::NATIVE_FRAMES.store(f.native_frames, std::sync::atomic::Ordering::Relaxed);
     let suppressions = match &f.suppressions {
-        Some(p) => Some(suppress::Suppressions::load(p).map_err(usage)?),
+        Some(p) => Some(leaktrace_common::Suppressions::load(p).map_err(usage)?),
         None => None,
     };
     Ok(Filters {

@@ -71,7 +71,7 @@ impl Reachability {
 
     /// Definite + indirect: what counts as leaked.
     pub fn leaked(&self) -> Amount {
-        Amount { bytes: self.definite.bytes + self.indirect.bytes, blocks: self.definite.blocks + self.indirect.blocks }
+        Amount { bytes: self.definite.bytes.saturating_add(self.indirect.bytes), blocks: self.definite.blocks.saturating_add(self.indirect.blocks) }
     }
 }
 

@@ -3,6 +3,7 @@
 //! blank lines ignored. A pattern matches a function, source file or module name; `*`
 //! matches any run of characters, `^` anchors the start and `$` the end, otherwise the
 //! pattern may match anywhere (as in LSan).
+use crate::report_schema::Group;
 
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Suppressions {
@@ -113,6 +114,33 @@ impl Suppressions {
     }
 }
 
+impl Suppressions {
+    /// `apply` to a report's leak groups: the library's exit summary and the command's
+    /// reports see the same groups the same way.
+    pub fn apply_to_groups(&self, groups: &[Group]) -> Applied {
+        let from: Vec<Vec<(u32, u64, u64)>> = groups.iter().map(|g| g.indirect_from.iter().map(|f| (f.stack_id, f.bytes, f.blocks)).collect()).collect();
+        let candidates: Vec<Candidate> = groups
+            .iter()
+            .zip(&from)
+            .map(|(g, from)| {
+                let leaked = g.leaked();
+                Candidate { stack_id: g.stack_id, names: group_names(g).collect(), leaked: (leaked.bytes, leaked.blocks), indirect_from: from }
+            })
+            .collect();
+        self.apply(&candidates)
+    }
+
+    /// The first pattern that suppresses `group`, if any.
+    pub fn matching_group(&self, group: &Group) -> Option<&str> {
+        self.matching(group_names(group))
+    }
+}
+
+/// Every function, file and module name of a group's stack: what patterns match.
+pub fn group_names(group: &Group) -> impl Iterator<Item = &str> + Clone {
+    group.stack.iter().flat_map(|f| [f.function.as_deref(), f.file.as_deref(), f.module.as_deref()].into_iter().flatten())
+}
+
 /// LeakSanitizer's table of the suppressions that matched, or "" when none did.
 pub fn used_table(used: &[Used]) -> String {
     if used.is_empty() {
@@ -168,6 +196,25 @@ fn glob(p: &[u8], s: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_group_matches_by_function_file_or_module() {
+        let g = Group {
+            stack: vec![crate::report_schema::Frame {
+                function: Some("make_layer".into()),
+                file: Some("/src/net.c".into()),
+                module: Some("/usr/lib/libnet.so".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        for pat in ["make_layer", "^/src/net.c$", "libnet.so", "make_*"] {
+            let s = Suppressions { patterns: vec![pat.into()] };
+            assert_eq!(s.matching_group(&g), Some(pat));
+        }
+        let none = Suppressions { patterns: vec!["other".into()] };
+        assert_eq!(none.matching_group(&g), None);
+    }
 
     #[test]
     fn lsan_template_semantics() {

@@ -422,15 +422,16 @@ pub fn intern_hashed(epoch: u32, frames: &[u64], tail: Option<SharedTail>, h: u6
 pub const CHILD_BASE: u32 = MAX_STACKS as u32;
 
 /// The id of `[PY_STACK, native, python]` (a stack with Python frames, see
-/// `unwind::with_python_frames`; `h` its hash as `hash_frames` gives it), inserting it
-/// if new: `CHILD_BASE + native` when `python` is, or now becomes, `native`'s first
-/// Python part, else a record as any stack.
+/// `unwind::with_python_frames`), inserting it if new: `CHILD_BASE + native` when
+/// `python` is, or now becomes, `native`'s first Python part, else a record as any
+/// stack (hashed only then).
 #[inline]
-pub fn intern_child(epoch: u32, native: u32, python: u32, h: u64) -> u32 {
+pub fn intern_child(epoch: u32, native: u32, python: u32) -> u32 {
     let frames = [super::python::PY_STACK, native as u64, python as u64];
+    let as_record = || intern_hashed(epoch, &frames, None, hash_frames(epoch, &frames));
     let Some(t) = tables() else { return 0 };
     if native == 0 || python == 0 || native >= CHILD_BASE {
-        return intern_hashed(epoch, &frames, None, h);
+        return as_record();
     }
     // SAFETY: native < MAX_STACKS, the children array's length.
     let word = unsafe { &*t.children.add(native as usize) };
@@ -448,7 +449,7 @@ pub fn intern_child(epoch: u32, native: u32, python: u32, h: u64) -> u32 {
     if first == python {
         CHILD_BASE + native
     } else {
-        intern_hashed(epoch, &frames, None, h)
+        as_record()
     }
 }
 
@@ -712,10 +713,7 @@ mod tests {
         const MARK: u64 = super::super::python::PY_STACK;
         let natives: Vec<u32> = (0..300u64).map(|i| intern(9, &[0xaa00 + i, 0xbb])).collect();
         let parts: Vec<u32> = (0..3u64).map(|i| intern(9, &[0xcc00 + i])).collect();
-        let child = |n: u32, p: u32| {
-            let frames = [MARK, n as u64, p as u64];
-            intern_child(9, n, p, hash_frames(9, &frames))
-        };
+        let child = |n: u32, p: u32| intern_child(9, n, p);
         let ids: Vec<Vec<u32>> = std::thread::scope(|s| {
             let hs: Vec<_> = (0..8usize)
                 .map(|k| {

@@ -906,8 +906,9 @@ pub fn capture_stack_id(state: &ThreadState, depth: usize) -> u32 {
 /// `[PY_FRAMES, python words…]` (see `python::capture`). Python frames are part of a
 /// stack's identity: two lines that reach one native path are two stacks. The Python
 /// part is interned on its own: a few thousand distinct ones serve every native stack
-/// under them, so a new combined stack costs three words, not forty. The thread's
-/// `ThreadCache` answers the repeated lookups of a loop.
+/// under them, so a new combined stack costs a record of three words, not forty, and
+/// the first one of each native stack no record at all (`stacks::intern_child`). The
+/// thread's `ThreadCache` answers the repeated lookups of a loop.
 #[inline(always)]
 fn with_python_frames(state: &ThreadState, native: u32) -> u32 {
     let mut cache = memo_for_thread(state).map(|m| &mut m.py);
@@ -923,8 +924,7 @@ fn with_python_frames(state: &ThreadState, native: u32) -> u32 {
     if let Some(id) = cache.as_deref().and_then(|c| c.combined(native, python, epoch)) {
         return id;
     }
-    let combined = [super::python::PY_STACK, native as u64, python as u64];
-    let id = stacks::intern_child(epoch, native, python, stacks::hash_frames(epoch, &combined));
+    let id = stacks::intern_child(epoch, native, python);
     if let Some(c) = cache {
         if id != 0 && python != 0 {
             c.put_combined(native, python, epoch, id);

@@ -370,28 +370,12 @@ pub fn write_report_json(w: impl std::io::Write, parts: &ReportParts) -> std::io
 }
 
 pub(crate) use leaktrace_common::frame_text::frame_line as frame_text;
-/// Splits groups into those to show and the number suppressed (by function, file or
-/// module name of any frame).
+
 /// The groups the exit summary shows after `s` (LeakSanitizer's semantics: a suppressed
 /// leak takes the indirect leaks that hang from it along), how many were suppressed, and
 /// the patterns that matched.
 pub fn apply_suppressions(groups: &[Group], s: &leaktrace_common::Suppressions) -> (Vec<Group>, usize, Vec<leaktrace_common::suppressions::Used>) {
-    use leaktrace_common::suppressions::Candidate;
-    let from: Vec<Vec<(u32, u64, u64)>> = groups.iter().map(|g| g.indirect_from.iter().map(|f| (f.stack_id, f.bytes, f.blocks)).collect()).collect();
-    let candidates: Vec<Candidate> = groups
-        .iter()
-        .zip(&from)
-        .map(|(g, from)| Candidate {
-            stack_id: g.stack_id,
-            names: g.stack.iter().flat_map(|f| [f.function.as_deref(), f.file.as_deref(), f.module.as_deref()].into_iter().flatten()).collect(),
-            leaked: match g.reachability {
-                Some(r) => (r.leaked().bytes, r.leaked().blocks),
-                None => (g.bytes, g.blocks),
-            },
-            indirect_from: from,
-        })
-        .collect();
-    let applied = s.apply(&candidates);
+    let applied = s.apply_to_groups(groups);
     let mut shown = Vec::new();
     for (i, g) in groups.iter().enumerate() {
         if applied.suppressed[i] {
@@ -412,11 +396,11 @@ pub fn apply_suppressions(groups: &[Group], s: &leaktrace_common::Suppressions) 
 /// What a group counts as leaked: definite + indirect with a scan, everything
 /// outstanding without one, nothing when a caching allocator holds it.
 fn counted(g: &Group) -> (u64, u64) {
-    match (&g.cached_by, g.reachability) {
-        (Some(_), _) => (0, 0),
-        (None, Some(r)) => (r.leaked().bytes, r.leaked().blocks),
-        (None, None) => (g.bytes, g.blocks),
+    if g.cached_by.is_some() {
+        return (0, 0);
     }
+    let leaked = g.leaked();
+    (leaked.bytes, leaked.blocks)
 }
 
 /// Leaked bytes and blocks of `groups` (as the exit summary counts them), with the

@@ -117,7 +117,6 @@ impl Timeline {
         }
     }
 
-    /// Adds the point of each Python line (`n` points so far, this one included).
     /// The user line of `stack` as `line_of` holds it (see there), worked out if new.
     fn line_index(&mut self, stack: u32) -> u32 {
         let slot = crate::hotpath::stacks::dense_index(stack);
@@ -148,6 +147,7 @@ impl Timeline {
         found
     }
 
+    /// Adds the point of each Python line (`n` points so far, this one included).
     fn record_lines(&mut self, snapshot: &Snapshot, n: usize) {
         // By index into `known_lines` + 1.
         let mut sums: Vec<u64> = Vec::new();

@@ -193,7 +193,6 @@ pub struct Roots<'r> {
     pub python_arenas: &'r [(u64, u64)],
 }
 
-/// Classifies every block against `roots`, without allocating.
 /// How deep inside a block a word of a Python object may point and still count as a
 /// reference to it. An object that owns a buffer holds its start (it must, to free it);
 /// a pointer into the middle of a large block from a small Python object is what an
@@ -204,19 +203,24 @@ pub struct Roots<'r> {
 /// block, as LeakSanitizer counts them.
 pub const PYTHON_INTERIOR: u64 = 4096;
 
+/// Classifies every block against `roots`, without allocating.
 pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut Scratch) {
     let Scratch { index, verdicts, owners, reached, indirect, work } = s;
     let index = &*index;
-    let mark_from = |start: u64, len: u64, reached: &mut Vec<bool>, work: &mut Vec<usize>, keeps_cuda: bool| {
+    // A word keeps the block it points into when it lies within `within` bytes of the
+    // block's start (everywhere but in Python objects: anywhere inside).
+    let mark_within = |start: u64, len: u64, reached: &mut Vec<bool>, work: &mut Vec<usize>, keeps_cuda: bool, within: u64| {
         mem.words(start, len, &mut |w| {
             if let Some(i) = index.find(w) {
-                if !reached[i] && (keeps_cuda || !blocks[i].cuda) && w != blocks[i].not_a_reference {
+                if !reached[i] && (keeps_cuda || !blocks[i].cuda) && w - blocks[i].start < within && w != blocks[i].not_a_reference {
                     reached[i] = true;
                     work.push(i);
                 }
             }
         });
     };
+    let mark_from =
+        |start: u64, len: u64, reached: &mut Vec<bool>, work: &mut Vec<usize>, keeps_cuda: bool| mark_within(start, len, reached, work, keeps_cuda, u64::MAX);
     let trace = |reached: &mut Vec<bool>, work: &mut Vec<usize>, keeps_cuda: bool| {
         while let Some(i) = work.pop() {
             if !blocks[i].opaque {
@@ -245,16 +249,7 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
     // Python objects (at most 512 bytes each) in pymalloc's arenas: a word pointing deep
     // inside a block is taken for stale data, not a reference (see `PYTHON_INTERIOR`).
     for &arena in roots.python_arenas {
-        super::pymalloc::live_runs(mem, arena, |start, len| {
-            mem.words(start, len, &mut |w| {
-                if let Some(i) = index.find(w) {
-                    if !reached[i] && w - blocks[i].start < PYTHON_INTERIOR && w != blocks[i].not_a_reference {
-                        reached[i] = true;
-                        work.push(i);
-                    }
-                }
-            });
-        });
+        super::pymalloc::live_runs(mem, arena, |start, len| mark_within(start, len, reached, work, true, PYTHON_INTERIOR));
     }
     trace(reached, work, true);
     for &(start, len) in roots.runtime {
@@ -512,6 +507,7 @@ mod tests {
         use Verdict::*;
         assert_eq!(s.verdicts, vec![Reachable, Definite, Definite]);
     }
+
     #[test]
     fn a_python_object_keeps_a_block_by_its_start_not_by_a_word_deep_inside_it() {
         let b: Vec<Block> = [(0x20_0000, 0x8000), (0x30_0000, 0x8000), (0x40_0000, 0x100)]
