@@ -140,6 +140,13 @@ pub trait Memory {
     /// Generic, not `dyn`: the visitor runs once per word of the heap (tens of millions
     /// in a large process) and must inline into the loop that reads the words.
     fn words(&self, start: u64, len: u64, visit: &mut impl FnMut(u64)) -> bool;
+
+    /// Like `words`, for root memory (module data, stacks, TLS): memory that is not a
+    /// tracked block, which a thread the scan cannot hold (or the C library acting for
+    /// one) may unmap while it is read. The default reads it as `words` does.
+    fn root_words(&self, start: u64, len: u64, visit: &mut impl FnMut(u64)) -> bool {
+        self.words(start, len, visit)
+    }
 }
 
 /// Working memory for `classify_into`, allocated before other threads are stopped
@@ -209,18 +216,22 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
     let index = &*index;
     // A word keeps the block it points into when it lies within `within` bytes of the
     // block's start (everywhere but in Python objects: anywhere inside).
-    let mark_within = |start: u64, len: u64, reached: &mut Vec<bool>, work: &mut Vec<usize>, keeps_cuda: bool, within: u64| {
-        mem.words(start, len, &mut |w| {
-            if let Some(i) = index.find(w) {
-                if !reached[i] && (keeps_cuda || !blocks[i].cuda) && w - blocks[i].start < within && w != blocks[i].not_a_reference {
-                    reached[i] = true;
-                    work.push(i);
-                }
+    let keep = |w: u64, reached: &mut Vec<bool>, work: &mut Vec<usize>, keeps_cuda: bool, within: u64| {
+        if let Some(i) = index.find(w) {
+            if !reached[i] && (keeps_cuda || !blocks[i].cuda) && w - blocks[i].start < within && w != blocks[i].not_a_reference {
+                reached[i] = true;
+                work.push(i);
             }
-        });
+        }
+    };
+    let mark_within = |start: u64, len: u64, reached: &mut Vec<bool>, work: &mut Vec<usize>, keeps_cuda: bool, within: u64| {
+        mem.words(start, len, &mut |w| keep(w, reached, work, keeps_cuda, within));
     };
     let mark_from =
         |start: u64, len: u64, reached: &mut Vec<bool>, work: &mut Vec<usize>, keeps_cuda: bool| mark_within(start, len, reached, work, keeps_cuda, u64::MAX);
+    let mark_root = |start: u64, len: u64, reached: &mut Vec<bool>, work: &mut Vec<usize>, keeps_cuda: bool| {
+        mem.root_words(start, len, &mut |w| keep(w, reached, work, keeps_cuda, u64::MAX));
+    };
     let trace = |reached: &mut Vec<bool>, work: &mut Vec<usize>, keeps_cuda: bool| {
         while let Some(i) = work.pop() {
             if !blocks[i].opaque {
@@ -244,7 +255,7 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
         }
     }
     for &(start, len) in roots.program {
-        mark_from(start, len, reached, work, true);
+        mark_root(start, len, reached, work, true);
     }
     // Python objects (at most 512 bytes each) in pymalloc's arenas: a word pointing deep
     // inside a block is taken for stale data, not a reference (see `PYTHON_INTERIOR`).
@@ -253,7 +264,7 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
     }
     trace(reached, work, true);
     for &(start, len) in roots.runtime {
-        mark_from(start, len, reached, work, false);
+        mark_root(start, len, reached, work, false);
     }
     trace(reached, work, false);
     // Every block a leaked block points to (other than itself) is an indirect leak.

@@ -51,6 +51,7 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
     let maps = roots::writable_mappings();
     let (module_ranges, runtime_module_ranges) = roots::module_data();
     let mut pages = roots::WrittenPages::prepare();
+    let memory = roots::ProcessMemory::copying_roots(&maps);
     let mut root_ranges = Vec::new();
     let mut runtime_ranges = Vec::with_capacity(roots::WrittenPages::bound(&runtime_module_ranges));
     let forked_child = !inherited.is_empty();
@@ -84,7 +85,7 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
     }
     let all_roots =
         mark::Roots { program: &root_ranges, runtime: &runtime_ranges, inherited, changed_since_fork: &changed_since_fork, python_arenas: &python_arenas };
-    mark::classify_into(blocks, &all_roots, &roots::ProcessMemory { readable: &maps }, &mut scratch);
+    mark::classify_into(blocks, &all_roots, &memory, &mut scratch);
     roots::resume(stopped.asked);
     let info = ScanInfo {
         ran: true,

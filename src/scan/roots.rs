@@ -344,34 +344,103 @@ pub fn own_stack(maps: &[(u64, u64)], roots: &mut Vec<(u64, u64)>, regs: &mut Ve
 pub struct ProcessMemory<'a> {
     /// `(start, end)` of each readable mapping, sorted and disjoint (as
     /// `/proc/self/maps` lists them).
-    pub readable: &'a [(u64, u64)],
+    readable: &'a [(u64, u64)],
+    /// Where root memory is copied to before it is read (`process_vm_readv`); `None`:
+    /// roots are read in place, as blocks are.
+    root_buffer: std::cell::Cell<Option<Box<[u64]>>>,
+}
+
+/// Words copied at a time by `root_words`.
+const ROOT_CHUNK_WORDS: usize = 8192;
+
+/// Copies `buf.len()` words from `from` in this process; returns how many bytes came
+/// (from the start: the copy stops at the first page that is not mapped).
+fn copy_own_memory(from: u64, buf: &mut [u64]) -> usize {
+    let local = libc::iovec { iov_base: buf.as_mut_ptr() as *mut c_void, iov_len: buf.len() * 8 };
+    let remote = libc::iovec { iov_base: from as *mut c_void, iov_len: buf.len() * 8 };
+    // SAFETY: writes at most `buf.len() * 8` bytes into `buf`; the kernel checks the
+    // remote range and fails rather than faulting.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    n.max(0) as usize
+}
+
+impl<'a> ProcessMemory<'a> {
+    /// Reads roots and blocks in place (tests, and where the copy is refused).
+    pub fn new(readable: &'a [(u64, u64)]) -> Self {
+        ProcessMemory { readable, root_buffer: std::cell::Cell::new(None) }
+    }
+
+    /// Copies root memory with `process_vm_readv` before reading it: a mapping a thread
+    /// the scan does not hold unmaps meanwhile (glibc frees cached thread stacks when a
+    /// detached thread exits, say) makes the copy come short instead of faulting. Blocks
+    /// are still read in place: only their owner frees them. Allocates: call before
+    /// threads are held. Where the system refuses the call (seccomp), roots are read in
+    /// place.
+    pub fn copying_roots(readable: &'a [(u64, u64)]) -> Self {
+        let mut buf = vec![0u64; ROOT_CHUNK_WORDS].into_boxed_slice();
+        let probe = [0x5eed_u64; 1];
+        let works = copy_own_memory(probe.as_ptr() as u64, &mut buf[..1]) == 8 && buf[0] == 0x5eed;
+        ProcessMemory { readable, root_buffer: std::cell::Cell::new(works.then_some(buf)) }
+    }
+
+    /// The parts of `[start, start + len)` inside a readable mapping, in order. A
+    /// module's data segment is often two mappings (.data from the file, .bss
+    /// anonymous): every piece in a known mapping is read, never a guard page or a hole.
+    /// The mappings are sorted and disjoint: start at the first that ends after `start`
+    /// (a PyTorch process has hundreds, and this runs once per reached block).
+    #[inline(always)]
+    fn pieces(&self, start: u64, len: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let end = start.saturating_add(len);
+        let first = self.readable.partition_point(|&(_, b)| b <= start);
+        self.readable[first..].iter().take_while(move |&&(a, _)| a < end).map(move |&(a, b)| (start.max(a), end.min(b))).filter(|(lo, hi)| lo < hi)
+    }
 }
 
 impl Memory for ProcessMemory<'_> {
     fn words(&self, start: u64, len: u64, visit: &mut impl FnMut(u64)) -> bool {
-        let end = start.saturating_add(len);
         let mut any = false;
-        // A module's data segment is often two mappings (.data from the file, .bss
-        // anonymous): read every piece of the range that lies in a known mapping, never
-        // a guard page or a hole. The mappings are sorted and disjoint: start at the
-        // first that ends after `start` (a PyTorch process has hundreds, and this runs
-        // once per reached block).
-        let first = self.readable.partition_point(|&(_, b)| b <= start);
-        for &(a, b) in self.readable[first..].iter().take_while(|&&(a, _)| a < end) {
-            let lo = start.max(a);
-            let hi = end.min(b);
-            if lo >= hi {
-                continue;
-            }
+        for (lo, hi) in self.pieces(start, len) {
             any = true;
             let mut p = (lo + 7) & !7;
             while p + 8 <= hi {
                 // SAFETY: [p, p+8) lies inside a mapping that was readable and writable
-                // when the maps were read; nothing unmaps memory while threads are held.
+                // when the maps were read, and it is a block's or a held thread's: its
+                // owner is held, or the scanning thread itself.
                 visit(unsafe { std::ptr::read_volatile(p as *const u64) });
                 p += 8;
             }
         }
+        any
+    }
+
+    fn root_words(&self, start: u64, len: u64, visit: &mut impl FnMut(u64)) -> bool {
+        let Some(mut buf) = self.root_buffer.take() else { return self.words(start, len, visit) };
+        let page = page_size();
+        let mut any = false;
+        for (lo, hi) in self.pieces(start, len) {
+            any = true;
+            let mut p = (lo + 7) & !7;
+            while p + 8 <= hi {
+                let want = (((hi - p) / 8) as usize).min(buf.len());
+                let got = copy_own_memory(p, &mut buf[..want]) / 8;
+                for &w in &buf[..got] {
+                    visit(w);
+                }
+                p += got as u64 * 8;
+                if got < want {
+                    // Something in the chunk was unmapped since the maps were read: the
+                    // rest of this page alone, then skip it if it is the one gone.
+                    let page_end = (p / page + 1) * page;
+                    let n = ((page_end.min(hi) - p) / 8) as usize;
+                    let got = copy_own_memory(p, &mut buf[..n]) / 8;
+                    for &w in &buf[..got] {
+                        visit(w);
+                    }
+                    p = if got < n { page_end } else { p + n as u64 * 8 };
+                }
+            }
+        }
+        self.root_buffer.set(Some(buf));
         any
     }
 }
@@ -411,26 +480,37 @@ pub fn record_main_tls() {
     // SAFETY: dlsym with a valid handle and NUL-terminated name.
     let size_sym = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_thread_db_sizeof_pthread".as_ptr()) };
     // SAFETY: glibc's `const uint32_t _thread_db_sizeof_pthread`, when it exists.
-    let tcb_size = if size_sym.is_null() { 64 } else { u64::from(unsafe { *(size_sym as *const u32) }).clamp(64, 1 << 16) };
+    let pthread_size = (!size_sym.is_null()).then(|| u64::from(unsafe { *(size_sym as *const u32) })).filter(|s| (64..1 << 16).contains(s));
     // SAFETY: arch_prctl(ARCH_GET_FS) writes the thread pointer to a valid u64.
     if unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_GET_FS, &mut fs as *mut u64) } == 0 && fs != 0 {
-        out.push((fs, tcb_size));
+        out.push((fs, pthread_size.unwrap_or(64)));
         // The whole static TLS area below the thread pointer, its surplus included:
         // glibc places the TLS of a module loaded later with dlopen there when it fits,
         // and only modules loaded before now are in the list above.
         // SAFETY: dlsym with a valid handle and NUL-terminated name.
         let info = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_dl_get_tls_static_info".as_ptr()) };
-        if !info.is_null() {
+        if let (false, Some(tcb)) = (info.is_null(), pthread_size) {
             let (mut size, mut align) = (0usize, 0usize);
             // SAFETY: ld.so's `void _dl_get_tls_static_info (size_t *, size_t *)`.
             unsafe { std::mem::transmute::<*mut c_void, extern "C" fn(*mut usize, *mut usize)>(info)(&mut size, &mut align) };
-            if size > 0 && size < 1 << 24 && (size as u64) < fs {
-                out.push((fs - size as u64, size as u64));
+            if let Some(below) = static_tls_below_thread_pointer(size as u64, tcb, fs) {
+                out.push((fs - below, below));
             }
         }
         MAIN_THREAD_POINTER.store(fs, Ordering::Relaxed);
     }
     let _ = MAIN_TLS.set(out);
+}
+
+/// How many bytes of static TLS lie below the thread pointer (x86-64 puts the thread
+/// control block after the TLS blocks). The size ld.so reports covers the control block
+/// too: the area is one allocation `[fs - (size - tcb), fs + tcb)`. Taking all of `size`
+/// below `fs` read up to `tcb` bytes of whatever lies under that allocation — the top of
+/// a thread stack or a mapping that may be unmapped while the scan reads it (a forked
+/// child's scan faulted there about once in 100 runs).
+fn static_tls_below_thread_pointer(size: u64, tcb: u64, fs: u64) -> Option<u64> {
+    let below = size.checked_sub(tcb)?;
+    (below > 0 && below < 1 << 24 && below <= fs).then_some(below)
 }
 
 static MAIN_THREAD_POINTER: AtomicU64 = AtomicU64::new(0);
@@ -663,6 +743,74 @@ mod tests {
     const F: u64 = PM_PRESENT | PM_FILE_OR_SHARED; // present, still the file's page
     const S: u64 = PM_SWAPPED;
 
+    /// Roots are copied: a page unmapped after the maps were read is skipped, the rest of
+    /// the range read whole (in place, the read would fault), and where nothing changed
+    /// the copy reads what an in-place read does.
+    #[test]
+    fn a_root_page_unmapped_after_the_maps_were_read_is_skipped_not_faulted_on() {
+        let page = page_size();
+        let pages = 2 * ROOT_CHUNK_WORDS as u64 * 8 / page + 3;
+        // SAFETY: a fresh anonymous mapping, written and unmapped only here.
+        let base = unsafe {
+            libc::mmap(std::ptr::null_mut(), (pages * page) as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        } as u64;
+        assert_ne!(base, libc::MAP_FAILED as u64);
+        let words = pages * page / 8;
+        for i in 0..words {
+            unsafe { *((base + i * 8) as *mut u64) = i };
+        }
+        let readable = [(base, base + pages * page)];
+        let mem = ProcessMemory::copying_roots(&readable);
+        let (mut copied, mut in_place) = (Vec::new(), Vec::new());
+        assert!(mem.root_words(base + 12, pages * page - 20, &mut |w| copied.push(w)));
+        mem.words(base + 12, pages * page - 20, &mut |w| in_place.push(w));
+        assert_eq!(copied, in_place);
+        // Unmap one page in the middle of the second chunk, one at the very end.
+        let gone = [ROOT_CHUNK_WORDS as u64 * 8 / page + 1, pages - 1];
+        for g in gone {
+            unsafe { libc::munmap((base + g * page) as *mut c_void, page as usize) };
+        }
+        let mut seen = Vec::new();
+        assert!(mem.root_words(base, pages * page, &mut |w| seen.push(w)));
+        let expected: Vec<u64> = (0..words).filter(|i| !gone.contains(&(i * 8 / page))).collect();
+        assert_eq!(seen.len(), expected.len());
+        assert!(seen == expected);
+        unsafe { libc::munmap(base as *mut c_void, (pages * page) as usize) };
+    }
+
+    /// glibc's static TLS size counts the thread control block: only the rest lies below
+    /// the thread pointer, and every module's static TLS block of this thread is in it.
+    #[test]
+    fn static_tls_below_the_thread_pointer_leaves_out_the_control_block() {
+        assert_eq!(static_tls_below_thread_pointer(0x1140, 0x940, 1 << 40), Some(0x800));
+        assert_eq!(static_tls_below_thread_pointer(0x900, 0x940, 1 << 40), None);
+        assert_eq!(static_tls_below_thread_pointer(0x1140, 0x940, 0x100), None);
+        // This thread's real numbers.
+        let size_sym = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_thread_db_sizeof_pthread".as_ptr()) };
+        let info = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_dl_get_tls_static_info".as_ptr()) };
+        assert!(!size_sym.is_null() && !info.is_null(), "glibc publishes both");
+        let tcb = u64::from(unsafe { *(size_sym as *const u32) });
+        let (mut size, mut align) = (0usize, 0usize);
+        unsafe { std::mem::transmute::<*mut c_void, extern "C" fn(*mut usize, *mut usize)>(info)(&mut size, &mut align) };
+        let mut fs = 0u64;
+        assert_eq!(unsafe { libc::syscall(libc::SYS_arch_prctl, 0x1003, &mut fs as *mut u64) }, 0);
+        let below = static_tls_below_thread_pointer(size as u64, tcb, fs).unwrap();
+        extern "C" fn visit(info: *mut libc::dl_phdr_info, _: usize, data: *mut c_void) -> libc::c_int {
+            unsafe {
+                if !(*info).dlpi_tls_data.is_null() {
+                    (*(data as *mut Vec<u64>)).push((*info).dlpi_tls_data as u64);
+                }
+            }
+            0
+        }
+        let mut blocks: Vec<u64> = Vec::new();
+        unsafe { libc::dl_iterate_phdr(Some(visit), &mut blocks as *mut _ as *mut c_void) };
+        assert!(!blocks.is_empty());
+        for b in blocks {
+            assert!(b >= fs - below && b < fs, "{b:#x} outside [{:#x}, {fs:#x})", fs - below);
+        }
+    }
+
     /// Every word of the asked range that lies in a listed mapping is read once, in
     /// order, and nothing outside: checked against a filter over all the mappings, on
     /// "mappings" cut from one real buffer with holes between them.
@@ -674,7 +822,7 @@ mod tests {
         // Word ranges [from, to) of buf, sorted and disjoint, with holes and two that touch.
         let pieces = [(2u64, 40u64), (40, 64), (100, 101), (130, 300), (301, 302), (400, 512)];
         let readable: Vec<(u64, u64)> = pieces.iter().map(|&(a, b)| (at(a), at(b))).collect();
-        let mem = ProcessMemory { readable: &readable };
+        let mem = ProcessMemory::new(&readable);
         let mut rng = crate::test_rng::TestRng::new(0x9e37_79b9_7f4a_7c15);
         for _ in 0..2000 {
             let rng = rng.next_u64();
