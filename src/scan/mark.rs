@@ -198,6 +198,24 @@ pub struct Roots<'r> {
     /// CPython's object arenas (start, size): their live objects are program roots
     /// (`scan::pymalloc`).
     pub python_arenas: &'r [(u64, u64)],
+    /// In a forked child, the parts of the arenas on pages that may have changed since
+    /// the fork (sorted, disjoint): only there can an object hold the address of a block
+    /// the child made. `None`: the arenas are read whole.
+    pub python_changed: Option<&'r [(u64, u64)]>,
+}
+
+/// Calls `f(start, len)` for each part of `[start, start + len)` inside `ranges` (sorted,
+/// disjoint).
+#[inline]
+fn for_each_within(ranges: &[(u64, u64)], start: u64, len: u64, mut f: impl FnMut(u64, u64)) {
+    let end = start.saturating_add(len);
+    let first = ranges.partition_point(|&(a, l)| a.saturating_add(l) <= start);
+    for &(a, l) in ranges[first..].iter().take_while(|r| r.0 < end) {
+        let (from, to) = (a.max(start), a.saturating_add(l).min(end));
+        if from < to {
+            f(from, to - from);
+        }
+    }
 }
 
 /// How deep inside a block a word of a Python object may point and still count as a
@@ -260,7 +278,10 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
     // Python objects (at most 512 bytes each) in pymalloc's arenas: a word pointing deep
     // inside a block is taken for stale data, not a reference (see `PYTHON_INTERIOR`).
     for &arena in roots.python_arenas {
-        super::pymalloc::live_runs(mem, arena, |start, len| mark_within(start, len, reached, work, true, PYTHON_INTERIOR));
+        super::pymalloc::live_runs(mem, arena, |start, len| match roots.python_changed {
+            None => mark_within(start, len, reached, work, true, PYTHON_INTERIOR),
+            Some(changed) => for_each_within(changed, start, len, |from, n| mark_within(from, n, reached, work, true, PYTHON_INTERIOR)),
+        });
     }
     trace(reached, work, true);
     for &(start, len) in roots.runtime {
@@ -321,7 +342,12 @@ pub fn classify(blocks: &[Block], roots: &[(u64, u64)], runtime_roots: &[(u64, u
 /// `classify`, with the owner of each indirect block (`Scratch::owners`).
 pub fn classify_with_owners(blocks: &[Block], roots: &[(u64, u64)], runtime_roots: &[(u64, u64)], mem: &impl Memory) -> (Vec<Verdict>, Vec<u32>) {
     let mut s = Scratch::new(blocks);
-    classify_into(blocks, &Roots { program: roots, runtime: runtime_roots, inherited: &[], changed_since_fork: &[], python_arenas: &[] }, mem, &mut s);
+    classify_into(
+        blocks,
+        &Roots { program: roots, runtime: runtime_roots, inherited: &[], changed_since_fork: &[], python_arenas: &[], python_changed: None },
+        mem,
+        &mut s,
+    );
     (s.verdicts, s.owners)
 }
 
@@ -514,7 +540,12 @@ mod tests {
         m.insert(0x5200, 0x5000);
         let mut s = Scratch::new(&b);
         let changed = [(0x1000, 0x1000)];
-        classify_into(&b, &Roots { program: &[], runtime: &[], inherited: &inherited, changed_since_fork: &changed, python_arenas: &[] }, &Fake(m), &mut s);
+        classify_into(
+            &b,
+            &Roots { program: &[], runtime: &[], inherited: &inherited, changed_since_fork: &changed, python_arenas: &[], python_changed: None },
+            &Fake(m),
+            &mut s,
+        );
         use Verdict::*;
         assert_eq!(s.verdicts, vec![Reachable, Definite, Definite]);
     }
@@ -536,14 +567,56 @@ mod tests {
         m.insert(base + 112, 0x40_0000 + 0x80); // inside a small block: a reference
         let arenas = [(base, 256 << 10)];
         let mut s = Scratch::new(&b);
-        classify_into(&b, &Roots { program: &[], runtime: &[], inherited: &[], changed_since_fork: &[], python_arenas: &arenas }, &Fake(m.clone()), &mut s);
+        classify_into(
+            &b,
+            &Roots { program: &[], runtime: &[], inherited: &[], changed_since_fork: &[], python_arenas: &arenas, python_changed: None },
+            &Fake(m.clone()),
+            &mut s,
+        );
         use Verdict::*;
         assert_eq!(s.verdicts, vec![Reachable, Definite, Reachable]);
         // The same word in a global is a reference, as LeakSanitizer has it.
         m.insert(0x9000, 0x30_0000 + 0x5000);
         let mut s = Scratch::new(&b);
         let globals = [(0x9000, 8)];
-        classify_into(&b, &Roots { program: &globals, runtime: &[], inherited: &[], changed_since_fork: &[], python_arenas: &arenas }, &Fake(m), &mut s);
+        classify_into(
+            &b,
+            &Roots { program: &globals, runtime: &[], inherited: &[], changed_since_fork: &[], python_arenas: &arenas, python_changed: None },
+            &Fake(m),
+            &mut s,
+        );
         assert_eq!(s.verdicts, vec![Reachable, Reachable, Reachable]);
+    }
+
+    /// In a forked child only the arena pages changed since the fork are read: an
+    /// object elsewhere holds what the parent wrote, no address of the child's blocks.
+    #[test]
+    fn a_forked_childs_python_objects_count_only_on_pages_changed_since_the_fork() {
+        let b: Vec<Block> = [(0x20_0000, 0x100), (0x40_0000, 0x100)]
+            .iter()
+            .map(|&(start, size)| Block { start, size, opaque: false, cuda: false, not_a_reference: 0 })
+            .collect();
+        // Two pools of a 256 KiB arena, each with one live 32-byte object.
+        let base = 0x10_0000u64;
+        let mut m = BTreeMap::new();
+        for pool in [base, base + 0x1000] {
+            for (i, w) in [1u64, 0, 0, 0, 1 << 32, 48 + 32].into_iter().enumerate() {
+                m.insert(pool + 8 * i as u64, w);
+            }
+        }
+        m.insert(base + 48, 0x20_0000);
+        m.insert(base + 0x1000 + 48, 0x40_0000);
+        let arenas = [(base, 256 << 10)];
+        let classify = |changed: Option<&[(u64, u64)]>| {
+            let mut s = Scratch::new(&b);
+            let roots = Roots { program: &[], runtime: &[], inherited: &[], changed_since_fork: &[], python_arenas: &arenas, python_changed: changed };
+            classify_into(&b, &roots, &Fake(m.clone()), &mut s);
+            s.verdicts
+        };
+        use Verdict::*;
+        assert_eq!(classify(None), vec![Reachable, Reachable]);
+        assert_eq!(classify(Some(&[(base + 0x1000, 0x1000)])), vec![Definite, Reachable]);
+        assert_eq!(classify(Some(&[(base + 40, 16), (base + 0x3000, 0x1000)])), vec![Reachable, Definite]);
+        assert_eq!(classify(Some(&[])), vec![Definite, Definite]);
     }
 }

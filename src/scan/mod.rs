@@ -64,6 +64,15 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
     roots::own_stack(&maps, &mut root_ranges, &mut regs);
     root_ranges.reserve(tids.len() + 8 + roots::WrittenPages::bound(&module_ranges));
     let mut python_arenas = Vec::with_capacity(crate::interpose::pymalloc::capacity());
+    // In a forked child, the arenas' pages unchanged since the fork hold only what the
+    // parent had (as for inherited blocks): room for their changed parts, from the
+    // arenas there are now (more made meanwhile widen the last part, never allocate).
+    let mut python_changed = Vec::new();
+    if forked_child {
+        crate::interpose::pymalloc::live_arenas(&mut python_arenas);
+        python_changed.reserve(roots::WrittenPages::bound(&python_arenas) + 64);
+        python_arenas.clear();
+    }
     // From here until `resume`: no allocation.
     let stopped = roots::stop_threads(&tids, &maps, &mut root_ranges, &mut regs);
     // Read while the interpreter's threads are held (arenas come and go under the GIL).
@@ -79,12 +88,22 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
         pages.keep_written(&runtime_module_ranges, &mut runtime_ranges);
     }
     pages.keep_changed_since_fork(&inherited_pages, &mut changed_since_fork);
+    if forked_child {
+        python_arenas.sort_unstable();
+        pages.keep_changed_since_fork(&python_arenas, &mut python_changed);
+    }
     let regs_range = (regs.as_ptr() as u64, (regs.len() * 8) as u64);
     if root_ranges.len() < root_ranges.capacity() {
         root_ranges.push(regs_range);
     }
-    let all_roots =
-        mark::Roots { program: &root_ranges, runtime: &runtime_ranges, inherited, changed_since_fork: &changed_since_fork, python_arenas: &python_arenas };
+    let all_roots = mark::Roots {
+        program: &root_ranges,
+        runtime: &runtime_ranges,
+        inherited,
+        changed_since_fork: &changed_since_fork,
+        python_arenas: &python_arenas,
+        python_changed: forked_child.then_some(&python_changed[..]),
+    };
     mark::classify_into(blocks, &all_roots, &memory, &mut scratch);
     roots::resume(stopped.asked);
     let info = ScanInfo {
