@@ -524,9 +524,6 @@ fn write_report(reason: Reason) {
         return;
     };
     let Some(c) = state.as_mut() else { return };
-    // Producers that fill their ring while the collector is held here move to a larger
-    // one instead of waiting (the snapshot of a PyTorch process copies 600k groups).
-    let stall = channel::ConsumerStall::begin();
     if final_report {
         // Tracking has stopped: only events already in flight remain.
         drain_everything(c);
@@ -550,7 +547,6 @@ fn write_report(reason: Reason) {
     let presymbolizer = (final_report && scan_now).then(|| Presymbolizer::start(&snapshot)).flatten();
     let live = scan_now.then(|| if final_report { c.model.take_live_blocks() } else { c.model.live_blocks() });
     drop(state);
-    drop(stall);
     if !final_report {
         snapshot.sort();
     }
