@@ -82,7 +82,7 @@ pub fn populate_writable(p: *mut u8, bytes: usize) -> bool {
         let n = (bytes - done).min(POPULATE_PIECE);
         // SAFETY: madvise on a live anonymous mapping of ours (`done + n <= bytes`);
         // populating changes no contents.
-        if unsafe { libc::madvise(p.add(done) as *mut libc::c_void, n, MADV_POPULATE_WRITE) } != 0 {
+        if unsafe { libc::madvise(p.wrapping_add(done) as *mut libc::c_void, n, MADV_POPULATE_WRITE) } != 0 {
             return false;
         }
         done += n;
