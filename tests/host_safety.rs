@@ -156,3 +156,22 @@ fn children_of_a_raw_clone_never_wait_on_a_lock_of_a_thread_they_do_not_have() {
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     assert_eq!(run.stdout(), "done\n");
 }
+
+/// A thread that blocks every signal cannot be held during the exit scan, and this one
+/// keeps freeing 34 MiB blocks (each its own mapping, unmapped by `free`) meanwhile. The
+/// scan read blocks in place and faulted on one freed under it: the program crashed in
+/// `exit`, 30 times in 30. Large blocks are now copied (`process_vm_readv`) before they
+/// are read, and a block gone meanwhile is skipped.
+#[test]
+fn a_thread_the_scan_cannot_hold_may_free_large_blocks_while_the_exit_scan_runs() {
+    let bin = build_fixture("exit_churn.c", &[]);
+    assert_eq!(run_plain(Command::new(&bin)).status.code(), Some(0));
+    for round in 0..5 {
+        let run = run_traced(Command::new(&bin), "exit_churn");
+        assert_eq!(run.code(), Some(0), "round {round}: {:?}\n{}", run.output.status, run.stderr());
+        assert_eq!(run.stdout(), "exiting\n");
+        let r = run.report();
+        assert_eq!(r["reason"], "exit");
+        assert_eq!(r["scan"]["ran"], true, "{:#}", r["scan"]);
+    }
+}

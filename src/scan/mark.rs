@@ -147,6 +147,13 @@ pub trait Memory {
     fn root_words(&self, start: u64, len: u64, visit: &mut impl FnMut(u64)) -> bool {
         self.words(start, len, visit)
     }
+
+    /// Like `words`, for a heap block, which its owner may free (and the allocator
+    /// unmap) while the scan reads it when the owner is a thread the scan cannot hold.
+    /// The default reads it as `words` does.
+    fn block_words(&self, start: u64, len: u64, visit: &mut impl FnMut(u64)) -> bool {
+        self.words(start, len, visit)
+    }
 }
 
 /// Working memory for `classify_into`, allocated before other threads are stopped
@@ -245,8 +252,9 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
     let mark_within = |start: u64, len: u64, reached: &mut Vec<bool>, work: &mut Vec<usize>, keeps_cuda: bool, within: u64| {
         mem.words(start, len, &mut |w| keep(w, reached, work, keeps_cuda, within));
     };
-    let mark_from =
-        |start: u64, len: u64, reached: &mut Vec<bool>, work: &mut Vec<usize>, keeps_cuda: bool| mark_within(start, len, reached, work, keeps_cuda, u64::MAX);
+    let mark_from = |start: u64, len: u64, reached: &mut Vec<bool>, work: &mut Vec<usize>, keeps_cuda: bool| {
+        mem.block_words(start, len, &mut |w| keep(w, reached, work, keeps_cuda, u64::MAX));
+    };
     let mark_root = |start: u64, len: u64, reached: &mut Vec<bool>, work: &mut Vec<usize>, keeps_cuda: bool| {
         mem.root_words(start, len, &mut |w| keep(w, reached, work, keeps_cuda, u64::MAX));
     };
@@ -293,7 +301,7 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
         if reached[i] || b.opaque {
             continue;
         }
-        mem.words(b.start, b.size, &mut |w| {
+        mem.block_words(b.start, b.size, &mut |w| {
             if let Some(j) = index.find(w) {
                 if j != i && !reached[j] && w != blocks[j].not_a_reference {
                     indirect[j] = true;
@@ -321,7 +329,7 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
             if blocks[i].opaque {
                 continue;
             }
-            mem.words(blocks[i].start, blocks[i].size, &mut |w| {
+            mem.block_words(blocks[i].start, blocks[i].size, &mut |w| {
                 if let Some(j) = index.find(w) {
                     if verdicts[j] == Verdict::Indirect && !reached[j] && w != blocks[j].not_a_reference {
                         reached[j] = true;

@@ -350,6 +350,10 @@ pub struct ProcessMemory<'a> {
     root_buffer: std::cell::Cell<Option<Box<[u64]>>>,
 }
 
+/// Blocks this large or larger are copied before they are read (`block_words`): glibc's
+/// smallest mmap threshold.
+const COPY_BLOCKS_FROM: u64 = 128 << 10;
+
 /// Words copied at a time by `root_words`.
 const ROOT_CHUNK_WORDS: usize = 8192;
 
@@ -411,6 +415,17 @@ impl Memory for ProcessMemory<'_> {
             }
         }
         any
+    }
+
+    fn block_words(&self, start: u64, len: u64, visit: &mut impl FnMut(u64)) -> bool {
+        // Only a block the allocator gives its own mapping can vanish whole when freed
+        // (glibc maps blocks from 128 KiB up, never smaller unless the program lowers
+        // the threshold): those few are copied, the rest (nearly all) read in place.
+        if len >= COPY_BLOCKS_FROM {
+            self.root_words(start, len, visit)
+        } else {
+            self.words(start, len, visit)
+        }
     }
 
     fn root_words(&self, start: u64, len: u64, visit: &mut impl FnMut(u64)) -> bool {
@@ -743,11 +758,11 @@ mod tests {
     const F: u64 = PM_PRESENT | PM_FILE_OR_SHARED; // present, still the file's page
     const S: u64 = PM_SWAPPED;
 
-    /// Roots are copied: a page unmapped after the maps were read is skipped, the rest of
+    /// Roots and large blocks are copied: a page unmapped after the maps were read is skipped, the rest of
     /// the range read whole (in place, the read would fault), and where nothing changed
     /// the copy reads what an in-place read does.
     #[test]
-    fn a_root_page_unmapped_after_the_maps_were_read_is_skipped_not_faulted_on() {
+    fn a_root_or_large_block_page_unmapped_after_the_maps_were_read_is_skipped_not_faulted_on() {
         let page = page_size();
         let pages = 2 * ROOT_CHUNK_WORDS as u64 * 8 / page + 3;
         // SAFETY: a fresh anonymous mapping, written and unmapped only here.
@@ -774,6 +789,12 @@ mod tests {
         assert!(mem.root_words(base, pages * page, &mut |w| seen.push(w)));
         let expected: Vec<u64> = (0..words).filter(|i| !gone.contains(&(i * 8 / page))).collect();
         assert_eq!(seen.len(), expected.len());
+        assert!(seen == expected);
+        // A block as large (one the allocator maps on its own, and unmaps when it is
+        // freed) is copied the same way.
+        assert!(pages * page >= COPY_BLOCKS_FROM);
+        let mut seen = Vec::new();
+        assert!(mem.block_words(base, pages * page, &mut |w| seen.push(w)));
         assert!(seen == expected);
         unsafe { libc::munmap(base as *mut c_void, (pages * page) as usize) };
     }
