@@ -158,3 +158,21 @@ fn memory_just_under_the_main_threads_tls_block_is_not_a_root() {
     assert!(run.stdout().starts_with("stored at"), "{}", run.stdout());
     assert_eq!(class(&run.report(), "below_tls_block"), (4321, 0, 0));
 }
+
+/// Where `process_vm_readv` is refused (a seccomp profile), roots are read in place as
+/// before the copy existed: the same verdicts.
+#[test]
+fn with_process_vm_readv_refused_the_scan_reads_roots_in_place() {
+    let bin = build_fixture("seccomp_no_vm_read.c", &[]);
+    let run = run_traced(Command::new(&bin), "seccomp_no_vm_read");
+    assert_eq!(run.code(), Some(0), "{}\n{}", run.stdout(), run.stderr());
+    if run.stdout().starts_with("skip") {
+        eprintln!("{}", run.stdout());
+        return;
+    }
+    assert_eq!(run.stdout(), "filtered\n");
+    let r = run.report();
+    assert_eq!(r["scan"]["ran"], true, "{:#}", r["scan"]);
+    assert_eq!(class(&r, "keep_in_global_sc"), (0, 0, 3001));
+    assert_eq!(class(&r, "leak_dropped_sc"), (3002, 0, 0));
+}
