@@ -772,6 +772,7 @@ mod tests {
         assert_ne!(base, libc::MAP_FAILED as u64);
         let words = pages * page / 8;
         for i in 0..words {
+            // SAFETY: inside the mapping made above.
             unsafe { *((base + i * 8) as *mut u64) = i };
         }
         let readable = [(base, base + pages * page)];
@@ -783,6 +784,7 @@ mod tests {
         // Unmap one page in the middle of the second chunk, one at the very end.
         let gone = [ROOT_CHUNK_WORDS as u64 * 8 / page + 1, pages - 1];
         for g in gone {
+            // SAFETY: pages of the mapping made above, not used again.
             unsafe { libc::munmap((base + g * page) as *mut c_void, page as usize) };
         }
         let mut seen = Vec::new();
@@ -796,6 +798,7 @@ mod tests {
         let mut seen = Vec::new();
         assert!(mem.block_words(base, pages * page, &mut |w| seen.push(w)));
         assert!(seen == expected);
+        // SAFETY: the mapping made above (its holes are fine to unmap again).
         unsafe { libc::munmap(base as *mut c_void, (pages * page) as usize) };
     }
 
@@ -807,6 +810,9 @@ mod tests {
         assert_eq!(static_tls_below_thread_pointer(0x900, 0x940, 1 << 40), None);
         assert_eq!(static_tls_below_thread_pointer(0x1140, 0x940, 0x100), None);
         // This thread's real numbers.
+        // SAFETY (this test's blocks): dlsym with valid names; glibc's published u32 and
+        // `_dl_get_tls_static_info` of that prototype; arch_prctl writing one u64; a
+        // dl_iterate_phdr callback that reads the headers glibc hands it into our Vec.
         let size_sym = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_thread_db_sizeof_pthread".as_ptr()) };
         let info = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_dl_get_tls_static_info".as_ptr()) };
         assert!(!size_sym.is_null() && !info.is_null(), "glibc publishes both");
