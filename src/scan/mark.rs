@@ -235,6 +235,18 @@ fn for_each_within(ranges: &[(u64, u64)], start: u64, len: u64, mut f: impl FnMu
 /// block, as LeakSanitizer counts them.
 pub const PYTHON_INTERIOR: u64 = 4096;
 
+/// Reads the words of block `b`: a heap block through `block_words` (its owner may free
+/// it, and the allocator unmap it, meanwhile), a CUDA host allocation in place as before
+/// (page-locked memory the driver may map in a way a copy cannot read).
+#[inline(always)]
+fn read_block(mem: &impl Memory, b: &Block, visit: &mut impl FnMut(u64)) {
+    if b.cuda {
+        mem.words(b.start, b.size, visit);
+    } else {
+        mem.block_words(b.start, b.size, visit);
+    }
+}
+
 /// Classifies every block against `roots`, without allocating.
 pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut Scratch) {
     let Scratch { index, verdicts, owners, reached, indirect, work } = s;
@@ -261,7 +273,7 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
     let trace = |reached: &mut Vec<bool>, work: &mut Vec<usize>, keeps_cuda: bool| {
         while let Some(i) = work.pop() {
             if !blocks[i].opaque {
-                mark_from(blocks[i].start, blocks[i].size, reached, work, keeps_cuda);
+                read_block(mem, &blocks[i], &mut |w| keep(w, reached, work, keeps_cuda, u64::MAX));
             }
         }
     };
@@ -301,7 +313,7 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
         if reached[i] || b.opaque {
             continue;
         }
-        mem.block_words(b.start, b.size, &mut |w| {
+        read_block(mem, b, &mut |w| {
             if let Some(j) = index.find(w) {
                 if j != i && !reached[j] && w != blocks[j].not_a_reference {
                     indirect[j] = true;
@@ -329,7 +341,7 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
             if blocks[i].opaque {
                 continue;
             }
-            mem.block_words(blocks[i].start, blocks[i].size, &mut |w| {
+            read_block(mem, &blocks[i], &mut |w| {
                 if let Some(j) = index.find(w) {
                     if verdicts[j] == Verdict::Indirect && !reached[j] && w != blocks[j].not_a_reference {
                         reached[j] = true;
