@@ -368,6 +368,14 @@ fn copy_own_memory(from: u64, buf: &mut [u64]) -> usize {
     n.max(0) as usize
 }
 
+/// Whether the page at `addr` is mapped at all (`mincore` answers ENOMEM where it is not),
+/// without touching it.
+fn still_mapped(addr: u64, page: u64) -> bool {
+    let mut resident = [0u8; 1];
+    // SAFETY: mincore writes one byte per page of the (page-aligned) range: one here.
+    unsafe { libc::mincore(addr as *mut c_void, page as usize, resident.as_mut_ptr()) == 0 }
+}
+
 impl<'a> ProcessMemory<'a> {
     /// Reads roots and blocks in place (tests, and where the copy is refused).
     pub fn new(readable: &'a [(u64, u64)]) -> Self {
@@ -443,13 +451,24 @@ impl Memory for ProcessMemory<'_> {
                 }
                 p += got as u64 * 8;
                 if got < want {
-                    // Something in the chunk was unmapped since the maps were read: the
-                    // rest of this page alone, then skip it if it is the one gone.
+                    // Something in the chunk was unmapped since the maps were read, or
+                    // is mapped in a way the copy cannot read (a driver's mapping): the
+                    // rest of this page alone; if it will not copy either, it is read in
+                    // place while the kernel still has it mapped, else skipped.
                     let page_end = (p / page + 1) * page;
                     let n = ((page_end.min(hi) - p) / 8) as usize;
                     let got = copy_own_memory(p, &mut buf[..n]) / 8;
                     for &w in &buf[..got] {
                         visit(w);
+                    }
+                    if got < n && still_mapped(page_end - page, page) {
+                        let mut q = p + got as u64 * 8;
+                        while q + 8 <= page_end.min(hi) {
+                            // SAFETY: inside a page of a mapping that was readable when
+                            // the maps were read and that the kernel still maps.
+                            visit(unsafe { std::ptr::read_volatile(q as *const u64) });
+                            q += 8;
+                        }
                     }
                     p = if got < n { page_end } else { p + n as u64 * 8 };
                 }
@@ -800,6 +819,23 @@ mod tests {
         assert!(seen == expected);
         // SAFETY: the mapping made above (its holes are fine to unmap again).
         unsafe { libc::munmap(base as *mut c_void, (pages * page) as usize) };
+    }
+
+    #[test]
+    fn still_mapped_tells_a_mapped_page_from_an_unmapped_one() {
+        let page = page_size();
+        // SAFETY: a fresh anonymous mapping of two pages, one unmapped at once.
+        let base =
+            unsafe { libc::mmap(std::ptr::null_mut(), 2 * page as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) }
+                as u64;
+        assert_ne!(base, libc::MAP_FAILED as u64);
+        // SAFETY: the second page of the mapping above.
+        unsafe { libc::munmap((base + page) as *mut c_void, page as usize) };
+        assert!(still_mapped(base, page), "mapped, never touched");
+        assert!(!still_mapped(base + page, page));
+        // SAFETY: the first page of the mapping above.
+        unsafe { libc::munmap(base as *mut c_void, page as usize) };
+        assert!(!still_mapped(base, page));
     }
 
     /// glibc's static TLS size counts the thread control block: only the rest lies below
