@@ -368,6 +368,17 @@ fn copy_own_memory(from: u64, buf: &mut [u64]) -> usize {
     n.max(0) as usize
 }
 
+/// Copies `buf.len()` words from `from` (`copy_own_memory`) and visits those that came;
+/// returns how many.
+#[inline(always)]
+fn copy_visit(buf: &mut [u64], from: u64, visit: &mut impl FnMut(u64)) -> usize {
+    let got = copy_own_memory(from, buf) / 8;
+    for &w in &buf[..got] {
+        visit(w);
+    }
+    got
+}
+
 /// Whether the page at `addr` is mapped at all (`mincore` answers ENOMEM where it is not),
 /// without touching it.
 fn still_mapped(addr: u64, page: u64) -> bool {
@@ -382,12 +393,12 @@ impl<'a> ProcessMemory<'a> {
         ProcessMemory { readable, root_buffer: std::cell::Cell::new(None) }
     }
 
-    /// Copies root memory with `process_vm_readv` before reading it: a mapping a thread
-    /// the scan does not hold unmaps meanwhile (glibc frees cached thread stacks when a
-    /// detached thread exits, say) makes the copy come short instead of faulting. Blocks
-    /// are still read in place: only their owner frees them. Allocates: call before
-    /// threads are held. Where the system refuses the call (seccomp), roots are read in
-    /// place.
+    /// Copies root memory and large blocks with `process_vm_readv` before reading them:
+    /// a mapping a thread the scan does not hold unmaps meanwhile (glibc frees cached
+    /// thread stacks when a detached thread exits, say) makes the copy come short
+    /// instead of faulting. Smaller blocks are read in place (`block_words`). Allocates:
+    /// call before threads are held. Where the system refuses the call (seccomp),
+    /// everything is read in place.
     pub fn copying_roots(readable: &'a [(u64, u64)]) -> Self {
         let mut buf = vec![0u64; ROOT_CHUNK_WORDS].into_boxed_slice();
         let probe = [0x5eed_u64; 1];
@@ -416,8 +427,9 @@ impl Memory for ProcessMemory<'_> {
             let mut p = (lo + 7) & !7;
             while p + 8 <= hi {
                 // SAFETY: [p, p+8) lies inside a mapping that was readable and writable
-                // when the maps were read, and it is a block's or a held thread's: its
-                // owner is held, or the scanning thread itself.
+                // when the maps were read. What is read here in place (small blocks,
+                // pymalloc's arenas, everything where the copy is refused) is assumed
+                // not to be unmapped during the scan: see design.md for the exceptions.
                 visit(unsafe { std::ptr::read_volatile(p as *const u64) });
                 p += 8;
             }
@@ -444,33 +456,22 @@ impl Memory for ProcessMemory<'_> {
             any = true;
             let mut p = (lo + 7) & !7;
             while p + 8 <= hi {
-                let want = (((hi - p) / 8) as usize).min(buf.len());
-                let got = copy_own_memory(p, &mut buf[..want]) / 8;
-                for &w in &buf[..got] {
-                    visit(w);
-                }
+                let want = (((hi - p) / 8) as usize).min(ROOT_CHUNK_WORDS);
+                let got = copy_visit(&mut buf[..want], p, visit);
                 p += got as u64 * 8;
                 if got < want {
                     // Something in the chunk was unmapped since the maps were read, or
                     // is mapped in a way the copy cannot read (a driver's mapping): the
                     // rest of this page alone; if it will not copy either, it is read in
                     // place while the kernel still has it mapped, else skipped.
-                    let page_end = (p / page + 1) * page;
-                    let n = ((page_end.min(hi) - p) / 8) as usize;
-                    let got = copy_own_memory(p, &mut buf[..n]) / 8;
-                    for &w in &buf[..got] {
-                        visit(w);
+                    let page_start = p / page * page;
+                    let end = (page_start + page).min(hi);
+                    let n = ((end - p) / 8) as usize;
+                    let got = copy_visit(&mut buf[..n], p, visit);
+                    if got < n && still_mapped(page_start, page) {
+                        self.words(p + got as u64 * 8, end - (p + got as u64 * 8), visit);
                     }
-                    if got < n && still_mapped(page_end - page, page) {
-                        let mut q = p + got as u64 * 8;
-                        while q + 8 <= page_end.min(hi) {
-                            // SAFETY: inside a page of a mapping that was readable when
-                            // the maps were read and that the kernel still maps.
-                            visit(unsafe { std::ptr::read_volatile(q as *const u64) });
-                            q += 8;
-                        }
-                    }
-                    p = if got < n { page_end } else { p + n as u64 * 8 };
+                    p = end;
                 }
             }
         }
