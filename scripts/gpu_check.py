@@ -5,6 +5,7 @@ and PyTorch, from the repository root, with a built library:
 
     python3 scripts/gpu_check.py target/release/libleaktrace.so [OUTDIR]
     python3 scripts/gpu_check.py --compare OLD.so NEW.so   # timing only, see compare()
+    GPU_CHECK_ONLY=growth python3 scripts/gpu_check.py LIB  # only torch_growth_cases()
 
 Each case runs a program plain and under the library: the exit status and stdout must be
 the same, and the report must hold the planted device leaks with their API, kind, size
@@ -86,10 +87,14 @@ def train_seconds(stderr):
     return next((float(line.split()[1]) for line in stderr.splitlines() if line.startswith("train_s ")), None)
 
 
-def run(tag, argv, env=None, timeout=600):
-    """Plain, then traced. Returns (plain, traced, [reports]) or None after a failed check."""
+def run(tag, argv, env=None, timeout=600, compare=True):
+    """Plain, then traced (traced only where `compare` is false: its exit status must be
+    0). Returns (plain, traced, [reports]) or None after a failed check."""
     t = time.perf_counter()
-    plain = subprocess.run(argv, capture_output=True, text=True, env=env_for(None, None, env), timeout=timeout)
+    if compare:
+        plain = subprocess.run(argv, capture_output=True, text=True, env=env_for(None, None, env), timeout=timeout)
+    else:
+        plain = subprocess.CompletedProcess(argv, 0, None, "")
     TIMES.setdefault(tag, {})["plain"] = time.perf_counter() - t
     out = os.path.join(OUT, tag)
     os.makedirs(out, exist_ok=True)
@@ -105,12 +110,13 @@ def run(tag, argv, env=None, timeout=600):
         f.write(traced.stderr)
     ok = check(f"{tag}: exit status {plain.returncode} unchanged", plain.returncode == traced.returncode,
                f"plain {plain.returncode}, traced {traced.returncode}; stderr: {traced.stderr[-1500:]}")
-    ok &= check(f"{tag}: stdout unchanged", plain.stdout == traced.stdout, f"plain:\n{plain.stdout}\ntraced:\n{traced.stdout}")
+    if compare:
+        ok &= check(f"{tag}: stdout unchanged", plain.stdout == traced.stdout, f"plain:\n{plain.stdout}\ntraced:\n{traced.stdout}")
     # The program's own report first (JAX runs ptxas, each child writes its own).
     reports = sorted((load(p) for p in glob.glob(os.path.join(out, "leaktrace.*.json"))), key=lambda r: r["pid"] != child.pid)
     ok &= check(f"{tag}: a report of the program's own process", reports and reports[0]["pid"] == child.pid,
                 f"{len(reports)} reports; stderr: {traced.stderr[-1500:]}")
-    print(f"     stdout: {plain.stdout.strip()[:300]!r}")
+    print(f"     stdout: {traced.stdout.strip()[:300]!r}")
     if reports:
         d = reports[0]["diagnostics"]
         print(f"     events {d['events']}, buffer_full_waits {d['buffer_full_waits']}, unknown_frees {d['unknown_frees']}, "
@@ -290,12 +296,65 @@ def torch_cases():
         if planted:
             names = " ".join(n or "" for n in innermost_named(planted[0]))
             check(f"{tag}: its stack goes through ctypes", "ffi_call" in names or "ctypes" in names, names[:400])
+            line = script_line(script, "rc = rt.cudaMalloc(")
+            check(f"{tag}: its stack holds the Python line gpu_torch.py:{line} in plant_device_leak",
+                  any(f.get("python") and (f.get("file") or "").endswith("gpu_torch.py") and f.get("line") == line
+                      and f.get("function") == "plant_device_leak" for f in planted[0]["stack"]),
+                  str([(f.get("function"), f.get("line")) for f in planted[0]["stack"] if f.get("python")]))
             check(f"{tag}: it is not called cached", not planted[0].get("cached_by"), str(planted[0].get("cached_by")))
         others = [g for g in non_host(r) if not g.get("cached_by") and g not in planted and g["kind"] in ("device", "managed")]
         print(f"     device groups neither planted nor cached: {[(g.get('api'), g['bytes'], g['blocks']) for g in others][:10]}")
         check(f"{tag}: device allocations recorded", summary(r, "device", "total_allocs") >= 6, str(r["summary"]["device"]))
         accounting(tag, r)
         show(r)
+
+
+def script_line(path, marker):
+    """The number of the first line of `path` that holds `marker`."""
+    with open(path) as f:
+        return next(i for i, line in enumerate(f, 1) if marker in line)
+
+
+def torch_growth_cases(seconds=15):
+    """A CUDA tensor leak that only growth shows: a forward hook keeps a copy of each
+    activation on the GPU (freed when the training function returns), with PyTorch's
+    caching allocator and with its cudaMallocAsync backend, snapshots every 500 ms.
+    `leaktrace check --fail-on-growth` must name the hook's line first: with the async
+    backend its growth holds the tensors' device bytes; with the caching allocator the
+    growing segment says whose cache it is and how to see the line. The same loop
+    without the hook must pass."""
+    py, script = sys.executable, os.path.join(ROOT, "scripts", "gpu_torch.py")
+    cli = os.path.join(os.path.dirname(LIB), "leaktrace")
+    line = script_line(script, "cache.append(output.detach().clone())  # LEAK")
+    want = f"gpu_torch.py:{line} [python]"
+    for tag, env in (("native", {}), ("async", {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"})):
+        for mode in ("hook", "clean"):
+            name = f"torch-{mode}-{tag}"
+            if not run(name, [py, script, mode, str(seconds)], dict(env, LEAKTRACE_INTERVAL_MS="500"), compare=False):
+                continue
+            c = subprocess.run([cli, "check", "--fail-on-growth", "--min-bytes", "65536", os.path.join(OUT, name)],
+                               capture_output=True, text=True)
+            blocks = c.stdout.split("\nGrowing: ")[1:]
+            for b in blocks[:6]:
+                print("     Growing: " + " | ".join(b.strip().splitlines()[:4])[:400])
+            if mode == "clean":
+                check(f"{name}: check --fail-on-growth --min-bytes 65536 passes (no growth, no leak)", c.returncode == 0, c.stdout[-3000:])
+                continue
+            check(f"{name}: check --fail-on-growth fails with 23", c.returncode == 23, c.stdout[-3000:])
+            first = blocks[0].splitlines() if blocks else []
+            check(f"{name}: the first growth is the hook's line {want}", len(first) > 1 and want in first[1], c.stdout[-3000:])
+            if tag == "async":
+                # Each tensor is its own cudaMallocAsync: the line holds the device bytes
+                # (1,500 steps of 64 KiB in 15 s).
+                grown = int(first[0].split()[0]) if first else 0
+                check(f"{name}: the line's growth counts the tensors' device memory (>= 32 MiB)", grown >= 32 << 20, str(grown))
+            else:
+                # The caching allocator's segments come from whichever allocation found
+                # the cache empty (the autograd thread's, often): the growing segment
+                # stack says so and how to see the line.
+                check(f"{name}: a growing cudaMalloc segment is marked as PyTorch's cache, with the way to its line",
+                      any(b.split(":\n")[0].endswith("from cudaMalloc (device)") and "held by PyTorch CUDACachingAllocator" in b
+                          and "backend:cudaMallocAsync" in b for b in blocks), c.stdout[-3000:])
 
 
 def torch_timing(rounds=3):
@@ -369,19 +428,27 @@ def compare(libs, rounds=3):
                   f"(runs {' '.join(f'{w:.2f}' for w, _ in runs)}), full-ring waits median {statistics.median(n for _, n in runs):.0f}")
 
 
+def run_all():
+    with tempfile.TemporaryDirectory() as d:
+        built = build(d)
+        fixture_cases(built)
+        torch_cases()
+        torch_growth_cases()
+        sanitizer_case(built)
+        other_frameworks()
+        torch_timing()
+
+
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--compare":
         compare(sys.argv[2:])
         return
     print(f"library {LIB}; reports under {OUT}")
     subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"])
-    with tempfile.TemporaryDirectory() as d:
-        built = build(d)
-        fixture_cases(built)
-        torch_cases()
-        sanitizer_case(built)
-        other_frameworks()
-        torch_timing()
+    if os.environ.get("GPU_CHECK_ONLY") == "growth":
+        torch_growth_cases()
+    else:
+        run_all()
     print("wall seconds, plain vs under the library:")
     for tag, t in TIMES.items():
         print(f"  {tag:<22} " + "  ".join(f"{k} {v:.2f}" for k, v in t.items()))

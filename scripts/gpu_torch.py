@@ -3,7 +3,15 @@ synthetic CUDA tensors, then a planted device leak (the CUDA runtime PyTorch loa
 called through ctypes: 5 x 1 MiB cudaMalloc, never freed).
 
 Usage: gpu_torch.py STEPS [plant]. stdout holds only what is the same from run to run;
-the time of the training steps goes to stderr as `train_s <seconds>`."""
+the time of the training steps goes to stderr as `train_s <seconds>`.
+
+       gpu_torch.py hook SECONDS: the same model trained for SECONDS (100 steps a second
+at most) with a forward hook that keeps a copy of every output of the first linear
+layer on the GPU (64 KiB a step), as a user caching activations for later would: a
+CUDA tensor leak that is freed when the function returns, so that only growth shows it.
+The leaking line carries a `# LEAK` comment (gpu_check.py finds its number from it).
+
+       gpu_torch.py clean SECONDS: the same loop with no hook: nothing grows."""
 import ctypes
 import sys
 import time
@@ -11,7 +19,7 @@ import time
 import torch
 from torch import nn
 
-STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 200
+STEPS = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 200
 PLANT = len(sys.argv) > 2 and sys.argv[2] == "plant"
 
 
@@ -42,7 +50,37 @@ def plant_device_leak(rt):
         del p
 
 
+def train_with_hook(seconds, leak=True):
+    assert torch.cuda.is_available(), "no GPU"
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    net = model().to(dev)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    xs = torch.randn(64, 3, 32, 32, device=dev)
+    ys = torch.randint(0, 10, (64,), device=dev)
+    cache = []
+
+    def keep(module, inputs, output):
+        cache.append(output.detach().clone())  # LEAK
+
+    if leak:
+        net[7].register_forward_hook(keep)
+    start = time.perf_counter()
+    steps = 0
+    while time.perf_counter() - start < seconds:
+        opt.zero_grad()
+        nn.functional.cross_entropy(net(xs), ys).backward()
+        opt.step()
+        steps += 1
+        torch.cuda.synchronize()
+        time.sleep(max(0.0, start + steps / 100 - time.perf_counter()))
+    print(f"kept {len(cache) == (steps if leak else 0)} activations")
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] in ("hook", "clean"):
+        train_with_hook(float(sys.argv[2]), sys.argv[1] == "hook")
+        return
     assert torch.cuda.is_available(), "no GPU"
     torch.manual_seed(0)
     dev = torch.device("cuda")

@@ -36,6 +36,23 @@ pub struct Growth {
     pub bytes_per_minute: u64,
     pub points: usize,
     pub stack: Vec<Frame>,
+    /// The caching allocator that holds this stack's memory (a CUDA segment of
+    /// PyTorch's allocator, say): the stack is then that of the allocation that found
+    /// the cache empty, not that of the tensors that fill the segment.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cached_by: Option<String>,
+}
+
+/// What to say under a growing stack that a caching allocator holds: its stack names
+/// whichever allocation found the cache empty, and how to find the line that keeps the
+/// memory instead.
+pub fn cached_note(cached_by: &str) -> String {
+    let how = if cached_by.contains("PyTorch") {
+        "run again with PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync, where each tensor is its own allocation with its own line"
+    } else {
+        "run again with the allocator's caching turned off to see the allocations that keep it"
+    };
+    format!("held by {cached_by}: a segment is allocated by whichever allocation finds the cache empty, not by the one that keeps it; to see the line that keeps it, {how}")
 }
 
 /// Whether `values` (after warm-up) grow steadily by at least `min_bytes`.
@@ -110,6 +127,7 @@ pub fn detect(report: &Report, min_bytes: u64) -> Vec<Growth> {
         bytes_per_minute: per_minute,
         points: n,
         stack,
+        cached_by: None,
     };
     let mut lines: Vec<Growth> = report
         .timeline
@@ -131,7 +149,11 @@ pub fn detect(report: &Report, min_bytes: u64) -> Vec<Growth> {
         .timeline
         .series
         .iter()
-        .filter_map(|s| Some(growth(&s.kind, &s.api, s.stack_id, steady_growth(&s.bytes, points, cut, min_bytes)?, report.series_stack(s).to_vec())))
+        .filter_map(|s| {
+            let mut g = growth(&s.kind, &s.api, s.stack_id, steady_growth(&s.bytes, points, cut, min_bytes)?, report.series_stack(s).to_vec());
+            g.cached_by = report.leaks.iter().find(|l| l.stack_id == s.stack_id && l.api == s.api).and_then(|l| l.cached_by.as_ref()).map(|c| c.to_string());
+            Some(g)
+        })
         .collect();
     lines.sort_by_key(|g| std::cmp::Reverse(g.grown_bytes));
     stacks.sort_by_key(|g| std::cmp::Reverse(g.grown_bytes));
@@ -185,6 +207,34 @@ mod tests {
         assert_eq!((found[0].stack[0].file.as_deref(), found[0].stack[0].line), (Some("/w/train.py"), Some(41)));
         assert!(found[0].bytes_per_minute > 5_000_000, "{}", found[0].bytes_per_minute);
         assert_eq!(found[1].api, "malloc");
+    }
+
+    #[test]
+    fn a_growing_segment_of_a_caching_allocator_says_so_and_how_to_find_its_line() {
+        use crate::model::{Group, Series};
+        let mut r = Report { reason: "periodic".into(), ..Default::default() };
+        r.timeline.points = (0..20).map(|i| Point { unix_ms: i * 1000, live_bytes: 0, live_blocks: 0 }).collect();
+        let rising: Vec<u64> = (0..20).map(|i| i * (2 << 20)).collect();
+        r.timeline.series = vec![
+            Series { kind: "device".into(), api: "cudaMalloc".into(), stack_id: 7, stack: None, bytes: rising.clone() },
+            Series { kind: "device".into(), api: "cudaMalloc".into(), stack_id: 8, stack: None, bytes: rising },
+        ];
+        r.leaks = vec![
+            Group {
+                kind: "device".into(),
+                api: "cudaMalloc".into(),
+                cached_by: Some("PyTorch CUDACachingAllocator".into()),
+                stack_id: 7,
+                ..Default::default()
+            },
+            Group { kind: "device".into(), api: "cudaMalloc".into(), stack_id: 8, ..Default::default() },
+        ];
+        let found = detect(&r, 1024);
+        let cached: Vec<Option<&str>> = found.iter().map(|g| g.cached_by.as_deref()).collect();
+        assert_eq!(cached, [Some("PyTorch CUDACachingAllocator"), None]);
+        let note = cached_note("PyTorch CUDACachingAllocator");
+        assert!(note.contains("whichever allocation finds the cache empty") && note.contains("backend:cudaMallocAsync"), "{note}");
+        assert!(!cached_note("TensorFlow BFC").contains("PYTORCH"));
     }
 
     #[test]

@@ -136,6 +136,9 @@ pub fn text(a: &Analysis, top: usize) -> String {
                 ));
             }
             stack_text(&mut out, &gr.stack);
+            if let Some(c) = &gr.cached_by {
+                out.push_str(&format!("    ({})\n", crate::growth::cached_note(c)));
+            }
         }
         checks_text(&mut out, &p.checks);
         let mut notes = Vec::new();
@@ -249,6 +252,9 @@ pub fn markdown(a: &Analysis, top: usize) -> String {
                     gr.api,
                     md_site(&gr.stack)
                 ));
+            }
+            for c in p.growth.iter().take(top).filter_map(|g| g.cached_by.as_deref()).collect::<std::collections::BTreeSet<_>>() {
+                out.push_str(&format!("\nA growing stack {}.\n", crate::growth::cached_note(c)));
             }
         }
         if !leaking_checks.is_empty() {
