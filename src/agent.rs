@@ -91,6 +91,9 @@ impl ReportSide {
 }
 
 static REPORT: SpinLock<Option<ReportSide>> = SpinLock::new(None);
+/// The groups of the last report's snapshot, kept for the next one (see
+/// `Collector::snapshot_unsorted_into`); empty while a report holds them.
+static SNAPSHOT_BUFFER: SpinLock<Vec<crate::collector::state::GroupSnapshot>> = SpinLock::new(Vec::new());
 
 /// One line on the program's standard error, if fd 2 is still that (`os::fds`).
 pub fn stderr_line(line: &str) {
@@ -534,7 +537,9 @@ fn write_report(reason: Reason) {
         drain_into(c, backlog, false);
     }
     c.model.advance_trends();
-    let mut snapshot = c.model.snapshot_unsorted();
+    // The last report's buffer, if no other report holds it.
+    let buffer = SNAPSHOT_BUFFER.try_lock().map(|mut b| std::mem::take(&mut *b)).unwrap_or_default();
+    let mut snapshot = c.model.snapshot_unsorted_into(buffer);
     if final_report {
         // Tracking has stopped: nobody waits for the collector.
         snapshot.sort();
@@ -547,7 +552,8 @@ fn write_report(reason: Reason) {
     let presymbolizer = (final_report && scan_now).then(|| Presymbolizer::start(&snapshot)).flatten();
     let live = scan_now.then(|| if final_report { c.model.take_live_blocks() } else { c.model.live_blocks() });
     drop(state);
-    if !final_report {
+    if !final_report && scan_now {
+        // `select_groups` re-sorts by what the scan found: ties keep this order.
         snapshot.sort();
     }
     // The scan stops the other threads: it runs holding none of our locks.
@@ -561,11 +567,16 @@ fn write_report(reason: Reason) {
     if r.final_written {
         return;
     }
+    if !final_report && !scan_now {
+        // What a periodic report reads of the order: each class's listed groups and the
+        // timeline's largest.
+        snapshot.sort_top(r.config.report_groups.max(crate::report::timeline::JOIN_TOP));
+    }
     let now = process::unix_ms();
     r.timeline.record(now, &snapshot);
     // Groups the scan cannot classify (registrations, VMM handles and ranges) keep no
     // breakdown: they count as outstanding.
-    let reach = |g: &crate::collector::state::GroupSnapshot| scan.as_ref().and_then(|s| s.by_group.get(&(g.stack, g.api.name(), g.device)).copied());
+    let reach = scan.as_ref().map(|s| |g: &crate::collector::state::GroupSnapshot| s.by_group.get(&(g.stack, g.api.name(), g.device)).copied());
     let (selected, omitted) = build::select_groups(&snapshot.groups, reach, r.config.report_groups);
     let mut groups = build::resolve_groups(&selected, &mut r.symbolizer);
     if let Some(s) = &scan {
@@ -633,6 +644,11 @@ fn write_report(reason: Reason) {
             text.push_str(&checks::summary_lines(&r.checks, r.checks_dropped));
             crate::os::fds::write_stderr(text.as_bytes());
         }
+    }
+    // Kept for the next report (plain data: the next one's `clear` costs nothing).
+    drop(selected);
+    if let Some(mut b) = SNAPSHOT_BUFFER.try_lock() {
+        *b = std::mem::take(&mut snapshot.groups);
     }
 }
 

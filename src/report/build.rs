@@ -131,11 +131,17 @@ fn leaked(g: &GroupSnapshot, r: Option<Reachability>) -> (u64, u64) {
 /// limits are apart because the host's small definite leaks would otherwise push out
 /// every device group that the scan finds reachable (PyTorch's cache, a pointer still
 /// in a dead Python object), and a report on a GPU job must show its device memory.
+///
+/// `reach` is `None` without a scan: then the groups are taken in the order given, which
+/// must put each class's `limit` largest first (`Snapshot::sort`, or `sort_top(limit)`),
+/// with no copy or sort of all of them (a periodic report after `import torch` copied
+/// and sorted 600k of them here).
 pub fn select_groups(
     groups: &[GroupSnapshot],
-    reach: impl Fn(&GroupSnapshot) -> Option<Reachability>,
+    reach: Option<impl Fn(&GroupSnapshot) -> Option<Reachability>>,
     limit: usize,
 ) -> (Vec<(&GroupSnapshot, Option<Reachability>)>, Omitted) {
+    let Some(reach) = reach else { return select_in_order(groups, limit) };
     let mut all: Vec<(&GroupSnapshot, Option<Reachability>)> = groups.iter().map(|g| (g, reach(g))).collect();
     // `groups` is already in the collector's order (bytes, blocks, stack): a stable sort keeps it for ties.
     all.sort_by_key(|(g, r)| std::cmp::Reverse(leaked(g, *r).0));
@@ -156,6 +162,28 @@ pub fn select_groups(
         false
     });
     (all, omitted)
+}
+
+/// `select_groups` without a scan: the first `limit` groups of each class in `groups`'
+/// order, the rest added up.
+fn select_in_order(groups: &[GroupSnapshot], limit: usize) -> (Vec<(&GroupSnapshot, Option<Reachability>)>, Omitted) {
+    let mut kept = Vec::new();
+    let mut omitted = Omitted::default();
+    let mut listed = [0usize; 2];
+    for g in groups {
+        let class = usize::from(g.api.kind() != Kind::Host);
+        if listed[class] < limit {
+            listed[class] += 1;
+            kept.push((g, None));
+            continue;
+        }
+        omitted.groups += 1;
+        omitted.bytes += g.stats.live_bytes;
+        omitted.blocks += g.stats.live_blocks;
+        omitted.leaked_bytes += g.stats.live_bytes;
+        omitted.leaked_blocks += g.stats.live_blocks;
+    }
+    (kept, omitted)
 }
 
 pub fn resolve_groups(selected: &[(&GroupSnapshot, Option<Reachability>)], sym: &mut Symbolizer) -> Vec<Group> {
@@ -662,18 +690,18 @@ mod tests {
             }
             Some(r)
         };
-        let (kept, omitted) = select_groups(&groups, reach, 2);
+        let (kept, omitted) = select_groups(&groups, Some(reach), 2);
         let order: Vec<u32> = kept.iter().map(|(g, _)| g.stack).collect();
         assert_eq!(order, vec![2, 3], "every leak before any reachable group");
         assert_eq!(omitted, Omitted { groups: 2, bytes: 1005, blocks: 2, leaked_bytes: 0, leaked_blocks: 0 });
         // Without a scan everything outstanding counts, largest first.
-        let (kept, omitted) = select_groups(&groups, |_| None, 3);
+        let (kept, omitted) = select_groups(&groups, None::<fn(&GroupSnapshot) -> Option<Reachability>>, 3);
         assert_eq!(kept.iter().map(|(g, _)| g.stack).collect::<Vec<_>>(), vec![1, 2, 3]);
         assert_eq!((omitted.groups, omitted.leaked_bytes), (1, 5));
         // Host groups do not crowd out device groups: each class has its own limit.
         let device = |stack: u32, bytes: u64| GroupSnapshot { api: Api::CudaMalloc, device: Some(0), ..g(stack, bytes) };
         let groups = vec![device(7, 4000), g(1, 1000), g(2, 500), g(3, 10), device(8, 50), g(4, 5)];
-        let (mixed, left_out) = select_groups(&groups, reach, 2);
+        let (mixed, left_out) = select_groups(&groups, Some(reach), 2);
         assert_eq!(mixed.iter().map(|(g, _)| g.stack).collect::<Vec<_>>(), vec![7, 2, 8, 3], "two of each class, leaks first");
         assert_eq!((left_out.groups, left_out.bytes), (2, 1005));
         // The exit summary counts what was left out.

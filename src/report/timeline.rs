@@ -8,7 +8,7 @@ use crate::hotpath::event::Api;
 /// among the `JOIN_GROWING` that grew most of those growing steadily, whatever their size
 /// (a leak spread over dozens of small stacks is in none of the largest).
 const MAX_SERIES: usize = 64;
-const JOIN_TOP: usize = 16;
+pub const JOIN_TOP: usize = 16;
 const JOIN_GROWING: usize = 16;
 /// Points kept; beyond, every other old point is dropped (the series stay aligned).
 const MAX_POINTS: usize = 1024;
