@@ -88,6 +88,8 @@ fn teardown_points(values: &[u64]) -> usize {
 /// The `api` of a growth found on a line of the user's Python code (its `stack` is that
 /// one Python frame).
 pub const PYTHON_LINE: &str = "python line";
+/// The `kind` of a Python line's growth, which counts host and CUDA memory together.
+pub const ALL_KINDS: &str = "all";
 
 /// (first, last, points, bytes per minute) of a series that grows steadily.
 fn steady_growth(bytes: &[u64], points: &[Point], cut: usize, min_bytes: u64) -> Option<(u64, u64, usize, u64)> {
@@ -142,7 +144,9 @@ pub fn detect(report: &Report, min_bytes: u64) -> Vec<Growth> {
                 python: true,
                 ..Default::default()
             };
-            Some(growth("host", PYTHON_LINE, 0, g, vec![frame]))
+            // A line's series adds up every kind of memory allocated under it: host
+            // blocks and CUDA allocations alike (a tensor made by `cudaMallocAsync`).
+            Some(growth(ALL_KINDS, PYTHON_LINE, 0, g, vec![frame]))
         })
         .collect();
     let mut stacks: Vec<Growth> = report
@@ -203,7 +207,7 @@ mod tests {
         ];
         let found = detect(&r, 1024);
         assert_eq!(found.len(), 2);
-        assert_eq!(found[0].api, PYTHON_LINE);
+        assert_eq!((found[0].api.as_str(), found[0].kind.as_str()), (PYTHON_LINE, ALL_KINDS));
         assert_eq!((found[0].stack[0].file.as_deref(), found[0].stack[0].line), (Some("/w/train.py"), Some(41)));
         assert!(found[0].bytes_per_minute > 5_000_000, "{}", found[0].bytes_per_minute);
         assert_eq!(found[1].api, "malloc");
