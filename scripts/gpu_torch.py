@@ -50,7 +50,8 @@ def plant_device_leak(rt):
         del p
 
 
-def train_with_hook(seconds, leak=True):
+def setup():
+    """The model on the GPU, its optimizer and one fixed batch."""
     assert torch.cuda.is_available(), "no GPU"
     torch.manual_seed(0)
     dev = torch.device("cuda")
@@ -58,6 +59,11 @@ def train_with_hook(seconds, leak=True):
     opt = torch.optim.SGD(net.parameters(), lr=0.05)
     xs = torch.randn(64, 3, 32, 32, device=dev)
     ys = torch.randint(0, 10, (64,), device=dev)
+    return net, opt, xs, ys
+
+
+def train_with_hook(seconds, leak=True):
+    net, opt, xs, ys = setup()
     cache = []
 
     def keep(module, inputs, output):
@@ -81,13 +87,7 @@ def main():
     if len(sys.argv) > 1 and sys.argv[1] in ("hook", "clean"):
         train_with_hook(float(sys.argv[2]), sys.argv[1] == "hook")
         return
-    assert torch.cuda.is_available(), "no GPU"
-    torch.manual_seed(0)
-    dev = torch.device("cuda")
-    net = model().to(dev)
-    opt = torch.optim.SGD(net.parameters(), lr=0.05)
-    xs = torch.randn(64, 3, 32, 32, device=dev)
-    ys = torch.randint(0, 10, (64,), device=dev)
+    net, opt, xs, ys = setup()
     first = None
     t = time.perf_counter()
     for _ in range(STEPS):

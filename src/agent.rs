@@ -552,10 +552,6 @@ fn write_report(reason: Reason) {
     let presymbolizer = (final_report && scan_now).then(|| Presymbolizer::start(&snapshot)).flatten();
     let live = scan_now.then(|| if final_report { c.model.take_live_blocks() } else { c.model.live_blocks() });
     drop(state);
-    if !final_report && scan_now {
-        // `select_groups` re-sorts by what the scan found: ties keep this order.
-        snapshot.sort();
-    }
     // The scan stops the other threads: it runs holding none of our locks.
     let scan = live.map(|live| reachability_scan(&live, presymbolizer.as_ref().map_or(0, Presymbolizer::tid)));
     drop(presymbolizer);
@@ -567,10 +563,15 @@ fn write_report(reason: Reason) {
     if r.final_written {
         return;
     }
-    if !final_report && !scan_now {
-        // What a periodic report reads of the order: each class's listed groups and the
-        // timeline's largest.
-        snapshot.sort_top(r.config.report_groups.max(crate::report::timeline::JOIN_TOP));
+    if !final_report {
+        if scan_now {
+            // `select_groups` re-sorts by what the scan found: ties keep this order.
+            snapshot.sort();
+        } else {
+            // What a periodic report reads of the order: each class's listed groups and
+            // the timeline's largest.
+            snapshot.sort_top(r.config.report_groups.max(crate::report::timeline::JOIN_TOP));
+        }
     }
     let now = process::unix_ms();
     r.timeline.record(now, &snapshot);

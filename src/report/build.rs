@@ -141,17 +141,28 @@ pub fn select_groups(
     reach: Option<impl Fn(&GroupSnapshot) -> Option<Reachability>>,
     limit: usize,
 ) -> (Vec<(&GroupSnapshot, Option<Reachability>)>, Omitted) {
-    let Some(reach) = reach else { return select_in_order(groups, limit) };
+    let Some(reach) = reach else { return take_per_class(groups.iter().map(|g| (g, None)), limit) };
     let mut all: Vec<(&GroupSnapshot, Option<Reachability>)> = groups.iter().map(|g| (g, reach(g))).collect();
     // `groups` is already in the collector's order (bytes, blocks, stack): a stable sort keeps it for ties.
     all.sort_by_key(|(g, r)| std::cmp::Reverse(leaked(g, *r).0));
+    take_per_class(all.into_iter(), limit)
+}
+
+/// The first `limit` groups of each class (host, CUDA) in `groups`' order; the rest
+/// added up.
+fn take_per_class<'a>(
+    groups: impl Iterator<Item = (&'a GroupSnapshot, Option<Reachability>)>,
+    limit: usize,
+) -> (Vec<(&'a GroupSnapshot, Option<Reachability>)>, Omitted) {
+    let mut kept = Vec::new();
     let mut omitted = Omitted::default();
     let mut listed = [0usize; 2];
-    all.retain(|&(g, r)| {
+    for (g, r) in groups {
         let class = usize::from(g.api.kind() != Kind::Host);
         if listed[class] < limit {
             listed[class] += 1;
-            return true;
+            kept.push((g, r));
+            continue;
         }
         let (lb, lk) = leaked(g, r);
         omitted.groups += 1;
@@ -159,29 +170,6 @@ pub fn select_groups(
         omitted.blocks += g.stats.live_blocks;
         omitted.leaked_bytes += lb;
         omitted.leaked_blocks += lk;
-        false
-    });
-    (all, omitted)
-}
-
-/// `select_groups` without a scan: the first `limit` groups of each class in `groups`'
-/// order, the rest added up.
-fn select_in_order(groups: &[GroupSnapshot], limit: usize) -> (Vec<(&GroupSnapshot, Option<Reachability>)>, Omitted) {
-    let mut kept = Vec::new();
-    let mut omitted = Omitted::default();
-    let mut listed = [0usize; 2];
-    for g in groups {
-        let class = usize::from(g.api.kind() != Kind::Host);
-        if listed[class] < limit {
-            listed[class] += 1;
-            kept.push((g, None));
-            continue;
-        }
-        omitted.groups += 1;
-        omitted.bytes += g.stats.live_bytes;
-        omitted.blocks += g.stats.live_blocks;
-        omitted.leaked_bytes += g.stats.live_bytes;
-        omitted.leaked_blocks += g.stats.live_blocks;
     }
     (kept, omitted)
 }
