@@ -129,6 +129,26 @@ fn with_jemalloc_before_us_the_program_runs_and_we_say_why_nothing_is_seen() {
 }
 
 #[test]
+fn an_interposer_that_finds_malloc_with_dlvsym_works_before_and_after_us() {
+    let shim = build_fixture("vsym_interposer.c", &["-shared", "-fPIC"]);
+    let bin = build_fixture("leaks.c", &[]);
+    for (order, tag) in
+        [(format!("{}:{}", shim.display(), lib_path().display()), "vsym-before"), (format!("{}:{}", lib_path().display(), shim.display()), "vsym-after")]
+    {
+        let dir = fresh_dir(tag);
+        let out = Command::new(&bin).env("LD_PRELOAD", &order).env("LEAKTRACE_OUTPUT", &dir).env("LEAKTRACE_SUMMARY", "0").timed_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(7), "{order}: {err}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "leaks fixture done\n");
+        let calls: u64 =
+            err.lines().find_map(|l| l.strip_prefix("interposer: ")?.strip_suffix(" mallocs")?.parse().ok()).unwrap_or_else(|| panic!("{order}: {err}"));
+        assert!(calls > 0, "{order}: {err}");
+        let r = &reports_in(&dir)[0];
+        assert_eq!(sum(&groups_with(r, "leak_malloc_64"), "bytes"), 192, "{order}");
+    }
+}
+
+#[test]
 fn malformed_settings_get_one_line_each_and_the_program_runs_unchanged() {
     let bin = build_fixture("leaks.c", &[]);
     for (var, value) in [
@@ -218,6 +238,7 @@ fn exported_symbols_are_exactly_the_documented_list() {
     let list_end = list_start + documented[list_start..].find("];").unwrap();
     let mut expected: Vec<String> = documented[list_start..list_end].split('"').skip(1).step_by(2).map(String::from).collect();
     expected.push("dlsym".into());
+    expected.push("dlvsym".into());
     // The CUDA families: every `(name::NAME, name::substitute)` row of their WRAPPED tables.
     for family in ["cuda_runtime.rs", "cuda_driver.rs"] {
         let text = std::fs::read_to_string(root().join("src/interpose").join(family)).unwrap();

@@ -5,7 +5,8 @@
 #![allow(clippy::missing_safety_doc)]
 
 use std::alloc::{GlobalAlloc, Layout};
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_int, c_void, CStr};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::real;
 use crate::agent;
@@ -210,6 +211,22 @@ pub unsafe extern "C" fn free_aligned_sized(p: *mut c_void, align: usize, size: 
     }
 }
 
+/// The names `hook_for` substitutes: the ten whose hook forwards to the same name
+/// beneath us, in `hook_for`'s table order, then `reallocarray`.
+const HOOKED: [&CStr; 11] = [
+    c"malloc",
+    c"calloc",
+    c"realloc",
+    c"free",
+    c"posix_memalign",
+    c"aligned_alloc",
+    c"memalign",
+    c"valloc",
+    c"pvalloc",
+    c"malloc_usable_size",
+    c"reallocarray",
+];
+
 /// Our hook for the malloc-family function `name`, when `found` is the C library's own
 /// definition of it (the function our hook forwards to). `dlsym` hands it out in its
 /// place: `ctypes.CDLL("libc.so.6").malloc`, `find_library("c")`, cffi and a plugin that
@@ -219,16 +236,38 @@ pub unsafe extern "C" fn free_aligned_sized(p: *mut c_void, align: usize, size: 
 pub fn hook_for(name: &[u8], found: usize) -> Option<usize> {
     macro_rules! hooks {
         ($($f:ident),*) => {
-            [$((stringify!($f).as_bytes(), real::$f().map(|r| r as *const () as usize), $f as *const () as usize)),*]
+            [$((real::$f().map(|r| r as *const () as usize), $f as *const () as usize)),*]
         };
     }
+    let k = HOOKED.iter().position(|n| n.to_bytes() == name)?;
     let table = hooks!(malloc, calloc, realloc, free, posix_memalign, aligned_alloc, memalign, valloc, pvalloc, malloc_usable_size);
-    if let Some(&(_, real, hook)) = table.iter().find(|(n, _, _)| *n == name) {
-        return (real == Some(found)).then_some(hook);
-    }
     // glibc's reallocarray is not what our hook forwards to (that is realloc): it is
     // recognised as the definition that follows this library.
-    (name == b"reallocarray" && super::resolve::next_definition(c"reallocarray") == Some(found)).then_some(reallocarray as *const () as usize)
+    let (beneath, hook) = table.get(k).copied().unwrap_or_else(|| (super::resolve::next_definition(c"reallocarray"), reallocarray as *const () as usize));
+    (beneath == Some(found)).then(|| own_hook(k).unwrap_or(hook))
+}
+
+/// Whether `name` is one that `hook_for` may substitute.
+pub fn is_hooked_name(name: &[u8]) -> bool {
+    HOOKED.iter().any(|n| n.to_bytes() == name)
+}
+
+/// The address of our own hook `HOOKED[k]`, read once from this library's symbol table.
+/// `malloc as *const ()` is not it when another interposer comes before us: an exported
+/// function's address is taken through the GOT, which holds the program's first
+/// definition of the name — the other interposer's, which handed to that interposer
+/// as "the next malloc" would call itself forever.
+fn own_hook(k: usize) -> Option<usize> {
+    static OWN: [AtomicUsize; HOOKED.len()] = [const { AtomicUsize::new(0) }; HOOKED.len()];
+    static READ: AtomicBool = AtomicBool::new(false);
+    if !READ.load(Ordering::Acquire) {
+        let found = crate::os::elf::own_definitions(HOOKED, own_hook as *const () as usize);
+        for (slot, addr) in OWN.iter().zip(found) {
+            slot.store(addr, Ordering::Relaxed);
+        }
+        READ.store(true, Ordering::Release);
+    }
+    Some(OWN[k].load(Ordering::Relaxed)).filter(|&a| a != 0)
 }
 
 /// The library's own Rust allocations go straight to the real allocator: they are

@@ -9,38 +9,62 @@
 //! wrapper bound to that very pointer. So a v1 request (`cuMemAlloc`, 32-bit pointers)
 //! never gets the `_v2` wrapper, nor a legacy-stream request a `_ptsz` one.
 //!
-//! **`dlsym` itself** is a naked function: `dlsym(RTLD_NEXT, …)` means "after the
-//! caller's module", and glibc takes the caller from the return address, so those calls
-//! jump straight to the real `dlsym` with the caller's return address intact. The real
-//! one comes from `dlvsym`, never from the public `dlsym` (which is this one).
+//! **`dlsym` and `dlvsym` themselves** are naked functions: `dlsym(RTLD_NEXT, …)` means
+//! "after the caller's module", and glibc takes the caller from the return address, so
+//! those calls jump straight to the real function with the caller's return address
+//! intact. Every other handle goes through the same substitution (`substitute_found`):
+//! a `dlvsym(libc, "malloc", "GLIBC_2.2.5")` gets our hook as `dlsym` would.
+//!
+//! The real ones cannot come from the loader's `dlsym`/`dlvsym` (a call of ours to
+//! either lands in our own export): they are read from the C library's symbol table
+//! (`os::elf`), the definitions that follow this library in load order.
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::{cuda_driver, cuda_runtime};
 
 type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+type DlvsymFn = unsafe extern "C" fn(*mut c_void, *const c_char, *const c_char) -> *mut c_void;
 
 static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
-static RESOLVING_DLSYM: AtomicBool = AtomicBool::new(false);
+static REAL_DLVSYM: AtomicUsize = AtomicUsize::new(0);
+static RESOLVING: AtomicBool = AtomicBool::new(false);
 
-/// Finds glibc's `dlsym`. Returns 0 when called again while it runs (a `dlvsym` that
-/// allocates on an error path would come back here through malloc's bootstrap).
-extern "C" fn resolve_real_dlsym() -> usize {
-    let p = REAL_DLSYM.load(Ordering::Acquire);
-    if p != 0 || RESOLVING_DLSYM.swap(true, Ordering::AcqRel) {
+/// Finds glibc's `dlsym` and `dlvsym` (both at once); returns the one asked for
+/// (`versioned`: `dlvsym`). Returns 0 when called again while it runs.
+extern "C" fn resolve_real(versioned: bool) -> usize {
+    let slot = if versioned { &REAL_DLVSYM } else { &REAL_DLSYM };
+    let p = slot.load(Ordering::Acquire);
+    if p != 0 || RESOLVING.swap(true, Ordering::AcqRel) {
         return p;
     }
-    let mut found = 0;
-    for version in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
-        // SAFETY: dlvsym with RTLD_NEXT and NUL-terminated strings.
-        found = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) } as usize;
-        if found != 0 {
-            break;
+    let [mut dlsym, mut dlvsym] = crate::os::elf::next_definitions([c"dlsym", c"dlvsym"], resolve_real as *const () as usize);
+    // Each can be asked for the other: `RTLD_NEXT` from here is the module after ours.
+    if dlsym == 0 && dlvsym != 0 {
+        for version in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
+            // SAFETY: glibc's dlvsym with RTLD_NEXT and NUL-terminated strings.
+            dlsym = unsafe { std::mem::transmute::<usize, DlvsymFn>(dlvsym)(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) } as usize;
+            if dlsym != 0 {
+                break;
+            }
         }
     }
-    REAL_DLSYM.store(found, Ordering::Release);
-    RESOLVING_DLSYM.store(false, Ordering::Release);
-    found
+    if dlvsym == 0 && dlsym != 0 {
+        // SAFETY: glibc's dlsym with RTLD_NEXT and a NUL-terminated name.
+        dlvsym = unsafe { std::mem::transmute::<usize, DlsymFn>(dlsym)(libc::RTLD_NEXT, c"dlvsym".as_ptr()) } as usize;
+    }
+    REAL_DLVSYM.store(dlvsym, Ordering::Release);
+    REAL_DLSYM.store(dlsym, Ordering::Release);
+    RESOLVING.store(false, Ordering::Release);
+    slot.load(Ordering::Acquire)
+}
+
+extern "C" fn resolve_real_dlsym() -> usize {
+    resolve_real(false)
+}
+
+extern "C" fn resolve_real_dlvsym() -> usize {
+    resolve_real(true)
 }
 
 /// The exported `dlsym`.
@@ -81,6 +105,90 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut
     )
 }
 
+/// The exported `dlvsym`: as `dlsym`, with the version in rdx.
+///
+/// # Safety
+/// The C contract of `dlvsym`.
+#[cfg_attr(not(test), no_mangle)]
+#[unsafe(naked)]
+pub unsafe extern "C" fn dlvsym(handle: *mut c_void, name: *const c_char, version: *const c_char) -> *mut c_void {
+    // rdi = handle, rsi = name, rdx = version. Three pushes keep the stack aligned.
+    std::arch::naked_asm!(
+        "mov rax, qword ptr [rip + {real}]",
+        "test rax, rax",
+        "jnz 2f",
+        "push rdi",
+        "push rsi",
+        "push rdx",
+        "call {resolve}",
+        "pop rdx",
+        "pop rsi",
+        "pop rdi",
+        "test rax, rax",
+        "jz 4f",
+        "2:",
+        "cmp rdi, -1",
+        "je 3f",
+        "jmp {wrapped}",
+        // RTLD_NEXT: our hook when the caller comes before us (see `next_hook`), else a
+        // tail jump to the real dlvsym with the caller's return address.
+        "3:",
+        "push rdi",
+        "push rsi",
+        "push rdx",
+        "mov rdi, rsi",
+        "mov rsi, rdx",
+        "mov rdx, qword ptr [rsp + 24]",
+        "call {next_hook}",
+        "pop rdx",
+        "pop rsi",
+        "pop rdi",
+        "test rax, rax",
+        "jnz 4f",
+        "mov rax, qword ptr [rip + {real}]",
+        "jmp rax",
+        "4:",
+        "ret",
+        real = sym REAL_DLVSYM,
+        resolve = sym resolve_real_dlvsym,
+        wrapped = sym dlvsym_wrapped,
+        next_hook = sym dlvsym_next_hook,
+    )
+}
+
+/// `dlvsym(RTLD_NEXT, name, version)` from `caller`: our hook, or 0 to let the real
+/// `dlvsym` answer. The loader never gives an unversioned definition (ours) to a
+/// versioned request, so a program or an earlier preload asking for the next
+/// `malloc@GLIBC_2.2.5` would skip us and get the C library's: it gets our hook, as
+/// `dlsym(RTLD_NEXT)` would give it. A caller after us in load order (an interposer
+/// that wraps the C library beneath us) gets the real answer.
+extern "C" fn dlvsym_next_hook(name: *const c_char, version: *const c_char, caller: usize) -> usize {
+    let found = std::panic::catch_unwind(|| {
+        // SAFETY: dlvsym's name argument, a C string by its contract (or NULL).
+        let n = unsafe { super::cuda::c_name(name) }?;
+        if !super::malloc::is_hooked_name(n.to_bytes()) || is_ours(caller) || !loaded_before_us(caller) {
+            return None;
+        }
+        let real = REAL_DLVSYM.load(Ordering::Acquire);
+        // SAFETY: glibc's dlvsym (set before this path runs) with the caller's strings.
+        let p = unsafe { std::mem::transmute::<usize, DlvsymFn>(real)(libc::RTLD_DEFAULT, name, version) };
+        (!p.is_null()).then(|| super::malloc::hook_for(n.to_bytes(), p as usize)).flatten()
+    });
+    found.ok().flatten().unwrap_or(0)
+}
+
+/// Whether the module containing `addr` comes before this library in load order.
+fn loaded_before_us(addr: usize) -> bool {
+    let ours = is_ours as *const () as usize;
+    let mut before = false;
+    for_each_module_span(|lo, hi| {
+        before = addr >= lo && addr < hi;
+        let at_us = ours >= lo && ours < hi;
+        !(before || at_us)
+    });
+    before
+}
+
 /// The definition of `name` after this library (`dlsym(RTLD_NEXT)` from here).
 pub fn next_definition(name: &CStr) -> Option<usize> {
     // SAFETY: RTLD_NEXT from this library's code with a NUL-terminated name.
@@ -108,10 +216,25 @@ extern "C" fn dlsym_wrapped(handle: *mut c_void, name: *const c_char) -> *mut c_
     // SAFETY: real is glibc's dlsym (the naked entry checked it is set); arguments are
     // the caller's.
     let p = unsafe { std::mem::transmute::<usize, DlsymFn>(real)(handle, name) };
+    substitute_found(handle, name, p)
+}
+
+/// `dlvsym` for every handle but RTLD_NEXT: the real lookup, then the substitution rule.
+extern "C" fn dlvsym_wrapped(handle: *mut c_void, name: *const c_char, version: *const c_char) -> *mut c_void {
+    let real = REAL_DLVSYM.load(Ordering::Acquire);
+    // SAFETY: real is glibc's dlvsym (the naked entry checked it is set); arguments are
+    // the caller's.
+    let p = unsafe { std::mem::transmute::<usize, DlvsymFn>(real)(handle, name, version) };
+    substitute_found(handle, name, p)
+}
+
+/// What a lookup of `name` on `handle` that found `p` hands out: our malloc-family hook
+/// for the C library's own function, a CUDA wrapper, or `p` itself.
+fn substitute_found(handle: *mut c_void, name: *const c_char, p: *mut c_void) -> *mut c_void {
     if p.is_null() {
         return p;
     }
-    // SAFETY: dlsym just found a symbol by this name, so it is a valid C string.
+    // SAFETY: the loader just found a symbol by this name, so it is a valid C string.
     let Some(n) = (unsafe { super::cuda::c_name(name) }) else { return p };
     if let Some(hook) = super::malloc::hook_for(n.to_bytes(), p as usize) {
         return hook as *mut c_void;
@@ -204,7 +327,38 @@ pub fn is_ours(addr: usize) -> bool {
 
 /// The address range of the loaded module containing `addr`.
 fn module_range(addr: usize) -> Option<(usize, usize)> {
-    loaded_modules().into_iter().find(|m| addr >= m.lo && addr < m.hi).map(|m| (m.lo, m.hi))
+    let mut found = None;
+    for_each_module_span(|lo, hi| {
+        found = (addr >= lo && addr < hi).then_some((lo, hi));
+        found.is_none()
+    });
+    found
+}
+
+/// The span of each loaded module's PT_LOAD segments, in load order, until `visit`
+/// returns false. Allocates nothing: it runs inside `dlvsym` and `dlsym`, which an
+/// interposer beneath us may call from its own `malloc` before it can allocate.
+fn for_each_module_span(mut visit: impl FnMut(usize, usize) -> bool) {
+    type Visit<'a> = &'a mut dyn FnMut(usize, usize) -> bool;
+    extern "C" fn each(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
+        // SAFETY: the loader passes a valid info whose dlpi_phdr holds dlpi_phnum
+        // headers; data is the Visit below, alive for the whole walk.
+        let (info, visit) = unsafe { (&*info, &mut *(data as *mut Visit)) };
+        // SAFETY: as above.
+        let (lo, hi) = span(info.dlpi_addr as usize, unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) });
+        c_int::from(lo < hi && !visit(lo, hi))
+    }
+    let mut visit: Visit = &mut visit;
+    // SAFETY: the callback only reads what the loader gives it and calls `visit`.
+    unsafe { crate::os::loader::iterate_modules(Some(each), &mut visit as *mut Visit as *mut c_void) };
+}
+
+/// The lowest and highest address of a module's PT_LOAD segments.
+fn span(base: usize, phdrs: &[libc::Elf64_Phdr]) -> (usize, usize) {
+    phdrs.iter().filter(|ph| ph.p_type == libc::PT_LOAD).fold((usize::MAX, 0), |(lo, hi), ph| {
+        let start = base + ph.p_vaddr as usize;
+        (lo.min(start), hi.max(start + ph.p_memsz as usize))
+    })
 }
 
 /// A loaded ELF module: its path as the loader knows it (empty for the main program)
@@ -224,15 +378,7 @@ pub fn loaded_modules() -> Vec<LoadedModule> {
         unsafe {
             let out = &mut *(data as *mut Vec<LoadedModule>);
             let i = &*info;
-            let (mut lo, mut hi) = (usize::MAX, 0usize);
-            for k in 0..i.dlpi_phnum as usize {
-                let ph = &*i.dlpi_phdr.add(k);
-                if ph.p_type == libc::PT_LOAD {
-                    let start = i.dlpi_addr as usize + ph.p_vaddr as usize;
-                    lo = lo.min(start);
-                    hi = hi.max(start + ph.p_memsz as usize);
-                }
-            }
+            let (lo, hi) = span(i.dlpi_addr as usize, std::slice::from_raw_parts(i.dlpi_phdr, i.dlpi_phnum as usize));
             let path = if i.dlpi_name.is_null() { std::ffi::CString::default() } else { CStr::from_ptr(i.dlpi_name).to_owned() };
             if lo < hi {
                 out.push(LoadedModule { path, base: i.dlpi_addr as usize, lo, hi });

@@ -17,11 +17,18 @@ pub fn global_symbol(name: &std::ffi::CStr) -> Option<usize> {
 /// A `dl_iterate_phdr` callback.
 pub type ModuleVisitor = unsafe extern "C" fn(*mut libc::dl_phdr_info, usize, *mut std::ffi::c_void) -> std::ffi::c_int;
 
-/// `dl_iterate_phdr`, never across a fork.
+/// `dl_iterate_phdr`, never across a fork. A walk inside one of this thread's walks
+/// (a first allocation in a callback reaching a `malloc` that resolves itself through
+/// `dlvsym`, which asks which module called) goes ahead under the lock already held:
+/// the loader's own lock is recursive.
 ///
 /// # Safety
 /// As `dl_iterate_phdr`: `callback` must treat `data` as what the caller passes.
 pub unsafe fn iterate_modules(callback: Option<ModuleVisitor>, data: *mut std::ffi::c_void) -> std::ffi::c_int {
+    if LOADER_WALKS.held_by_me() {
+        // SAFETY: forwarded under the caller's contract.
+        return unsafe { libc::dl_iterate_phdr(callback, data) };
+    }
     let _walk = LOADER_WALKS.lock();
     // SAFETY: forwarded under the caller's contract.
     unsafe { libc::dl_iterate_phdr(callback, data) }

@@ -75,6 +75,11 @@ impl<T> SpinLock<T> {
         self.owner.0.store(0, Ordering::Release);
     }
 
+    /// Whether this very thread holds the lock now.
+    pub fn held_by_me(&self) -> bool {
+        self.owner.0.load(Ordering::Acquire) == thread::identity()
+    }
+
     /// The lock was parked by this very thread with `lock_raw` (inside fork): the state
     /// is consistent and may be used without taking the lock again.
     pub fn parked_by_me(&self) -> Option<Guard<'_, T>> {

@@ -1,0 +1,245 @@
+//! Symbols read from the loaded modules' own dynamic symbol tables, without asking the
+//! loader's `dlsym`/`dlvsym`. This library exports both (a program that looks `malloc`
+//! up by hand must get our hook), so its own calls to them would land in its own
+//! exports; the real ones are found here instead, once, the way the loader would:
+//! the GNU hash table of each module in load order, the default version of the name.
+//!
+//! Only modules with a `DT_GNU_HASH` table are searched (every glibc since 2.5 and every
+//! library a distribution builds has one); a name defined only as an IFUNC or only in a
+//! module without one is not found, and the caller falls back.
+use std::ffi::{c_int, c_void, CStr};
+
+/// The GNU hash of a symbol name (the `DT_GNU_HASH` function: djb2, 32 bits).
+pub fn gnu_hash(name: &[u8]) -> u32 {
+    name.iter().fold(5381u32, |h, &c| h.wrapping_mul(33).wrapping_add(c as u32))
+}
+
+/// What one walk of the module list looks for and has found.
+struct Search<'a, const N: usize> {
+    names: [&'a CStr; N],
+    /// An address inside the module the lookup is "after" (`RTLD_NEXT` from it), or
+    /// the only module searched (`within`).
+    from: usize,
+    within: bool,
+    passed_from: bool,
+    after: [usize; N],
+    before: [usize; N],
+}
+
+/// The address of each of `names`' default-version definitions, looked up as
+/// `dlsym(RTLD_NEXT, name)` from the module containing `from` would: the first module
+/// after it in load order that defines the name, or failing that the first one before
+/// it. 0 for a name that no searched module defines.
+///
+/// Walks the module list with `dl_iterate_phdr` itself, not through `loader`'s lock:
+/// it runs once, at the process's first symbol lookup, possibly from inside one of our
+/// own walks (a first allocation there), and it allocates nothing.
+pub fn next_definitions<const N: usize>(names: [&CStr; N], from: usize) -> [usize; N] {
+    definitions(names, from, false)
+}
+
+/// One walk of the module list: `names` after `from` (`within`: false) or in it (true).
+fn definitions<const N: usize>(names: [&CStr; N], from: usize, within: bool) -> [usize; N] {
+    extern "C" fn visit<const N: usize>(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
+        // SAFETY: the loader passes a valid info for the duration of the call; data is
+        // the Search below, alive for the whole walk.
+        let (info, search) = unsafe { (&*info, &mut *(data as *mut Search<N>)) };
+        // SAFETY: dlpi_phdr holds dlpi_phnum program headers of a loaded module.
+        let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
+        let base = info.dlpi_addr as usize;
+        let contains = |addr: usize| phdrs.iter().any(|ph| ph.p_type == libc::PT_LOAD && addr.wrapping_sub(base + ph.p_vaddr as usize) < ph.p_memsz as usize);
+        if contains(search.from) != search.within {
+            search.passed_from |= !search.within;
+            return 0;
+        }
+        let Some(dynamic) = phdrs.iter().find(|ph| ph.p_type == libc::PT_DYNAMIC) else { return 0 };
+        // SAFETY: the PT_DYNAMIC segment of a loaded module is mapped, DT_NULL-terminated.
+        let Some(table) = (unsafe { DynamicSymbols::read(base, base + dynamic.p_vaddr as usize) }) else { return 0 };
+        let passed = search.passed_from;
+        for (k, name) in search.names.iter().enumerate() {
+            let slot = if passed { &mut search.after[k] } else { &mut search.before[k] };
+            if *slot == 0 {
+                // SAFETY: the tables were just read from this module's dynamic section.
+                *slot = unsafe { table.lookup(name.to_bytes()) }.unwrap_or(0);
+            }
+        }
+        0
+    }
+    let mut search = Search { names, from, within, passed_from: within, after: [0; N], before: [0; N] };
+    // SAFETY: the callback reads only what the loader hands it and writes only `search`.
+    unsafe { libc::dl_iterate_phdr(Some(visit::<N>), &mut search as *mut Search<N> as *mut c_void) };
+    std::array::from_fn(|k| if search.after[k] != 0 { search.after[k] } else { search.before[k] })
+}
+
+/// The address of each of `names`' definitions in the module containing `within`
+/// itself (0 where it defines none). For our own exports: taking the address of an
+/// exported function in Rust gives the program's first definition of its name (through
+/// the GOT), which is another interposer's when one comes before us.
+pub fn own_definitions<const N: usize>(names: [&CStr; N], within: usize) -> [usize; N] {
+    definitions(names, within, true)
+}
+
+/// A module's dynamic symbol table, string table, GNU hash table and version table.
+struct DynamicSymbols {
+    base: usize,
+    symtab: *const libc::Elf64_Sym,
+    strtab: *const u8,
+    strsz: usize,
+    gnu_hash: *const u32,
+    versym: *const u16,
+}
+
+impl DynamicSymbols {
+    /// Reads the tables' addresses from the dynamic section at `dynamic`. glibc adds the
+    /// load bias to these entries in place, except where the section is read-only (the
+    /// vDSO): an address below `base` is taken as not yet relocated.
+    ///
+    /// # Safety
+    /// `dynamic` is the mapped, DT_NULL-terminated dynamic section of the module loaded
+    /// at `base`.
+    unsafe fn read(base: usize, dynamic: usize) -> Option<DynamicSymbols> {
+        let at = |p: u64| if (p as usize) < base { base + p as usize } else { p as usize };
+        let mut t = DynamicSymbols { base, symtab: std::ptr::null(), strtab: std::ptr::null(), strsz: 0, gnu_hash: std::ptr::null(), versym: std::ptr::null() };
+        let mut d = dynamic as *const Dyn;
+        loop {
+            // SAFETY: within the section, which ends at DT_NULL (caller's contract).
+            let entry = unsafe { &*d };
+            match entry.tag {
+                DT_NULL => break,
+                DT_SYMTAB => t.symtab = at(entry.value) as *const libc::Elf64_Sym,
+                DT_STRTAB => t.strtab = at(entry.value) as *const u8,
+                DT_STRSZ => t.strsz = entry.value as usize,
+                DT_GNU_HASH => t.gnu_hash = at(entry.value) as *const u32,
+                DT_VERSYM => t.versym = at(entry.value) as *const u16,
+                _ => {}
+            }
+            // SAFETY: the next entry; the last one read is DT_NULL.
+            d = unsafe { d.add(1) };
+        }
+        (!t.symtab.is_null() && !t.strtab.is_null() && !t.gnu_hash.is_null() && t.strsz > 0).then_some(t)
+    }
+
+    /// The address of the default-version, defined, non-IFUNC function or object `name`.
+    ///
+    /// # Safety
+    /// The tables are those of a loaded module, as `read` found them.
+    unsafe fn lookup(&self, name: &[u8]) -> Option<usize> {
+        let h = gnu_hash(name);
+        // SAFETY (this block): the GNU hash table's layout — four u32 words (buckets,
+        // first hashed symbol, bloom words, bloom shift), the 64-bit bloom filter, the
+        // buckets, then one chain word per hashed symbol, the last of a chain odd.
+        unsafe {
+            let nbuckets = *self.gnu_hash;
+            let symoffset = *self.gnu_hash.add(1);
+            let bloom_words = *self.gnu_hash.add(2) as usize;
+            if nbuckets == 0 {
+                return None;
+            }
+            let buckets = self.gnu_hash.add(4 + 2 * bloom_words);
+            let chains = buckets.add(nbuckets as usize);
+            let mut i = *buckets.add((h % nbuckets) as usize);
+            if i < symoffset {
+                return None;
+            }
+            loop {
+                let chain = *chains.add((i - symoffset) as usize);
+                if (chain | 1) == (h | 1) {
+                    if let Some(addr) = self.definition(i as usize, name) {
+                        return Some(addr);
+                    }
+                }
+                if chain & 1 == 1 {
+                    return None;
+                }
+                i += 1;
+            }
+        }
+    }
+
+    /// Symbol `i` when it is `name`'s default-version definition.
+    ///
+    /// # Safety
+    /// `i` indexes the module's symbol table (it came from its hash chains).
+    unsafe fn definition(&self, i: usize, name: &[u8]) -> Option<usize> {
+        // SAFETY: the caller's contract; st_name is an offset into the string table,
+        // checked against its size before the name is read.
+        unsafe {
+            let sym = &*self.symtab.add(i);
+            let kind = sym.st_info & 0xf;
+            if sym.st_shndx == SHN_UNDEF || sym.st_value == 0 || !(kind == STT_FUNC || kind == STT_OBJECT) {
+                return None;
+            }
+            let off = sym.st_name as usize;
+            if off + name.len() >= self.strsz || std::slice::from_raw_parts(self.strtab.add(off), name.len() + 1) != [name, b"\0"].concat().as_slice() {
+                return None;
+            }
+            // Version index 0 is local, 0x8000 marks a hidden (non-default) version.
+            if !self.versym.is_null() {
+                let v = *self.versym.add(i);
+                if v == 0 || v & 0x8000 != 0 {
+                    return None;
+                }
+            }
+            Some(self.base + sym.st_value as usize)
+        }
+    }
+}
+
+/// An `Elf64_Dyn` entry.
+#[repr(C)]
+struct Dyn {
+    tag: i64,
+    value: u64,
+}
+
+const DT_NULL: i64 = 0;
+const DT_STRTAB: i64 = 5;
+const DT_SYMTAB: i64 = 6;
+const DT_STRSZ: i64 = 10;
+const DT_GNU_HASH: i64 = 0x6fff_fef5;
+const DT_VERSYM: i64 = 0x6fff_fff0;
+const SHN_UNDEF: u16 = 0;
+const STT_OBJECT: u8 = 1;
+const STT_FUNC: u8 = 2;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gnu_hash_matches_the_published_values() {
+        assert_eq!(gnu_hash(b""), 0x0000_1505);
+        assert_eq!(gnu_hash(b"printf"), 0x156b_2bb8);
+        assert_eq!(gnu_hash(b"exit"), 0x7c96_7e3f);
+        assert_eq!(gnu_hash(b"syscall"), 0xbac2_12a0);
+    }
+
+    #[test]
+    fn finds_what_the_loader_finds() {
+        // In the test binary nothing is interposed: the loader's answers are the truth.
+        let here = finds_what_the_loader_finds as *const () as usize;
+        let names = [c"dlsym", c"dlvsym", c"malloc", c"dl_iterate_phdr", c"no_such_symbol_anywhere"];
+        let found = next_definitions(names, here);
+        for (name, got) in names.iter().zip(found) {
+            // SAFETY: dlsym with a valid handle and a NUL-terminated name.
+            let want = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) } as usize;
+            assert_eq!(got, want, "{name:?}");
+        }
+        assert_ne!(found[0], 0);
+    }
+
+    #[test]
+    fn a_hidden_version_is_not_the_default() {
+        // glibc keeps the old `pthread_cond_wait@GLIBC_2.2.5` beside the default
+        // `@@GLIBC_2.3.2`: the lookup gives the default, as plain dlsym does.
+        let here = a_hidden_version_is_not_the_default as *const () as usize;
+        let [found] = next_definitions([c"pthread_cond_wait"], here);
+        // SAFETY: dlvsym with a valid handle and NUL-terminated strings.
+        let old = unsafe { libc::dlvsym(libc::RTLD_DEFAULT, c"pthread_cond_wait".as_ptr(), c"GLIBC_2.2.5".as_ptr()) } as usize;
+        // SAFETY: as above.
+        let default = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"pthread_cond_wait".as_ptr()) } as usize;
+        assert_eq!(found, default);
+        assert_ne!(old, 0);
+        assert_ne!(old, default);
+    }
+}
