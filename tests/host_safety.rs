@@ -3,7 +3,8 @@
 //! final report when the process ends through two exits at once or through
 //! `quick_exit`, need a pthread key at exit, write into a data file that took fd 2, or
 //! stop reporting after its collector thread failed, or lose its report and its
-//! verdicts to the program's `chroot`. Each fixture reproduces one
+//! verdicts to the program's `chroot`, or get in the way of a sanitizer's runtime. Each
+//! fixture reproduces one
 //! mechanism; every run is under the tests' time limit (a hang fails).
 mod common;
 use common::*;
@@ -173,5 +174,27 @@ fn a_thread_the_scan_cannot_hold_may_free_large_blocks_while_the_exit_scan_runs(
         let r = run.report();
         assert_eq!(r["reason"], "exit");
         assert_eq!(r["scan"]["ran"], true, "{:#}", r["scan"]);
+    }
+}
+
+#[test]
+fn programs_built_with_a_sanitizer_that_owns_malloc_run_as_without_us() {
+    // ThreadSanitizer hung under the library, then got NULL from pthread_create;
+    // LeakSanitizer's start-up called our __lsan_register_root_region and waited on it.
+    for flag in ["-fsanitize=thread", "-fsanitize=leak"] {
+        let bin = build_fixture("sanitized.c", &[flag]);
+        let plain = Command::new(&bin).timed_output().unwrap();
+        let mut cmd = Command::new(&bin);
+        cmd.env("LEAKTRACE_SUMMARY", "0");
+        let traced = run_traced(cmd, "sanitized");
+        assert_eq!(traced.code(), plain.status.code(), "{flag}: {}", traced.stderr());
+        assert_eq!(traced.stdout(), String::from_utf8_lossy(&plain.stdout), "{flag}: {}", traced.stderr());
+        if plain.status.success() {
+            assert_eq!(traced.stdout(), "create 0, block yes\n", "{flag}");
+            let ours: Vec<_> = traced.stderr().lines().filter(|l| l.starts_with("leaktrace:")).map(String::from).collect();
+            assert_eq!(ours.len(), 1, "{flag}: {ours:?}");
+            assert!(ours[0].contains("stays off in this process"), "{flag}: {ours:?}");
+        }
+        assert!(traced.reports().is_empty(), "{flag}: no report from a process we stay out of");
     }
 }

@@ -285,7 +285,10 @@ fn cmd_run(args: &RunArgs) -> Result<u8, Fail> {
     let reports = match model::load(&output) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("leaktrace: {e}");
+            // No directory at all: the library never started (it said why, if it knew).
+            if output.exists() {
+                eprintln!("leaktrace: {e}");
+            }
             eprintln!("leaktrace: the command (pid {pid}) wrote no report: nothing was checked");
             return Ok(if code != 0 {
                 code.clamp(0, 255) as u8

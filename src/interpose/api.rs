@@ -5,13 +5,58 @@
 //!
 //! Every function is safe to call from any thread, any number of times, with tracking
 //! off (it then does nothing and says so), and keeps `errno`.
+//!
+//! In a process that has a sanitizer runtime (`-fsanitize=leak` or `address`), the
+//! `__lsan_*` names are that runtime's own: it calls them itself, from its start-up
+//! (before our constructor) and from inside its `malloc`. Each of ours then forwards to
+//! the runtime's definition (`sanitizers_own`): taken over by ours, LeakSanitizer's
+//! start registering a root region allocated inside our lock and waited for it forever.
 use std::ffi::{c_char, c_int, c_longlong, c_void, CStr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::agent;
 use crate::os::lock::SpinLock;
 use crate::os::ErrnoGuard;
 use crate::report::checks::{self, Scope};
+
+/// Not looked up yet, and being looked up (`sanitizers_own`).
+const UNKNOWN: usize = 1;
+const LOOKING: usize = 2;
+
+/// The definition of `name` that follows this library — a sanitizer runtime's — looked
+/// up once into `slot`: `Ok(Some(p))` to forward to, `Ok(None)` in a process without
+/// one, `Err(())` for a call made while the lookup runs (the runtime's `free` of
+/// `dlsym`'s error buffer calls these functions again): it does nothing.
+fn sanitizers_own(slot: &AtomicUsize, name: &CStr) -> Result<Option<usize>, ()> {
+    let p = match slot.compare_exchange(UNKNOWN, LOOKING, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => {
+            let p = super::resolve::next_definition(name).unwrap_or(0);
+            slot.store(p, Ordering::Release);
+            p
+        }
+        Err(LOOKING) => return Err(()),
+        Err(p) => p,
+    };
+    Ok((p != 0).then_some(p))
+}
+
+/// Forwards the call to the sanitizer runtime's own function of this name, if any; a
+/// call made while that is being looked up does nothing (returns the default: 0).
+macro_rules! sanitizers_first {
+    ($name:literal, $ty:ty, |$f:ident| $call:expr) => {{
+        static SLOT: AtomicUsize = AtomicUsize::new(UNKNOWN);
+        match sanitizers_own(&SLOT, $name) {
+            Ok(Some(p)) => {
+                // SAFETY: the runtime's definition of this very function, with the same C
+                // prototype; its arguments are passed on unchanged, never read here.
+                let $f = unsafe { std::mem::transmute::<usize, $ty>(p) };
+                return $call;
+            }
+            Ok(None) => {}
+            Err(()) => return Default::default(),
+        }
+    }};
+}
 
 /// The last check's JSON (`leaktrace_snapshot_json`).
 static LAST_CHECK: SpinLock<String> = SpinLock::new(String::new());
@@ -96,6 +141,7 @@ pub unsafe extern "C" fn leaktrace_snapshot_json(buf: *mut c_char, len: usize) -
 /// (if any) on stderr and returns 1 when there are some, 0 when not. The process goes on.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn __lsan_do_recoverable_leak_check() -> c_int {
+    sanitizers_first!(c"__lsan_do_recoverable_leak_check", extern "C" fn() -> c_int, |f| f());
     guarded(0, || {
         let Some(check) = run_check("__lsan_do_recoverable_leak_check", Scope::All) else { return 0 };
         let leaked = check.leaked_blocks() > 0;
@@ -113,6 +159,7 @@ static LEAK_CHECK_DONE: AtomicBool = AtomicBool::new(false);
 /// (LeakSanitizer's `exitcode`), its final report written.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn __lsan_do_leak_check() {
+    sanitizers_first!(c"__lsan_do_leak_check", extern "C" fn(), |f| f());
     if LEAK_CHECK_DONE.swap(true, Ordering::SeqCst) {
         return;
     }
@@ -126,6 +173,7 @@ pub extern "C" fn __lsan_do_leak_check() {
 /// The block starting at `p` is never reported, nor what only it points to.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn __lsan_ignore_object(p: *const c_void) {
+    sanitizers_first!(c"__lsan_ignore_object", extern "C" fn(*const c_void), |f| f(p));
     let _errno = ErrnoGuard::save();
     if !p.is_null() {
         agent::ignore_block(p as u64);
@@ -136,22 +184,26 @@ pub extern "C" fn __lsan_ignore_object(p: *const c_void) {
 /// reported. Calls nest.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn __lsan_disable() {
+    sanitizers_first!(c"__lsan_disable", extern "C" fn(), |f| f());
     agent::lsan_disable(true);
 }
 
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn __lsan_enable() {
+    sanitizers_first!(c"__lsan_enable", extern "C" fn(), |f| f());
     agent::lsan_disable(false);
 }
 
 /// `[p, p + size)` is read as a root by every later scan.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn __lsan_register_root_region(p: *const c_void, size: usize) {
+    sanitizers_first!(c"__lsan_register_root_region", extern "C" fn(*const c_void, usize), |f| f(p, size));
     guarded((), || crate::scan::roots::register_root_region(p as u64, size as u64));
 }
 
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn __lsan_unregister_root_region(p: *const c_void, size: usize) {
+    sanitizers_first!(c"__lsan_unregister_root_region", extern "C" fn(*const c_void, usize), |f| f(p, size));
     guarded((), || {
         if !crate::scan::roots::unregister_root_region(p as u64, size as u64) {
             agent::stderr_line(&format!("leaktrace: __lsan_unregister_root_region({p:p}, {size}): no such region registered"));

@@ -22,6 +22,14 @@ extern "C" fn on_load() {
         std::panic::set_hook(Box::new(|info| agent::stderr_line(&format!("leaktrace: internal error: {info}"))));
         let config = Config::from_lookup(|k| std::env::var(k).ok(), |w| agent::stderr_line(&w));
         if config.disabled {
+            super::threads::pass_through();
+            return;
+        }
+        if let Some(sanitizer) = sanitizer_runtime() {
+            super::threads::pass_through();
+            agent::stderr_line(&format!(
+                "leaktrace: this program runs {sanitizer}, which replaces malloc and tracks allocations itself: leaktrace stays off in this process (use the sanitizer's own leak report, or a build without it)"
+            ));
             return;
         }
         let host_tracking = host_tracking_state();
@@ -102,6 +110,26 @@ static CONSTRUCTOR: extern "C" fn() = on_load;
 #[used]
 #[link_section = ".fini_array"]
 static DESTRUCTOR: extern "C" fn() = on_unload;
+
+/// The sanitizer runtime in this process that owns the allocator, if any. Each keeps
+/// its own heap and intercepts the thread and loader functions we hook, and none is
+/// made to have another interposer in front of it: a ThreadSanitizer program under us
+/// hung (or got NULL from `malloc`), a `-fsanitize=leak` one aborted on a failed
+/// allocation. With the library off the hooks only forward, and these programs run as
+/// they do without it (AddressSanitizer refuses any preload before it, with its own
+/// message). UndefinedBehaviorSanitizer has no allocator and is traced as usual.
+fn sanitizer_runtime() -> Option<&'static str> {
+    [
+        (c"__asan_init", "AddressSanitizer"),
+        (c"__tsan_init", "ThreadSanitizer"),
+        (c"__msan_init", "MemorySanitizer"),
+        (c"__hwasan_init", "HWAddressSanitizer"),
+        (c"__lsan_init", "LeakSanitizer"),
+    ]
+    .into_iter()
+    .find(|(symbol, _)| crate::os::loader::global_symbol(symbol).is_some())
+    .map(|(_, name)| name)
+}
 
 /// Whether the program's calls to `malloc` reach us: when another allocator is
 /// preloaded *before* this library, they bind to it and we see nothing.

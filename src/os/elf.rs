@@ -14,61 +14,73 @@ pub fn gnu_hash(name: &[u8]) -> u32 {
     name.iter().fold(5381u32, |h, &c| h.wrapping_mul(33).wrapping_add(c as u32))
 }
 
-/// What one walk of the module list looks for and has found.
-struct Search<'a, const N: usize> {
-    names: [&'a CStr; N],
-    /// An address inside the module the lookup is "after" (`RTLD_NEXT` from it), or
-    /// the only module searched (`within`).
-    from: usize,
-    within: bool,
-    passed_from: bool,
-    after: [usize; N],
-    before: [usize; N],
-}
-
 /// The address of each of `names`' default-version definitions, looked up as
 /// `dlsym(RTLD_NEXT, name)` from the module containing `from` would: the first module
 /// after it in load order that defines the name, or failing that the first one before
 /// it. 0 for a name that no searched module defines.
-///
-/// Walks the module list with `dl_iterate_phdr` itself, not through `loader`'s lock:
-/// it runs once, at the process's first symbol lookup, possibly from inside one of our
-/// own walks (a first allocation there), and it allocates nothing.
 pub fn next_definitions<const N: usize>(names: [&CStr; N], from: usize) -> [usize; N] {
     definitions(names, from, false)
 }
 
-/// One walk of the module list: `names` after `from` (`within`: false) or in it (true).
+/// The head of `struct link_map` (`<link.h>`): the loader's public, stable part.
+#[repr(C)]
+struct LinkMap {
+    addr: usize,
+    name: *const std::ffi::c_char,
+    ld: *const Dyn,
+    next: *const LinkMap,
+    prev: *const LinkMap,
+}
+
+/// One walk of the main namespace's modules: `names` after `from` (`within`: false)
+/// or in it (true).
+///
+/// The walk follows the loader's `link_map` list from the module of `from` (found with
+/// `dladdr1`) back to its head and then forward, in load order, as `dl_iterate_phdr`
+/// would, but without calling it: ThreadSanitizer's runtime intercepts
+/// `dl_iterate_phdr`, and its interceptor calls through a null pointer until that
+/// runtime has set itself up — which it does by calling `dlsym`, ours, whose first
+/// call comes here. It runs once, at the process's first symbol lookup (possibly
+/// inside one of our own module walks, or inside another interposer's first `malloc`),
+/// takes no lock and allocates nothing.
 fn definitions<const N: usize>(names: [&CStr; N], from: usize, within: bool) -> [usize; N] {
-    extern "C" fn visit<const N: usize>(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
-        // SAFETY: the loader passes a valid info for the duration of the call; data is
-        // the Search below, alive for the whole walk.
-        let (info, search) = unsafe { (&*info, &mut *(data as *mut Search<N>)) };
-        // SAFETY: dlpi_phdr holds dlpi_phnum program headers of a loaded module.
-        let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
-        let base = info.dlpi_addr as usize;
-        let contains = |addr: usize| phdrs.iter().any(|ph| ph.p_type == libc::PT_LOAD && addr.wrapping_sub(base + ph.p_vaddr as usize) < ph.p_memsz as usize);
-        if contains(search.from) != search.within {
-            search.passed_from |= !search.within;
-            return 0;
-        }
-        let Some(dynamic) = phdrs.iter().find(|ph| ph.p_type == libc::PT_DYNAMIC) else { return 0 };
-        // SAFETY: the PT_DYNAMIC segment of a loaded module is mapped, DT_NULL-terminated.
-        let Some(table) = (unsafe { DynamicSymbols::read(base, base + dynamic.p_vaddr as usize) }) else { return 0 };
-        let passed = search.passed_from;
-        for (k, name) in search.names.iter().enumerate() {
-            let slot = if passed { &mut search.after[k] } else { &mut search.before[k] };
-            if *slot == 0 {
-                // SAFETY: the tables were just read from this module's dynamic section.
-                *slot = unsafe { table.lookup(name.to_bytes()) }.unwrap_or(0);
+    extern "C" {
+        fn dladdr1(addr: *const c_void, info: *mut libc::Dl_info, extra: *mut *mut c_void, flags: c_int) -> c_int;
+    }
+    const RTLD_DL_LINKMAP: c_int = 2;
+    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    let mut home: *mut c_void = std::ptr::null_mut();
+    // SAFETY: dladdr1 fills info and, with RTLD_DL_LINKMAP, the module's link_map.
+    if unsafe { dladdr1(from as *const c_void, info.as_mut_ptr(), &mut home, RTLD_DL_LINKMAP) } == 0 || home.is_null() {
+        return [0; N];
+    }
+    let home = home as *const LinkMap;
+    let mut first = home;
+    // SAFETY: link_map entries of loaded modules; the list's ends are null.
+    while let Some(prev) = unsafe { (*first).prev.as_ref() } {
+        first = prev;
+    }
+    let (mut after, mut before, mut passed) = ([0; N], [0; N], within);
+    let mut m = first;
+    while !m.is_null() {
+        // SAFETY: as above.
+        let module = unsafe { &*m };
+        let is_home = std::ptr::eq(m, home);
+        // SAFETY: l_ld is the module's mapped, DT_NULL-terminated dynamic section.
+        let table = if is_home == within && !module.ld.is_null() { unsafe { DynamicSymbols::read(module.addr, module.ld as usize) } } else { None };
+        if let Some(table) = table {
+            let found = if passed { &mut after } else { &mut before };
+            for (slot, name) in found.iter_mut().zip(names) {
+                if *slot == 0 {
+                    // SAFETY: the tables were just read from this module's dynamic section.
+                    *slot = unsafe { table.lookup(name.to_bytes()) }.unwrap_or(0);
+                }
             }
         }
-        0
+        passed |= is_home;
+        m = module.next;
     }
-    let mut search = Search { names, from, within, passed_from: within, after: [0; N], before: [0; N] };
-    // SAFETY: the callback reads only what the loader hands it and writes only `search`.
-    unsafe { libc::dl_iterate_phdr(Some(visit::<N>), &mut search as *mut Search<N> as *mut c_void) };
-    std::array::from_fn(|k| if search.after[k] != 0 { search.after[k] } else { search.before[k] })
+    std::array::from_fn(|k| if after[k] != 0 { after[k] } else { before[k] })
 }
 
 /// The address of each of `names`' definitions in the module containing `within`
@@ -170,7 +182,11 @@ impl DynamicSymbols {
                 return None;
             }
             let off = sym.st_name as usize;
-            if off + name.len() >= self.strsz || std::slice::from_raw_parts(self.strtab.add(off), name.len() + 1) != [name, b"\0"].concat().as_slice() {
+            if off + name.len() >= self.strsz {
+                return None;
+            }
+            let stored = std::slice::from_raw_parts(self.strtab.add(off), name.len() + 1);
+            if stored[..name.len()] != *name || stored[name.len()] != 0 {
                 return None;
             }
             // Version index 0 is local, 0x8000 marks a hidden (non-default) version.
