@@ -143,7 +143,10 @@ fn an_interposer_that_finds_malloc_with_dlvsym_works_before_and_after_us() {
         let calls: u64 =
             err.lines().find_map(|l| l.strip_prefix("interposer: ")?.strip_suffix(" mallocs")?.parse().ok()).unwrap_or_else(|| panic!("{order}: {err}"));
         assert!(calls > 0, "{order}: {err}");
+        // Before us, its malloc calls ours: the start-up check must not say otherwise.
+        assert!(!err.contains("not seen"), "{order}: {err}");
         let r = &reports_in(&dir)[0];
+        assert_eq!(r["diagnostics"]["host_tracking"], "active", "{order}");
         assert_eq!(sum(&groups_with(r, "leak_malloc_64"), "bytes"), 192, "{order}");
     }
 }

@@ -7,6 +7,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 use std::ffi::{c_int, c_void, CStr};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::real;
 use crate::agent;
@@ -166,15 +167,44 @@ fn host_tracking_state() -> String {
     let bound = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) };
     let ours = owner(host_tracking_state as *const () as *const c_void);
     let theirs = owner(bound);
-    // Only another module's own definition of `malloc` means that allocator comes first.
+    // Only another module's own definition of `malloc` means that allocator comes first,
+    // and only if it does not itself call ours (a wrapper preloaded before us that finds
+    // the next malloc with `dlsym(RTLD_NEXT)` forwards every call to us).
     match (ours, theirs) {
-        (Some((our_base, _, _)), Some((their_base, their_name, true))) if our_base != their_base => {
+        (Some((our_base, _, _)), Some((their_base, their_name, true))) if our_base != their_base && !reaches_us(bound as usize) => {
             let msg = format!("inactive: malloc is bound to {their_name}, preloaded before leaktrace; put libleaktrace.so first in LD_PRELOAD");
             agent::stderr_line(&format!("leaktrace: host allocations are not seen: {msg}"));
             msg
         }
         _ => "active".into(),
     }
+}
+
+/// Whether a call to `bound` (the program's `malloc`, another module's) comes through
+/// our hook: for one call, our hook forwards to a probe that notes it was reached. Our
+/// own code allocates nothing meanwhile; another thread's call that reaches our hook in
+/// that moment is equally a call that reaches us.
+fn reaches_us(bound: usize) -> bool {
+    static REAL: AtomicUsize = AtomicUsize::new(0);
+    static REACHED: AtomicBool = AtomicBool::new(false);
+    extern "C" fn probe(size: usize) -> *mut c_void {
+        REACHED.store(true, Ordering::Relaxed);
+        // SAFETY: REAL is the real malloc (set before the probe is put in place).
+        unsafe { std::mem::transmute::<usize, real::MallocFn>(REAL.load(Ordering::Acquire))(size) }
+    }
+    let Some(saved) = real::malloc().map(|f| f as usize) else { return false };
+    REAL.store(saved, Ordering::Release);
+    real::swap_malloc(probe as *const () as usize);
+    // SAFETY: `bound` is the program's malloc, as dlsym(RTLD_DEFAULT) returned it.
+    let p = unsafe { std::mem::transmute::<usize, real::MallocFn>(bound)(24) };
+    real::swap_malloc(saved);
+    // SAFETY: the program's free for the program's malloc's block (NULL is fine).
+    let free = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"free".as_ptr()) };
+    if !free.is_null() {
+        // SAFETY: as above.
+        unsafe { std::mem::transmute::<*mut c_void, real::FreeFn>(free)(p) };
+    }
+    REACHED.load(Ordering::Relaxed)
 }
 
 extern "C" fn fork_prepare() {

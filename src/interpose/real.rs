@@ -78,6 +78,13 @@ real_table! {
     pthread_create: PthreadCreateFn = c"pthread_create",
 }
 
+/// Puts `f` where our `malloc` hook finds the real malloc, and returns what was there
+/// (0: not resolved). For the start-up check that the program's calls reach us.
+pub fn swap_malloc(f: usize) -> usize {
+    ensure_resolved();
+    TABLE.malloc.swap(f, Ordering::AcqRel)
+}
+
 fn lookup(name: &CStr) -> usize {
     // SAFETY: RTLD_NEXT with a NUL-terminated name; returns NULL when absent.
     unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) as usize }
