@@ -144,10 +144,7 @@ fn host_tracking_state() -> String {
     // `malloc` whose value is its PLT stub — the canonical address that `dlsym`
     // returns — and that stub jumps to whatever the calls bind to: us.)
     fn owner(addr: *const c_void) -> Option<(usize, String, bool)> {
-        extern "C" {
-            fn dladdr1(addr: *const c_void, info: *mut libc::Dl_info, extra: *mut *mut c_void, flags: c_int) -> c_int;
-        }
-        const RTLD_DL_SYMENT: c_int = 1;
+        use crate::os::loader::{dladdr1, RTLD_DL_SYMENT};
         let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
         let mut sym: *mut c_void = std::ptr::null_mut();
         // SAFETY: dladdr1 fills info (and sym, the matching ElfW(Sym) or null) for any

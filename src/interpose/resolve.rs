@@ -166,7 +166,7 @@ extern "C" fn dlvsym_next_hook(name: *const c_char, version: *const c_char, call
     let found = std::panic::catch_unwind(|| {
         // SAFETY: dlvsym's name argument, a C string by its contract (or NULL).
         let n = unsafe { super::cuda::c_name(name) }?;
-        if !super::malloc::is_hooked_name(n.to_bytes()) || is_ours(caller) || !loaded_before_us(caller) {
+        if !super::malloc::is_hooked_name(n.to_bytes()) || !loaded_before_us(caller) {
             return None;
         }
         let real = REAL_DLVSYM.load(Ordering::Acquire);
@@ -177,13 +177,14 @@ extern "C" fn dlvsym_next_hook(name: *const c_char, version: *const c_char, call
     found.ok().flatten().unwrap_or(0)
 }
 
-/// Whether the module containing `addr` comes before this library in load order.
+/// Whether the module containing `addr` comes before this library in load order (false
+/// for this library itself and for what follows it).
 fn loaded_before_us(addr: usize) -> bool {
     let ours = is_ours as *const () as usize;
     let mut before = false;
     for_each_module_span(|lo, hi| {
-        before = addr >= lo && addr < hi;
         let at_us = ours >= lo && ours < hi;
+        before = !at_us && addr >= lo && addr < hi;
         !(before || at_us)
     });
     before

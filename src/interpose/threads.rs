@@ -16,7 +16,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::real;
 
-/// The program's start routine and its argument, in a block of the real allocator.
 /// Set when the library stays off in this process: threads start as the program asked.
 static PASS_THROUGH: AtomicBool = AtomicBool::new(false);
 
@@ -25,6 +24,7 @@ pub fn pass_through() {
     PASS_THROUGH.store(true, Ordering::Relaxed);
 }
 
+/// The program's start routine and its argument, in a block of the real allocator.
 #[repr(C)]
 struct Start {
     routine: usize,
@@ -89,13 +89,12 @@ pub unsafe extern "C" fn pthread_create(
     arg: *mut c_void,
 ) -> c_int {
     let Some(create) = real::pthread_create() else { return libc::EAGAIN };
-    let errno = super::ErrnoGuard::save();
     // Off for good (LEAKTRACE_DISABLE, a sanitizer's process): the call as it was.
     if PASS_THROUGH.load(Ordering::Relaxed) {
-        drop(errno);
         // SAFETY: the caller's arguments to the real pthread_create.
         return unsafe { create(thread, attr, routine, arg) };
     }
+    let errno = super::ErrnoGuard::save();
     let block = match (routine, real::malloc()) {
         // SAFETY: a plain allocation of the real allocator, untracked by construction.
         (Some(_), Some(malloc)) => unsafe { malloc(std::mem::size_of::<Start>()) as *mut Start },

@@ -7,7 +7,7 @@
 //! Only modules with a `DT_GNU_HASH` table are searched (every glibc since 2.5 and every
 //! library a distribution builds has one); a name defined only as an IFUNC or only in a
 //! module without one is not found, and the caller falls back.
-use std::ffi::{c_int, c_void, CStr};
+use std::ffi::{c_void, CStr};
 
 /// The GNU hash of a symbol name (the `DT_GNU_HASH` function: djb2, 32 bits).
 pub fn gnu_hash(name: &[u8]) -> u32 {
@@ -44,10 +44,7 @@ struct LinkMap {
 /// inside one of our own module walks, or inside another interposer's first `malloc`),
 /// takes no lock and allocates nothing.
 fn definitions<const N: usize>(names: [&CStr; N], from: usize, within: bool) -> [usize; N] {
-    extern "C" {
-        fn dladdr1(addr: *const c_void, info: *mut libc::Dl_info, extra: *mut *mut c_void, flags: c_int) -> c_int;
-    }
-    const RTLD_DL_LINKMAP: c_int = 2;
+    use super::loader::{dladdr1, RTLD_DL_LINKMAP};
     let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
     let mut home: *mut c_void = std::ptr::null_mut();
     // SAFETY: dladdr1 fills info and, with RTLD_DL_LINKMAP, the module's link_map.

@@ -7,6 +7,15 @@
 /// lock first: no walk of ours is under way across a fork.
 static LOADER_WALKS: super::lock::SpinLock<()> = super::lock::SpinLock::new(());
 
+extern "C" {
+    /// glibc's `dladdr1` (not in the libc crate): `dladdr`, plus in `extra` the
+    /// symbol's `ElfW(Sym)` (`RTLD_DL_SYMENT`) or the module's `link_map`
+    /// (`RTLD_DL_LINKMAP`).
+    pub fn dladdr1(addr: *const std::ffi::c_void, info: *mut libc::Dl_info, extra: *mut *mut std::ffi::c_void, flags: std::ffi::c_int) -> std::ffi::c_int;
+}
+pub const RTLD_DL_SYMENT: std::ffi::c_int = 1;
+pub const RTLD_DL_LINKMAP: std::ffi::c_int = 2;
+
 /// The address of `name` as the program sees it (`dlsym(RTLD_DEFAULT)`), if defined.
 pub fn global_symbol(name: &std::ffi::CStr) -> Option<usize> {
     // SAFETY: dlsym with a valid handle and a NUL-terminated name.

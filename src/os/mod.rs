@@ -1,8 +1,8 @@
 //! Operating-system utilities that belong to no stage: the calling thread's stack, the
 //! library's own threads (started with every signal blocked), signal dispositions, the
-//! loader's module list and the modules' own symbol tables, a spin lock, and the files the program may move under us
-//! (standard error, `/proc` and the report directory across `chroot`). Nothing here
-//! imports from the stages.
+//! loader's module list and the modules' own symbol tables, a spin lock, and the files
+//! the program may move under us (standard error, `/proc` and the report directory
+//! across `chroot`). Nothing here imports from the stages.
 pub mod anchor;
 pub mod elf;
 pub mod fds;
