@@ -94,6 +94,8 @@ static REPORT: SpinLock<Option<ReportSide>> = SpinLock::new(None);
 /// The groups of the last report's snapshot, kept for the next one (see
 /// `Collector::snapshot_unsorted_into`); empty while a report holds them.
 static SNAPSHOT_BUFFER: SpinLock<Vec<crate::collector::state::GroupSnapshot>> = SpinLock::new(Vec::new());
+/// The same for the changed groups of a timeline point (`record_point`).
+static CHANGES_BUFFER: SpinLock<Vec<crate::collector::state::Change>> = SpinLock::new(Vec::new());
 
 /// One line on the program's standard error, if fd 2 is still that (`os::fds`).
 pub fn stderr_line(line: &str) {
@@ -374,6 +376,13 @@ fn collector_main() {
         (period > 0).then(|| now + Duration::from_millis(period))
     };
     let mut report_due = next_due(born);
+    // Timeline points between reports (`config::point_period`): growth needs points, a
+    // point needs no report written.
+    let next_point = |now: Instant| {
+        let period = crate::config::point_period(interval, interval_set, now.duration_since(born).as_millis() as u64);
+        (period > 0).then(|| now + Duration::from_millis(period))
+    };
+    let mut point_due = next_point(born);
     let mut idle_sleep_us = 200u64;
     while LIFECYCLE.collector_continues() {
         let sig = LIFECYCLE.terminating_signal();
@@ -402,7 +411,11 @@ fn collector_main() {
         }
         if report_due.is_some_and(|due| Instant::now() >= due) {
             write_report(Reason::Periodic);
-            report_due = next_due(Instant::now());
+            let now = Instant::now();
+            (report_due, point_due) = (next_due(now), next_point(now));
+        } else if point_due.is_some_and(|due| Instant::now() >= due) {
+            record_point();
+            point_due = next_point(Instant::now());
         }
         if drained == 0 {
             channel::park_consumer(Duration::from_micros(idle_sleep_us));
@@ -516,6 +529,32 @@ fn drain_everything(c: &mut Consumer) {
     }
 }
 
+/// One timeline point without a report, for growth detection: the groups whose live
+/// bytes moved since the last point or report (`Collector::take_changes`) move the
+/// timeline's sums. In a training loop that is a few thousand groups, not the 600k that
+/// a report copies after `import torch`.
+fn record_point() {
+    let (totals, changes) = {
+        let Some(mut state) = lock_bounded(&STATE, Duration::from_secs(5)) else { return };
+        let Some(c) = state.as_mut() else { return };
+        let backlog = c.order.backlog();
+        drain_into(c, backlog, false);
+        let mut changes = CHANGES_BUFFER.try_lock().map(|mut b| std::mem::take(&mut *b)).unwrap_or_default();
+        c.model.take_changes(&mut changes);
+        (c.model.totals(), changes)
+    };
+    // The timeline must see these changes, or its sums drift until the next report
+    // starts them afresh: wait as long as a report would.
+    if let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(30)) {
+        if let Some(r) = report.as_mut().filter(|r| !r.final_written) {
+            r.timeline.record_changes(process::unix_ms(), &totals, &changes);
+        }
+    }
+    if let Some(mut b) = CHANGES_BUFFER.try_lock() {
+        *b = changes;
+    }
+}
+
 fn write_report(reason: Reason) {
     let final_report = reason == Reason::Exit;
     if final_report {
@@ -540,6 +579,8 @@ fn write_report(reason: Reason) {
     // The last report's buffer, if no other report holds it.
     let buffer = SNAPSHOT_BUFFER.try_lock().map(|mut b| std::mem::take(&mut *b)).unwrap_or_default();
     let mut snapshot = c.model.snapshot_unsorted_into(buffer);
+    // The timeline's sums start afresh from this snapshot: the changes until now are in it.
+    c.model.settle_changes();
     if final_report {
         // Tracking has stopped: nobody waits for the collector.
         snapshot.sort();

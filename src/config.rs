@@ -75,6 +75,23 @@ pub fn report_period(config_ms: u64, set: bool, elapsed_ms: u64) -> u64 {
     (elapsed_ms / 8).clamp(FIRST_PERIOD_MS.min(config_ms), config_ms)
 }
 
+/// Timeline points between reports come at least this often...
+pub const FIRST_POINT_MS: u64 = 250;
+
+/// The wait before the next timeline point (growth detection's data) of a run that has
+/// lasted `elapsed_ms`: by default one 32nd of the time run so far, from 0.25 s up to the
+/// report period; every report also records one. A point reads only the groups that
+/// changed since the last one (`Collector::take_changes`). A loop that leaks for 3 s after
+/// a 3 s import then has ~10 points (8 are needed to judge growth) where reports alone
+/// gave it 3. A period that was set is kept as is: points come with reports only.
+pub fn point_period(config_ms: u64, set: bool, elapsed_ms: u64) -> u64 {
+    let report = report_period(config_ms, set, elapsed_ms);
+    if set || report == 0 {
+        return report;
+    }
+    (elapsed_ms / 32).clamp(FIRST_POINT_MS.min(report), report)
+}
+
 impl CollectorStart {
     /// The choice for a process with these arguments.
     pub fn resolve(self, argv: &[String]) -> CollectorStart {
@@ -294,6 +311,30 @@ mod tests {
             n += 1;
         }
         assert!((15..=20).contains(&n), "{n} reports in 25 s");
+    }
+
+    #[test]
+    fn timeline_points_come_four_times_as_often_as_reports_at_first_and_never_slower() {
+        assert_eq!(point_period(DEFAULT_INTERVAL_MS, false, 0), 250);
+        assert_eq!(point_period(DEFAULT_INTERVAL_MS, false, 8_000), 250);
+        assert_eq!(point_period(DEFAULT_INTERVAL_MS, false, 64_000), 2000);
+        assert_eq!(point_period(DEFAULT_INTERVAL_MS, false, 3_600_000), DEFAULT_INTERVAL_MS);
+        for t in (0..200_000).step_by(700) {
+            assert!(point_period(DEFAULT_INTERVAL_MS, false, t) <= report_period(DEFAULT_INTERVAL_MS, false, t));
+        }
+        // Set, or off: with the reports.
+        assert_eq!(point_period(250, true, 60_000), 250);
+        assert_eq!(point_period(0, true, 0), 0);
+        assert_eq!(point_period(0, false, 0), 0);
+        // A loop from 3 s to 6 s of a default run: at least 8 points inside it.
+        let (mut t, mut n) = (0u64, 0);
+        while t < 6_000 {
+            if t >= 3_000 {
+                n += 1;
+            }
+            t += point_period(DEFAULT_INTERVAL_MS, false, t);
+        }
+        assert!(n >= 8, "{n} points in the loop");
     }
 
     #[test]

@@ -110,6 +110,11 @@ fn steady_growth(bytes: &[u64], points: &[Point], cut: usize, min_bytes: u64) ->
     Some((first, last, values.len(), if minutes > 0.0 { ((last - first) as f64 / minutes) as u64 } else { 0 }))
 }
 
+/// Whether a stack's Python frames pass through the import machinery.
+fn made_by_an_import(stack: &[Frame]) -> bool {
+    stack.iter().any(|f| f.python && f.file.as_deref().is_some_and(leaktrace_common::frame_text::is_import_machinery))
+}
+
 /// Growing lines of the user's Python code first (most growth first), then growing
 /// stacks.
 pub fn detect(report: &Report, min_bytes: u64) -> Vec<Growth> {
@@ -154,7 +159,12 @@ pub fn detect(report: &Report, min_bytes: u64) -> Vec<Growth> {
         .series
         .iter()
         .filter_map(|s| {
-            let mut g = growth(&s.kind, &s.api, s.stack_id, steady_growth(&s.bytes, points, cut, min_bytes)?, report.series_stack(s).to_vec());
+            let stack = report.series_stack(s);
+            // Memory an import made is start-up (`import torch` rises for seconds).
+            if made_by_an_import(stack) {
+                return None;
+            }
+            let mut g = growth(&s.kind, &s.api, s.stack_id, steady_growth(&s.bytes, points, cut, min_bytes)?, stack.to_vec());
             g.cached_by = report.leaks.iter().find(|l| l.stack_id == s.stack_id && l.api == s.api).and_then(|l| l.cached_by.as_ref()).map(|c| c.to_string());
             Some(g)
         })
@@ -211,6 +221,28 @@ mod tests {
         assert_eq!((found[0].stack[0].file.as_deref(), found[0].stack[0].line), (Some("/w/train.py"), Some(41)));
         assert!(found[0].bytes_per_minute > 5_000_000, "{}", found[0].bytes_per_minute);
         assert_eq!(found[1].api, "malloc");
+    }
+
+    #[test]
+    fn memory_an_import_makes_is_start_up_not_growth() {
+        use crate::model::Series;
+        let mut r = Report { reason: "periodic".into(), ..Default::default() };
+        r.timeline.points = (0..20).map(|i| Point { unix_ms: i * 250, live_bytes: 0, live_blocks: 0 }).collect();
+        let frame = |file: &str| Frame { function: Some("f".into()), file: Some(file.into()), line: Some(1), python: true, ..Default::default() };
+        let stack = |files: &[&str]| Some(files.iter().map(|f| frame(f)).collect::<Vec<_>>());
+        let rising: Vec<u64> = (0..20).map(|i| i * 1_000_000).collect();
+        r.timeline.series = vec![
+            Series {
+                kind: "host".into(),
+                api: "malloc".into(),
+                stack_id: 1,
+                stack: stack(&["<frozen importlib._bootstrap>", "/w/train.py"]),
+                bytes: rising.clone(),
+            },
+            Series { kind: "host".into(), api: "malloc".into(), stack_id: 2, stack: stack(&["/w/train.py"]), bytes: rising },
+        ];
+        let found = detect(&r, 1024);
+        assert_eq!(found.iter().map(|g| g.stack_id).collect::<Vec<_>>(), [2]);
     }
 
     #[test]

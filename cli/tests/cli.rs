@@ -746,6 +746,26 @@ fn a_clean_training_loop_has_no_growing_line_and_no_leak_under_the_default_alloc
 }
 
 #[test]
+fn a_short_leaking_loop_is_found_with_the_default_cadence_and_an_import_alone_is_not_growth() {
+    // No --interval-ms: timeline points come every 250 ms at first. A 4 s loop after
+    // `import torch` (reports alone gave it 3 or 4 points; 8 are needed).
+    let (dir, _) = run_user_script("losses", None, "4");
+    let check = leaktrace(&["check", "--fail-on-growth", "--min-bytes", "65536", "r"], &dir);
+    let t = text(&check.stdout);
+    assert_eq!(check.status.code(), Some(23), "{t}");
+    let want = format!("torch_user_leaks.py:{} [python]", script_line("# GROWS:"));
+    let first = t.find("Growing: ").expect(&t);
+    assert!(t[first..].lines().nth(1).is_some_and(|l| l.contains(&want)), "the first growth names {want}:\n{t}");
+    // The same script that only imports and trains for a moment: `import torch` rises
+    // for seconds over a dozen points, and is start-up, not growth.
+    let (dir, out) = run_user_script("clean", None, "0.3");
+    let check = leaktrace(&["check", "--fail-on-growth", "--min-bytes", "65536", "r"], &dir);
+    assert_eq!(check.status.code(), Some(0), "{}\n{}", text(&check.stdout), text(&out.stderr));
+    let r = reports(&dir.join("r"));
+    assert!(r[0]["timeline"]["points"].as_array().unwrap().len() >= 8, "points every 250 ms during the import");
+}
+
+#[test]
 fn a_ctypes_staging_buffer_from_libc_so_6_is_a_definite_leak_at_its_line() {
     let (dir, _) = run_user_script("ctypes", None, "0");
     let r = reports(&dir.join("r"));

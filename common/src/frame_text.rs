@@ -56,9 +56,24 @@ pub fn is_user_python_file(file: &str) -> bool {
         || file.contains("/usr/lib/python"))
 }
 
+/// Whether a Python source file is the import machinery (`importlib._bootstrap` and
+/// `_bootstrap_external`, frozen into the interpreter): memory allocated under one of its
+/// frames is made by an import, which is start-up, never a training loop's growth.
+pub fn is_import_machinery(file: &str) -> bool {
+    file.starts_with("<frozen importlib._bootstrap")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn import_machinery_is_the_frozen_bootstrap_only() {
+        assert!(is_import_machinery("<frozen importlib._bootstrap>"));
+        assert!(is_import_machinery("<frozen importlib._bootstrap_external>"));
+        assert!(!is_import_machinery("/usr/lib/python3.11/importlib/__init__.py"));
+        assert!(!is_import_machinery("/w/train.py"));
+    }
 
     #[test]
     fn lsan_shape() {

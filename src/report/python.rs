@@ -132,21 +132,26 @@ pub fn python_part(stack: u32) -> Option<u32> {
 }
 
 /// The innermost frame of a Python part that lies in the user's own code
-/// (`frame_text::is_user_python_file`), if it has one.
+/// (`frame_text::is_user_python_file`), if it has one. None for memory allocated under
+/// an import (a frame of the import machinery anywhere in the part): module loading is
+/// start-up, and `import torch` alone rises for seconds, which would read as growth.
 pub fn user_line_of_part(part: u32) -> Option<UserLine> {
     let frames = crate::hotpath::stacks::frames(part)?;
     if frames.first() != Some(&crate::hotpath::python::PY_FRAMES) {
         return None;
     }
-    frames[1..].iter().find_map(|&w| {
-        let rec = codes::record(word_code(w))?;
-        let file = std::str::from_utf8(rec.filename()).ok()?;
-        if !leaktrace_common::frame_text::is_user_python_file(file) {
+    let mut user = None;
+    for &w in &frames[1..] {
+        let Some(rec) = codes::record(word_code(w)) else { continue };
+        let Ok(file) = std::str::from_utf8(rec.filename()) else { continue };
+        if leaktrace_common::frame_text::is_import_machinery(file) {
             return None;
         }
-        let line = line_at(rec.minor, rec.firstlineno, rec.line_table(), word_offset(w))?;
-        Some(UserLine { code: word_code(w), line })
-    })
+        if user.is_none() && leaktrace_common::frame_text::is_user_python_file(file) {
+            user = line_at(rec.minor, rec.firstlineno, rec.line_table(), word_offset(w)).map(|line| UserLine { code: word_code(w), line });
+        }
+    }
+    user
 }
 
 /// Function, file and line of a user line, for the report.

@@ -1,7 +1,7 @@
 //! Live memory over time, from every report written (periodic, snapshot, final): the
 //! process totals, and the live bytes of the stacks that were ever among the largest.
 //! The CLI's growth detection and HTML chart read it from the report.
-use crate::collector::state::Snapshot;
+use crate::collector::state::{Change, Snapshot, Totals};
 use crate::hotpath::event::Api;
 
 /// Stacks followed at most; a stack joins when it is among the `JOIN_TOP` largest, or
@@ -26,6 +26,8 @@ pub struct Series {
     pub api: Api,
     /// Live bytes at each point (0 before the stack was followed, or when it had none).
     pub bytes: Vec<u64>,
+    /// Its live bytes now (summed over devices), kept up by the changes between points.
+    now: u64,
 }
 
 /// The live bytes of every stack whose innermost frame in the user's own Python code
@@ -40,6 +42,10 @@ pub struct LineSeries {
 /// Python lines followed at most.
 const MAX_LINES: usize = 256;
 
+/// Points come two ways (design.md, "Growth over time"): a report gives every live group
+/// (`record`), from which the series and line sums are worked out afresh and the stacks
+/// to follow chosen; a point between reports gives only the groups whose live bytes
+/// changed since the last point (`record_changes`), which move those sums.
 #[derive(Clone, Debug, Default)]
 pub struct Timeline {
     pub points: Vec<Point>,
@@ -55,62 +61,125 @@ pub struct Timeline {
     /// The distinct user lines met, and their indices.
     known_lines: Vec<super::python::UserLine>,
     index_of_line: crate::collector::state::FxMap<super::python::UserLine, u32>,
+    /// Live bytes under each known line now, by its index (slot 0 unused).
+    line_now: Vec<u64>,
 }
 
 const LINE_UNKNOWN: u32 = 0;
 const NO_LINE: u32 = u32::MAX;
 
 impl Timeline {
+    /// A point from every live group (`snapshot`, sorted at least as `sort_top(JOIN_TOP)`
+    /// leaves it), taken in the same hold of the collector as a `take_changes` whose
+    /// changes are dropped: the sums start afresh from here.
     pub fn record(&mut self, unix_ms: u64, snapshot: &Snapshot) {
+        let followed = self.followed();
+        for s in self.series.iter_mut() {
+            s.now = 0;
+        }
+        self.line_now.iter_mut().for_each(|b| *b = 0);
+        let python = crate::hotpath::python::enabled();
+        // One pass over the groups (a process that imported PyTorch has half a million);
+        // groups of one stack and api on several devices add up.
+        for g in snapshot.groups.iter().filter(|g| g.stats.live_bytes > 0) {
+            if let Some(&i) = followed.get(&(g.stack, g.api)) {
+                self.series[i].now += g.stats.live_bytes;
+            }
+            if python {
+                self.add_to_line(g.stack, g.stats.live_bytes, 0);
+            }
+        }
+        self.push_point(unix_ms, snapshot.totals.host());
+        self.join(snapshot);
+    }
+
+    /// A point from the groups that changed since the last point (`take_changes`), the
+    /// totals now.
+    pub fn record_changes(&mut self, unix_ms: u64, totals: &Totals, changes: &[Change]) {
+        let followed = self.followed();
+        let python = crate::hotpath::python::enabled();
+        for c in changes {
+            if let Some(&i) = followed.get(&(c.stack, c.api)) {
+                let s = &mut self.series[i];
+                s.now = (s.now + c.now).saturating_sub(c.before);
+            }
+            if python {
+                self.add_to_line(c.stack, c.now, c.before);
+            }
+        }
+        self.push_point(unix_ms, totals.host());
+    }
+
+    fn followed(&self) -> crate::collector::state::FxMap<(u32, Api), usize> {
+        self.series.iter().enumerate().map(|(i, s)| ((s.stack, s.api), i)).collect()
+    }
+
+    /// Moves the sum of `stack`'s user line (if it has one) from `before` to `now`.
+    fn add_to_line(&mut self, stack: u32, now: u64, before: u64) {
+        let i = self.line_index(stack);
+        if i == NO_LINE {
+            return;
+        }
+        if self.line_now.len() <= i as usize {
+            self.line_now.resize(self.known_lines.len() + 1, 0);
+        }
+        let b = &mut self.line_now[i as usize];
+        *b = (*b + now).saturating_sub(before);
+    }
+
+    /// Ends a point: the totals, each followed series' and line's bytes now, and the
+    /// lines that hold something for the first time.
+    fn push_point(&mut self, unix_ms: u64, host: &crate::collector::state::KindTotals) {
         if self.points.len() >= MAX_POINTS {
             self.thin();
         }
-        self.points.push(Point { unix_ms, live_bytes: snapshot.totals.host().live_bytes, live_blocks: snapshot.totals.host().live_blocks });
-        let n = self.points.len();
-        // One pass over the groups (a process that imported PyTorch has half a million);
-        // groups of one stack and api on several devices add up.
-        let followed: std::collections::HashMap<(u32, Api), usize> = self.series.iter().enumerate().map(|(i, s)| ((s.stack, s.api), i)).collect();
-        let mut now = vec![0u64; self.series.len()];
-        for g in &snapshot.groups {
-            if let Some(&i) = followed.get(&(g.stack, g.api)) {
-                now[i] += g.stats.live_bytes;
-            }
-        }
-        for (s, v) in self.series.iter_mut().zip(now) {
-            s.bytes.push(v);
+        self.points.push(Point { unix_ms, live_bytes: host.live_bytes, live_blocks: host.live_blocks });
+        for s in self.series.iter_mut() {
+            s.bytes.push(s.now);
         }
         if crate::hotpath::python::enabled() {
-            self.record_lines(snapshot, n);
+            self.push_lines();
         }
-        // `snapshot.groups` is sorted largest first. When every slot is taken (an import
-        // churns through many stacks before a training loop starts), a newcomer replaces
-        // the followed stack that holds least now, if that is less than the newcomer's:
-        // a leak that starts late still gets followed.
+    }
+
+    /// Joins the stacks to follow from every live group: `snapshot.groups` is sorted
+    /// largest first. When every slot is taken (an import churns through many stacks
+    /// before a training loop starts), a newcomer replaces the followed stack that holds
+    /// least now, if that is less than the newcomer's: a leak that starts late still gets
+    /// followed.
+    fn join(&mut self, snapshot: &Snapshot) {
+        let n = self.points.len();
         let top: Vec<(u32, Api)> = snapshot.groups.iter().take(JOIN_TOP).map(|g| (g.stack, g.api)).collect();
         let mut growing: Vec<&crate::collector::state::GroupSnapshot> = snapshot.groups.iter().filter(|g| g.stats.trend.steady()).collect();
         growing.sort_by_key(|g| std::cmp::Reverse(g.stats.trend.growth()));
         growing.truncate(JOIN_GROWING);
         let keep: Vec<(u32, Api)> = top.iter().copied().chain(growing.iter().map(|g| (g.stack, g.api))).collect();
-        for g in snapshot.groups.iter().take(JOIN_TOP).chain(growing.iter().copied()) {
-            if self.series.iter().any(|s| s.stack == g.stack && s.api == g.api) {
+        let candidates: Vec<(u32, Api)> = keep.iter().copied().filter(|&(stack, api)| !self.series.iter().any(|s| s.stack == stack && s.api == api)).collect();
+        if candidates.is_empty() {
+            return;
+        }
+        // Every device's group of a stack and api adds up: one pass for all candidates.
+        let mut now_of: crate::collector::state::FxMap<(u32, Api), u64> = candidates.iter().map(|&k| (k, 0)).collect();
+        for g in &snapshot.groups {
+            if let Some(b) = now_of.get_mut(&(g.stack, g.api)) {
+                *b += g.stats.live_bytes;
+            }
+        }
+        for (stack, api) in candidates {
+            if self.series.iter().any(|s| s.stack == stack && s.api == api) {
                 continue;
             }
+            let now = now_of[&(stack, api)];
             let mut bytes = vec![0; n - 1];
-            bytes.push(g.stats.live_bytes);
-            let newcomer = Series { stack: g.stack, api: g.api, bytes };
+            bytes.push(now);
+            let newcomer = Series { stack, api, bytes, now };
             if self.series.len() < MAX_SERIES {
                 self.series.push(newcomer);
                 continue;
             }
-            let weakest = self
-                .series
-                .iter()
-                .enumerate()
-                .filter(|(_, s)| !keep.contains(&(s.stack, s.api)))
-                .min_by_key(|(_, s)| s.bytes.last().copied().unwrap_or(0))
-                .map(|(i, s)| (i, s.bytes.last().copied().unwrap_or(0)));
-            if let Some((i, now)) = weakest {
-                if now < g.stats.live_bytes {
+            let weakest = self.series.iter().enumerate().filter(|(_, s)| !keep.contains(&(s.stack, s.api))).min_by_key(|(_, s)| s.now).map(|(i, s)| (i, s.now));
+            if let Some((i, least)) = weakest {
+                if least < now {
                     self.series[i] = newcomer;
                 }
             }
@@ -147,27 +216,19 @@ impl Timeline {
         found
     }
 
-    /// Adds the point of each Python line (`n` points so far, this one included).
-    fn record_lines(&mut self, snapshot: &Snapshot, n: usize) {
-        // By index into `known_lines` + 1.
-        let mut sums: Vec<u64> = Vec::new();
-        for g in snapshot.groups.iter().filter(|g| g.stats.live_bytes > 0) {
-            let i = self.line_index(g.stack);
-            if i == NO_LINE {
-                continue;
-            }
-            if sums.len() <= i as usize {
-                sums.resize(self.known_lines.len() + 1, 0);
-            }
-            sums[i as usize] += g.stats.live_bytes;
-        }
-        sums.resize(self.known_lines.len() + 1, 0);
+    /// Adds each followed line's bytes now as its point, and follows the lines that
+    /// hold something for the first time (`n` points so far, this one included).
+    fn push_lines(&mut self) {
+        let n = self.points.len();
+        self.line_now.resize(self.known_lines.len() + 1, 0);
+        let mut is_followed = vec![false; self.line_now.len()];
         for s in self.lines.iter_mut() {
             let i = self.index_of_line.get(&s.line).map_or(0, |&i| i as usize);
-            s.bytes.push(std::mem::take(&mut sums[i]));
+            is_followed[i] = true;
+            s.bytes.push(self.line_now[i]);
         }
         let mut newcomers: Vec<(super::python::UserLine, u64)> =
-            sums.iter().enumerate().skip(1).filter(|e| *e.1 > 0).map(|(i, &b)| (self.known_lines[i - 1], b)).collect();
+            self.line_now.iter().enumerate().skip(1).filter(|&(i, &b)| b > 0 && !is_followed[i]).map(|(i, &b)| (self.known_lines[i - 1], b)).collect();
         newcomers.sort_by_key(|e| std::cmp::Reverse(e.1));
         for (line, bytes) in newcomers {
             let mut v = vec![0; n - 1];
@@ -235,6 +296,59 @@ mod tests {
         assert_eq!(t.series[0].bytes, vec![10, 20, 0]);
         assert_eq!(t.series[1].bytes, vec![0, 5, 7]);
         assert_eq!(t.points[1].live_bytes, 25);
+    }
+
+    #[test]
+    fn points_from_changes_match_points_from_every_group() {
+        // Two timelines over the same groups: one given every group at each point, the
+        // other every group at a report and only the changes between.
+        let mut rng = crate::test_rng::TestRng::new(0x71e);
+        let mut c = crate::collector::state::Collector::new();
+        let (mut full, mut incremental) = (Timeline::default(), Timeline::default());
+        let mut live: Vec<u64> = Vec::new();
+        let mut next = 0x10_000u64;
+        let mut changes = Vec::new();
+        for point in 0..300u64 {
+            for _ in 0..rng.below(60) {
+                if live.is_empty() || rng.below(3) > 0 {
+                    let stack = 1 + rng.below(30) as u32 + if point > 150 { 100 } else { 0 };
+                    c.apply(&crate::hotpath::event::Event {
+                        kind: crate::hotpath::event::EventKind::Alloc,
+                        api: Api::Malloc,
+                        tid: 1,
+                        stack,
+                        addr: next,
+                        size: 1 + rng.below(5000),
+                    });
+                    live.push(next);
+                    next += 8192;
+                } else {
+                    let addr = live.swap_remove(rng.below(live.len() as u64) as usize);
+                    c.apply(&crate::hotpath::event::Event { kind: crate::hotpath::event::EventKind::Free, api: Api::Malloc, tid: 1, stack: 0, addr, size: 0 });
+                }
+            }
+            let mut snapshot = c.snapshot();
+            snapshot.sort_top(JOIN_TOP);
+            if point % 5 == 0 {
+                c.advance_trends();
+                c.settle_changes();
+                incremental.record(point, &snapshot);
+            } else {
+                c.take_changes(&mut changes);
+                incremental.record_changes(point, &c.totals(), &changes);
+            }
+            full.record(point, &snapshot);
+            // Follow the same stacks: the full one joins at reports only, as the other.
+            if point % 5 != 0 {
+                full.series.retain(|s| incremental.series.iter().any(|o| o.stack == s.stack));
+            }
+            for s in &incremental.series {
+                let other = full.series.iter().find(|o| o.stack == s.stack && o.api == s.api).expect("followed by both");
+                assert_eq!(s.bytes.last(), other.bytes.last(), "point {point} stack {}", s.stack);
+            }
+            assert_eq!(incremental.points, full.points);
+        }
+        assert!(incremental.series.len() > JOIN_TOP, "later stacks joined");
     }
 
     #[test]
