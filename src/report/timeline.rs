@@ -1,6 +1,8 @@
-//! Live memory over time, from every report written (periodic, snapshot, final): the
-//! process totals, and the live bytes of the stacks that were ever among the largest.
-//! The CLI's growth detection and HTML chart read it from the report.
+//! Live memory over time, from every report written (periodic, snapshot, final) and
+//! from the collector's points between reports (`config::point_period`): the process
+//! totals, the live bytes of the stacks followed (the largest, and those that grow
+//! steadily), and of each line of the user's Python code. The CLI's growth detection and
+//! HTML chart read it from the report.
 use crate::collector::state::{Change, Snapshot, Totals};
 use crate::hotpath::event::Api;
 
