@@ -380,7 +380,9 @@ pub fn capture(out: &mut [u64], cache: Option<&mut ThreadCache>) -> usize {
 
 const THREAD_CODES: usize = 512;
 const THREAD_PARTS: usize = 256;
-const THREAD_COMBINED: usize = 8192;
+/// (native, Python) pairs: sets of `COMBINED_WAYS` by native id, one cache line each.
+const COMBINED_SETS: usize = 2048;
+const COMBINED_WAYS: usize = 4;
 
 /// One thread's caches of the ids a capture looks up (144 KiB, kept in the
 /// thread's unwind memo; all-zero bytes are a valid empty cache). A training loop
@@ -393,9 +395,15 @@ pub struct ThreadCache {
     codes: [(u64, u64, u64); THREAD_CODES],
     /// By hash of the Python part's words: (hash, id).
     parts: [(u64, u64); THREAD_PARTS],
-    /// By (native id, Python part id): (native << 32 | python, epoch << 32 | combined id).
-    combined: [(u64, u64); THREAD_COMBINED],
+    /// By native id, then (native << 32 | python, epoch << 32 | combined id) in one of
+    /// the set's ways. A set depends on the native id alone, so its line can be loaded
+    /// (`prefetch_combined`) while the Python frames are walked: the lookup was a cache
+    /// miss, the largest single item of the Python part of a capture.
+    combined: [CombinedSet; COMBINED_SETS],
 }
+
+#[repr(C, align(64))]
+struct CombinedSet([(u64, u64); COMBINED_WAYS]);
 
 impl ThreadCache {
     /// The code id cached for `code`, whose file name, name and line table objects mix
@@ -423,18 +431,28 @@ impl ThreadCache {
         self.parts[(h as usize) & (THREAD_PARTS - 1)] = (h, id as u64);
     }
 
+    /// Starts loading the set that `combined` will read for `native`.
+    #[inline(always)]
+    pub fn prefetch_combined(&self, native: u32) {
+        super::mapping::prefetch_line(&self.combined[slot_of(native as u64, COMBINED_SETS)]);
+    }
+
     /// The combined id of (`native`, `python`) interned in `epoch`.
     #[inline(always)]
     pub fn combined(&self, native: u32, python: u32, epoch: u32) -> Option<u32> {
         let key = (native as u64) << 32 | python as u64;
-        let e = &self.combined[slot_of(key, THREAD_COMBINED)];
-        (e.0 == key && (e.1 >> 32) as u32 == epoch && e.1 as u32 != 0).then_some(e.1 as u32)
+        let set = &self.combined[slot_of(native as u64, COMBINED_SETS)].0;
+        set.iter().find(|e| e.0 == key && (e.1 >> 32) as u32 == epoch && e.1 as u32 != 0).map(|e| e.1 as u32)
     }
 
+    /// Files a combined id: in the way that holds the pair already or an empty one, else
+    /// in a way chosen by the Python part (the pairs of one native stack spread).
     #[inline(always)]
     pub fn put_combined(&mut self, native: u32, python: u32, epoch: u32, id: u32) {
         let key = (native as u64) << 32 | python as u64;
-        self.combined[slot_of(key, THREAD_COMBINED)] = (key, (epoch as u64) << 32 | id as u64);
+        let set = &mut self.combined[slot_of(native as u64, COMBINED_SETS)].0;
+        let way = set.iter().position(|e| e.0 == key || e.1 as u32 == 0).unwrap_or(python as usize % COMBINED_WAYS);
+        set[way] = (key, (epoch as u64) << 32 | id as u64);
     }
 }
 
@@ -819,6 +837,20 @@ mod tests {
         assert_eq!(c.combined(5, 6, 1), Some(99));
         assert_eq!(c.combined(5, 6, 2), None, "another dlclose epoch");
         assert_eq!(c.combined(6, 5, 1), None);
+        // One native stack under more Python parts than a set has ways: each answer is
+        // right or missing, never another pair's; a pair filed again is answered; the
+        // latest epoch's id replaces an older one.
+        for python in 10..30u32 {
+            c.put_combined(5, python, 1, 1000 + python);
+        }
+        for python in 10..30u32 {
+            assert!(c.combined(5, python, 1).is_none_or(|id| id == 1000 + python));
+        }
+        assert_eq!(c.combined(5, 29, 1), Some(1029));
+        c.put_combined(5, 29, 2, 2029);
+        assert_eq!((c.combined(5, 29, 1), c.combined(5, 29, 2)), (None, Some(2029)));
+        let held = (10..30u32).filter(|&p| c.combined(5, p, 1).is_some()).count();
+        assert!(held <= COMBINED_WAYS, "{held}");
         c.put_part(0xabcdef, 17);
         assert_eq!(c.part(0xabcdef), Some(17));
         assert_eq!(c.part(0xabcdef + THREAD_PARTS as u64), None);

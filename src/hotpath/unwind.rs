@@ -912,6 +912,9 @@ pub fn capture_stack_id(state: &ThreadState, depth: usize) -> u32 {
 #[inline(always)]
 fn with_python_frames(state: &ThreadState, native: u32) -> u32 {
     let mut cache = memo_for_thread(state).map(|m| &mut m.py);
+    if let Some(c) = cache.as_deref() {
+        c.prefetch_combined(native);
+    }
     let mut words = [0u64; 1 + super::python::MAX_PY_FRAMES];
     let n = super::python::capture(&mut words[1..], cache.as_deref_mut());
     if n == 0 {
