@@ -459,23 +459,24 @@ impl Collector {
     /// the last call's caller summed, give every group's live bytes now.
     pub fn take_changes(&mut self, out: &mut Vec<Change>) {
         out.clear();
-        for &g in &self.changed {
-            let ((stack, api, _), stats) = &mut self.groups[g as usize];
-            stats.changed = false;
-            if stats.pointed_bytes != stats.live_bytes {
-                out.push(Change { stack: *stack, api: *api, before: stats.pointed_bytes, now: stats.live_bytes });
-                stats.pointed_bytes = stats.live_bytes;
-            }
-        }
-        self.changed.clear();
+        self.drain_changed(|c| out.push(c));
     }
 
     /// `take_changes` for a caller that sums every group afresh (a report's snapshot).
     pub fn settle_changes(&mut self) {
+        self.drain_changed(|_| {});
+    }
+
+    /// Empties the list of changed groups, giving each that moved to `moved`; their
+    /// bytes now are the next call's "before".
+    fn drain_changed(&mut self, mut moved: impl FnMut(Change)) {
         for &g in &self.changed {
-            let stats = &mut self.groups[g as usize].1;
+            let ((stack, api, _), stats) = &mut self.groups[g as usize];
             stats.changed = false;
-            stats.pointed_bytes = stats.live_bytes;
+            if stats.pointed_bytes != stats.live_bytes {
+                moved(Change { stack: *stack, api: *api, before: stats.pointed_bytes, now: stats.live_bytes });
+                stats.pointed_bytes = stats.live_bytes;
+            }
         }
         self.changed.clear();
     }

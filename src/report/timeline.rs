@@ -67,6 +67,9 @@ pub struct Timeline {
     line_now: Vec<u64>,
 }
 
+/// A followed stack: its id and entry point (its devices add up).
+type Key = (u32, Api);
+
 const LINE_UNKNOWN: u32 = 0;
 const NO_LINE: u32 = u32::MAX;
 
@@ -75,7 +78,15 @@ impl Timeline {
     /// leaves it), taken in the same hold of the collector as a `take_changes` whose
     /// changes are dropped: the sums start afresh from here.
     pub fn record(&mut self, unix_ms: u64, snapshot: &Snapshot) {
-        let followed = self.followed();
+        let (keep, newcomers) = self.to_join(snapshot);
+        // Followed series by index, then the newcomers after them: their bytes now come
+        // from the same pass.
+        let followed_len = self.series.len();
+        let mut slot_of = self.followed();
+        for (j, &k) in newcomers.iter().enumerate() {
+            slot_of.insert(k, followed_len + j);
+        }
+        let mut newcomer_now = vec![0u64; newcomers.len()];
         for s in self.series.iter_mut() {
             s.now = 0;
         }
@@ -84,15 +95,17 @@ impl Timeline {
         // One pass over the groups (a process that imported PyTorch has half a million);
         // groups of one stack and api on several devices add up.
         for g in snapshot.groups.iter().filter(|g| g.stats.live_bytes > 0) {
-            if let Some(&i) = followed.get(&(g.stack, g.api)) {
-                self.series[i].now += g.stats.live_bytes;
+            match slot_of.get(&(g.stack, g.api)) {
+                Some(&i) if i < followed_len => self.series[i].now += g.stats.live_bytes,
+                Some(&i) => newcomer_now[i - followed_len] += g.stats.live_bytes,
+                None => {}
             }
             if python {
                 self.add_to_line(g.stack, g.stats.live_bytes, 0);
             }
         }
         self.push_point(unix_ms, snapshot.totals.host());
-        self.join(snapshot);
+        self.join(&keep, newcomers.into_iter().zip(newcomer_now));
     }
 
     /// A point from the groups that changed since the last point (`take_changes`), the
@@ -112,7 +125,7 @@ impl Timeline {
         self.push_point(unix_ms, totals.host());
     }
 
-    fn followed(&self) -> crate::collector::state::FxMap<(u32, Api), usize> {
+    fn followed(&self) -> crate::collector::state::FxMap<Key, usize> {
         self.series.iter().enumerate().map(|(i, s)| ((s.stack, s.api), i)).collect()
     }
 
@@ -144,34 +157,31 @@ impl Timeline {
         }
     }
 
-    /// Joins the stacks to follow from every live group: `snapshot.groups` is sorted
-    /// largest first. When every slot is taken (an import churns through many stacks
-    /// before a training loop starts), a newcomer replaces the followed stack that holds
-    /// least now, if that is less than the newcomer's: a leak that starts late still gets
-    /// followed.
-    fn join(&mut self, snapshot: &Snapshot) {
-        let n = self.points.len();
-        let top: Vec<(u32, Api)> = snapshot.groups.iter().take(JOIN_TOP).map(|g| (g.stack, g.api)).collect();
+    /// The stacks to keep following (the `JOIN_TOP` largest: `snapshot.groups` is sorted
+    /// largest first; and the `JOIN_GROWING` that grew most of those growing steadily),
+    /// and those of them not followed yet, each once, in that order.
+    fn to_join(&self, snapshot: &Snapshot) -> (Vec<Key>, Vec<Key>) {
         let mut growing: Vec<&crate::collector::state::GroupSnapshot> = snapshot.groups.iter().filter(|g| g.stats.trend.steady()).collect();
         growing.sort_by_key(|g| std::cmp::Reverse(g.stats.trend.growth()));
         growing.truncate(JOIN_GROWING);
-        let keep: Vec<(u32, Api)> = top.iter().copied().chain(growing.iter().map(|g| (g.stack, g.api))).collect();
-        let candidates: Vec<(u32, Api)> = keep.iter().copied().filter(|&(stack, api)| !self.series.iter().any(|s| s.stack == stack && s.api == api)).collect();
-        if candidates.is_empty() {
-            return;
-        }
-        // Every device's group of a stack and api adds up: one pass for all candidates.
-        let mut now_of: crate::collector::state::FxMap<(u32, Api), u64> = candidates.iter().map(|&k| (k, 0)).collect();
-        for g in &snapshot.groups {
-            if let Some(b) = now_of.get_mut(&(g.stack, g.api)) {
-                *b += g.stats.live_bytes;
+        let keep: Vec<Key> = snapshot.groups.iter().take(JOIN_TOP).chain(growing).map(|g| (g.stack, g.api)).collect();
+        let mut newcomers: Vec<Key> = Vec::new();
+        for &k in &keep {
+            if !newcomers.contains(&k) && !self.series.iter().any(|s| (s.stack, s.api) == k) {
+                newcomers.push(k);
             }
         }
-        for (stack, api) in candidates {
-            if self.series.iter().any(|s| s.stack == stack && s.api == api) {
-                continue;
-            }
-            let now = now_of[&(stack, api)];
+        (keep, newcomers)
+    }
+
+    /// Follows `newcomers` (with their bytes now), this point their first. When every
+    /// slot is taken (an import churns through many stacks before a training loop
+    /// starts), a newcomer replaces the followed stack outside `keep` that holds least
+    /// now, if that is less than the newcomer's: a leak that starts late still gets
+    /// followed.
+    fn join(&mut self, keep: &[Key], newcomers: impl Iterator<Item = (Key, u64)>) {
+        let n = self.points.len();
+        for ((stack, api), now) in newcomers {
             let mut bytes = vec![0; n - 1];
             bytes.push(now);
             let newcomer = Series { stack, api, bytes, now };
