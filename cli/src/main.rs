@@ -71,8 +71,9 @@ struct FilterArgs {
     /// CUDACachingAllocator, TensorFlow's BFC) as leaked too.
     #[arg(long)]
     include_cached: bool,
-    /// Show every native frame of stacks that have Python frames (by default only the
-    /// native frames where the memory was allocated, then the Python frames).
+    /// Show every frame of stacks that have Python frames (by default only the native
+    /// frames where the memory was allocated, then the Python frames, each import's
+    /// importlib frames folded to one).
     #[arg(long)]
     native_frames: bool,
 }

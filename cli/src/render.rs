@@ -5,7 +5,7 @@ use crate::model::Frame;
 
 pub use leaktrace_common::frame_text::frame_line;
 /// Set by `--native-frames`: stacks with Python frames are shown whole, not in the
-/// frames-only view (`frame_text::python_view`).
+/// frames-only view (`frame_text::frames_only_view`).
 pub static NATIVE_FRAMES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// The indices of `stack` to show: all, or the frames-only view of a Python stack.
@@ -13,7 +13,7 @@ pub fn shown_frames(stack: &[Frame]) -> Vec<usize> {
     if NATIVE_FRAMES.load(std::sync::atomic::Ordering::Relaxed) {
         return (0..stack.len()).collect();
     }
-    leaktrace_common::frame_text::python_view(&stack.iter().map(|f| f.python).collect::<Vec<_>>())
+    leaktrace_common::frame_text::frames_only_view(stack)
 }
 
 fn stack_text(out: &mut String, stack: &[Frame]) {
@@ -25,8 +25,8 @@ fn stack_text(out: &mut String, stack: &[Frame]) {
         out.push_str(&frame_line(i, &stack[k]));
         out.push('\n');
     }
-    if shown.len() < stack.len() {
-        out.push_str(&format!("    ({} native frame(s) between Python frames not shown; --native-frames shows them)\n", stack.len() - shown.len()));
+    if let Some(hidden) = leaktrace_common::frame_text::hidden_frames_text(stack, &shown) {
+        out.push_str(&format!("    ({hidden}; --native-frames shows them)\n"));
     }
 }
 

@@ -475,14 +475,13 @@ pub fn summary_text(
             for (label, a) in parts {
                 let device = g.device.map(|d| format!(", device {d}")).unwrap_or_default();
                 out.push_str(&format!("\n{label} of {} byte(s) in {} object(s) allocated from {} ({}{device}):\n", a.bytes, a.blocks, g.api, g.kind));
-                let flags: Vec<bool> = g.stack.iter().map(|f| f.python).collect();
-                let shown = leaktrace_common::frame_text::python_view(&flags);
+                let shown = leaktrace_common::frame_text::frames_only_view(&g.stack);
                 for (i, &k) in shown.iter().enumerate() {
                     out.push_str(&frame_text(i, &g.stack[k]));
                     out.push('\n');
                 }
-                if shown.len() < g.stack.len() {
-                    out.push_str(&format!("    ({} native frame(s) between Python frames not shown; the report has them)\n", g.stack.len() - shown.len()));
+                if let Some(hidden) = leaktrace_common::frame_text::hidden_frames_text(&g.stack, &shown) {
+                    out.push_str(&format!("    ({hidden}; the report has them)\n"));
                 }
                 if g.stack.is_empty() {
                     out.push_str("    <no stack>\n");

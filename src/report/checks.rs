@@ -55,14 +55,13 @@ pub fn make(label: &str, unix_ms: u64, scope: Scope, all: &[Group], shown: &[Gro
 
 /// A check as the C API hands it to the program (`leaktrace_snapshot_json`): the
 /// counts, and each kept leak's stack as text lines in the frames-only view (native
-/// frames up to the first Python frame, then Python frames).
+/// frames up to the first Python frame, then Python frames, `frame_text::frames_only_view`).
 pub fn to_json(c: &Check) -> String {
     let leaks: Vec<serde_json::Value> = c
         .leaks
         .iter()
         .map(|l| {
-            let is_python: Vec<bool> = l.stack.iter().map(|f| f.python).collect();
-            let frames: Vec<String> = leaktrace_common::frame_text::python_view(&is_python)
+            let frames: Vec<String> = leaktrace_common::frame_text::frames_only_view(&l.stack)
                 .into_iter()
                 .enumerate()
                 .map(|(i, at)| super::build::frame_text(i, &l.stack[at]).trim_start().to_string())
@@ -107,8 +106,7 @@ pub fn summary_lines(checks: &[Check], dropped: u64) -> String {
             c.found.indirect.bytes
         ));
         if let Some(l) = c.leaks.first() {
-            let is_python: Vec<bool> = l.stack.iter().map(|f| f.python).collect();
-            for (i, at) in leaktrace_common::frame_text::python_view(&is_python).into_iter().take(4).enumerate() {
+            for (i, at) in leaktrace_common::frame_text::frames_only_view(&l.stack).into_iter().take(4).enumerate() {
                 s.push_str(&super::build::frame_text(i, &l.stack[at]));
                 s.push('\n');
             }
