@@ -112,7 +112,7 @@ fn steady_growth(bytes: &[u64], points: &[Point], cut: usize, min_bytes: u64) ->
 
 /// Whether a stack's Python frames pass through the import machinery.
 fn made_by_an_import(stack: &[Frame]) -> bool {
-    stack.iter().any(|f| f.python && f.file.as_deref().is_some_and(leaktrace_common::frame_text::is_import_machinery))
+    stack.iter().any(leaktrace_common::frame_text::is_import_frame)
 }
 
 /// Growing lines of the user's Python code first (most growth first), then growing

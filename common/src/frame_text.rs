@@ -57,7 +57,7 @@ pub fn python_view(is_python: &[bool]) -> Vec<usize> {
 /// allocated, when the machinery itself allocated it.
 pub fn frames_only_view(stack: &[Frame]) -> Vec<usize> {
     let shown = python_view(&stack.iter().map(|f| f.python).collect::<Vec<_>>());
-    let import = |k: usize| stack[k].python && stack[k].file.as_deref().is_some_and(is_import_machinery);
+    let import = |k: usize| is_import_frame(&stack[k]);
     let first_python = shown.iter().position(|&k| stack[k].python);
     shown
         .iter()
@@ -71,8 +71,7 @@ pub fn frames_only_view(stack: &[Frame]) -> Vec<usize> {
 /// end (`None`: nothing): `3 native frame(s) between Python frames and 8
 /// import-machinery frame(s) not shown`.
 pub fn hidden_frames_text(stack: &[Frame], shown: &[usize]) -> Option<String> {
-    let hidden_import = stack.iter().filter(|f| f.python && f.file.as_deref().is_some_and(is_import_machinery)).count()
-        - shown.iter().filter(|&&k| stack[k].python && stack[k].file.as_deref().is_some_and(is_import_machinery)).count();
+    let hidden_import = stack.iter().filter(|f| is_import_frame(f)).count() - shown.iter().filter(|&&k| is_import_frame(&stack[k])).count();
     let hidden_native = (stack.len() - shown.len()) - hidden_import;
     match (hidden_native, hidden_import) {
         (0, 0) => None,
@@ -98,6 +97,11 @@ pub fn is_user_python_file(file: &str) -> bool {
 /// frames is made by an import, which is start-up, never a training loop's growth.
 pub fn is_import_machinery(file: &str) -> bool {
     file.starts_with("<frozen importlib._bootstrap")
+}
+
+/// Whether `f` is a Python frame of the import machinery (`is_import_machinery`).
+pub fn is_import_frame(f: &Frame) -> bool {
+    f.python && f.file.as_deref().is_some_and(is_import_machinery)
 }
 
 #[cfg(test)]
