@@ -261,11 +261,12 @@ pub fn start(config: Config, host_tracking: String) -> bool {
         let symbolizer = Symbolizer::new(process.exe.clone());
         let suppressions = match &config.suppressions {
             Some(path) => leaktrace_common::Suppressions::load(path).unwrap_or_else(|e| {
-                stderr_line(&format!("leaktrace: {e}; the exit summary is not filtered"));
+                stderr_line(&format!("leaktrace: {e}; the exit summary is filtered by the built-in suppressions only"));
                 Default::default()
             }),
-            None => Default::default(),
-        };
+            None => leaktrace_common::Suppressions::default(),
+        }
+        .with_built_in(config.default_suppressions);
         channel::init();
         // pymalloc's arenas are known from before the interpreter maps its first one.
         if config.scan {

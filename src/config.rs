@@ -30,6 +30,8 @@ pub struct Config {
     pub disabled: bool,
     /// LEAKTRACE_SUPPRESSIONS: LeakSanitizer-style file applied to the exit summary.
     pub suppressions: Option<PathBuf>,
+    /// Apply the built-in suppressions (`leaktrace_common::suppressions::BUILT_IN`) too.
+    pub default_suppressions: bool,
     /// LEAKTRACE_SCAN: classify outstanding blocks as definite/indirect/reachable at exit.
     pub scan: bool,
     /// LEAKTRACE_REPORT_GROUPS: leak groups listed (with stacks) per report; the rest
@@ -116,6 +118,7 @@ impl Default for Config {
             follow_fork: true,
             disabled: false,
             suppressions: None,
+            default_suppressions: true,
             scan: true,
             report_groups: DEFAULT_REPORT_GROUPS,
             collector: CollectorStart::Auto,
@@ -136,6 +139,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("LEAKTRACE_FOLLOW_FORK", "1/0: keep tracking in forked children (default 1)"),
     ("LEAKTRACE_DISABLE", "1: record nothing, write nothing (default 0)"),
     ("LEAKTRACE_SUPPRESSIONS", "LeakSanitizer-style suppressions file (leak:PATTERN) for the exit summary"),
+    ("LEAKTRACE_DEFAULT_SUPPRESSIONS", "1/0: also suppress the leaks that libraries make on their own in every process (PyTorch's static initializer block) (default 1)"),
     ("LEAKTRACE_REPORT_GROUPS", "leak groups listed with their stacks per report, the rest added up (default 2000)"),
     ("LEAKTRACE_COLLECTOR", "thread, lazy or auto: start the collector thread at once, or only with the program's second thread (default auto: lazy in a Chromium zygote, which must stay single-threaded)"),
     ("LEAKTRACE_EXIT_CODE", "1..255: a process that leaks (after suppressions) and would have exited with 0 exits with this status, as LeakSanitizer's exitcode (default: off, the program's own status)"),
@@ -238,6 +242,12 @@ impl Config {
                 bad("LEAKTRACE_SUPPRESSIONS", &v, "a file", "no suppressions".into());
             } else {
                 c.suppressions = Some(PathBuf::from(v));
+            }
+        }
+        if let Some(v) = get("LEAKTRACE_DEFAULT_SUPPRESSIONS") {
+            match parse_bool(&v) {
+                Some(b) => c.default_suppressions = b,
+                None => bad("LEAKTRACE_DEFAULT_SUPPRESSIONS", &v, "1 or 0", "1".into()),
             }
         }
         if let Some(v) = get("LEAKTRACE_PYTHON") {
@@ -376,6 +386,7 @@ mod tests {
             ("LEAKTRACE_SUMMARY_TOP", "3"),
             ("LEAKTRACE_SNAPSHOT_SIGNAL", "SIGUSR1"),
             ("LEAKTRACE_FOLLOW_FORK", "0"),
+            ("LEAKTRACE_DEFAULT_SUPPRESSIONS", "0"),
         ]);
         assert!(w.is_empty(), "{w:?}");
         assert_eq!(c.output_dir, Some(PathBuf::from("/tmp/x")));
@@ -385,6 +396,8 @@ mod tests {
         assert_eq!(c.summary_top, 3);
         assert_eq!(c.snapshot_signal, Some(libc::SIGUSR1));
         assert!(!c.follow_fork);
+        assert!(!c.default_suppressions);
+        assert!(Config::default().default_suppressions);
     }
 
     #[test]

@@ -157,6 +157,27 @@ fn ctypes_malloc_from_libc_by_name_and_by_find_library_is_tracked() {
     assert_eq!(find(777001), Some(("calloc".to_string(), 1)));
 }
 
+/// The built-in suppressions in the library: LeakSanitizer's exit status is not given
+/// for the 24 bytes PyTorch's libtorch_cuda.so leaks on its own (a stand-in library of
+/// the same file name, loaded as `import torch` loads it), and is given with
+/// `LEAKTRACE_DEFAULT_SUPPRESSIONS=0`; the report keeps the group either way.
+#[test]
+fn the_library_suppresses_pytorchs_own_leak_by_default() {
+    let lib = build_fixture("CachingHostAllocator.cpp", &["-shared", "-fPIC"]);
+    for (defaults, want) in [(None, 0), (Some("0"), 42)] {
+        let mut cmd = Command::new(python());
+        cmd.args(["-c", "import ctypes, sys; ctypes.CDLL(sys.argv[1])"]).arg(&lib).env("LEAKTRACE_EXIT_CODE", "42");
+        if let Some(v) = defaults {
+            cmd.env("LEAKTRACE_DEFAULT_SUPPRESSIONS", v);
+        }
+        let run = run_traced(cmd, "builtin-supp");
+        assert_eq!(run.code(), Some(want), "{}", run.stderr());
+        let err = run.stderr();
+        assert_eq!(err.contains("^_GLOBAL__sub_I_CachingHostAllocator.cpp$"), defaults.is_none(), "{err}");
+        assert!(run.report()["leaks"].as_array().unwrap().iter().any(|g| g["bytes"] == 24));
+    }
+}
+
 #[test]
 fn leaktrace_exit_code_makes_a_leaking_process_fail_unless_it_failed_already() {
     let bin = build_fixture("exit_code.c", &[]);

@@ -61,6 +61,11 @@ struct FilterArgs {
     /// LeakSanitizer-style suppressions file (leak:PATTERN lines).
     #[arg(long, value_name = "FILE")]
     suppressions: Option<PathBuf>,
+    /// Count the leaks that libraries make on their own in every process too (by default
+    /// a built-in list suppresses them, after --suppressions: PyTorch's 24-byte block
+    /// from a static initializer of libtorch_cuda.so, which LeakSanitizer reports too).
+    #[arg(long)]
+    no_default_suppressions: bool,
     /// Ignore leak groups smaller than N bytes.
     #[arg(long, value_name = "N", default_value_t = 0)]
     min_bytes: u64,
@@ -197,9 +202,11 @@ fn usage(message: String) -> Fail {
 fn filters(f: &FilterArgs) -> Result<Filters, Fail> {
     render::NATIVE_FRAMES.store(f.native_frames, std::sync::atomic::Ordering::Relaxed);
     let suppressions = match &f.suppressions {
-        Some(p) => Some(leaktrace_common::Suppressions::load(p).map_err(usage)?),
-        None => None,
-    };
+        Some(p) => leaktrace_common::Suppressions::load(p).map_err(usage)?,
+        None => leaktrace_common::Suppressions::default(),
+    }
+    .with_built_in(!f.no_default_suppressions);
+    let suppressions = (!suppressions.patterns.is_empty()).then_some(suppressions);
     Ok(Filters {
         suppressions,
         min_bytes: f.min_bytes,
@@ -277,6 +284,7 @@ fn cmd_run(args: &RunArgs) -> Result<u8, Fail> {
         depth: args.depth,
         scan: !args.no_scan,
         suppressions: args.filters.suppressions.clone(),
+        default_suppressions: !args.filters.no_default_suppressions,
     };
     let (code, pid) = match run::run(&lib, &args.cmd, &settings) {
         run::Outcome::Exited(code, pid) => (code, pid),

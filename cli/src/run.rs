@@ -112,6 +112,8 @@ pub struct RunSettings {
     pub depth: Option<usize>,
     pub scan: bool,
     pub suppressions: Option<PathBuf>,
+    /// The library's built-in suppressions on (its default) or off.
+    pub default_suppressions: bool,
 }
 
 pub enum Outcome {
@@ -186,6 +188,9 @@ pub fn run(lib: &Path, cmd: &[String], s: &RunSettings) -> Outcome {
     c.env("LEAKTRACE_SCAN", if s.scan { "1" } else { "0" });
     if let Some(sup) = &s.suppressions {
         c.env("LEAKTRACE_SUPPRESSIONS", sup);
+    }
+    if !s.default_suppressions {
+        c.env("LEAKTRACE_DEFAULT_SUPPRESSIONS", "0");
     }
     install_forwarding();
     // Orphaned descendants (daemonized helpers, Python's resource tracker) are

@@ -133,6 +133,46 @@ fn suppressions_hide_exactly_what_they_match() {
     assert_eq!(out.status.code(), Some(0), "no group reaches 5000 bytes");
 }
 
+/// PyTorch's own leak (24 bytes from a static initializer of libtorch_cuda.so, in every
+/// process that imports torch, which LeakSanitizer reports too) does not fail a CI gate:
+/// a stand-in library of the same file name, loaded the way `import torch` loads
+/// libtorch_cuda.so, is suppressed by the built-in list, named in LSan's table; a leak
+/// of the program's own still fails; `--no-default-suppressions` counts the library's.
+#[test]
+fn the_leak_pytorch_makes_on_its_own_is_suppressed_by_default_and_the_programs_is_not() {
+    let dir = scratch("builtin-supp");
+    let lib = dir.join("libtorch_cuda_standin.so");
+    let src = manifest().parent().unwrap().join("tests/fixtures/CachingHostAllocator.cpp");
+    let o = Command::new("c++").args(["-O2", "-g", "-shared", "-fPIC"]).arg(&src).arg("-o").arg(&lib).output().expect("c++");
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let py = python();
+    let load = format!("import ctypes; ctypes.CDLL({:?})", lib.to_str().unwrap());
+    let own_leak = format!("{load}\nlibc = ctypes.CDLL(None); libc.malloc.restype = ctypes.c_void_p\nfor _ in range(100): libc.malloc(4096)");
+    let run = |tag: &str, code: &str, extra: &[&str]| {
+        let out_dir = dir.join(tag);
+        let mut args = vec!["run", "--fail-on-leak", "--output", out_dir.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", &py, "-c", code]);
+        (leaktrace(&args, &dir), out_dir)
+    };
+    let (out, reports_dir) = run("library-only", &load, &[]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("      1         24 ^_GLOBAL__sub_I_CachingHostAllocator.cpp$\n"), "{err}");
+    assert!(err.contains(leaktrace_common::suppressions::BUILT_IN_NOTE), "{err}");
+    // The report keeps the group; check applies the same list.
+    let r = &reports(&reports_dir)[0];
+    assert!(r["leaks"].as_array().unwrap().iter().any(|g| g["bytes"] == 24), "{r}");
+    let dir_arg = reports_dir.to_str().unwrap();
+    assert_eq!(leaktrace(&["check", dir_arg], &dir).status.code(), Some(0));
+    assert_eq!(leaktrace(&["check", "--no-default-suppressions", dir_arg], &dir).status.code(), Some(23));
+    let (out, _) = run("counted", &load, &["--no-default-suppressions"]);
+    assert_eq!(out.status.code(), Some(23), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("SUMMARY: leaktrace: 24 byte(s) leaked in 1 allocation(s)"), "{}", text(&out.stderr));
+    let (out, _) = run("own-leak", &own_leak, &[]);
+    assert_eq!(out.status.code(), Some(23), "{}", text(&out.stderr));
+}
+
 #[test]
 fn run_a_cxx_program_with_planted_leaks() {
     let dir = scratch("cxx");

@@ -10,6 +10,20 @@ pub struct Suppressions {
     pub patterns: Vec<String>,
 }
 
+/// Leaks that widely used libraries make on their own in every process that loads them,
+/// applied after the user's patterns unless turned off (`--no-default-suppressions`,
+/// `LEAKTRACE_DEFAULT_SUPPRESSIONS=0`), as valgrind's default suppressions are. An entry
+/// is a block that LeakSanitizer reports as a direct leak too, that the program cannot
+/// free, and whose pattern names nothing else: the function that makes it, anchored.
+pub const BUILT_IN: &str = "\
+# PyTorch's CUDA library (libtorch_cuda.so, in every CUDA wheel, also on machines without a
+# GPU): a static initializer of CachingHostAllocator.cpp allocates 24 bytes with `new` and
+# keeps no pointer to them, so every process that imports torch leaks them once.
+# LeakSanitizer: \"Direct leak of 24 byte(s) in 1 object(s)\" from the same function (torch
+# 2.15, `import torch`).
+leak:^_GLOBAL__sub_I_CachingHostAllocator.cpp$
+";
+
 impl Suppressions {
     /// Parses a suppressions file; `origin` names it in error messages.
     pub fn parse(text: &str, origin: &str) -> Result<Suppressions, String> {
@@ -28,6 +42,25 @@ impl Suppressions {
             }
         }
         Ok(Suppressions { patterns })
+    }
+
+    /// The built-in list (`BUILT_IN`).
+    pub fn built_in() -> Suppressions {
+        // A test checks that it parses; nothing here may panic inside a host process.
+        Suppressions::parse(BUILT_IN, "built-in suppressions").unwrap_or_default()
+    }
+
+    /// These patterns, followed by the built-in ones when `defaults` holds (a pattern
+    /// given twice counts once, under the first).
+    pub fn with_built_in(mut self, defaults: bool) -> Suppressions {
+        if defaults {
+            for p in Suppressions::built_in().patterns {
+                if !self.patterns.contains(&p) {
+                    self.patterns.push(p);
+                }
+            }
+        }
+        self
     }
 
     pub fn load(path: &std::path::Path) -> Result<Suppressions, String> {
@@ -154,7 +187,20 @@ pub fn used_table(used: &[Used]) -> String {
         s.push_str(&format!("{:>7} {:>10} {}\n", u.count, u.bytes, u.pattern));
     }
     s.push_str(rule);
+    if used.iter().any(|u| is_built_in(&u.pattern)) {
+        s.push_str(BUILT_IN_NOTE);
+        s.push('\n');
+    }
     s
+}
+
+/// Said under a table that holds a built-in pattern.
+pub const BUILT_IN_NOTE: &str =
+    "(built-in templates: leaks that libraries such as PyTorch make on their own in every process; --no-default-suppressions or LEAKTRACE_DEFAULT_SUPPRESSIONS=0 counts them)";
+
+/// Whether `pattern` is one of the built-in list's.
+pub fn is_built_in(pattern: &str) -> bool {
+    Suppressions::built_in().patterns.iter().any(|p| p == pattern)
 }
 
 /// LSan's template match: `*` wildcard, optional `^`/`$` anchors, unanchored otherwise.
@@ -214,6 +260,42 @@ mod tests {
         }
         let none = Suppressions { patterns: vec!["other".into()] };
         assert_eq!(none.matching_group(&g), None);
+    }
+
+    fn frame(function: &str, module: &str) -> crate::report_schema::Frame {
+        crate::report_schema::Frame { function: Some(function.into()), module: Some(module.into()), ..Default::default() }
+    }
+
+    #[test]
+    fn the_built_in_list_parses_and_names_pytorchs_static_initializer_block_only() {
+        let built_in = Suppressions::built_in();
+        assert_eq!(built_in, Suppressions::parse(BUILT_IN, "x").unwrap());
+        assert!(!built_in.patterns.is_empty());
+        // The block as a report has it (torch 2.15's libtorch_cuda.so).
+        let torch = Group {
+            stack: vec![
+                frame("operator new(unsigned long)", "/lib/x86_64-linux-gnu/libstdc++.so.6"),
+                frame("_GLOBAL__sub_I_CachingHostAllocator.cpp", "/venv/lib/python3.11/site-packages/torch/lib/libtorch_cuda.so"),
+                frame("dlopen", "/lib/x86_64-linux-gnu/libc.so.6"),
+            ],
+            ..Default::default()
+        };
+        assert_eq!(built_in.matching_group(&torch), Some("^_GLOBAL__sub_I_CachingHostAllocator.cpp$"));
+        // Other static initializers, of torch or of the program, and other allocations
+        // of the same library are not suppressed.
+        for other in ["_GLOBAL__sub_I_CachingHostAllocator.cpp.123", "_GLOBAL__sub_I_my_code.cpp", "at::cuda::CachingHostAllocator::allocate"] {
+            let g = Group { stack: vec![frame(other, "/site-packages/torch/lib/libtorch_cuda.so")], ..Default::default() };
+            assert_eq!(built_in.matching_group(&g), None, "{other}");
+        }
+        // After the user's own patterns, each once; or not at all.
+        let mine = Suppressions { patterns: vec!["mine".into(), built_in.patterns[0].clone()] };
+        assert_eq!(mine.clone().with_built_in(true).patterns.len(), 1 + built_in.patterns.len());
+        assert_eq!(mine.clone().with_built_in(true).patterns[0], "mine");
+        assert_eq!(mine.clone().with_built_in(false), mine);
+        // The table says where a built-in template comes from and how to count it.
+        let used = [Used { pattern: built_in.patterns[0].clone(), count: 1, bytes: 24 }];
+        assert!(used_table(&used).ends_with(&format!("{BUILT_IN_NOTE}\n")));
+        assert!(!used_table(&[Used { pattern: "mine".into(), count: 1, bytes: 24 }]).contains(BUILT_IN_NOTE));
     }
 
     #[test]
