@@ -125,6 +125,7 @@ fn install_with(symbol: &dyn Fn(&std::ffi::CStr) -> Option<usize>) -> bool {
         crate::hotpath::mapping::unmap(mem, std::mem::size_of::<Table>());
         return false;
     };
+    INT_LAYOUT.store(int_layout_of(symbol), Ordering::Relaxed);
     ORIGINAL_CTX.store(original.ctx as usize, Ordering::Relaxed);
     ORIGINAL_ALLOC.store(alloc as usize, Ordering::Relaxed);
     ORIGINAL_FREE.store(free as usize, Ordering::Relaxed);
@@ -136,6 +137,33 @@ fn install_with(symbol: &dyn Fn(&std::ffi::CStr) -> Option<usize>) -> bool {
         set(&mut ours);
     }
     true
+}
+
+/// `&PyLong_Type` with bit 0 set for the 3.12+ layout (see `int_layout`); 0 when
+/// unknown.
+static INT_LAYOUT: AtomicU64 = AtomicU64::new(0);
+
+/// How this interpreter keeps an int, when its version is one whose `PyLongObject` is
+/// known (3.8 to 3.13): the scan reads the addresses a program keeps as Python ints
+/// (a ctypes `c_void_p` result, PyTorch's weak storage references) as references.
+fn int_layout_of(symbol: &dyn Fn(&std::ffi::CStr) -> Option<usize>) -> u64 {
+    let (Some(long_type), Some(version)) = (symbol(c"PyLong_Type"), symbol(c"Py_GetVersion")) else { return 0 };
+    // SAFETY: Py_GetVersion formats a static buffer; callable before initialisation.
+    let version = unsafe {
+        let f: extern "C" fn() -> *const libc::c_char = std::mem::transmute(version);
+        std::ffi::CStr::from_ptr(f()).to_string_lossy().into_owned()
+    };
+    match crate::hotpath::python::minor_of_version(&version) {
+        Some(8..=11) => long_type as u64,
+        Some(12..=13) => long_type as u64 | 1,
+        _ => 0,
+    }
+}
+
+/// The int layout found at `install` (`None` before, or for an unknown version).
+pub fn int_layout() -> Option<crate::scan::pymalloc::IntLayout> {
+    let v = INT_LAYOUT.load(Ordering::Relaxed);
+    (v != 0).then_some(crate::scan::pymalloc::IntLayout { type_addr: v & !1, tagged: v & 1 != 0 })
 }
 
 /// Whether arenas were mapped that the table had no room for (the scan then misses

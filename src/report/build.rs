@@ -405,7 +405,9 @@ pub fn apply_suppressions(groups: &[Group], s: &leaktrace_common::Suppressions) 
         }
         shown.push(g);
     }
-    let suppressed = applied.suppressed.iter().filter(|s| **s).count();
+    // Counted as the command counts them: groups whose leaks a pattern hid, not groups
+    // it matched that hold only reachable or cached memory.
+    let suppressed = groups.iter().zip(&applied.suppressed).filter(|(g, s)| **s && counted(g).1 > 0).count();
     (shown, suppressed, applied.used)
 }
 
@@ -632,6 +634,14 @@ mod tests {
         assert_eq!(none, "==10==leaktrace: no leaks found\n");
         let (shown, n, used) = apply_suppressions(std::slice::from_ref(&g), &leaktrace_common::Suppressions { patterns: vec!["leak_*".into()] });
         assert_eq!((shown.len(), n), (0, 1));
+        // A matched group that leaks nothing (all still reachable) is not "suppressed".
+        let mut held = g.clone();
+        held.reachability = Some(leaktrace_common::report_schema::Reachability {
+            reachable: leaktrace_common::report_schema::Amount { bytes: 48, blocks: 3 },
+            ..Default::default()
+        });
+        let (_, held_n, held_used) = apply_suppressions(std::slice::from_ref(&held), &leaktrace_common::Suppressions { patterns: vec!["leak_*".into()] });
+        assert_eq!((held_n, held_used.len()), (0, 0));
         let shown: Vec<&Group> = shown.iter().collect();
         assert_eq!(
             summary_text(10, &shown, n, &used, 10, None, Omitted::default()),

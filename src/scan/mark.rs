@@ -209,6 +209,11 @@ pub struct Roots<'r> {
     /// the fork (sorted, disjoint): only there can an object hold the address of a block
     /// the child made. `None`: the arenas are read whole.
     pub python_changed: Option<&'r [(u64, u64)]>,
+    /// How the interpreter keeps an int: a live int in the arenas whose value is an
+    /// address is read as a reference to it (a pointer kept as a Python int, as ctypes
+    /// returns one and as PyTorch's weak storage references keep one). `None`: ints are
+    /// not read.
+    pub python_ints: Option<super::pymalloc::IntLayout>,
 }
 
 /// Calls `f(start, len)` for each part of `[start, start + len)` inside `ranges` (sorted,
@@ -298,9 +303,39 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
     // Python objects (at most 512 bytes each) in pymalloc's arenas: a word pointing deep
     // inside a block is taken for stale data, not a reference (see `PYTHON_INTERIOR`).
     for &arena in roots.python_arenas {
-        super::pymalloc::live_runs(mem, arena, |start, len| match roots.python_changed {
-            None => mark_within(start, len, reached, work, true, PYTHON_INTERIOR),
-            Some(changed) => for_each_within(changed, start, len, |from, n| mark_within(from, n, reached, work, true, PYTHON_INTERIOR)),
+        super::pymalloc::live_runs(mem, arena, |start, len, block_size| {
+            match roots.python_changed {
+                None => mark_within(start, len, reached, work, true, PYTHON_INTERIOR),
+                Some(changed) => for_each_within(changed, start, len, |from, n| mark_within(from, n, reached, work, true, PYTHON_INTERIOR)),
+            }
+            // An address kept as a Python int is in 30-bit digits, no word of which is
+            // the address: read the int's value instead. Every such int is in the
+            // 32-byte size class; in a forked child, only those on changed pages.
+            let Some(ints) = roots.python_ints else { return };
+            if block_size != super::pymalloc::INT_BLOCK {
+                return;
+            }
+            let mut read_ints = |from: u64, n: u64| {
+                let first = start + (from - start).next_multiple_of(block_size);
+                let mut b = first;
+                while b + block_size <= from + n {
+                    let (mut w, mut k) = ([0u64; 4], 0);
+                    mem.words(b, block_size, &mut |v| {
+                        if k < 4 {
+                            w[k] = v;
+                            k += 1;
+                        }
+                    });
+                    if let Some(v) = (k == 4).then(|| super::pymalloc::int_value(w, ints)).flatten() {
+                        keep(v, reached, work, true, PYTHON_INTERIOR);
+                    }
+                    b += block_size;
+                }
+            };
+            match roots.python_changed {
+                None => read_ints(start, len),
+                Some(changed) => for_each_within(changed, start, len, &mut read_ints),
+            }
         });
     }
     trace(reached, work, true);
@@ -364,7 +399,7 @@ pub fn classify_with_owners(blocks: &[Block], roots: &[(u64, u64)], runtime_root
     let mut s = Scratch::new(blocks);
     classify_into(
         blocks,
-        &Roots { program: roots, runtime: runtime_roots, inherited: &[], changed_since_fork: &[], python_arenas: &[], python_changed: None },
+        &Roots { program: roots, runtime: runtime_roots, inherited: &[], changed_since_fork: &[], python_arenas: &[], python_changed: None, python_ints: None },
         mem,
         &mut s,
     );
@@ -562,7 +597,15 @@ mod tests {
         let changed = [(0x1000, 0x1000)];
         classify_into(
             &b,
-            &Roots { program: &[], runtime: &[], inherited: &inherited, changed_since_fork: &changed, python_arenas: &[], python_changed: None },
+            &Roots {
+                program: &[],
+                runtime: &[],
+                inherited: &inherited,
+                changed_since_fork: &changed,
+                python_arenas: &[],
+                python_changed: None,
+                python_ints: None,
+            },
             &Fake(m),
             &mut s,
         );
@@ -589,7 +632,7 @@ mod tests {
         let mut s = Scratch::new(&b);
         classify_into(
             &b,
-            &Roots { program: &[], runtime: &[], inherited: &[], changed_since_fork: &[], python_arenas: &arenas, python_changed: None },
+            &Roots { program: &[], runtime: &[], inherited: &[], changed_since_fork: &[], python_arenas: &arenas, python_changed: None, python_ints: None },
             &Fake(m.clone()),
             &mut s,
         );
@@ -601,11 +644,77 @@ mod tests {
         let globals = [(0x9000, 8)];
         classify_into(
             &b,
-            &Roots { program: &globals, runtime: &[], inherited: &[], changed_since_fork: &[], python_arenas: &arenas, python_changed: None },
+            &Roots {
+                program: &globals,
+                runtime: &[],
+                inherited: &[],
+                changed_since_fork: &[],
+                python_arenas: &arenas,
+                python_changed: None,
+                python_ints: None,
+            },
             &Fake(m),
             &mut s,
         );
         assert_eq!(s.verdicts, vec![Reachable, Reachable, Reachable]);
+    }
+
+    /// An address kept as a Python int (ctypes' `c_void_p` result in a list, PyTorch's
+    /// weak storage reference) keeps its block: the int's value is read from its 30-bit
+    /// digits, in both layouts; a negative int, another 32-byte object whose words spell
+    /// the same digits, or ints with the layout unknown keep nothing.
+    #[test]
+    fn an_address_kept_as_a_python_int_keeps_its_block() {
+        let b: Vec<Block> = [(0x55d2_3a4b_9c60, 0x60), (0x55d2_3a4c_0000, 0x60), (0x55d2_3a4d_0000, 0x60)]
+            .iter()
+            .map(|&(start, size)| Block { start, size, opaque: false, cuda: false, not_a_reference: 0 })
+            .collect();
+        let long_type = 0x7f00_0000_1000u64;
+        let digits = |a: u64| (a & 0x3fff_ffff) | (a >> 30) << 32;
+        for tagged in [false, true] {
+            let size_word = |n: u64, negative: bool| {
+                if tagged {
+                    n << 3 | if negative { 2 } else { 0 }
+                } else if negative {
+                    (-(n as i64)) as u64
+                } else {
+                    n
+                }
+            };
+            let base = 0x10_0000u64;
+            let mut m = BTreeMap::new();
+            // A pool of 32-byte blocks (szidx 1) with three live objects.
+            for (i, w) in [3u64, 0, 0, 0, 1 << 32, 48 + 3 * 32].into_iter().enumerate() {
+                m.insert(base + 8 * i as u64, w);
+            }
+            let int_at = |m: &mut BTreeMap<u64, u64>, at: u64, ty: u64, size: u64, value: u64| {
+                for (k, w) in [1, ty, size, digits(value)].into_iter().enumerate() {
+                    m.insert(at + 8 * k as u64, w);
+                }
+            };
+            int_at(&mut m, base + 48, long_type, size_word(2, false), b[0].start);
+            int_at(&mut m, base + 80, long_type, size_word(2, true), b[1].start);
+            int_at(&mut m, base + 112, long_type + 64, size_word(2, false), b[2].start);
+            let arenas = [(base, 256 << 10)];
+            let verdicts = |ints: Option<super::super::pymalloc::IntLayout>| {
+                let mut s = Scratch::new(&b);
+                let roots = Roots {
+                    program: &[],
+                    runtime: &[],
+                    inherited: &[],
+                    changed_since_fork: &[],
+                    python_arenas: &arenas,
+                    python_changed: None,
+                    python_ints: ints,
+                };
+                classify_into(&b, &roots, &Fake(m.clone()), &mut s);
+                s.verdicts
+            };
+            use Verdict::*;
+            let layout = super::super::pymalloc::IntLayout { type_addr: long_type, tagged };
+            assert_eq!(verdicts(Some(layout)), vec![Reachable, Definite, Definite], "tagged {tagged}");
+            assert_eq!(verdicts(None), vec![Definite, Definite, Definite]);
+        }
     }
 
     /// In a forked child only the arena pages changed since the fork are read: an
@@ -629,7 +738,15 @@ mod tests {
         let arenas = [(base, 256 << 10)];
         let classify = |changed: Option<&[(u64, u64)]>| {
             let mut s = Scratch::new(&b);
-            let roots = Roots { program: &[], runtime: &[], inherited: &[], changed_since_fork: &[], python_arenas: &arenas, python_changed: changed };
+            let roots = Roots {
+                program: &[],
+                runtime: &[],
+                inherited: &[],
+                changed_since_fork: &[],
+                python_arenas: &arenas,
+                python_changed: changed,
+                python_ints: None,
+            };
             classify_into(&b, &roots, &Fake(m.clone()), &mut s);
             s.verdicts
         };

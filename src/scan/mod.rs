@@ -103,6 +103,7 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
         changed_since_fork: &changed_since_fork,
         python_arenas: &python_arenas,
         python_changed: forked_child.then_some(&python_changed[..]),
+        python_ints: crate::interpose::pymalloc::int_layout(),
     };
     mark::classify_into(blocks, &all_roots, &memory, &mut scratch);
     roots::resume(stopped.asked);

@@ -30,8 +30,50 @@ fn word(mem: &impl Memory, addr: u64) -> Option<u64> {
     v
 }
 
-/// Calls `visit(start, len)` for each run of live blocks in the arena `(start, size)`.
-pub fn live_runs(mem: &impl Memory, arena: (u64, u64), mut visit: impl FnMut(u64, u64)) {
+/// Where CPython keeps an int's value (`PyLongObject`), for reading the addresses a
+/// program keeps as Python ints (`scan::mark`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IntLayout {
+    /// `&PyLong_Type`.
+    pub type_addr: u64,
+    /// 3.12 and later: the third word is `lv_tag` (sign in bits 0–1, digit count from
+    /// bit 3); before, `ob_size` (the digit count, negative for a negative int).
+    pub tagged: bool,
+}
+
+/// The size class of an int of one or two 30-bit digits (24 bytes of header and
+/// `ob_size`/`lv_tag`, then the digits): every address a program can hold fits in two.
+pub const INT_BLOCK: u64 = 32;
+
+/// The value of the object whose first four words are `w` when it is a live,
+/// non-negative int of one or two digits, as an address is; `None` for anything else.
+/// The reference count must be one a live object has: pymalloc also hands out raw
+/// buffers (`PyMem_Malloc`), and one that holds a copy of an int's words after some
+/// other pointer (seen in a pytest run: `[&…, &PyLong_Type, 2, digits]`) is no int.
+pub fn int_value(w: [u64; 4], l: IntLayout) -> Option<u64> {
+    if w[1] != l.type_addr || w[0] == 0 || w[0] >= 1 << 32 {
+        return None;
+    }
+    let digits = if l.tagged {
+        if w[2] & 3 != 0 {
+            // Zero or negative.
+            return None;
+        }
+        w[2] >> 3
+    } else {
+        w[2]
+    };
+    let (d0, d1) = (w[3] & 0x3fff_ffff, (w[3] >> 32) & 0x3fff_ffff);
+    match digits {
+        1 => Some(d0),
+        2 => Some(d0 | d1 << 30),
+        _ => None,
+    }
+}
+
+/// Calls `visit(start, len, block_size)` for each run of live blocks in the arena
+/// `(start, size)`.
+pub fn live_runs(mem: &impl Memory, arena: (u64, u64), mut visit: impl FnMut(u64, u64, u64)) {
     let (start, size) = arena;
     let pool = pool_size(size);
     let end = start.saturating_add(size);
@@ -42,7 +84,7 @@ pub fn live_runs(mem: &impl Memory, arena: (u64, u64), mut visit: impl FnMut(u64
     }
 }
 
-fn pool_runs(mem: &impl Memory, p: u64, pool: u64, visit: &mut impl FnMut(u64, u64)) {
+fn pool_runs(mem: &impl Memory, p: u64, pool: u64, visit: &mut impl FnMut(u64, u64, u64)) {
     let mut h = [0u64; 6];
     let mut n = 0;
     mem.words(p, POOL_OVERHEAD, &mut |w| {
@@ -87,14 +129,14 @@ fn pool_runs(mem: &impl Memory, p: u64, pool: u64, visit: &mut impl FnMut(u64, u
         match (run, is_free) {
             (None, false) => run = Some(b),
             (Some(s), true) => {
-                visit(s, b - s);
+                visit(s, b - s, bsize);
                 run = None;
             }
             _ => {}
         }
     }
     if let Some(s) = run {
-        visit(s, first + nblocks as u64 * bsize - s);
+        visit(s, first + nblocks as u64 * bsize - s, bsize);
     }
 }
 
@@ -138,8 +180,31 @@ mod tests {
         words[5] = 48 + 5 * 32; // nextoffset
         let mem = Fake { base, words };
         let mut runs = Vec::new();
-        live_runs(&mem, (base, 256 << 10), |s, l| runs.push((s, l)));
-        assert_eq!(runs, vec![(block(0), 32), (block(2), 32), (block(4), 32)]);
+        live_runs(&mem, (base, 256 << 10), |s, l, b| runs.push((s, l, b)));
+        assert_eq!(runs, vec![(block(0), 32, 32), (block(2), 32, 32), (block(4), 32, 32)]);
+    }
+
+    #[test]
+    fn ints_of_one_or_two_digits_give_their_value_in_both_layouts() {
+        let t = 0x7f00_0000_1000;
+        let addr: u64 = 0x55d2_3a4b_9c60;
+        let digits = (addr & 0x3fff_ffff) | (addr >> 30) << 32;
+        let old = IntLayout { type_addr: t, tagged: false };
+        let new = IntLayout { type_addr: t, tagged: true };
+        // 3.9–3.11: ob_size; 3.12+: lv_tag = digits << 3 | sign.
+        assert_eq!(int_value([1, t, 2, digits], old), Some(addr));
+        assert_eq!(int_value([1, t, 2 << 3, digits], new), Some(addr));
+        assert_eq!(int_value([1, t, 1, 12345], old), Some(12345));
+        assert_eq!(int_value([1, t, 1 << 3, 12345], new), Some(12345));
+        // Negative, zero, three digits, another type: not an address.
+        assert_eq!(int_value([1, t, (-2i64) as u64, digits], old), None);
+        assert_eq!(int_value([1, t, 2 << 3 | 2, digits], new), None);
+        assert_eq!(int_value([1, t, 1, 0], new), None);
+        assert_eq!(int_value([1, t, 3, digits], old), None);
+        assert_eq!(int_value([1, t + 8, 2, digits], old), None);
+        // Not a live object's reference count: a raw buffer, or a freed block.
+        assert_eq!(int_value([0x7f9d_9544_6f00, t, 2, digits], old), None);
+        assert_eq!(int_value([0, t, 2 << 3, digits], new), None);
     }
 
     #[test]
@@ -154,8 +219,8 @@ mod tests {
         words[5] = 48 + 3 * 16;
         let mem = Fake { base, words };
         let mut runs = Vec::new();
-        pool_runs(&mem, base, 16 << 10, &mut |s, l| runs.push((s, l)));
-        assert_eq!(runs, vec![(first, 16), (first + 32, 16)]);
+        pool_runs(&mem, base, 16 << 10, &mut |s, l, b| runs.push((s, l, b)));
+        assert_eq!(runs, vec![(first, 16, 16), (first + 32, 16, 16)]);
         assert_eq!(pool_size(1 << 20), 16 << 10);
         assert_eq!(pool_size(256 << 10), 4 << 10);
     }
