@@ -327,7 +327,10 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
                         }
                     });
                     if let Some(v) = (k == 4).then(|| super::pymalloc::int_value(w, ints)).flatten() {
-                        keep(v, reached, work, true, PYTHON_INTERIOR);
+                        // Its block's start only: an int is a number as often as an
+                        // address (a timestamp, the `id` of a dead object), and one
+                        // that happens to fall inside a leaked block must not keep it.
+                        keep(v, reached, work, true, 1);
                     }
                     b += block_size;
                 }
@@ -662,7 +665,8 @@ mod tests {
     /// An address kept as a Python int (ctypes' `c_void_p` result in a list, PyTorch's
     /// weak storage reference) keeps its block: the int's value is read from its 30-bit
     /// digits, in both layouts; a negative int, another 32-byte object whose words spell
-    /// the same digits, or ints with the layout unknown keep nothing.
+    /// the same digits, an int that points inside a block, or ints with the layout
+    /// unknown keep nothing.
     #[test]
     fn an_address_kept_as_a_python_int_keeps_its_block() {
         let b: Vec<Block> = [(0x55d2_3a4b_9c60, 0x60), (0x55d2_3a4c_0000, 0x60), (0x55d2_3a4d_0000, 0x60)]
@@ -695,6 +699,11 @@ mod tests {
             int_at(&mut m, base + 48, long_type, size_word(2, false), b[0].start);
             int_at(&mut m, base + 80, long_type, size_word(2, true), b[1].start);
             int_at(&mut m, base + 112, long_type + 64, size_word(2, false), b[2].start);
+            // An int 16 bytes into block 2 (a number, as far as anyone knows).
+            for (i, w) in [4u64, 0, 0, 0, 1 << 32, 48 + 4 * 32].into_iter().enumerate() {
+                m.insert(base + 8 * i as u64, w);
+            }
+            int_at(&mut m, base + 144, long_type, size_word(2, false), b[2].start + 16);
             let arenas = [(base, 256 << 10)];
             let verdicts = |ints: Option<super::super::pymalloc::IntLayout>| {
                 let mut s = Scratch::new(&b);
