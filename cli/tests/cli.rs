@@ -844,11 +844,10 @@ fn a_leak_in_dataloader_workers_is_reported_in_the_workers_at_the_dataset_line()
 
 /// Python frames on the other CPython versions installed under pyenv (3.9 to 3.13):
 /// plain programs, a ctypes leak three Python calls deep.
-/// The CPython interpreters pyenv has here (3.9 to 3.13, one of each), and the
-/// system's `python3`.
-fn installed_cpythons() -> Vec<PathBuf> {
+/// The CPython interpreters pyenv has here (3.9 to 3.13, one of each).
+fn pyenv_cpythons() -> Vec<PathBuf> {
     let root = std::env::var("PYENV_ROOT").map(PathBuf::from).unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap()).join(".pyenv"));
-    let mut found: Vec<PathBuf> = ["3.9", "3.10", "3.11", "3.12", "3.13"]
+    ["3.9", "3.10", "3.11", "3.12", "3.13"]
         .iter()
         .filter_map(|v| {
             let dirs = std::fs::read_dir(root.join("versions")).ok()?;
@@ -856,7 +855,12 @@ fn installed_cpythons() -> Vec<PathBuf> {
         })
         .map(|d| d.join("bin/python3"))
         .filter(|p| p.is_file())
-        .collect();
+        .collect()
+}
+
+/// pyenv's interpreters and the system's `python3`.
+fn installed_cpythons() -> Vec<PathBuf> {
+    let mut found = pyenv_cpythons();
     found.push(PathBuf::from(python()));
     found
 }
@@ -910,16 +914,7 @@ fn addresses_a_python_process_keeps_as_ints_are_not_leaks() {
 
 #[test]
 fn python_frames_on_every_installed_cpython() {
-    let root = std::env::var("PYENV_ROOT").map(PathBuf::from).unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap()).join(".pyenv"));
-    let found: Vec<PathBuf> = ["3.9", "3.10", "3.11", "3.12", "3.13"]
-        .iter()
-        .filter_map(|v| {
-            let dirs = std::fs::read_dir(root.join("versions")).ok()?;
-            dirs.filter_map(|e| e.ok()).map(|e| e.path()).find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&format!("{v}."))))
-        })
-        .map(|d| d.join("bin/python3"))
-        .filter(|p| p.is_file())
-        .collect();
+    let found = pyenv_cpythons();
     if std::env::var_os("CI").is_some() {
         assert!(found.len() >= 3, "CI has pyenv's CPython 3.9-3.13 ({} found)", found.len());
     }
