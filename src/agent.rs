@@ -41,6 +41,30 @@ const PREPARE_AFTER: Duration = Duration::from_millis(5);
 /// True from the gather until the sorted list is installed: an exit meanwhile waits for
 /// it (at most `PREPARE_WAIT`) rather than gathering and sorting everything again.
 static PREPARING: AtomicBool = AtomicBool::new(false);
+
+/// Set while a check (or a snapshot) scans the live set it took: nobody applies events
+/// meanwhile, so that the frees published until the program's threads are stopped are
+/// still in the rings for the scan to read (`channel::unapplied_frees`), instead of
+/// leaving a freed block in the set with nothing pointing to it (a false leak). Only a
+/// forced drain (a final report that found events blocked, a forked child) goes ahead.
+static SCAN_PAUSE: AtomicBool = AtomicBool::new(false);
+
+/// Holds the consumers off (`SCAN_PAUSE`) until dropped, even by a panic.
+struct ScanPause;
+
+impl ScanPause {
+    /// Called holding the collector, right after the drain that the live set follows.
+    fn start() -> ScanPause {
+        SCAN_PAUSE.store(true, Ordering::SeqCst);
+        ScanPause
+    }
+}
+
+impl Drop for ScanPause {
+    fn drop(&mut self) {
+        SCAN_PAUSE.store(false, Ordering::SeqCst);
+    }
+}
 const PREPARE_WAIT: Duration = Duration::from_millis(500);
 
 /// Everything the report writer needs; one lock so that reports are written one at a time.
@@ -111,6 +135,9 @@ pub fn active() -> bool {
 }
 
 fn drain_into(c: &mut Consumer, max: usize, force: bool) -> usize {
+    if !force && SCAN_PAUSE.load(Ordering::Acquire) {
+        return 0;
+    }
     let Consumer { model, order } = c;
     order.drain(max, force, model)
 }
@@ -230,6 +257,8 @@ pub fn record_cuda_release_outcome(space: Space, freed: bool) {
 /// the reset survives it in the books.
 pub fn record_device_reset(device: u8) {
     recording(|_| {
+        // A check's scan holds the events back: the reset comes after all of them.
+        wait_while(|| SCAN_PAUSE.load(Ordering::Acquire), Duration::from_secs(5), Duration::from_micros(200));
         let Some(mut g) = lock_bounded(&STATE, Duration::from_secs(5)) else { return };
         if let Some(c) = g.as_mut() {
             let backlog = c.order.backlog();
@@ -593,9 +622,12 @@ fn write_report(reason: Reason) {
     // smaller ones leaked (named afterwards).
     let presymbolizer = (final_report && scan_now).then(|| Presymbolizer::start(&snapshot)).flatten();
     let live = scan_now.then(|| if final_report { c.model.take_live_blocks() } else { c.model.live_blocks() });
+    // While the program runs on, the frees until the stop are read from the rings.
+    let pause = (scan_now && !final_report).then(ScanPause::start);
     drop(state);
     // The scan stops the other threads: it runs holding none of our locks.
     let scan = live.map(|live| reachability_scan(&live, presymbolizer.as_ref().map_or(0, Presymbolizer::tid)));
+    drop(pause);
     drop(presymbolizer);
     let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(30)) else {
         stderr_line("leaktrace: report writer busy for 30 s; report skipped");
@@ -808,6 +840,10 @@ fn classify_live(input: &crate::collector::state::ScanInput, names_thread: u32) 
     // Ignored blocks are roots (what they point to is not leaked either), and so are
     // the regions the program registered (LeakSanitizer's interface).
     let mut extra_roots = crate::scan::roots::root_regions();
+    // The start arguments of threads created and not yet running (a copy, read as a
+    // root while the scan runs).
+    let pending = crate::interpose::threads::pending_args();
+    extra_roots.push((pending.as_ptr() as u64, (pending.len() * 8) as u64));
     extra_roots.extend(live.iter().filter(|b| b.ignored).map(|b| (b.addr, b.size)));
     let (mut verdicts, owners, info) = crate::scan::scan(&blocks, &input.inherited, &own, &extra_roots);
     for (b, v) in live.iter().zip(verdicts.iter_mut()) {
@@ -866,16 +902,18 @@ pub fn checkpoint(label: &str, scope: checks::Scope) -> Option<checks::Check> {
 }
 
 fn checkpoint_inner(label: &str, scope: checks::Scope) -> Option<checks::Check> {
-    let (input, mark) = {
+    let input_mark_pause = {
         let mut state = lock_bounded(&STATE, Duration::from_secs(5))?;
         let c = state.as_mut()?;
         // Every event published before this call (ours in order, other threads' up to
         // their tickets) is applied before the blocks are taken.
         let backlog = c.order.backlog();
         drain_into(c, backlog, false);
-        (c.model.live_blocks(), c.model.mark())
+        (c.model.live_blocks(), c.model.mark(), ScanPause::start())
     };
+    let (input, mark, pause) = input_mark_pause;
     let (verdicts, _, _) = classify_live(&input, 0);
+    drop(pause);
     let mut by_group: std::collections::HashMap<(u32, Api, Option<u8>), build::Reachability> = Default::default();
     for (b, v) in input.blocks.iter().zip(verdicts) {
         if scope == checks::Scope::Region && b.mark != mark {
@@ -1054,6 +1092,8 @@ pub fn fork_child() {
 }
 
 fn fork_child_inner() {
+    // A check in another thread of the parent is not running here.
+    SCAN_PAUSE.store(false, Ordering::SeqCst);
     if let Some(mut g) = STATE.parked_by_me() {
         if let Some(c) = g.as_mut() {
             // The parent's events in causal order as far as they go, then the rest:

@@ -156,6 +156,30 @@ fn rings() -> impl Iterator<Item = &'static ThreadRing> {
     })
 }
 
+/// Appends to `out` (up to its spare capacity: nothing is allocated) the address of every
+/// event published and not yet applied that takes a block out of the live set: a free,
+/// a realloc's release, a CUDA free. A pointer scan that took the live set before it
+/// stopped the program's threads reads these (the consumers held off meanwhile): a block
+/// freed in between is no leak, whatever still points to it.
+pub fn unapplied_frees(out: &mut Vec<u64>) {
+    for ring in rings() {
+        let tail = ring.producer.0.tail.load(Ordering::Acquire);
+        let head = ring.head.0.load(Ordering::Acquire);
+        for position in head..tail {
+            if out.len() == out.capacity() {
+                return;
+            }
+            let slot = ring.slot(position);
+            let addr = slot.addr.load(Ordering::Relaxed);
+            if let Some(ev) = Event::unpack(slot.meta.load(Ordering::Relaxed), addr, slot.size.load(Ordering::Relaxed)) {
+                if matches!(ev.kind, EventKind::Free | EventKind::ReallocRelease | EventKind::ReallocFreed) {
+                    out.push(addr);
+                }
+            }
+        }
+    }
+}
+
 /// A free ring of `capacity` slots, or a new one, owned by the calling thread from now.
 fn take_ring(capacity: u64) -> Option<&'static ThreadRing> {
     let me = thread::identity();

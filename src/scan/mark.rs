@@ -214,6 +214,11 @@ pub struct Roots<'r> {
     /// returns one and as PyTorch's weak storage references keep one). `None`: ints are
     /// not read.
     pub python_ints: Option<super::pymalloc::IntLayout>,
+    /// Addresses of blocks freed after the live set was taken and before the threads
+    /// were stopped (`hotpath::channel::unapplied_frees`): such a block is no leak,
+    /// whether or not something still points to it; it counts as reachable, and is not
+    /// read (it may be unmapped meanwhile; what only it pointed to is lost with it).
+    pub freed_meanwhile: &'r [u64],
 }
 
 /// Calls `f(start, len)` for each part of `[start, start + len)` inside `ranges` (sorted,
@@ -282,6 +287,15 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
             }
         }
     };
+    for &addr in roots.freed_meanwhile {
+        if let Some(i) = index.find(addr) {
+            if blocks[i].start == addr {
+                // Not read: its memory may be unmapped under the scan (a large block is
+                // its own mapping), and what only it pointed to is lost with it.
+                reached[i] = true;
+            }
+        }
+    }
     // The changed parts of inherited blocks: both lists are sorted, so one pass.
     let changed = roots.changed_since_fork;
     let mut w = 0;
@@ -402,7 +416,16 @@ pub fn classify_with_owners(blocks: &[Block], roots: &[(u64, u64)], runtime_root
     let mut s = Scratch::new(blocks);
     classify_into(
         blocks,
-        &Roots { program: roots, runtime: runtime_roots, inherited: &[], changed_since_fork: &[], python_arenas: &[], python_changed: None, python_ints: None },
+        &Roots {
+            program: roots,
+            runtime: runtime_roots,
+            inherited: &[],
+            changed_since_fork: &[],
+            python_arenas: &[],
+            python_changed: None,
+            python_ints: None,
+            freed_meanwhile: &[],
+        },
         mem,
         &mut s,
     );
@@ -608,6 +631,7 @@ mod tests {
                 python_arenas: &[],
                 python_changed: None,
                 python_ints: None,
+                freed_meanwhile: &[],
             },
             &Fake(m),
             &mut s,
@@ -635,7 +659,16 @@ mod tests {
         let mut s = Scratch::new(&b);
         classify_into(
             &b,
-            &Roots { program: &[], runtime: &[], inherited: &[], changed_since_fork: &[], python_arenas: &arenas, python_changed: None, python_ints: None },
+            &Roots {
+                program: &[],
+                runtime: &[],
+                inherited: &[],
+                changed_since_fork: &[],
+                python_arenas: &arenas,
+                python_changed: None,
+                python_ints: None,
+                freed_meanwhile: &[],
+            },
             &Fake(m.clone()),
             &mut s,
         );
@@ -655,6 +688,7 @@ mod tests {
                 python_arenas: &arenas,
                 python_changed: None,
                 python_ints: None,
+                freed_meanwhile: &[],
             },
             &Fake(m),
             &mut s,
@@ -715,6 +749,7 @@ mod tests {
                     python_arenas: &arenas,
                     python_changed: None,
                     python_ints: ints,
+                    freed_meanwhile: &[],
                 };
                 classify_into(&b, &roots, &Fake(m.clone()), &mut s);
                 s.verdicts
@@ -755,6 +790,7 @@ mod tests {
                 python_arenas: &arenas,
                 python_changed: changed,
                 python_ints: None,
+                freed_meanwhile: &[],
             };
             classify_into(&b, &roots, &Fake(m.clone()), &mut s);
             s.verdicts

@@ -27,6 +27,10 @@ fn inherited_pages(inherited: &[(u64, u64)]) -> Vec<(u64, u64)> {
     out
 }
 
+/// The most frees published between taking the live set and stopping the threads that
+/// a scan takes into account (8 bytes each, reserved before the stop).
+const FREED_MEANWHILE: usize = 1 << 16;
+
 /// What a scan measured (the report's `scan` object, defined with the schema).
 pub use leaktrace_common::report_schema::Scan as ScanInfo;
 
@@ -73,8 +77,13 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
         python_changed.reserve(roots::WrittenPages::bound(&python_arenas) + 64);
         python_arenas.clear();
     }
+    // Frees published after the live set was taken (see `mark::Roots::freed_meanwhile`).
+    let mut freed = Vec::with_capacity(FREED_MEANWHILE);
     // From here until `resume`: no allocation.
     let stopped = roots::stop_threads(&tids, &maps, &mut root_ranges, &mut regs);
+    // With every program thread held, no free is published any more: the ones since the
+    // live set was taken are all in the rings (the consumers are held off meanwhile).
+    crate::hotpath::channel::unapplied_frees(&mut freed);
     // Read while the interpreter's threads are held (arenas come and go under the GIL).
     crate::interpose::pymalloc::live_arenas(&mut python_arenas);
     // Which pages were written is read while every thread that could write is held.
@@ -104,6 +113,7 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
         python_arenas: &python_arenas,
         python_changed: forked_child.then_some(&python_changed[..]),
         python_ints: crate::interpose::pymalloc::int_layout(),
+        freed_meanwhile: &freed,
     };
     mark::classify_into(blocks, &all_roots, &memory, &mut scratch);
     roots::resume(stopped.asked);
