@@ -902,7 +902,7 @@ pub fn checkpoint(label: &str, scope: checks::Scope) -> Option<checks::Check> {
 }
 
 fn checkpoint_inner(label: &str, scope: checks::Scope) -> Option<checks::Check> {
-    let input_mark_pause = {
+    let (input, mark, pause) = {
         let mut state = lock_bounded(&STATE, Duration::from_secs(5))?;
         let c = state.as_mut()?;
         // Every event published before this call (ours in order, other threads' up to
@@ -911,7 +911,6 @@ fn checkpoint_inner(label: &str, scope: checks::Scope) -> Option<checks::Check> 
         drain_into(c, backlog, false);
         (c.model.live_blocks(), c.model.mark(), ScanPause::start())
     };
-    let (input, mark, pause) = input_mark_pause;
     let (verdicts, _, _) = classify_live(&input, 0);
     drop(pause);
     let mut by_group: std::collections::HashMap<(u32, Api, Option<u8>), build::Reachability> = Default::default();

@@ -187,7 +187,8 @@ pub fn used_table(used: &[Used]) -> String {
         s.push_str(&format!("{:>7} {:>10} {}\n", u.count, u.bytes, u.pattern));
     }
     s.push_str(rule);
-    if used.iter().any(|u| is_built_in(&u.pattern)) {
+    let built_in = Suppressions::built_in();
+    if used.iter().any(|u| built_in.patterns.contains(&u.pattern)) {
         s.push_str(BUILT_IN_NOTE);
         s.push('\n');
     }
@@ -197,11 +198,6 @@ pub fn used_table(used: &[Used]) -> String {
 /// Said under a table that holds a built-in pattern.
 pub const BUILT_IN_NOTE: &str =
     "(built-in templates: leaks that libraries such as PyTorch make on their own in every process; --no-default-suppressions or LEAKTRACE_DEFAULT_SUPPRESSIONS=0 counts them)";
-
-/// Whether `pattern` is one of the built-in list's.
-pub fn is_built_in(pattern: &str) -> bool {
-    Suppressions::built_in().patterns.iter().any(|p| p == pattern)
-}
 
 /// LSan's template match: `*` wildcard, optional `^`/`$` anchors, unanchored otherwise.
 pub fn template_match(template: &str, s: &str) -> bool {

@@ -207,6 +207,19 @@ pub fn debug_offsets_layout(words: &[u64]) -> Result<Layout, String> {
     })
 }
 
+/// The interpreter's version string, from its `Py_GetVersion` at `version_fn`.
+///
+/// # Safety
+/// `version_fn` must be the address of CPython's `const char *Py_GetVersion(void)`
+/// (it formats a static buffer and may be called before initialisation).
+pub unsafe fn version_of(version_fn: usize) -> String {
+    // SAFETY: as the caller vouches.
+    unsafe {
+        let f: extern "C" fn() -> *const libc::c_char = std::mem::transmute(version_fn);
+        std::ffi::CStr::from_ptr(f()).to_string_lossy().into_owned()
+    }
+}
+
 /// "3.11.7 (main, …)" → 11.
 pub fn minor_of_version(v: &str) -> Option<u8> {
     let mut parts = v.split(|c: char| !c.is_ascii_digit());
@@ -293,11 +306,8 @@ fn init_with(wanted: bool, symbol: &dyn Fn(&std::ffi::CStr) -> Option<usize>) ->
     if !wanted {
         return Found::Off(String::new());
     }
-    // SAFETY: Py_GetVersion formats a static buffer; callable before initialisation.
-    let version = unsafe {
-        let f: extern "C" fn() -> *const libc::c_char = std::mem::transmute(version_fn);
-        std::ffi::CStr::from_ptr(f()).to_string_lossy().into_owned()
-    };
+    // SAFETY: the interpreter's exported `Py_GetVersion`.
+    let version = unsafe { version_of(version_fn) };
     let short = version.split_whitespace().next().unwrap_or("?").to_string();
     let layout = match minor_of_version(&version) {
         Some(m) if m >= 13 => {

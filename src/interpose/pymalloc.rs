@@ -148,11 +148,8 @@ static INT_LAYOUT: AtomicU64 = AtomicU64::new(0);
 /// (a ctypes `c_void_p` result, PyTorch's weak storage references) as references.
 fn int_layout_of(symbol: &dyn Fn(&std::ffi::CStr) -> Option<usize>) -> u64 {
     let (Some(long_type), Some(version)) = (symbol(c"PyLong_Type"), symbol(c"Py_GetVersion")) else { return 0 };
-    // SAFETY: Py_GetVersion formats a static buffer; callable before initialisation.
-    let version = unsafe {
-        let f: extern "C" fn() -> *const libc::c_char = std::mem::transmute(version);
-        std::ffi::CStr::from_ptr(f()).to_string_lossy().into_owned()
-    };
+    // SAFETY: the interpreter's exported `Py_GetVersion`.
+    let version = unsafe { crate::hotpath::python::version_of(version) };
     match crate::hotpath::python::minor_of_version(&version) {
         Some(8..=11) => long_type as u64,
         Some(12..=13) => long_type as u64 | 1,

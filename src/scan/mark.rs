@@ -188,7 +188,8 @@ impl<'a> Scratch<'a> {
     }
 }
 
-/// The ranges of memory a scan classifies against: `(start, len)` each.
+/// The ranges of memory a scan classifies against: `(start, len)` each. `Default`: none.
+#[derive(Default)]
 pub struct Roots<'r> {
     /// The program's: module data, stacks, registers, TLS.
     pub program: &'r [(u64, u64)],
@@ -414,21 +415,7 @@ pub fn classify(blocks: &[Block], roots: &[(u64, u64)], runtime_roots: &[(u64, u
 /// `classify`, with the owner of each indirect block (`Scratch::owners`).
 pub fn classify_with_owners(blocks: &[Block], roots: &[(u64, u64)], runtime_roots: &[(u64, u64)], mem: &impl Memory) -> (Vec<Verdict>, Vec<u32>) {
     let mut s = Scratch::new(blocks);
-    classify_into(
-        blocks,
-        &Roots {
-            program: roots,
-            runtime: runtime_roots,
-            inherited: &[],
-            changed_since_fork: &[],
-            python_arenas: &[],
-            python_changed: None,
-            python_ints: None,
-            freed_meanwhile: &[],
-        },
-        mem,
-        &mut s,
-    );
+    classify_into(blocks, &Roots { program: roots, runtime: runtime_roots, ..Default::default() }, mem, &mut s);
     (s.verdicts, s.owners)
 }
 
@@ -621,21 +608,7 @@ mod tests {
         m.insert(0x5200, 0x5000);
         let mut s = Scratch::new(&b);
         let changed = [(0x1000, 0x1000)];
-        classify_into(
-            &b,
-            &Roots {
-                program: &[],
-                runtime: &[],
-                inherited: &inherited,
-                changed_since_fork: &changed,
-                python_arenas: &[],
-                python_changed: None,
-                python_ints: None,
-                freed_meanwhile: &[],
-            },
-            &Fake(m),
-            &mut s,
-        );
+        classify_into(&b, &Roots { inherited: &inherited, changed_since_fork: &changed, ..Default::default() }, &Fake(m), &mut s);
         use Verdict::*;
         assert_eq!(s.verdicts, vec![Reachable, Definite, Definite]);
     }
@@ -657,42 +630,14 @@ mod tests {
         m.insert(base + 112, 0x40_0000 + 0x80); // inside a small block: a reference
         let arenas = [(base, 256 << 10)];
         let mut s = Scratch::new(&b);
-        classify_into(
-            &b,
-            &Roots {
-                program: &[],
-                runtime: &[],
-                inherited: &[],
-                changed_since_fork: &[],
-                python_arenas: &arenas,
-                python_changed: None,
-                python_ints: None,
-                freed_meanwhile: &[],
-            },
-            &Fake(m.clone()),
-            &mut s,
-        );
+        classify_into(&b, &Roots { python_arenas: &arenas, ..Default::default() }, &Fake(m.clone()), &mut s);
         use Verdict::*;
         assert_eq!(s.verdicts, vec![Reachable, Definite, Reachable]);
         // The same word in a global is a reference, as LeakSanitizer has it.
         m.insert(0x9000, 0x30_0000 + 0x5000);
         let mut s = Scratch::new(&b);
         let globals = [(0x9000, 8)];
-        classify_into(
-            &b,
-            &Roots {
-                program: &globals,
-                runtime: &[],
-                inherited: &[],
-                changed_since_fork: &[],
-                python_arenas: &arenas,
-                python_changed: None,
-                python_ints: None,
-                freed_meanwhile: &[],
-            },
-            &Fake(m),
-            &mut s,
-        );
+        classify_into(&b, &Roots { program: &globals, python_arenas: &arenas, ..Default::default() }, &Fake(m), &mut s);
         assert_eq!(s.verdicts, vec![Reachable, Reachable, Reachable]);
     }
 
@@ -741,16 +686,7 @@ mod tests {
             let arenas = [(base, 256 << 10)];
             let verdicts = |ints: Option<super::super::pymalloc::IntLayout>| {
                 let mut s = Scratch::new(&b);
-                let roots = Roots {
-                    program: &[],
-                    runtime: &[],
-                    inherited: &[],
-                    changed_since_fork: &[],
-                    python_arenas: &arenas,
-                    python_changed: None,
-                    python_ints: ints,
-                    freed_meanwhile: &[],
-                };
+                let roots = Roots { python_arenas: &arenas, python_ints: ints, ..Default::default() };
                 classify_into(&b, &roots, &Fake(m.clone()), &mut s);
                 s.verdicts
             };
@@ -782,16 +718,7 @@ mod tests {
         let arenas = [(base, 256 << 10)];
         let classify = |changed: Option<&[(u64, u64)]>| {
             let mut s = Scratch::new(&b);
-            let roots = Roots {
-                program: &[],
-                runtime: &[],
-                inherited: &[],
-                changed_since_fork: &[],
-                python_arenas: &arenas,
-                python_changed: changed,
-                python_ints: None,
-                freed_meanwhile: &[],
-            };
+            let roots = Roots { python_arenas: &arenas, python_changed: changed, ..Default::default() };
             classify_into(&b, &roots, &Fake(m.clone()), &mut s);
             s.verdicts
         };
