@@ -188,6 +188,11 @@ fn recording(f: impl FnOnce(&ThreadState)) {
     if !active() {
         return;
     }
+    recording_step(f);
+}
+
+#[inline(always)]
+fn recording_step(f: impl FnOnce(&ThreadState)) {
     let Some(guard) = thread::HookGuard::enter() else { return };
     if catch_unwind(AssertUnwindSafe(|| f(guard.state()))).is_err() {
         disable_after_panic();
@@ -209,6 +214,17 @@ pub fn record_alloc(addr: usize, size: usize, api: Api) {
 #[inline]
 pub fn record_free(addr: usize) {
     recording(|s| publish(s, EventKind::Free, Api::Malloc, 0, addr as u64, 0));
+}
+
+/// A free after tracking stopped, while the final report still wants frees
+/// (`Lifecycle::frees_still_wanted`): published, so that the report does not count the
+/// block as leaked. Frees it the scan was too late for are in the rings when it holds
+/// the threads (`channel::unapplied_frees`).
+#[cold]
+pub fn record_late_free(addr: usize) {
+    if LIFECYCLE.frees_still_wanted() {
+        recording_step(|s| publish(s, EventKind::Free, Api::Malloc, event::LATE_FREE, addr as u64, 0));
+    }
 }
 
 #[inline]
@@ -597,7 +613,8 @@ fn write_report(reason: Reason) {
     };
     let Some(c) = state.as_mut() else { return };
     if final_report {
-        // Tracking has stopped: only events already in flight remain.
+        // Tracking has stopped: the events in flight remain, and the frees of threads
+        // that run on (`Lifecycle::frees_still_wanted`).
         drain_everything(c);
     } else {
         // The program keeps allocating: take what is there now, never chase it (and
@@ -622,11 +639,15 @@ fn write_report(reason: Reason) {
     // smaller ones leaked (named afterwards).
     let presymbolizer = (final_report && scan_now).then(|| Presymbolizer::start(&snapshot)).flatten();
     let live = scan_now.then(|| if final_report { c.model.take_live_blocks() } else { c.model.live_blocks() });
-    // While the program runs on, the frees until the stop are read from the rings.
-    let pause = (scan_now && !final_report).then(ScanPause::start);
+    // The frees published from now until the stop (the program runs on; at exit, its
+    // other threads do, and their frees are still published) are read from the rings.
+    let pause = scan_now.then(ScanPause::start);
     drop(state);
     // The scan stops the other threads: it runs holding none of our locks.
     let scan = live.map(|live| reachability_scan(&live, presymbolizer.as_ref().map_or(0, Presymbolizer::tid)));
+    if final_report {
+        LIFECYCLE.final_threads_held();
+    }
     drop(pause);
     drop(presymbolizer);
     let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(30)) else {

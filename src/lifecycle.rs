@@ -86,6 +86,9 @@ pub struct Lifecycle {
     leaked: AtomicBool,
     /// `LEAKTRACE_EXIT_CODE` (0: off).
     leak_exit_code: AtomicU8,
+    /// The final report's scan holds the program's threads (or runs no scan): their
+    /// frees no longer matter to it (see `frees_still_wanted`).
+    final_threads_held: AtomicBool,
 }
 
 const NO_STATUS: i32 = i32::MIN;
@@ -121,6 +124,7 @@ impl Lifecycle {
             exit_status: AtomicI32::new(NO_STATUS),
             leaked: AtomicBool::new(false),
             leak_exit_code: AtomicU8::new(0),
+            final_threads_held: AtomicBool::new(false),
         }
     }
 
@@ -151,6 +155,7 @@ impl Lifecycle {
     pub fn start(&self, pid: u32, depth: usize) {
         self.hot.depth.store(depth, Ordering::Relaxed);
         self.owner_pid.store(pid, Ordering::SeqCst);
+        self.final_threads_held.store(false, Ordering::SeqCst);
         self.hot.phase.store(Phase::Tracking as u8, Ordering::SeqCst);
     }
 
@@ -175,6 +180,19 @@ impl Lifecycle {
     /// Finishing -> Finished.
     pub fn final_written(&self) {
         self.hot.phase.store(Phase::Finished as u8, Ordering::SeqCst);
+    }
+
+    /// Tracking has stopped for the final report, whose scan has not held the program's
+    /// threads yet: a block another thread frees now is still in the live set the
+    /// report takes, so the free is published (and nothing else is).
+    #[inline]
+    pub fn frees_still_wanted(&self) -> bool {
+        self.phase() == Phase::Finishing && !self.final_threads_held.load(Ordering::Acquire)
+    }
+
+    /// The final report's scan holds the program's threads, or there is no scan.
+    pub fn final_threads_held(&self) {
+        self.final_threads_held.store(true, Ordering::Release);
     }
 
     /// Whether an exit path is writing the final report now.
@@ -376,6 +394,9 @@ mod tests {
         assert_eq!(l.begin_final(8), FinalTurn::NotOurs, "a vfork child sharing our memory");
         assert_eq!(l.begin_final(7), FinalTurn::Mine);
         assert!(!l.tracking() && l.final_in_progress());
+        assert!(l.frees_still_wanted(), "until the final scan holds the threads");
+        l.final_threads_held();
+        assert!(!l.frees_still_wanted());
         assert_eq!(l.begin_final(7), FinalTurn::InProgress);
         l.final_written();
         assert_eq!(l.phase(), Phase::Finished);

@@ -649,6 +649,7 @@ impl Collector {
             }
             EventKind::Free => match self.take_live(space, ev.addr) {
                 Some(block) => self.count_free(&block),
+                None if ev.stack == crate::hotpath::event::LATE_FREE => {}
                 None => self.totals.unknown_frees += 1,
             },
             EventKind::ReallocRelease => {

@@ -149,6 +149,11 @@ pub fn pack_size(bytes: u64, device: Option<u8>) -> u64 {
 
 const SIZE_MASK: u64 = (1 << 56) - 1;
 
+/// The `stack` of a `Free` published after tracking stopped, while the final report
+/// still wants frees (`Lifecycle::frees_still_wanted`): the block may be one allocated
+/// unseen since, so an address not in the live set is no diagnostic.
+pub const LATE_FREE: u32 = 1;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum EventKind {

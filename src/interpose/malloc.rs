@@ -49,6 +49,8 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
 fn track_free(p: *mut c_void) {
     if agent::active() {
         agent::record_free(p as usize);
+    } else {
+        agent::record_late_free(p as usize);
     }
 }
 
@@ -89,9 +91,14 @@ unsafe fn realloc_common(p: *mut c_void, size: usize, api: Api, call: impl FnOnc
         agent::record_realloc_release(p as usize);
     }
     let q = call();
+    // glibc's realloc(p, 0) frees p and returns NULL.
+    let freed_without_new_block = q.is_null() && size == 0;
     if tracking {
-        // glibc's realloc(p, 0) frees p and returns NULL.
-        agent::record_realloc_outcome(q as usize, size, api, q.is_null() && size == 0);
+        agent::record_realloc_outcome(q as usize, size, api, freed_without_new_block);
+    } else if freed_without_new_block || (!q.is_null() && q != p) {
+        // After tracking stopped: only that `p` is gone matters (published after the
+        // call, since it may have failed; nothing records the new block).
+        agent::record_late_free(p as usize);
     }
     q
 }
