@@ -126,6 +126,7 @@ fn install_with(symbol: &dyn Fn(&std::ffi::CStr) -> Option<usize>) -> bool {
         return false;
     };
     INT_LAYOUT.store(int_layout_of(symbol), Ordering::Relaxed);
+    store_object_types(symbol);
     ORIGINAL_CTX.store(original.ctx as usize, Ordering::Relaxed);
     ORIGINAL_ALLOC.store(alloc as usize, Ordering::Relaxed);
     ORIGINAL_FREE.store(free as usize, Ordering::Relaxed);
@@ -155,6 +156,40 @@ fn int_layout_of(symbol: &dyn Fn(&std::ffi::CStr) -> Option<usize>) -> u64 {
         Some(12..=13) => long_type as u64 | 1,
         _ => 0,
     }
+}
+
+/// The built-in types the scan reads by their layout (`scan::pymalloc::ObjectTypes`):
+/// tuple, list, float, int, bytes, str, and the two str header sizes; all 0 unless the
+/// interpreter is one whose layouts are known (3.8 to 3.13).
+static OBJECT_TYPES: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
+
+fn store_object_types(symbol: &dyn Fn(&std::ffi::CStr) -> Option<usize>) {
+    let v = INT_LAYOUT.load(Ordering::Relaxed);
+    if v == 0 {
+        return;
+    }
+    let (ascii, compact) = if v & 1 != 0 { (40, 56) } else { (48, 72) };
+    let names = [c"PyTuple_Type", c"PyList_Type", c"PyFloat_Type", c"PyLong_Type", c"PyBytes_Type", c"PyUnicode_Type"];
+    for (slot, name) in OBJECT_TYPES.iter().zip(names) {
+        slot.store(symbol(name).unwrap_or(0) as u64, Ordering::Relaxed);
+    }
+    OBJECT_TYPES[6].store(ascii, Ordering::Relaxed);
+    OBJECT_TYPES[7].store(compact, Ordering::Relaxed);
+}
+
+/// The built-in types found at `install` (`None` before, or for an unknown version).
+pub fn object_types() -> Option<crate::scan::pymalloc::ObjectTypes> {
+    let w: [u64; 8] = std::array::from_fn(|i| OBJECT_TYPES[i].load(Ordering::Relaxed));
+    (w[6] != 0).then_some(crate::scan::pymalloc::ObjectTypes {
+        tuple: w[0],
+        list: w[1],
+        float: w[2],
+        int: w[3],
+        bytes: w[4],
+        str: w[5],
+        str_ascii_header: w[6],
+        str_compact_header: w[7],
+    })
 }
 
 /// The int layout found at `install` (`None` before, or for an unknown version).

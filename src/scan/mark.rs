@@ -215,6 +215,9 @@ pub struct Roots<'r> {
     /// returns one and as PyTorch's weak storage references keep one). `None`: ints are
     /// not read.
     pub python_ints: Option<super::pymalloc::IntLayout>,
+    /// The interpreter's built-in types, when known: their objects are read only where
+    /// they can hold a reference (`pymalloc::object_parts`).
+    pub python_types: Option<super::pymalloc::ObjectTypes>,
     /// Addresses of blocks freed after the live set was taken and before the threads
     /// were stopped (`hotpath::channel::unapplied_frees`): such a block is no leak,
     /// whether or not something still points to it; it counts as reachable, and is not
@@ -319,9 +322,14 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
     // inside a block is taken for stale data, not a reference (see `PYTHON_INTERIOR`).
     for &arena in roots.python_arenas {
         super::pymalloc::live_runs(mem, arena, |start, len, block_size| {
+            let mut read = |from: u64, n: u64| {
+                super::pymalloc::object_parts(mem, start, block_size, from, n, roots.python_types.as_ref(), |a, l| {
+                    mark_within(a, l, reached, work, true, PYTHON_INTERIOR)
+                });
+            };
             match roots.python_changed {
-                None => mark_within(start, len, reached, work, true, PYTHON_INTERIOR),
-                Some(changed) => for_each_within(changed, start, len, |from, n| mark_within(from, n, reached, work, true, PYTHON_INTERIOR)),
+                None => read(start, len),
+                Some(changed) => for_each_within(changed, start, len, &mut read),
             }
             // An address kept as a Python int is in 30-bit digits, no word of which is
             // the address: read the int's value instead. Every such int is in the

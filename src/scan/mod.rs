@@ -113,6 +113,7 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
         python_arenas: &python_arenas,
         python_changed: forked_child.then_some(&python_changed[..]),
         python_ints: crate::interpose::pymalloc::int_layout(),
+        python_types: crate::interpose::pymalloc::object_types(),
         freed_meanwhile: &freed,
     };
     mark::classify_into(blocks, &all_roots, &memory, &mut scratch);
