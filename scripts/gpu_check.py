@@ -6,6 +6,7 @@ and PyTorch, from the repository root, with a built library:
     python3 scripts/gpu_check.py target/release/libleaktrace.so [OUTDIR]
     python3 scripts/gpu_check.py --compare OLD.so NEW.so   # timing only, see compare()
     GPU_CHECK_ONLY=growth python3 scripts/gpu_check.py LIB  # only torch_growth_cases()
+    GPU_CHECK_ONLY=frameworks python3 scripts/gpu_check.py LIB  # torch_cases(), other_frameworks()
 
 Each case runs a program plain and under the library: the exit status and stdout must be
 the same, and the report must hold the planted device leaks with their API, kind, size
@@ -445,8 +446,12 @@ def main():
         return
     print(f"library {LIB}; reports under {OUT}")
     subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"])
-    if os.environ.get("GPU_CHECK_ONLY") == "growth":
+    only = os.environ.get("GPU_CHECK_ONLY")
+    if only == "growth":
         torch_growth_cases()
+    elif only == "frameworks":
+        torch_cases()
+        other_frameworks()
     else:
         run_all()
     print("wall seconds, plain vs under the library:")
