@@ -49,9 +49,9 @@ def build(dirname):
     cuda = cuda_home()
     lib64 = os.path.join(cuda, "lib64")
     cmds = {
-        "runtime_dyn": ["c++", "-O2", "-g", "-fomit-frame-pointer", "-o", f"{dirname}/runtime_dyn", f"{FIX}/runtime_app.cpp",
+        "runtime_dyn": ["c++", "-O2", "-g", "-fomit-frame-pointer", "-pthread", "-o", f"{dirname}/runtime_dyn", f"{FIX}/runtime_app.cpp",
                         f"-L{lib64}", "-lcudart", f"-Wl,-rpath,{lib64}"],
-        "runtime_static": [os.path.join(cuda, "bin", "nvcc"), "-O2", "-g", "-Xcompiler", "-fomit-frame-pointer", "-o",
+        "runtime_static": [os.path.join(cuda, "bin", "nvcc"), "-O2", "-g", "-Xcompiler", "-fomit-frame-pointer,-pthread", "-o",
                            f"{dirname}/runtime_static", f"{FIX}/runtime_app.cpp"],
         "driver": ["cc", "-O2", "-g", "-fomit-frame-pointer", "-o", f"{dirname}/driver", f"{FIX}/driver_app.c", "-ldl"],
     }

@@ -260,6 +260,15 @@ pub fn record_cuda_release(addr: u64, space: Space) {
     recording(|s| publish(s, EventKind::ReallocRelease, Api::releasing(space), 0, addr, 0));
 }
 
+/// A CUDA release that succeeded after tracking stopped, while the final report still
+/// wants frees (see `record_late_free`).
+#[cold]
+pub fn record_late_cuda_release(addr: u64, space: Space) {
+    if LIFECYCLE.frees_still_wanted() {
+        recording_step(|s| publish(s, EventKind::Free, Api::releasing(space), event::LATE_FREE, addr, 0));
+    }
+}
+
 /// How the release published with `record_cuda_release` ended.
 #[inline]
 pub fn record_cuda_release_outcome(space: Space, freed: bool) {

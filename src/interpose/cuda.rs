@@ -222,7 +222,8 @@ pub fn registration(api: Api, key: u64, size: u64, device: Option<u8>, call: imp
 /// handed out again the moment it returns) and confirmed or undone after it.
 #[inline]
 pub fn release(space: Space, key: u64, call: impl FnOnce() -> c_int) -> c_int {
-    let track = key != 0 && !thread::in_cuda_call() && agent::active();
+    let outermost = key != 0 && !thread::in_cuda_call();
+    let track = outermost && agent::active();
     if track {
         let _errno = ErrnoGuard::save();
         agent::record_cuda_release(key, space);
@@ -231,6 +232,10 @@ pub fn release(space: Space, key: u64, call: impl FnOnce() -> c_int) -> c_int {
     if track {
         let _errno = ErrnoGuard::save();
         agent::record_cuda_release_outcome(space, rc == 0);
+    } else if outermost && rc == 0 {
+        // After tracking stopped, the final report may still want it (as host frees).
+        let _errno = ErrnoGuard::save();
+        agent::record_late_cuda_release(key, space);
     }
     rc
 }
