@@ -41,12 +41,14 @@ const PREPARE_AFTER: Duration = Duration::from_millis(5);
 /// True from the gather until the sorted list is installed: an exit meanwhile waits for
 /// it (at most `PREPARE_WAIT`) rather than gathering and sorting everything again.
 static PREPARING: AtomicBool = AtomicBool::new(false);
+const PREPARE_WAIT: Duration = Duration::from_millis(500);
 
-/// Set while a check (or a snapshot) scans the live set it took: nobody applies events
-/// meanwhile, so that the frees published until the program's threads are stopped are
-/// still in the rings for the scan to read (`channel::unapplied_frees`), instead of
-/// leaving a freed block in the set with nothing pointing to it (a false leak). Only a
-/// forced drain (a final report that found events blocked, a forked child) goes ahead.
+/// Set while a check, a snapshot or the final report scans the live set it took: nobody
+/// applies events meanwhile, so that the frees published until the program's threads
+/// are stopped are still in the rings for the scan to read (`channel::unapplied_frees`),
+/// instead of leaving a freed block in the set with nothing pointing to it (a false
+/// leak). Only a forced drain (one whose ticket predecessors never come: the final
+/// report's, a forked child's) goes ahead.
 static SCAN_PAUSE: AtomicBool = AtomicBool::new(false);
 
 /// Holds the consumers off (`SCAN_PAUSE`) until dropped, even by a panic.
@@ -65,7 +67,6 @@ impl Drop for ScanPause {
         SCAN_PAUSE.store(false, Ordering::SeqCst);
     }
 }
-const PREPARE_WAIT: Duration = Duration::from_millis(500);
 
 /// Everything the report writer needs; one lock so that reports are written one at a time.
 struct ReportSide {
@@ -216,14 +217,15 @@ pub fn record_free(addr: usize) {
     recording(|s| publish(s, EventKind::Free, Api::Malloc, 0, addr as u64, 0));
 }
 
-/// A free after tracking stopped, while the final report still wants frees
-/// (`Lifecycle::frees_still_wanted`): published, so that the report does not count the
-/// block as leaked. Frees it the scan was too late for are in the rings when it holds
-/// the threads (`channel::unapplied_frees`).
+/// A free (`Api::Malloc`) or a CUDA release (`Api::releasing(space)`) after tracking
+/// stopped, while the final report still wants frees (`Lifecycle::frees_still_wanted`):
+/// published, so that the report does not count the block as leaked. Frees the final
+/// drain was too late for are in the rings when the scan holds the threads
+/// (`channel::unapplied_frees`).
 #[cold]
-pub fn record_late_free(addr: usize) {
+pub fn record_late_free(addr: u64, api: Api) {
     if LIFECYCLE.frees_still_wanted() {
-        recording_step(|s| publish(s, EventKind::Free, Api::Malloc, event::LATE_FREE, addr as u64, 0));
+        recording_step(|s| publish(s, EventKind::Free, api, event::LATE_FREE, addr, 0));
     }
 }
 
@@ -258,15 +260,6 @@ pub fn record_cuda_alloc(addr: u64, size: u64, api: Api, device: Option<u8>) {
 #[inline]
 pub fn record_cuda_release(addr: u64, space: Space) {
     recording(|s| publish(s, EventKind::ReallocRelease, Api::releasing(space), 0, addr, 0));
-}
-
-/// A CUDA release that succeeded after tracking stopped, while the final report still
-/// wants frees (see `record_late_free`).
-#[cold]
-pub fn record_late_cuda_release(addr: u64, space: Space) {
-    if LIFECYCLE.frees_still_wanted() {
-        recording_step(|s| publish(s, EventKind::Free, Api::releasing(space), event::LATE_FREE, addr, 0));
-    }
 }
 
 /// How the release published with `record_cuda_release` ended.

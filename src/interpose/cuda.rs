@@ -235,7 +235,7 @@ pub fn release(space: Space, key: u64, call: impl FnOnce() -> c_int) -> c_int {
     } else if outermost && rc == 0 {
         // After tracking stopped, the final report may still want it (as host frees).
         let _errno = ErrnoGuard::save();
-        agent::record_late_cuda_release(key, space);
+        agent::record_late_free(key, Api::releasing(space));
     }
     rc
 }

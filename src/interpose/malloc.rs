@@ -50,7 +50,7 @@ fn track_free(p: *mut c_void) {
     if agent::active() {
         agent::record_free(p as usize);
     } else {
-        agent::record_late_free(p as usize);
+        agent::record_late_free(p as u64, Api::Malloc);
     }
 }
 
@@ -98,7 +98,7 @@ unsafe fn realloc_common(p: *mut c_void, size: usize, api: Api, call: impl FnOnc
     } else if freed_without_new_block || (!q.is_null() && q != p) {
         // After tracking stopped: only that `p` is gone matters (published after the
         // call, since it may have failed; nothing records the new block).
-        agent::record_late_free(p as usize);
+        agent::record_late_free(p as u64, Api::Malloc);
     }
     q
 }

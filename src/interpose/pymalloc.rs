@@ -158,38 +158,28 @@ fn int_layout_of(symbol: &dyn Fn(&std::ffi::CStr) -> Option<usize>) -> u64 {
     }
 }
 
-/// The built-in types the scan reads by their layout (`scan::pymalloc::ObjectTypes`):
-/// tuple, list, float, int, bytes, str, and the two str header sizes; all 0 unless the
-/// interpreter is one whose layouts are known (3.8 to 3.13).
-static OBJECT_TYPES: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
+/// The built-in types the scan reads by their layout (`scan::pymalloc::ObjectTypes`)
+/// besides int (`INT_LAYOUT`): tuple, list, float, bytes, str; stored only for an
+/// interpreter whose layouts are known (3.8 to 3.13).
+static OBJECT_TYPES: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
 
 fn store_object_types(symbol: &dyn Fn(&std::ffi::CStr) -> Option<usize>) {
-    let v = INT_LAYOUT.load(Ordering::Relaxed);
-    if v == 0 {
+    if INT_LAYOUT.load(Ordering::Relaxed) == 0 {
         return;
     }
-    let (ascii, compact) = if v & 1 != 0 { (40, 56) } else { (48, 72) };
-    let names = [c"PyTuple_Type", c"PyList_Type", c"PyFloat_Type", c"PyLong_Type", c"PyBytes_Type", c"PyUnicode_Type"];
+    let names = [c"PyTuple_Type", c"PyList_Type", c"PyFloat_Type", c"PyBytes_Type", c"PyUnicode_Type"];
     for (slot, name) in OBJECT_TYPES.iter().zip(names) {
         slot.store(symbol(name).unwrap_or(0) as u64, Ordering::Relaxed);
     }
-    OBJECT_TYPES[6].store(ascii, Ordering::Relaxed);
-    OBJECT_TYPES[7].store(compact, Ordering::Relaxed);
 }
 
-/// The built-in types found at `install` (`None` before, or for an unknown version).
+/// The built-in types found at `install` (`None` before, or for an unknown version);
+/// the int's and the str headers' sizes follow from the int layout (3.12 changed both).
 pub fn object_types() -> Option<crate::scan::pymalloc::ObjectTypes> {
-    let w: [u64; 8] = std::array::from_fn(|i| OBJECT_TYPES[i].load(Ordering::Relaxed));
-    (w[6] != 0).then_some(crate::scan::pymalloc::ObjectTypes {
-        tuple: w[0],
-        list: w[1],
-        float: w[2],
-        int: w[3],
-        bytes: w[4],
-        str: w[5],
-        str_ascii_header: w[6],
-        str_compact_header: w[7],
-    })
+    let int = int_layout()?;
+    let [tuple, list, float, bytes, str] = std::array::from_fn(|i| OBJECT_TYPES[i].load(Ordering::Relaxed));
+    let (str_ascii_header, str_compact_header) = if int.tagged { (40, 56) } else { (48, 72) };
+    Some(crate::scan::pymalloc::ObjectTypes { tuple, list, float, int: int.type_addr, bytes, str, str_ascii_header, str_compact_header })
 }
 
 /// The int layout found at `install` (`None` before, or for an unknown version).
