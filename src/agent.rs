@@ -734,7 +734,7 @@ fn write_report(reason: Reason) {
     if final_report {
         r.final_written = true;
         let (visible, suppressed, used) = build::apply_suppressions(&groups, &r.suppressions);
-        let visible: Vec<&build::Group> = visible.iter().collect();
+        let visible: Vec<&build::Group> = visible.iter().map(|g| &**g).collect();
         LIFECYCLE.leaks_found(build::leaked_total(&visible, omitted).1 > 0);
         if r.config.summary {
             let shown = result.is_ok().then(|| path.display().to_string());

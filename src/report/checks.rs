@@ -2,6 +2,8 @@
 //! `__lsan_do_recoverable_leak_check`): each classifies the outstanding blocks of a
 //! region (allocated since the last `leaktrace_mark`) or of the whole process with the
 //! pointer scan, and is kept under its label for every later report (`checks`).
+use std::borrow::Cow;
+
 use super::build::{Amount, Group, Reachability};
 pub use leaktrace_common::report_schema::{CheckLeak, Scope};
 
@@ -16,7 +18,7 @@ pub type Check = leaktrace_common::report_schema::Check;
 /// A check of `groups` (every group with blocks in the checked set, each with its stack
 /// and its breakdown in `reachability`), suppressions already applied by the caller:
 /// `shown` are the groups left, `suppressed` what the hidden ones held.
-pub fn make(label: &str, unix_ms: u64, scope: Scope, all: &[Group], shown: &[Group]) -> Check {
+pub fn make(label: &str, unix_ms: u64, scope: Scope, all: &[Group], shown: &[Cow<'_, Group>]) -> Check {
     let mut found = Reachability::default();
     for r in shown.iter().filter_map(|g| g.reachability) {
         found += r;
@@ -29,7 +31,7 @@ pub fn make(label: &str, unix_ms: u64, scope: Scope, all: &[Group], shown: &[Gro
     suppressed.bytes -= kept.bytes.min(suppressed.bytes);
     suppressed.blocks -= kept.blocks.min(suppressed.blocks);
     let leaked = |g: &Group| g.reachability.map(|r| r.leaked()).unwrap_or_default();
-    let mut leaking: Vec<&Group> = shown.iter().filter(|g| leaked(g).blocks > 0).collect();
+    let mut leaking: Vec<&Group> = shown.iter().map(|g| &**g).filter(|g| leaked(g).blocks > 0).collect();
     leaking.sort_by_key(|g| std::cmp::Reverse((leaked(g).bytes, leaked(g).blocks)));
     Check {
         label: label.to_string(),
@@ -147,7 +149,7 @@ mod tests {
     #[test]
     fn a_check_counts_what_is_shown_and_what_suppressions_hid() {
         let all = [group(1, 100, 0, 0), group(2, 0, 0, 4096), group(3, 7, 30, 0)];
-        let shown = [all[0].clone(), all[1].clone()];
+        let shown = [Cow::Borrowed(&all[0]), Cow::Borrowed(&all[1])];
         let c = make("t", 0, Scope::Region, &all, &shown);
         assert_eq!(c.leaked_bytes(), 100);
         assert_eq!(c.found.reachable.bytes, 4096);
@@ -158,7 +160,7 @@ mod tests {
         assert_eq!(json["definite"]["bytes"], 100);
         assert_eq!(json["label"], "t");
         assert!(summary_lines(std::slice::from_ref(&c), 0).contains("t: 100 bytes in 1 blocks"));
-        let clean = make("u", 0, Scope::Region, &all[1..2], &all[1..2]);
+        let clean = make("u", 0, Scope::Region, &all[1..2], &[Cow::Borrowed(&all[1])]);
         assert_eq!(summary_lines(&[clean], 0), "");
     }
 }
