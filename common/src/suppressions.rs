@@ -220,7 +220,7 @@ pub fn template_match(template: &str, s: &str) -> bool {
 }
 
 /// A template made ready to match many names: a suppression pass matches every name of
-/// every frame of every group (~600k in a torch run's final report). The common shapes
+/// every frame of every group (~900k in a torch run's final report). The common shapes
 /// (`^name$`, `name`, `^prefix`, `suffix$`) are plain string comparisons; the rest is the
 /// whole-string glob the template stands for, its unanchored ends made `*`.
 enum Template {
