@@ -269,7 +269,10 @@ fn the_real_cudart_without_a_driver_passes_errors_through_and_records_nothing() 
     let out =
         Command::new(python()).args(["-c", "import nvidia.cuda_runtime as m, os; print(os.path.join(list(m.__path__)[0], 'lib'))"]).timed_output().unwrap();
     let libdir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    assert!(libdir.join("libcudart.so.12").exists(), "the real libcudart.so.12 is missing: pip install nvidia-cuda-runtime-cu12 (.ci/run does)");
+    if !libdir.join("libcudart.so.12").exists() {
+        skip::missing("the real libcudart.so.12", "python3 -m pip install nvidia-cuda-runtime-cu12");
+        return;
+    }
     let dir = fresh_dir("real-cudart");
     let bin = dir.join("runtime_app_real");
     let (src, bin_s, lib_s) = (fixture("runtime_app.cpp"), bin.to_str().unwrap().to_owned(), libdir.to_str().unwrap().to_owned());

@@ -11,9 +11,18 @@ fn script() -> PathBuf {
     root().join("tests/fixtures/frameworks/torch_train.py")
 }
 
-fn require_torch() {
-    let ok = Command::new(python()).args(["-c", "import torch"]).timed_output().map(|o| o.status.success()).unwrap_or(false);
-    assert!(ok, "PyTorch is missing: pip install torch (.ci/run does)");
+/// Whether the interpreter has `module`; otherwise the test is skipped (under CI, where
+/// scripts/setup.sh installs it, a failure).
+fn have_module(module: &str, package: &str) -> bool {
+    let ok = Command::new(python()).args(["-c", &format!("import {module}")]).timed_output().map(|o| o.status.success()).unwrap_or(false);
+    if !ok {
+        skip::missing(&format!("{module} for {}", python().display()), &format!("python3 -m pip install {package}"));
+    }
+    ok
+}
+
+fn require_torch() -> bool {
+    have_module("torch", "torch")
 }
 
 fn torch(mode: &str) -> Command {
@@ -28,7 +37,9 @@ fn stdout_of(o: &std::process::Output) -> String {
 
 #[test]
 fn pytorch_training_with_dataloader_workers_runs_unchanged_and_every_process_reports() {
-    require_torch();
+    if !require_torch() {
+        return;
+    }
     let plain = run_plain(torch("train"));
     assert!(plain.status.success(), "{}", String::from_utf8_lossy(&plain.stderr));
     let run = run_traced(torch("train"), "torch-train");
@@ -67,7 +78,9 @@ fn pytorch_training_with_dataloader_workers_runs_unchanged_and_every_process_rep
 
 #[test]
 fn the_cuda_runtime_the_torch_wheel_ships_is_interposed_without_a_gpu() {
-    require_torch();
+    if !require_torch() {
+        return;
+    }
     let plain = run_plain(torch("cudart"));
     let run = run_traced(torch("cudart"), "torch-cudart");
     assert_eq!(run.code(), Some(0), "stderr:\n{}", run.stderr());
@@ -85,8 +98,9 @@ fn the_cuda_runtime_the_torch_wheel_ships_is_interposed_without_a_gpu() {
 /// TensorFlow (`tensorflow-cpu` from PyPI, installed by .ci/run): a small Keras fit.
 #[test]
 fn tensorflow_keras_fit_runs_unchanged_and_gets_a_report() {
-    let ok = Command::new(python()).args(["-c", "import tensorflow"]).timed_output().map(|o| o.status.success()).unwrap_or(false);
-    assert!(ok, "TensorFlow is missing: pip install tensorflow-cpu (.ci/run does)");
+    if !have_module("tensorflow", "tensorflow-cpu") {
+        return;
+    }
     let fit = || {
         let mut c = Command::new(python());
         c.arg(root().join("tests/fixtures/frameworks/keras_fit.py")).env("LEAKTRACE_SUMMARY", "0");
@@ -112,8 +126,14 @@ fn tensorflow_keras_fit_runs_unchanged_and_gets_a_report() {
 #[test]
 fn caffe_train_and_time_run_unchanged_and_get_reports() {
     let prefix = std::env::var("LEAKTRACE_CAFFE_PREFIX").unwrap_or_else(|_| "/var/cache/leaktrace/caffe".into());
+    // Installed by scripts/setup.sh; here only its library path is asked for (the
+    // script does nothing else when Caffe is in place).
+    if !PathBuf::from(&prefix).join("usr/bin/caffe").is_file() {
+        skip::missing(&format!("Caffe in {prefix}"), "scripts/install_caffe.sh, as root");
+        return;
+    }
     let install = Command::new("bash").arg(root().join("scripts/install_caffe.sh")).arg(&prefix).timed_output().unwrap();
-    assert!(install.status.success(), "installing Caffe failed:\n{}", String::from_utf8_lossy(&install.stderr));
+    assert!(install.status.success(), "Caffe in {prefix} is incomplete:\n{}", String::from_utf8_lossy(&install.stderr));
     let libpath = stdout_of(&install).lines().last().unwrap_or_default().to_owned();
     let dir = root().join("tests/fixtures/frameworks/caffe");
     let caffe = |args: &[&str]| {

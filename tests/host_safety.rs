@@ -123,7 +123,7 @@ fn after_chroot_the_report_is_written_with_names_and_reachable_blocks_stay_reach
     cmd.arg(&root).env("LEAKTRACE_SCAN", "1");
     let run = run_traced(cmd, "chroot");
     if run.code() == Some(3) && run.stderr().contains("Operation not permitted") {
-        eprintln!("SKIPPED: chroot needs root (CAP_SYS_CHROOT); run the tests as root, as .ci/run does");
+        skip::not_here("chroot needs root (CAP_SYS_CHROOT); run the tests as root, as CI does");
         return;
     }
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
@@ -197,4 +197,62 @@ fn programs_built_with_a_sanitizer_that_owns_malloc_run_as_without_us() {
         }
         assert!(traced.reports().is_empty(), "{flag}: no report from a process we stay out of");
     }
+}
+
+/// A program that resets SIGTERM to its default after start-up (Chromium does, in every
+/// process) and is then ended by SIGTERM: it still dies by SIGTERM, a query of the
+/// disposition says "default" as it would without us, and the final report is written.
+/// Before, the reset removed our handler: Chromium's renderers, ended by SIGTERM once the
+/// browser is done (sooner than they end by themselves on a busy machine), left no
+/// final report.
+#[test]
+fn a_program_that_resets_sigterm_to_its_default_still_gets_its_final_report() {
+    use std::io::BufRead;
+    use std::os::unix::process::ExitStatusExt;
+    let bin = build_fixture("sigterm_reset.c", &[]);
+    for how in ["sigaction", "signal"] {
+        let dir = fresh_dir("sigterm-reset");
+        let mut child = Command::new(&bin)
+            .arg(how)
+            .env("LD_PRELOAD", lib_path())
+            .env("LEAKTRACE_OUTPUT", &dir)
+            .env("LEAKTRACE_SUMMARY", "0")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The line comes after the reset and the query; the leak right after it.
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert_eq!(line, "default\n", "{how}: the program sees the default it asked for");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        // SAFETY: plain kill of our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let out = wait_within(child);
+        assert_eq!(out.status.signal(), Some(libc::SIGTERM), "{how}: it still dies by SIGTERM; {}", String::from_utf8_lossy(&out.stderr));
+        let reports = reports_in(&dir);
+        assert_eq!(reports.len(), 1, "{how}");
+        let r = &reports[0];
+        assert_eq!(r["reason"], "exit", "{how}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(r["exit_signal"], libc::SIGTERM);
+        assert_eq!(definite(r, "leak_after_reset"), 3000, "{how}: {:#}", r["leaks"]);
+    }
+}
+
+/// A handler of the program's own, set after a reset, takes SIGTERM over as always.
+#[test]
+fn a_program_handler_for_sigterm_still_replaces_ours() {
+    let src = fresh_dir("sigterm-own").join("own.c");
+    std::fs::write(
+        &src,
+        "#include <signal.h>\n#include <stdio.h>\n#include <unistd.h>\nstatic void h(int s) { (void)s; write(1, \"handled\\n\", 8); _exit(3); }\n\
+         int main(void) { signal(SIGTERM, SIG_DFL); signal(SIGTERM, h); struct sigaction o; sigaction(SIGTERM, NULL, &o); \
+         if (o.sa_handler != h) return 9; raise(SIGTERM); return 0; }\n",
+    )
+    .unwrap();
+    let bin = src.with_extension("");
+    assert!(Command::new("cc").arg(&src).arg("-o").arg(&bin).status().unwrap().success());
+    let run = run_traced(Command::new(&bin), "sigterm-own");
+    assert_eq!(run.code(), Some(3), "{}", run.stderr());
+    assert_eq!(run.stdout(), "handled\n");
 }

@@ -13,8 +13,7 @@ fn pip_install_gives_a_command_that_finds_a_planted_leak() {
     let venv = fresh_dir("wheel-venv");
     let made = Command::new("python3").args(["-m", "venv"]).arg(&venv).timed_output();
     if !made.as_ref().is_ok_and(|o| o.status.success()) {
-        assert!(std::env::var_os("CI").is_none(), "python3 -m venv failed: {made:?}");
-        eprintln!("SKIPPED: python3 -m venv is not available (apt-get install python3-venv)");
+        skip::missing("python3 -m venv", "apt-get install python3-venv");
         return;
     }
     let pip = venv.join("bin/pip");

@@ -1,10 +1,14 @@
 //! `leaktrace diff BASE NEW`: leak groups matched by their symbolized stack (function
-//! names, else module+offset), never by address, so two runs of a program compare.
+//! names with their file and line, else module+offset), never by address, so two runs
+//! of a program compare. Both sides are counted as `run` and `check` count them
+//! (`analyze`): definite and indirect leaks after suppressions and `--min-bytes`, still
+//! reachable memory only with `--include-reachable`.
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::model::{Frame, Group, Report};
+use crate::analyze::Analysis;
+use crate::model::{Frame, Group};
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct Change {
@@ -18,9 +22,15 @@ pub struct Change {
     pub stack: Vec<Frame>,
 }
 
+/// A frame as a group's identity sees it: the function and its line (two leaks in one
+/// function at two lines are two groups, as `run` and `check` show them).
 fn frame_key(f: &Frame) -> String {
+    let place = match (&f.file, f.line) {
+        (Some(file), Some(line)) => format!(" {file}:{line}"),
+        _ => String::new(),
+    };
     match (&f.function, &f.module, f.offset) {
-        (Some(func), _, _) => func.to_string(),
+        (Some(func), _, _) => format!("{func}{place}"),
         (None, Some(m), Some(off)) => format!("{m}+{off:#x}"),
         (None, Some(m), None) => m.to_string(),
         _ => "?".into(),
@@ -36,10 +46,10 @@ pub fn group_key(g: &Group) -> String {
     k
 }
 
-fn collect(reports: &[Report]) -> BTreeMap<String, (Group, u64, u64)> {
+fn collect(a: &Analysis) -> BTreeMap<String, (Group, u64, u64)> {
     let mut m: BTreeMap<String, (Group, u64, u64)> = BTreeMap::new();
-    for r in reports {
-        for g in &r.leaks {
+    for p in &a.processes {
+        for g in &p.leaks {
             let e = m.entry(group_key(g)).or_insert_with(|| (g.clone(), 0, 0));
             e.1 = e.1.saturating_add(g.bytes);
             e.2 = e.2.saturating_add(g.blocks);
@@ -48,8 +58,9 @@ fn collect(reports: &[Report]) -> BTreeMap<String, (Group, u64, u64)> {
     m
 }
 
-/// Changes from `base` to `new`, largest change first.
-pub fn diff(base: &[Report], new: &[Report]) -> Vec<Change> {
+/// Changes from `base` to `new` (each analysed with the same filters), largest change
+/// first.
+pub fn diff(base: &Analysis, new: &Analysis) -> Vec<Change> {
     let b = collect(base);
     let n = collect(new);
     let mut out = Vec::new();
@@ -93,6 +104,8 @@ pub fn diff(base: &[Report], new: &[Report]) -> Vec<Change> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Report;
+    use leaktrace_common::report_schema::{Amount, Reachability};
 
     fn group(func: &str, bytes: u64, ip: u64) -> Group {
         Group {
@@ -105,16 +118,55 @@ mod tests {
         }
     }
 
-    fn report(groups: Vec<Group>) -> Report {
-        Report { leaks: groups, ..Default::default() }
+    fn run(groups: Vec<Group>) -> Analysis {
+        let reports = [Report { leaks: groups, ..Default::default() }];
+        crate::analyze::analyze(&reports, &Default::default())
     }
 
     #[test]
     fn matches_by_stack_not_address() {
-        let base = [report(vec![group("a", 10, 0x1), group("b", 10, 0x2), group("c", 10, 0x3), group("d", 5, 0x4)])];
-        let new = [report(vec![group("a", 10, 0x9), group("b", 30, 0x8), group("d", 1, 0x7), group("e", 7, 0x6)])];
+        let base = run(vec![group("a", 10, 0x1), group("b", 10, 0x2), group("c", 10, 0x3), group("d", 5, 0x4)]);
+        let new = run(vec![group("a", 10, 0x9), group("b", 30, 0x8), group("d", 1, 0x7), group("e", 7, 0x6)]);
         let d = diff(&base, &new);
         let st: Vec<(&str, &str)> = d.iter().map(|c| (c.status, c.stack[0].function.as_deref().unwrap())).collect();
         assert_eq!(st, vec![("grew", "b"), ("gone", "c"), ("new", "e"), ("shrank", "d")]);
+    }
+
+    fn at_line(g: Group, line: u32) -> Group {
+        let mut g = g;
+        g.stack[0].file = Some("f.c".into());
+        g.stack[0].line = Some(line);
+        g
+    }
+
+    #[test]
+    fn a_leak_at_another_line_of_the_same_function_is_new() {
+        let base = run(vec![at_line(group("f", 10, 0x1), 3)]);
+        let new = run(vec![at_line(group("f", 10, 0x1), 3), at_line(group("f", 7, 0x2), 9)]);
+        let d = diff(&base, &new);
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert_eq!((d[0].status, d[0].new_bytes, d[0].stack[0].line), ("new", 7, Some(9)));
+    }
+
+    #[test]
+    fn still_reachable_memory_is_not_counted_unless_asked() {
+        let scanned = |definite: u64, reachable: u64| {
+            let mut g = group("f", definite + reachable, 0x1);
+            g.reachability = Some(Reachability {
+                definite: Amount { bytes: definite, blocks: u64::from(definite > 0) },
+                reachable: Amount { bytes: reachable, blocks: 1 },
+                ..Default::default()
+            });
+            g
+        };
+        let base = run(vec![scanned(0, 5000)]);
+        let new = run(vec![scanned(1000, 6777)]);
+        let d = diff(&base, &new);
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert_eq!((d[0].status, d[0].base_bytes, d[0].new_bytes), ("new", 0, 1000));
+        let with = crate::analyze::Filters { include_reachable: true, ..Default::default() };
+        let analyse = |groups| crate::analyze::analyze(&[Report { leaks: groups, ..Default::default() }], &with);
+        let d = diff(&analyse(vec![scanned(0, 5000)]), &analyse(vec![scanned(1000, 6777)]));
+        assert_eq!((d[0].status, d[0].base_bytes, d[0].new_bytes), ("grew", 5000, 7777));
     }
 }

@@ -67,7 +67,11 @@ fn exercise(text: &str) {
             let _ = render::json(&a);
             let _ = html::page(&a, &reports);
             let _ = flame::svg(&a);
-            let _ = render::diff_text(&diff::diff(&reports[..1], &reports[1..]), 5);
+            let _ = render::diff_text(
+                &diff::diff(&crate::analyze::analyze(&reports[..1], &Default::default()), &crate::analyze::analyze(&reports[1..], &Default::default())),
+                5,
+                false,
+            );
         }
     }
 }

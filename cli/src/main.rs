@@ -41,7 +41,7 @@ enum Cmd {
         after_help = "Example:\n  leaktrace run --interval-ms 1000 --fail-on-leak -- ./service --port 0\n\nExit status: CMD's own; 23 (see --exit-code) under --fail-on-leak when leaks remain\nafter suppressions and --min-bytes; 127 if CMD is not found; 2 on other errors."
     )]
     Run(RunArgs),
-    /// Print the reports of a file or directory as text, JSON, Markdown or a flamegraph.
+    /// Print the reports of files or directories: text, JSON, Markdown, HTML, a flamegraph, GitHub annotations or JUnit XML.
     #[command(
         after_help = "Examples:\n  leaktrace report --format markdown leaktrace-myprog-20261121-101500/ >> \"$GITHUB_STEP_SUMMARY\"\n  leaktrace report --format flamegraph reports/ > leaks.svg\n  leaktrace report --format html reports/ > leaks.html"
     )]
@@ -92,8 +92,8 @@ struct RunArgs {
     #[arg(long, value_name = "MS")]
     interval_ms: Option<u64>,
     /// Frames kept per stack (1-128).
-    #[arg(long, value_name = "N")]
-    depth: Option<usize>,
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=128))]
+    depth: Option<u16>,
     /// Pointer scan at exit (the default): definite, indirect and still-reachable memory
     /// told apart. Kept for compatibility; see --no-scan.
     #[arg(long, conflicts_with = "no_scan")]
@@ -161,12 +161,42 @@ struct DiffArgs {
     /// Changes shown.
     #[arg(long, value_name = "N", default_value_t = 20)]
     top: usize,
-    /// Output format (text or json).
-    #[arg(long, value_enum, default_value_t = Format::Text)]
-    format: Format,
+    #[arg(long, value_enum, default_value_t = DiffFormat::Text)]
+    format: DiffFormat,
     /// Exit with 23 when NEW has new or grown leak groups.
     #[arg(long)]
     fail_on_new: bool,
+    #[command(flatten)]
+    filters: FilterArgs,
+}
+
+/// What `diff` prints.
+#[derive(Clone, Copy, ValueEnum)]
+enum DiffFormat {
+    Text,
+    Json,
+}
+
+/// What `check` prints (its verdict is the exit status).
+#[derive(Clone, Copy, ValueEnum)]
+enum CheckFormat {
+    Text,
+    Markdown,
+    /// GitHub Actions annotations (::error/::warning) at the first frame in your code.
+    Github,
+    /// JUnit XML: a failing test case per leak group and growing stack.
+    Junit,
+}
+
+impl From<CheckFormat> for Format {
+    fn from(f: CheckFormat) -> Format {
+        match f {
+            CheckFormat::Text => Format::Text,
+            CheckFormat::Markdown => Format::Markdown,
+            CheckFormat::Github => Format::Github,
+            CheckFormat::Junit => Format::Junit,
+        }
+    }
 }
 
 #[derive(Args)]
@@ -174,9 +204,8 @@ struct CheckArgs {
     /// Report files, or directories of reports; several may be given.
     #[arg(value_name = "FILE|DIR", required = true, num_args = 1..)]
     paths: Vec<PathBuf>,
-    /// Output format: text, markdown, github or junit (the verdict is the exit status).
-    #[arg(long, value_enum, default_value_t = Format::Text)]
-    format: Format,
+    #[arg(long, value_enum, default_value_t = CheckFormat::Text)]
+    format: CheckFormat,
     #[command(flatten)]
     filters: FilterArgs,
     /// Also fail on stacks that grew steadily during the run.
@@ -247,26 +276,21 @@ fn cmd_report(args: &ReportArgs) -> Result<u8, Fail> {
 
 fn cmd_check(args: &CheckArgs) -> Result<u8, Fail> {
     let filters = filters(&args.filters)?;
-    if matches!(args.format, Format::Html | Format::Flamegraph | Format::Json) {
-        return Err(usage("check prints text, markdown, github or junit; use report for json, html and flamegraph".into()));
-    }
     let reports = load_all(&args.paths)?;
     let a = analyze::analyze(&reports, &filters);
-    print!("{}", render(&a, &reports, args.format, args.top)?);
+    print!("{}", render(&a, &reports, args.format.into(), args.top)?);
     let failing = a.has_findings() || (args.fail_on_growth && a.growing() > 0);
     Ok(if failing { args.exit_code } else { 0 })
 }
 
 fn cmd_diff(args: &DiffArgs) -> Result<u8, Fail> {
-    if !matches!(args.format, Format::Text | Format::Json) {
-        return Err(usage("diff prints text or json (--format text|json)".into()));
-    }
-    let base = model::load(&args.base).map_err(usage)?;
-    let new = model::load(&args.new).map_err(usage)?;
-    let changes = diff::diff(&base, &new);
+    let filters = filters(&args.filters)?;
+    let base = load_all(std::slice::from_ref(&args.base))?;
+    let new = load_all(std::slice::from_ref(&args.new))?;
+    let changes = diff::diff(&analyze::analyze(&base, &filters), &analyze::analyze(&new, &filters));
     match args.format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&changes).unwrap_or_default()),
-        _ => print!("{}", render::diff_text(&changes, args.top)),
+        DiffFormat::Json => println!("{}", serde_json::to_string_pretty(&changes).unwrap_or_default()),
+        DiffFormat::Text => print!("{}", render::diff_text(&changes, args.top, filters.include_reachable)),
     }
     let worse = changes.iter().any(|c| c.status == "new" || c.status == "grew");
     Ok(if args.fail_on_new && worse { LEAK_EXIT } else { 0 })
@@ -281,7 +305,7 @@ fn cmd_run(args: &RunArgs) -> Result<u8, Fail> {
     let settings = run::RunSettings {
         output: output.clone(),
         interval_ms: args.interval_ms,
-        depth: args.depth,
+        depth: args.depth.map(usize::from),
         scan: !args.no_scan,
         suppressions: args.filters.suppressions.clone(),
         default_suppressions: !args.filters.no_default_suppressions,
@@ -342,12 +366,37 @@ fn cmd_run(args: &RunArgs) -> Result<u8, Fail> {
     Ok(if args.fail_on_leak && a.has_findings() { args.exit_code } else { 0 })
 }
 
+/// For `leaktrace run ./prog ARGS` (no `--`): the line that says how to write it.
+fn run_without_separator(args: &[String]) -> Option<String> {
+    let run = args.iter().position(|a| a == "run")?;
+    if args.iter().any(|a| a == "--") || args[1..run].iter().any(|a| !a.starts_with('-')) {
+        return None;
+    }
+    // The command starts at the first word that is not an option (or an option's value).
+    let takes_value = ["--output", "-o", "--interval-ms", "--depth", "--exit-code", "--format", "--top", "--suppressions", "--min-bytes"];
+    let mut i = run + 1;
+    while i < args.len() && args[i].starts_with('-') {
+        i += if takes_value.contains(&args[i].as_str()) { 2 } else { 1 };
+    }
+    let (options, cmd) = args.split_at(i.min(args.len()));
+    if cmd.is_empty() {
+        return None;
+    }
+    Some(format!("leaktrace: put -- before the program: {} -- {}", options[run..].join(" ").replacen("run", "leaktrace run", 1), cmd.join(" ")))
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
             let code = if e.use_stderr() { 2 } else { 0 };
             let _ = e.print();
+            if e.kind() == clap::error::ErrorKind::UnknownArgument {
+                let args: Vec<String> = std::env::args().collect();
+                if let Some(hint) = run_without_separator(&args) {
+                    eprintln!("{hint}");
+                }
+            }
             return ExitCode::from(code);
         }
     };

@@ -67,8 +67,15 @@ pub fn load_file(path: &Path) -> Result<Report, String> {
     parse(&text, path)
 }
 
-/// A report file, or every `leaktrace.*.json` in a directory (sorted by start time).
+/// A report file, or every `leaktrace.*.json` in a directory (sorted by start time). In
+/// a directory, a file that cannot be read (truncated, damaged, another schema) is named
+/// on stderr and skipped, and the others are read; an error only if none can be.
 pub fn load(path: &Path) -> Result<Vec<Report>, String> {
+    load_with(path, &mut |skipped| eprintln!("leaktrace: skipped: {skipped}"))
+}
+
+/// `load`, telling each skipped file's error to `skipped`.
+pub fn load_with(path: &Path, skipped: &mut dyn FnMut(&str)) -> Result<Vec<Report>, String> {
     let meta = std::fs::metadata(path).map_err(|e| format!("cannot open {} ({e}); give a report file or a directory of reports", path.display()))?;
     if !meta.is_dir() {
         return Ok(vec![load_file(path)?]);
@@ -85,7 +92,20 @@ pub fn load(path: &Path) -> Result<Vec<Report>, String> {
     if files.is_empty() {
         return Err(format!("{} holds no leaktrace.*.json reports; was the program run under leaktrace?", path.display()));
     }
-    let mut reports = files.iter().map(|f| load_file(f)).collect::<Result<Vec<_>, _>>()?;
+    let mut reports = Vec::with_capacity(files.len());
+    let mut first_error = None;
+    for f in &files {
+        match load_file(f) {
+            Ok(r) => reports.push(r),
+            Err(e) => {
+                skipped(&e);
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    if reports.is_empty() {
+        return Err(first_error.unwrap_or_else(|| format!("{} holds no readable report", path.display())));
+    }
     reports.sort_by_key(|r| (r.started_unix_ms, r.pid));
     Ok(reports)
 }
@@ -156,5 +176,23 @@ mod tests {
         assert_eq!(r.series_stack(&r.timeline.series[0])[0].ip, 0x2);
         let bad = parse(r#"{"schema":"leaktrace-report/2","frames":[],"leaks":[{"stack":[0]}]}"#, Path::new("b.json"));
         assert!(bad.unwrap_err().contains("damaged leaktrace report (the stack of leak group 0 refers to frame 0"));
+    }
+
+    #[test]
+    fn a_damaged_report_in_a_directory_is_skipped_and_named() {
+        let dir = std::env::temp_dir().join(format!("leaktrace-model-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = r#"{"schema":"leaktrace-report/1","pid":5,"reason":"exit","summary":{"host":{"live_bytes":0,"live_blocks":0,"total_allocs":0,"total_frees":0,"peak_live_bytes":0}},"leaks":[]}"#;
+        std::fs::write(dir.join("leaktrace.a.5.json"), good).unwrap();
+        std::fs::write(dir.join("leaktrace.b.6.json"), &good[..40]).unwrap();
+        let mut said = Vec::new();
+        let r = load_with(&dir, &mut |e| said.push(e.to_string())).unwrap();
+        assert_eq!(r.len(), 1);
+        assert_eq!(said.len(), 1);
+        assert!(said[0].contains("leaktrace.b.6.json") && said[0].contains("not valid JSON"), "{said:?}");
+        std::fs::remove_file(dir.join("leaktrace.a.5.json")).unwrap();
+        let e = load_with(&dir, &mut |_| {}).unwrap_err();
+        assert!(e.contains("leaktrace.b.6.json"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -287,10 +287,15 @@ pub fn json(a: &Analysis) -> String {
     serde_json::to_string_pretty(a).unwrap_or_default() + "\n"
 }
 
-pub fn diff_text(changes: &[Change], top: usize) -> String {
+pub fn diff_text(changes: &[Change], top: usize, include_reachable: bool) -> String {
     let mut out = String::new();
+    let counted = if include_reachable {
+        "leaked and still-reachable memory"
+    } else {
+        "definite and indirect leaks, as check counts them; --include-reachable adds still-reachable memory"
+    };
     if changes.is_empty() {
-        out.push_str("no differences in leak groups\n");
+        out.push_str(&format!("no differences in leak groups ({counted})\n"));
         return out;
     }
     for c in changes.iter().take(top) {
@@ -310,6 +315,6 @@ pub fn diff_text(changes: &[Change], top: usize) -> String {
         out.push_str(&format!("\n... {} more change(s); --top N shows more\n", changes.len() - top));
     }
     let count = |s: &str| changes.iter().filter(|c| c.status == s).count();
-    out.push_str(&format!("\nDIFF: {} new, {} grew, {} shrank, {} gone.\n", count("new"), count("grew"), count("shrank"), count("gone")));
+    out.push_str(&format!("\nDIFF: {} new, {} grew, {} shrank, {} gone ({counted}).\n", count("new"), count("grew"), count("shrank"), count("gone")));
     out
 }

@@ -40,25 +40,41 @@ fn install_forwarding() {
 /// The preload library built into this executable (`build.rs`); empty when none was.
 static EMBEDDED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libleaktrace.so"));
 
-/// Where the embedded library is unpacked: `$XDG_CACHE_HOME/leaktrace` or
-/// `~/.cache/leaktrace`, else `/tmp/leaktrace-UID`; a directory of ours that no one else
+/// Where the embedded library is unpacked: `$XDG_CACHE_HOME/leaktrace` when that is
+/// set (and only there: the user chose it), else the first usable of
+/// `~/.cache/leaktrace` and `/tmp/leaktrace-UID`; a directory of ours that no one else
 /// can write to (a library another user could plant there would be preloaded into
 /// every program we run).
 fn cache_dir() -> Result<PathBuf, String> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .map(|c| c.join("leaktrace"))
-        .unwrap_or_else(|| PathBuf::from(format!("/tmp/leaktrace-{uid}")));
+    let bases: Vec<PathBuf> = match std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
+        Some(xdg) => vec![PathBuf::from(xdg).join("leaktrace")],
+        None => [std::env::var_os("HOME").filter(|v| !v.is_empty()).map(|h| PathBuf::from(h).join(".cache/leaktrace"))]
+            .into_iter()
+            .flatten()
+            .chain([PathBuf::from(format!("/tmp/leaktrace-{uid}"))])
+            .collect(),
+    };
+    let mut errors = Vec::new();
+    for base in bases {
+        match private_dir(&base, uid) {
+            Ok(d) => return Ok(d),
+            Err(e) => errors.push(e),
+        }
+    }
+    Err(errors.join("; "))
+}
+
+/// `base/<version>-<hash>`, created private, if `base` and it belong to `uid` alone.
+fn private_dir(base: &Path, uid: u32) -> Result<PathBuf, String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
     let dir = base.join(format!("{}-{}", env!("CARGO_PKG_VERSION"), env!("LEAKTRACE_EMBED_HASH")));
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir).map_err(|e| format!("cannot create {} ({e})", dir.display()))?;
-    for d in [&base, &dir] {
+    for d in [base, &dir] {
         let m = std::fs::metadata(d).map_err(|e| format!("cannot inspect {} ({e})", d.display()))?;
         if m.uid() != uid || m.permissions().mode() & 0o022 != 0 {
-            return Err(format!("{} is not a private directory of this user; set LEAKTRACE_LIB", d.display()));
+            return Err(format!("{} is not a private directory of this user", d.display()));
         }
     }
     Ok(dir)
@@ -68,9 +84,11 @@ fn cache_dir() -> Result<PathBuf, String> {
 /// private temporary name, then renamed: a concurrent run never sees half a file).
 fn embedded_library() -> Result<PathBuf, String> {
     if EMBEDDED.is_empty() {
-        return Err("this leaktrace was built without its library".into());
+        return Err("this leaktrace was built without its library; build it (cargo build --release) or set LEAKTRACE_LIB".into());
     }
-    let dir = cache_dir()?;
+    let dir = cache_dir().map_err(|e| {
+        format!("no private cache directory to unpack the library into ({e}); set XDG_CACHE_HOME to a directory only you can write to, or LEAKTRACE_LIB to a libleaktrace.so")
+    })?;
     let lib = dir.join("libleaktrace.so");
     if std::fs::metadata(&lib).map(|m| m.len() == EMBEDDED.len() as u64).unwrap_or(false) {
         return Ok(lib);
@@ -83,7 +101,7 @@ fn embedded_library() -> Result<PathBuf, String> {
     });
     if let Err(e) = written {
         let _ = std::fs::remove_file(&tmp);
-        return Err(format!("cannot unpack the library into {} ({e})", dir.display()));
+        return Err(format!("cannot unpack the library into {} ({e}); set XDG_CACHE_HOME to a writable directory, or LEAKTRACE_LIB", dir.display()));
     }
     Ok(lib)
 }
@@ -102,8 +120,7 @@ pub fn find_library() -> Result<PathBuf, String> {
             return Ok(candidate.canonicalize().unwrap_or(candidate));
         }
     }
-    embedded_library()
-        .map_err(|e| format!("libleaktrace.so not found beside {} or in ../lib, and {e}; build it (cargo build --release) or set LEAKTRACE_LIB", exe.display()))
+    embedded_library().map_err(|e| format!("libleaktrace.so not found beside {} or in ../lib, and {e}", exe.display()))
 }
 
 pub struct RunSettings {

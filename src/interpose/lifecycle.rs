@@ -235,8 +235,9 @@ fn install_snapshot_signal(sig: c_int) {
 /// SIGINT is still at its default — so a handler of ours on SIGINT would change the
 /// program's behaviour.
 fn install_termination_signals(snapshot: Option<c_int>) {
-    if snapshot != Some(libc::SIGTERM) {
-        crate::os::signals::install_if_default(libc::SIGTERM, on_termination_signal as *const () as usize, false, false);
+    if snapshot != Some(libc::SIGTERM) && crate::os::signals::install_if_default(libc::SIGTERM, on_termination_signal as *const () as usize, false, false) {
+        // A later request of the program for the default keeps ours (`interpose::signals`).
+        crate::os::signals::hold(libc::SIGTERM);
     }
 }
 

@@ -7,6 +7,7 @@
 //! | malloc    | `malloc.rs`    | malloc, calloc, realloc, reallocarray, free, posix_memalign, aligned_alloc, memalign, valloc, pvalloc, malloc_usable_size (+ free_sized, free_aligned_sized where glibc has them) |
 //! | lifecycle | `lifecycle.rs` | exit, quick_exit, _exit, _Exit, dlclose, unshare, setns, chroot (+ constructor/destructor, atfork, snapshot and SIGTERM handlers) |
 //! | threads   | `threads.rs`   | pthread_create (notes each new thread's stack bounds before its routine runs) |
+//! | signals   | `signals.rs`   | sigaction, signal, bsd_signal (a termination signal whose handler is ours stays ours when the program asks for its default; everything else passes through) |
 //! | API       | `api.rs`       | leaktrace_active, leaktrace_mark, leaktrace_snapshot, leaktrace_snapshot_json, __lsan_do_leak_check, __lsan_do_recoverable_leak_check, __lsan_ignore_object, __lsan_disable, __lsan_enable, __lsan_register_root_region, __lsan_unregister_root_region (`include/leaktrace.h`) |
 //! | resolver  | `resolve.rs`   | dlsym, dlvsym (hand out our malloc hooks for the C library's functions and CUDA wrappers; `RTLD_NEXT` passes straight through) |
 //! | CUDA runtime | `cuda_runtime.rs` | `cuda_runtime::WRAPPED`: cudaMalloc, cudaFree, cudaMallocAsync, cudaFreeAsync, cudaMallocFromPoolAsync (+ `_ptsz`), cudaMallocManaged, cudaMallocPitch, cudaMalloc3D, cudaMallocHost, cudaHostAlloc, cudaFreeHost, cudaHostRegister, cudaHostUnregister, cudaDeviceReset, cudaGetDriverEntryPoint(ByVersion) (+ `_ptsz`) |
@@ -25,6 +26,7 @@ pub mod malloc;
 pub mod pymalloc;
 pub mod real;
 pub mod resolve;
+pub mod signals;
 pub mod threads;
 
 /// Every exported name: the list below, `dlsym`, `dlvsym`, and the CUDA families' tables.
@@ -55,6 +57,9 @@ pub const EXPORTED: &[&str] = &[
     "setns",
     "chroot",
     "pthread_create",
+    "sigaction",
+    "signal",
+    "bsd_signal",
     "leaktrace_active",
     "leaktrace_mark",
     "leaktrace_snapshot",

@@ -20,6 +20,8 @@ pub type DlcloseFn = unsafe extern "C" fn(*mut c_void) -> c_int;
 pub type UnshareFn = unsafe extern "C" fn(c_int) -> c_int;
 pub type SetnsFn = unsafe extern "C" fn(c_int, c_int) -> c_int;
 pub type ChrootFn = unsafe extern "C" fn(*const std::ffi::c_char) -> c_int;
+pub type SigactionFn = unsafe extern "C" fn(c_int, *const libc::sigaction, *mut libc::sigaction) -> c_int;
+pub type SignalFn = unsafe extern "C" fn(c_int, libc::sighandler_t) -> libc::sighandler_t;
 pub type PthreadCreateFn =
     unsafe extern "C" fn(*mut libc::pthread_t, *const libc::pthread_attr_t, Option<extern "C" fn(*mut c_void) -> *mut c_void>, *mut c_void) -> c_int;
 
@@ -76,6 +78,8 @@ real_table! {
     setns: SetnsFn = c"setns",
     chroot: ChrootFn = c"chroot",
     pthread_create: PthreadCreateFn = c"pthread_create",
+    sigaction: SigactionFn = c"sigaction",
+    signal: SignalFn = c"signal",
 }
 
 /// Puts `f` where our `malloc` hook finds the real malloc, and returns what was there

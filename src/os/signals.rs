@@ -1,5 +1,36 @@
 //! Signal dispositions: ours only where the program left the default.
 use std::ffi::c_int;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Signals whose handler is ours while the program sees their default action (bit
+/// `sig - 1`): termination signals, whose handler ends the process by the signal as
+/// the default does, after the final report (`interpose::signals`).
+static HELD: AtomicU64 = AtomicU64::new(0);
+
+fn bit(sig: c_int) -> u64 {
+    if (1..=64).contains(&sig) {
+        1 << (sig - 1)
+    } else {
+        0
+    }
+}
+
+/// Marks `sig` as held: our handler is installed in place of the default the program
+/// set or left, and stays when the program asks for the default again.
+pub fn hold(sig: c_int) {
+    HELD.fetch_or(bit(sig), Ordering::AcqRel);
+}
+
+/// The program took `sig` over (or we are about to die by it): no longer ours.
+pub fn release(sig: c_int) {
+    HELD.fetch_and(!bit(sig), Ordering::AcqRel);
+}
+
+/// Whether `sig` is held (async-signal-safe: one load).
+pub fn held_for_program(sig: c_int) -> bool {
+    let b = bit(sig);
+    b != 0 && HELD.load(Ordering::Acquire) & b != 0
+}
 
 /// Installs `handler` (an async-signal-safe `extern "C"` function) for `sig` only if the
 /// program left `sig` at its default action, so its own handlers are never replaced.
@@ -26,6 +57,7 @@ pub fn install_if_default(sig: c_int, handler: usize, siginfo: bool, block_all: 
 
 /// Restores the default action of `sig` and delivers it to the process.
 pub fn die_by_signal(sig: c_int) {
+    release(sig);
     // SAFETY: sigaction, sigprocmask and kill are async-signal-safe; the default action
     // of a termination signal ends the process.
     unsafe {

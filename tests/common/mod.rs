@@ -1,6 +1,7 @@
 //! Shared helpers for the integration tests: build C/C++ fixtures, run them under the
 //! real preload library, and read the reports they produce.
 #![allow(dead_code)]
+pub mod skip;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU64, Ordering};
