@@ -81,5 +81,5 @@ fn pip_install_gives_a_command_that_finds_a_planted_leak() {
     ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("1 failed, 4 passed") && stdout.contains("FAILED test_user_suite.py::test_leaks - leaktrace:"), "{stdout}");
+    assert!(stdout.contains("2 failed, 5 passed") && stdout.contains("FAILED test_user_suite.py::test_leaks - leaktrace:"), "{stdout}");
 }

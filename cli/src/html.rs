@@ -37,9 +37,28 @@ fn row_site(stack: &[Frame]) -> String {
 
 const COLORS: [&str; 8] = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
 
+/// The points a chart draws: the report's, after the process's start at 0 bytes when
+/// they are too few to draw (a program of a moment has only its exit point); and
+/// whether that start point was put first.
+fn chart_points(report: &Report) -> (Vec<crate::model::Point>, bool) {
+    let points = &report.timeline.points;
+    let first = points.first().map(|p| p.unix_ms).unwrap_or(report.written_unix_ms);
+    if points.len() >= 2 || report.started_unix_ms == 0 || report.started_unix_ms >= first {
+        return (points.clone(), false);
+    }
+    let mut with_start = vec![crate::model::Point { unix_ms: report.started_unix_ms, live_bytes: 0, live_blocks: 0 }];
+    with_start.extend(points.iter().cloned());
+    if points.is_empty() {
+        let h = &report.summary.host;
+        with_start.push(crate::model::Point { unix_ms: report.written_unix_ms, live_bytes: h.live_bytes, live_blocks: h.live_blocks });
+    }
+    (with_start, true)
+}
+
 /// An SVG line chart: total live bytes and up to 7 largest followed stacks.
 fn chart(report: &Report, idx: usize) -> String {
-    let points = &report.timeline.points;
+    let (points, from_start) = chart_points(report);
+    let points = &points;
     if points.len() < 2 {
         return format!("<p class=\"nochart\" id=\"chart-{idx}\">One snapshot only: run with --interval-ms to chart memory over time.</p>");
     }
@@ -60,12 +79,13 @@ fn chart(report: &Report, idx: usize) -> String {
         COLORS[0],
         total.join(" ")
     ));
-    let mut series: Vec<&crate::model::Series> = report.timeline.series.iter().filter(|s| s.bytes.len() == points.len()).collect();
+    let skip = usize::from(from_start);
+    let mut series: Vec<&crate::model::Series> = report.timeline.series.iter().filter(|s| s.bytes.len() + skip == points.len()).collect();
     series.sort_by_key(|s| std::cmp::Reverse(s.bytes.iter().copied().max().unwrap_or(0)));
     let mut legend = vec![format!("<li><span style=\"background:{}\"></span>total live bytes</li>", COLORS[0])];
     for (k, s) in series.iter().take(COLORS.len() - 1).enumerate() {
         let color = COLORS[k + 1];
-        let pts: Vec<String> = s.bytes.iter().enumerate().map(|(i, v)| xy(i, *v)).collect();
+        let pts: Vec<String> = std::iter::repeat_n(&0, skip).chain(&s.bytes).enumerate().map(|(i, v)| xy(i, *v)).collect();
         let name = top_function(report.series_stack(s));
         lines.push(format!(
             "<polyline class=\"series\" data-name=\"{}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\" points=\"{}\"/>",

@@ -30,8 +30,9 @@ fn stack_text(out: &mut String, stack: &[Frame]) {
     }
 }
 
-/// The leak checks of a process (the C API, the pytest plugin): one line each, and the
-/// largest leak's stack under each check that leaked.
+/// The leak checks of a process (the C API, the pytest plugin): how many leaked, and
+/// for each that did a line with the largest leak's stack under it (the clean ones are
+/// only counted; `report --format json` lists every check).
 fn checks_text(out: &mut String, checks: &[crate::model::Check]) {
     if checks.is_empty() {
         return;
@@ -40,11 +41,6 @@ fn checks_text(out: &mut String, checks: &[crate::model::Check]) {
     out.push_str(&format!("\nChecks: {leaking} of {} leaked\n", checks.len()));
     for c in checks {
         if c.leaked_blocks() == 0 {
-            out.push_str(&format!("  ok    {}", c.label));
-            if c.found.reachable.bytes > 0 {
-                out.push_str(&format!(" ({} byte(s) still reachable)", c.found.reachable.bytes));
-            }
-            out.push('\n');
             continue;
         }
         out.push_str(&format!(
