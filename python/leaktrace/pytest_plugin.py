@@ -148,7 +148,7 @@ class _Checker:
             self.results.append((item.nodeid, leaked, limit, check, growth, growth_limit, bool(failures)))
         if report.passed and failures:
             report.outcome = "failed"
-            report.longrepr = "\n\n".join(failures)
+            report.longrepr = _Failure("\n\n".join(failures))
 
     def pytest_terminal_summary(self, terminalreporter):
         shown = [r for r in self.results if r[-1] or self.verbose]
@@ -163,6 +163,31 @@ class _Checker:
                 bound = "no limit" if growth_limit is None else f"limit {leaktrace.format_size(growth_limit)}"
                 parts.append(f"kept {leaktrace.format_size(growth)} more over its repeated runs ({bound})")
             terminalreporter.write_line(f"{'FAIL' if failed else 'ok  '} {nodeid}: {'; '.join(parts)}")
+
+
+class _Crash:
+    """What pytest's short summary and JUnit's message read: the first line alone."""
+
+    def __init__(self, message):
+        self.message = message
+        self.path = ""
+        self.lineno = 0
+
+
+class _Failure:
+    """A failure's text, shown once in full (FAILURES) and once as one line (the short
+    summary), instead of the whole stack twice."""
+
+    def __init__(self, text):
+        self.text = text
+        self.reprcrash = _Crash(text.splitlines()[0])
+
+    def toterminal(self, tw):
+        for line in self.text.splitlines():
+            tw.line(line)
+
+    def __str__(self):
+        return self.text
 
 
 def _kept(check):
