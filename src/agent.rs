@@ -735,11 +735,19 @@ fn write_report(reason: Reason) {
         r.final_written = true;
         let (visible, suppressed, used) = build::apply_suppressions(&groups, &r.suppressions);
         let visible: Vec<&build::Group> = visible.iter().map(|g| &**g).collect();
-        LIFECYCLE.leaks_found(build::leaked_total(&visible, omitted).1 > 0);
-        if r.config.summary {
+        let leaked = build::leaked_total(&visible, omitted).1 > 0;
+        LIFECYCLE.leaks_found(leaked);
+        let checks_text = checks::summary_lines(&r.checks, r.checks_dropped);
+        let print = match r.config.summary {
+            crate::config::Summary::Never => false,
+            // LeakSanitizer prints its "Suppressions used" table whenever one matched.
+            crate::config::Summary::Leaks => leaked || !checks_text.is_empty() || !used.is_empty(),
+            crate::config::Summary::Always => true,
+        };
+        if print {
             let shown = result.is_ok().then(|| path.display().to_string());
             let mut text = build::summary_text(r.process.pid, &visible, suppressed, &used, r.config.summary_top, shown.as_deref(), omitted);
-            text.push_str(&checks::summary_lines(&r.checks, r.checks_dropped));
+            text.push_str(&checks_text);
             crate::os::fds::write_stderr(text.as_bytes());
         }
     }

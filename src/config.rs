@@ -18,8 +18,8 @@ pub struct Config {
     pub interval_set: bool,
     /// LEAKTRACE_STACK_DEPTH: frames kept per stack (1..=128).
     pub stack_depth: usize,
-    /// LEAKTRACE_SUMMARY: print the human summary on stderr at exit.
-    pub summary: bool,
+    /// LEAKTRACE_SUMMARY: when to print the human summary on stderr at exit.
+    pub summary: Summary,
     /// LEAKTRACE_SUMMARY_TOP: leak groups shown in that summary.
     pub summary_top: usize,
     /// LEAKTRACE_SNAPSHOT_SIGNAL: signal number that requests a snapshot, None = off.
@@ -105,6 +105,20 @@ impl CollectorStart {
     }
 }
 
+/// When the exit summary goes to stderr (LEAKTRACE_SUMMARY).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Summary {
+    /// `0`: never.
+    Never,
+    /// `leaks` (the default): only when something leaked or a suppression matched, as
+    /// LeakSanitizer; a clean
+    /// process writes nothing to stderr (Tcl's `exec` fails on any stderr output, and
+    /// `2>&1` pipelines would get our lines).
+    Leaks,
+    /// `1`: always, "no leaks found" included.
+    Always,
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -112,7 +126,7 @@ impl Default for Config {
             interval_ms: DEFAULT_INTERVAL_MS,
             interval_set: false,
             stack_depth: DEFAULT_DEPTH,
-            summary: true,
+            summary: Summary::Leaks,
             summary_top: DEFAULT_SUMMARY_TOP,
             snapshot_signal: Some(libc::SIGUSR2),
             follow_fork: true,
@@ -133,7 +147,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("LEAKTRACE_OUTPUT", "directory for reports (default: working directory at start)"),
     ("LEAKTRACE_INTERVAL_MS", "periodic report every N ms, 0 = off (default: every second at first, backing off to 10000 as the run grows)"),
     ("LEAKTRACE_STACK_DEPTH", "frames per stack, 1..=128 (default 64)"),
-    ("LEAKTRACE_SUMMARY", "1/0: leak summary on stderr at exit (default 1)"),
+    ("LEAKTRACE_SUMMARY", "leaks/1/0: leak summary on stderr at exit only when something leaked (default leaks), always, or never"),
     ("LEAKTRACE_SUMMARY_TOP", "leak groups in that summary (default 10)"),
     ("LEAKTRACE_SNAPSHOT_SIGNAL", "signal that asks for a snapshot: USR1, USR2, a number, or 0/off (default USR2)"),
     ("LEAKTRACE_FOLLOW_FORK", "1/0: keep tracking in forked children (default 1)"),
@@ -208,9 +222,11 @@ impl Config {
             }
         }
         if let Some(v) = get("LEAKTRACE_SUMMARY") {
-            match parse_bool(&v) {
-                Some(b) => c.summary = b,
-                None => bad("LEAKTRACE_SUMMARY", &v, "1 or 0", "1".into()),
+            match (v.trim().eq_ignore_ascii_case("leaks"), parse_bool(&v)) {
+                (true, _) => c.summary = Summary::Leaks,
+                (_, Some(true)) => c.summary = Summary::Always,
+                (_, Some(false)) => c.summary = Summary::Never,
+                _ => bad("LEAKTRACE_SUMMARY", &v, "leaks, 1 or 0", "leaks".into()),
             }
         }
         if let Some(v) = get("LEAKTRACE_SUMMARY_TOP") {
@@ -392,7 +408,10 @@ mod tests {
         assert_eq!(c.output_dir, Some(PathBuf::from("/tmp/x")));
         assert_eq!(c.interval_ms, 0);
         assert_eq!(c.stack_depth, 16);
-        assert!(!c.summary);
+        assert_eq!(c.summary, Summary::Never);
+        assert_eq!(Config::default().summary, Summary::Leaks);
+        assert_eq!(parse(&[("LEAKTRACE_SUMMARY", "1")]).0.summary, Summary::Always);
+        assert_eq!(parse(&[("LEAKTRACE_SUMMARY", "leaks")]).0.summary, Summary::Leaks);
         assert_eq!(c.summary_top, 3);
         assert_eq!(c.snapshot_signal, Some(libc::SIGUSR1));
         assert!(!c.follow_fork);

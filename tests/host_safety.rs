@@ -256,3 +256,23 @@ fn a_program_handler_for_sigterm_still_replaces_ours() {
     assert_eq!(run.code(), Some(3), "{}", run.stderr());
     assert_eq!(run.stdout(), "handled\n");
 }
+
+/// A clean program under plain LD_PRELOAD writes nothing to stderr, as under
+/// LeakSanitizer (Tcl's `exec` fails on any stderr output; `2>&1` pipelines would get
+/// our lines); its report is written all the same. `LEAKTRACE_SUMMARY=1` prints the
+/// summary always, `0` never.
+#[test]
+fn a_clean_program_is_silent_unless_the_summary_is_asked_for() {
+    let bin = build_fixture("clean.c", &[]);
+    let quiet = run_traced(Command::new(&bin), "clean-quiet");
+    assert_eq!(quiet.code(), Some(0));
+    assert_eq!(quiet.stderr(), "", "nothing on stderr when nothing leaked");
+    assert_eq!(quiet.report()["reason"], "exit");
+    let mut cmd = Command::new(&bin);
+    cmd.env("LEAKTRACE_SUMMARY", "1");
+    let asked = run_traced(cmd, "clean-asked");
+    assert!(asked.stderr().contains("==leaktrace: no leaks found"), "{}", asked.stderr());
+    // A leaking program still gets its summary by default.
+    let leaking = run_traced(Command::new(build_fixture("leaks.c", &[])), "leaks-default");
+    assert!(leaking.stderr().contains("==leaktrace: detected memory leaks"), "{}", leaking.stderr());
+}
