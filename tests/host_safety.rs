@@ -276,3 +276,77 @@ fn a_clean_program_is_silent_unless_the_summary_is_asked_for() {
     let leaking = run_traced(Command::new(build_fixture("leaks.c", &[])), "leaks-default");
     assert!(leaking.stderr().contains("==leaktrace: detected memory leaks"), "{}", leaking.stderr());
 }
+
+/// SIGINT (Ctrl-C on a training job) and SIGHUP (a closed terminal) left at their
+/// default: a final report naming the signal, then death by it, as without us.
+#[test]
+fn sigint_and_sighup_write_the_final_report_and_still_end_the_process() {
+    use std::os::unix::process::ExitStatusExt;
+    for sig in [libc::SIGINT, libc::SIGHUP] {
+        let (out, reports) = sleeper_until(sig, 4321, &[]);
+        assert_eq!(out.status.signal(), Some(sig), "it still dies by signal {sig}");
+        assert_eq!(reports.len(), 1, "signal {sig}");
+        let r = &reports[0];
+        assert_eq!(r["reason"], "exit", "signal {sig}");
+        assert_eq!(r["exit_signal"], sig);
+        assert_eq!(sum(&groups_with(r, "leak_then_wait"), "bytes"), 4321, "signal {sig}");
+    }
+}
+
+/// `seq 1 300000 | sort -rn | head -1`: `head` leaves, `sort`'s next write raises
+/// SIGPIPE; GNU sort's own handler cleans up, resets the default and raises it again.
+/// sort still dies by SIGPIPE (the pipeline's statuses are the plain ones) and its
+/// final report names the signal (before, it left none).
+#[test]
+fn sort_killed_by_sigpipe_gets_its_final_report_and_still_dies_by_it() {
+    let dir = fresh_dir("sigpipe-sort");
+    let script = |preload: &str| format!("seq 1 300000 | {preload} sort -rn | head -1; echo ${{PIPESTATUS[@]}}");
+    let plain = Command::new("bash").arg("-c").arg(script("")).timed_output().unwrap();
+    let traced =
+        Command::new("bash").arg("-c").arg(script(&format!("LD_PRELOAD={} LEAKTRACE_OUTPUT={}", lib_path().display(), dir.display()))).timed_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&plain.stdout), "300000\n0 141 0\n");
+    assert_eq!(String::from_utf8_lossy(&traced.stdout), "300000\n0 141 0\n", "{}", String::from_utf8_lossy(&traced.stderr));
+    let reports = reports_in(&dir);
+    assert_eq!(reports.len(), 1);
+    assert_eq!(reports[0]["reason"], "exit");
+    assert_eq!(reports[0]["exit_signal"], libc::SIGPIPE);
+}
+
+/// CPython installs its KeyboardInterrupt handler only over SIGINT's default; it still
+/// does, so Ctrl-C raises KeyboardInterrupt as without us, and the interpreter then ends
+/// by SIGINT (its own reset to the default and kill) after the final report.
+#[test]
+fn python_still_raises_keyboardinterrupt_on_sigint_and_reports_it() {
+    use std::io::BufRead;
+    use std::os::unix::process::ExitStatusExt;
+    let run = |traced: bool| {
+        let dir = fresh_dir("py-sigint");
+        let mut cmd = Command::new(python());
+        cmd.args(["-c", "import time\nprint('ready', flush=True)\ntime.sleep(60)"])
+            .env("LEAKTRACE_OUTPUT", &dir)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        if traced {
+            cmd.env("LD_PRELOAD", lib_path());
+        } else {
+            cmd.env_remove("LD_PRELOAD");
+        }
+        let mut child = cmd.spawn().unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert_eq!(line, "ready\n");
+        // SAFETY: plain kill of our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        (wait_within(child), dir)
+    };
+    let (plain, _) = run(false);
+    let (traced, dir) = run(true);
+    assert_eq!(plain.status.signal(), Some(libc::SIGINT));
+    assert_eq!(traced.status.signal(), plain.status.signal());
+    let err = String::from_utf8_lossy(&traced.stderr);
+    assert!(err.contains("KeyboardInterrupt"), "{err}");
+    let reports = reports_in(&dir);
+    assert_eq!(reports.len(), 1, "{err}");
+    assert_eq!(reports[0]["reason"], "exit");
+    assert_eq!(reports[0]["exit_signal"], libc::SIGINT);
+}

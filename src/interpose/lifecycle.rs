@@ -225,26 +225,64 @@ fn install_snapshot_signal(sig: c_int) {
     crate::os::signals::install_if_default(sig, on_snapshot_signal as *const () as usize, false, false);
 }
 
-/// SIGTERM, when the program leaves it at its default action: the handler only records
-/// the signal; the collector thread writes the final report and then lets the signal
-/// kill the process as it would have (`die_by_signal`). A second signal, or one arriving
-/// when no collector runs, kills at once.
+/// The signals whose default action ends the process and that a program commonly dies
+/// of: the terminal's (SIGINT, SIGQUIT, SIGHUP), a supervisor's (SIGTERM), and a reader
+/// that went away (SIGPIPE: `seq 1 300000 | sort -rn | head -1` ends `sort` by it).
+const TERMINATION_SIGNALS: [c_int; 5] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGPIPE];
+
+/// Each termination signal the program leaves at its default action: the handler only
+/// records the signal; the collector thread writes the final report and then lets the
+/// signal end the process as it would have (`die_by_signal`: the same status, a core
+/// for SIGQUIT). A second signal, or one arriving when no collector runs, kills at once.
 ///
-/// Only SIGTERM: runtimes decide at start-up what to do with a signal by looking at its
-/// disposition — CPython installs its KeyboardInterrupt handler for SIGINT only when
-/// SIGINT is still at its default — so a handler of ours on SIGINT would change the
-/// program's behaviour.
+/// Runtimes decide at start-up what to do with a signal by looking at its disposition —
+/// CPython installs its KeyboardInterrupt handler for SIGINT only when SIGINT is still at
+/// its default, and ignores SIGPIPE — and they read it through `sigaction` or `signal`,
+/// which answer `SIG_DFL` for these (`interpose::signals`): the program installs what it
+/// would have, and its handler replaces ours.
 fn install_termination_signals(snapshot: Option<c_int>) {
-    if snapshot != Some(libc::SIGTERM) && crate::os::signals::install_if_default(libc::SIGTERM, on_termination_signal as *const () as usize, false, false) {
-        // A later request of the program for the default keeps ours (`interpose::signals`).
-        crate::os::signals::hold(libc::SIGTERM);
+    for sig in TERMINATION_SIGNALS.into_iter().filter(|&s| snapshot != Some(s)) {
+        crate::os::signals::manage(sig);
+        if crate::os::signals::install_if_default(sig, on_termination_signal as *const () as usize, true, false) {
+            // A later request of the program for the default keeps ours.
+            crate::os::signals::hold(sig);
+        }
     }
 }
 
-extern "C" fn on_termination_signal(sig: c_int) {
-    // Async-signal-safe: atomics, sigaction and raise only.
+/// Our action for a termination signal, installed where the program asks for its
+/// default (`interpose::signals`).
+pub fn termination_action() -> libc::sigaction {
+    // SAFETY: a zeroed sigaction is valid; sigemptyset writes inside it.
+    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+    act.sa_sigaction = on_termination_signal as *const () as usize;
+    act.sa_flags = libc::SA_RESTART | libc::SA_ONSTACK | libc::SA_SIGINFO;
+    // SAFETY: as above.
+    unsafe { libc::sigemptyset(&mut act.sa_mask) };
+    act
+}
+
+extern "C" fn on_termination_signal(sig: c_int, info: *mut libc::siginfo_t, _context: *mut c_void) {
+    // Async-signal-safe: atomics, sigaction, nanosleep and kill only.
     if !agent::request_final_on_signal(sig) {
         crate::os::signals::die_by_signal(sig);
+        return;
+    }
+    // SAFETY: the kernel's siginfo for this delivery (SA_SIGINFO), or null.
+    let self_sent = unsafe { info.as_ref() }.is_some_and(|i| {
+        // SAFETY: si_pid is valid for SI_USER and SI_TKILL, the codes checked first.
+        (i.si_code == libc::SI_USER || i.si_code == libc::SI_TKILL) && unsafe { i.si_pid() } == std::process::id() as i32
+    });
+    if self_sent {
+        // Raised by the program itself (`raise`, `kill(getpid())`) or by its own failed
+        // write (SIGPIPE): without us it would end right here, so it must not go on —
+        // returning would let `raise` return, or the write report EPIPE and the program
+        // print an error and exit 2. This thread waits here until the collector, done
+        // with the report, ends the process by the signal; the scan reads this stack like
+        // any held thread's. A signal from outside (a supervisor's SIGTERM, the
+        // terminal's SIGINT) returns instead: the thread it interrupted may hold a lock
+        // the report needs.
+        crate::os::signals::wait_to_die(sig, 60);
     }
 }
 

@@ -49,6 +49,10 @@ pub fn stderr_is_original() -> bool {
 pub fn write_stderr(bytes: &[u8]) {
     let _errno = super::ErrnoGuard::save();
     if stderr_is_original() {
+        // A stderr whose reader is gone (`2>&1 | head`) must not end the program by
+        // SIGPIPE for our line: the signal is blocked for the write and, if the write
+        // raised it, taken back (one that was pending before is left alone).
+        let _no_sigpipe = SigpipeBlocked::new();
         let mut rest = bytes;
         while !rest.is_empty() {
             // SAFETY: writing from a valid buffer of the given length.
@@ -60,6 +64,49 @@ pub fn write_stderr(bytes: &[u8]) {
             } else {
                 break;
             }
+        }
+    }
+}
+
+/// SIGPIPE blocked on this thread while it lives; one that our write raised is consumed.
+struct SigpipeBlocked {
+    old: libc::sigset_t,
+    pending_before: bool,
+}
+
+impl SigpipeBlocked {
+    fn new() -> SigpipeBlocked {
+        // SAFETY: signal-set operations on local sets; pthread_sigmask changes only this
+        // thread's mask, restored by Drop.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGPIPE);
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+            let mut pending: libc::sigset_t = std::mem::zeroed();
+            libc::sigpending(&mut pending);
+            SigpipeBlocked { old, pending_before: libc::sigismember(&pending, libc::SIGPIPE) == 1 }
+        }
+    }
+}
+
+impl Drop for SigpipeBlocked {
+    fn drop(&mut self) {
+        // SAFETY: as in `new`; a zero timeout only polls.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGPIPE);
+            if !self.pending_before {
+                let mut pending: libc::sigset_t = std::mem::zeroed();
+                libc::sigpending(&mut pending);
+                if libc::sigismember(&pending, libc::SIGPIPE) == 1 {
+                    let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+                    libc::sigtimedwait(&set, std::ptr::null_mut(), &zero);
+                }
+            }
+            libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut());
         }
     }
 }

@@ -7,6 +7,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// the default does, after the final report (`interpose::signals`).
 static HELD: AtomicU64 = AtomicU64::new(0);
 
+/// Termination signals we manage in this process: a request of the program for their
+/// default installs our handler (`hold`) even after a handler of its own had replaced
+/// ours — GNU `sort` cleans up in its own handler, then resets the default and raises
+/// the signal again to die by it.
+static ELIGIBLE: AtomicU64 = AtomicU64::new(0);
+
 fn bit(sig: c_int) -> u64 {
     if (1..=64).contains(&sig) {
         1 << (sig - 1)
@@ -21,9 +27,27 @@ pub fn hold(sig: c_int) {
     HELD.fetch_or(bit(sig), Ordering::AcqRel);
 }
 
-/// The program took `sig` over (or we are about to die by it): no longer ours.
+/// The program took `sig` over: no longer ours until it asks for the default again.
 pub fn release(sig: c_int) {
     HELD.fetch_and(!bit(sig), Ordering::AcqRel);
+}
+
+/// `sig` is managed by us in this process (see `ELIGIBLE`).
+pub fn manage(sig: c_int) {
+    ELIGIBLE.fetch_or(bit(sig), Ordering::AcqRel);
+}
+
+/// Whether a request for `sig`'s default installs our handler instead.
+pub fn managed(sig: c_int) -> bool {
+    let b = bit(sig);
+    b != 0 && ELIGIBLE.load(Ordering::Acquire) & b != 0
+}
+
+/// We are about to die by `sig`: neither held nor managed any more, so that setting its
+/// default really sets it.
+fn retire(sig: c_int) {
+    HELD.fetch_and(!bit(sig), Ordering::AcqRel);
+    ELIGIBLE.fetch_and(!bit(sig), Ordering::AcqRel);
 }
 
 /// Whether `sig` is held (async-signal-safe: one load).
@@ -55,9 +79,20 @@ pub fn install_if_default(sig: c_int, handler: usize, siginfo: bool, block_all: 
     }
 }
 
+/// Waits (async-signal-safe sleeps) for the process to be ended by someone else —
+/// the collector, after the final report — and after `limit_s` seconds ends it by `sig`.
+pub fn wait_to_die(sig: c_int, limit_s: u32) {
+    let pause = libc::timespec { tv_sec: 0, tv_nsec: 10_000_000 };
+    for _ in 0..limit_s * 100 {
+        // SAFETY: nanosleep with a valid duration; the remainder is not wanted.
+        unsafe { libc::nanosleep(&pause, std::ptr::null_mut()) };
+    }
+    die_by_signal(sig);
+}
+
 /// Restores the default action of `sig` and delivers it to the process.
 pub fn die_by_signal(sig: c_int) {
-    release(sig);
+    retire(sig);
     // SAFETY: sigaction, sigprocmask and kill are async-signal-safe; the default action
     // of a termination signal ends the process.
     unsafe {

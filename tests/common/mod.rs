@@ -232,6 +232,11 @@ pub fn python() -> PathBuf {
 /// sleeps until a signal), with reports to a fresh directory and `env` set; waits
 /// 300 ms for it to settle and sends it SIGTERM. Returns its output and the reports.
 pub fn sleeper_until_sigterm(bytes: u64, env: &[(&str, &str)]) -> (Output, Vec<serde_json::Value>) {
+    sleeper_until(libc::SIGTERM, bytes, env)
+}
+
+/// `sleeper_until_sigterm` with another signal.
+pub fn sleeper_until(signal: i32, bytes: u64, env: &[(&str, &str)]) -> (Output, Vec<serde_json::Value>) {
     let bin = build_fixture("sleeper.c", &[]);
     let out_dir = fresh_dir("sleeper");
     let mut cmd = Command::new(&bin);
@@ -246,7 +251,7 @@ pub fn sleeper_until_sigterm(bytes: u64, env: &[(&str, &str)]) -> (Output, Vec<s
     let child = cmd.spawn().unwrap();
     std::thread::sleep(std::time::Duration::from_millis(300));
     // SAFETY: plain kill of our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    unsafe { libc::kill(child.id() as i32, signal) };
     let out = wait_within(child);
     (out, reports_in(&out_dir))
 }
