@@ -310,13 +310,31 @@ fn cmd_run(args: &RunArgs) -> Result<u8, Fail> {
         suppressions: args.filters.suppressions.clone(),
         default_suppressions: !args.filters.no_default_suppressions,
     };
+    let started_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
     let (code, pid) = match run::run(&lib, &args.cmd, &settings) {
         run::Outcome::Exited(code, pid) => (code, pid),
         run::Outcome::NotFound(m) => return Err(Fail { code: 127, message: m }),
         run::Outcome::Failed(m) => return Err(usage(m)),
     };
-    let reports = match model::load(&output) {
-        Ok(r) => r,
+    // Where the output directory was unusable, the library wrote its reports to its
+    // fallback (the working directory, then /tmp): found there by pid and start time.
+    let fallback = || {
+        let dirs: Vec<PathBuf> = std::env::current_dir().into_iter().chain([PathBuf::from("/tmp")]).filter(|d| *d != output).collect();
+        model::fallback_reports(pid, started_ms, &dirs)
+    };
+    let loaded = model::load(&output).map(|r| (r, output.clone()));
+    let loaded = match loaded {
+        Ok(found) => Ok(found),
+        Err(e) => match fallback() {
+            Some((found, dir)) => {
+                eprintln!("leaktrace: --output {} was not usable; the reports were written to {} instead", output.display(), dir.display());
+                Ok((found, dir))
+            }
+            None => Err(e),
+        },
+    };
+    let (reports, output) = match loaded {
+        Ok(found) => found,
         Err(e) => {
             // No directory at all: the library never started (it said why, if it knew).
             if output.exists() {

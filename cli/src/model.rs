@@ -42,6 +42,40 @@ pub fn without_final_report(reports: &[Report], top: Option<u32>) -> Vec<String>
     out
 }
 
+/// The reports of the run whose command had pid `top` and started at `since_ms`, from
+/// the first of `dirs` that holds any (the library's fallback directories, used when
+/// the output directory was unusable): the command's own, and those of every process
+/// whose parent or forking process is one of them.
+pub fn fallback_reports(top: u32, since_ms: u64, dirs: &[PathBuf]) -> Option<(Vec<Report>, PathBuf)> {
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(dir) else { continue };
+        let candidates: Vec<Report> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()).is_some_and(|n| n.starts_with("leaktrace.") && n.ends_with(".json")))
+            .filter_map(|p| load_file(&p).ok())
+            .filter(|r| r.started_unix_ms + 1000 >= since_ms)
+            .collect();
+        let mut family = std::collections::BTreeSet::from([top]);
+        loop {
+            let before = family.len();
+            for r in &candidates {
+                if family.contains(&r.ppid) || r.fork.forked_from_pid.is_some_and(|p| family.contains(&p)) {
+                    family.insert(r.pid);
+                }
+            }
+            if family.len() == before {
+                break;
+            }
+        }
+        let mut ours: Vec<Report> = candidates.into_iter().filter(|r| family.contains(&r.pid)).collect();
+        if !ours.is_empty() {
+            ours.sort_by_key(|r| (r.started_unix_ms, r.pid));
+            return Some((ours, dir.clone()));
+        }
+    }
+    None
+}
+
 pub fn parse(text: &str, path: &Path) -> Result<Report, String> {
     let mut value: serde_json::Value =
         serde_json::from_str(text).map_err(|e| format!("{} is not valid JSON ({e}); is it a leaktrace report?", path.display()))?;

@@ -266,6 +266,21 @@ fn diff_before_and_after_a_planted_leak() {
     assert!(back.contains("GONE: 4000 -> 0 byte(s)"), "{back}");
 }
 
+/// `run --output DIR` with DIR unusable (under a regular file): the library writes to its
+/// fallback (the working directory), and `run` finds those reports and checks them —
+/// before, it said "nothing was checked" and exited 0 on a leaking program.
+#[test]
+fn an_unusable_output_directory_still_gets_its_reports_found_and_checked() {
+    let dir = scratch("fallback");
+    let prog = build(&manifest().join("../examples/planted_leaks.c"), &dir);
+    std::fs::write(dir.join("notadir"), "a file").unwrap();
+    let out = leaktrace(&["run", "--fail-on-leak", "--output", "notadir/r", "--", prog.to_str().unwrap()], &dir);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(23), "{err}");
+    assert!(err.contains("notadir/r was not usable; the reports were written to"), "{err}");
+    assert!(err.contains("2176 byte(s) leaked"), "{err}");
+}
+
 /// `diff` counts as `check` does: a run against an empty run lists as new exactly the
 /// bytes `check` calls leaked, a run against itself differs in nothing, and still
 /// reachable memory (the fixture's global) comes in only with --include-reachable.
