@@ -130,6 +130,23 @@ fn with_jemalloc_before_us_the_program_runs_and_we_say_why_nothing_is_seen() {
     assert!(r["diagnostics"]["host_tracking"].as_str().unwrap().starts_with("inactive"));
 }
 
+/// An executable with its own malloc (rustc with jemalloc linked in, Chromium's
+/// PartitionAlloc), nothing else preloaded: one true line — the program's own malloc,
+/// CUDA still tracked — not the advice to reorder LD_PRELOAD that it got before.
+#[test]
+fn an_executable_with_its_own_malloc_is_told_so_truly() {
+    let bin = build_fixture("own_malloc.c", &[]);
+    let run = run_traced(Command::new(&bin), "own-malloc");
+    assert_eq!(run.code(), Some(0));
+    assert_eq!(run.stdout(), "own malloc\n");
+    let err = run.stderr();
+    let lines: Vec<_> = err.lines().filter(|l| l.contains("host allocations are not seen")).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(lines[0].contains("the program has its own malloc") && lines[0].contains("CUDA allocations are still tracked"), "{err}");
+    assert!(!lines[0].contains("LD_PRELOAD"), "{err}");
+    assert!(run.report()["diagnostics"]["host_tracking"].as_str().unwrap().starts_with("inactive"));
+}
+
 #[test]
 fn an_interposer_that_finds_malloc_with_dlvsym_works_before_and_after_us() {
     let shim = build_fixture("vsym_interposer.c", &["-shared", "-fPIC"]);

@@ -169,11 +169,30 @@ fn host_tracking_state() -> String {
     // the next malloc with `dlsym(RTLD_NEXT)` forwards every call to us).
     match (ours, theirs) {
         (Some((our_base, _, _)), Some((their_base, their_name, true))) if our_base != their_base && !reaches_us(bound as usize) => {
-            let msg = format!("inactive: malloc is bound to {their_name}, preloaded before leaktrace; put libleaktrace.so first in LD_PRELOAD");
+            let msg = why_not_ours(&their_name);
             agent::stderr_line(&format!("leaktrace: host allocations are not seen: {msg}"));
             msg
         }
         _ => "active".into(),
+    }
+}
+
+/// Why the program's `malloc` is `their_name`'s: preloaded before us (the user can fix
+/// that), or the program's own — defined in the executable (rustc with jemalloc,
+/// Chromium's PartitionAlloc) or in a library it links — which no preload comes before.
+fn why_not_ours(their_name: &str) -> String {
+    let same_file = |a: &str, b: &std::path::Path| std::fs::canonicalize(a).ok().is_some_and(|a| std::fs::canonicalize(b).ok().is_some_and(|b| a == b));
+    let preloaded = std::env::var("LD_PRELOAD").unwrap_or_default();
+    let in_preload = preloaded.split([':', ' ']).filter(|p| !p.is_empty()).any(|p| p == their_name || same_file(their_name, std::path::Path::new(p)));
+    let is_executable = their_name.is_empty() || std::env::current_exe().is_ok_and(|exe| same_file(their_name, &exe));
+    let cuda = "CUDA allocations are still tracked";
+    if in_preload {
+        format!("inactive: malloc is bound to {their_name}, preloaded before leaktrace; put libleaktrace.so first in LD_PRELOAD")
+    } else if is_executable {
+        let exe = std::env::current_exe().map(|e| e.display().to_string()).unwrap_or_else(|_| their_name.to_string());
+        format!("inactive: the program has its own malloc (defined in {exe}, e.g. a linked-in jemalloc or PartitionAlloc), which no preloaded library comes before; {cuda}")
+    } else {
+        format!("inactive: the program's malloc is {their_name}'s (an allocator it links), which no preloaded library comes before; {cuda}")
     }
 }
 
