@@ -350,3 +350,23 @@ fn python_still_raises_keyboardinterrupt_on_sigint_and_reports_it() {
     assert_eq!(reports[0]["reason"], "exit");
     assert_eq!(reports[0]["exit_signal"], libc::SIGINT);
 }
+
+/// Under valgrind, valgrind owns malloc (as a sanitizer does): the library stays off with
+/// one line, and `helgrind --error-exitcode=9` passes as without it (it exited 9 on
+/// "possible data races" inside the library's spin lock before).
+#[test]
+fn under_valgrind_the_library_stays_off_and_helgrind_finds_nothing() {
+    if Command::new("valgrind").arg("--version").output().is_err() {
+        skip::missing("valgrind", "apt-get install valgrind");
+        return;
+    }
+    let bin = build_fixture("helgrind_clean.c", &[]);
+    let mut cmd = Command::new("valgrind");
+    cmd.args(["-q", "--tool=helgrind", "--error-exitcode=9"]).arg(&bin);
+    let run = run_traced(cmd, "helgrind");
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(run.stdout(), "done\n");
+    let ours: Vec<_> = run.stderr().lines().filter(|l| l.starts_with("leaktrace:")).map(String::from).collect();
+    assert_eq!(ours.len(), 1, "{}", run.stderr());
+    assert!(ours[0].contains("runs under valgrind") && ours[0].contains("stays off"), "{ours:?}");
+}

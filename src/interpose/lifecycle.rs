@@ -26,6 +26,14 @@ extern "C" fn on_load() {
             super::threads::pass_through();
             return;
         }
+        if crate::os::loader::global_symbol(c"_vgnU_freeres").is_some() {
+            // valgrind's preloaded core: its tools replace malloc and check memory
+            // themselves (helgrind called our spin lock's atomics "possible data races"
+            // and failed --error-exitcode); the library stays off, as under a sanitizer.
+            super::threads::pass_through();
+            agent::stderr_line("leaktrace: this program runs under valgrind, which replaces malloc and checks memory itself: leaktrace stays off in this process (use valgrind's own leak check)");
+            return;
+        }
         if let Some(sanitizer) = sanitizer_runtime() {
             super::threads::pass_through();
             agent::stderr_line(&format!(
