@@ -151,6 +151,11 @@ fn adopt_if_cloned() {
     if crate::os::image::is_unadopted_child() && LIFECYCLE.phase() == crate::lifecycle::Phase::Tracking {
         // Marked first: a second thread of the child does not adopt again.
         crate::os::image::mark_own_image();
+        // A raw clone's child may end by returning from its clone function: a thread's
+        // exit, not the process's. A collector thread of ours would keep that process
+        // alive, a zombie its parent waits for forever (firejail's sandbox). It gets one
+        // only when it starts a thread of its own; until then its producers drain.
+        LIFECYCLE.defer_collector();
         fork_child();
     }
 }

@@ -370,3 +370,42 @@ fn under_valgrind_the_library_stays_off_and_helgrind_finds_nothing() {
     assert_eq!(ours.len(), 1, "{}", run.stderr());
     assert!(ours[0].contains("runs under valgrind") && ours[0].contains("stays off"), "{ours:?}");
 }
+
+/// Chromium's zygote makes a helper with clone(CLONE_VM|CLONE_VFORK|CLONE_FS|CLONE_SETTLS)
+/// and a zeroed TLS block; the helper calls `_exit` (or `execve`). Our `_exit` read its
+/// thread state through that TLS and the helper died of SIGSEGV (the browser aborted).
+/// Now nothing of ours that reads thread-local state runs on such a thread.
+#[test]
+fn a_clone_settls_helper_with_a_zeroed_tls_can_exit_and_exec() {
+    let bin = build_fixture("clone_settls.c", &[]);
+    for (arg, want) in [("exit", "child exited 7\n"), ("exec", "child exited 0\n")] {
+        let mut cmd = Command::new(&bin);
+        cmd.arg(arg);
+        let run = run_traced(cmd, "clone-settls");
+        assert_eq!(run.code(), Some(0), "{arg}: {}", run.stderr());
+        assert_eq!(run.stdout(), want, "{arg}: {}", run.stderr());
+        // The parent's final report (with exec, /bin/true writes one of its own).
+        let reports = run.reports();
+        let parent: Vec<_> = reports.iter().filter(|r| r["exe"].as_str().is_some_and(|e| e.contains("clone_settls"))).collect();
+        assert_eq!(parent.len(), 1, "{arg}: {} reports", reports.len());
+        assert_eq!(parent[0]["reason"], "exit", "{arg}");
+    }
+}
+
+/// firejail's sandbox: a raw clone(fn, stack, SIGCHLD) child (no fork handlers) that
+/// allocates, forks a grandchild, waits for it and returns from its clone function —
+/// a thread's exit, not the process's. Our collector thread, started in the child when
+/// it forked, kept it alive as a zombie and the parent waited forever (firejail blocks
+/// SIGTERM, so `timeout` could not end it). Now the child gets a collector only with a
+/// thread of its own.
+#[test]
+fn a_raw_clone_child_that_forks_and_returns_ends_and_its_parent_goes_on() {
+    let bin = build_fixture("raw_clone_fork.c", &[]);
+    let run = run_traced(Command::new(&bin), "raw-clone-fork");
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(run.stdout(), "child exited 3\n");
+    let reports = run.reports();
+    // The parent's and the grandchild's final reports (the child ends where no exit
+    // path runs: its clone function's return).
+    assert_eq!(reports.iter().filter(|r| r["reason"] == "exit").count(), 2, "{} reports", reports.len());
+}

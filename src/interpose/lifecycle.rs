@@ -65,6 +65,11 @@ extern "C" fn on_load() {
 /// Writes the final report on the calling thread (an exit path), whose stack the scan
 /// then reads as the exiting thread's; never unwinds.
 fn final_report_here() {
+    if !crate::os::threads::tls_is_glibcs() {
+        // A raw clone's helper with a TLS block of its own (see `tls_is_glibcs`): its
+        // memory is its parent's (CLONE_VM), and its exit is not the process's end.
+        return;
+    }
     crate::scan::roots::mark_entry();
     let _ = std::panic::catch_unwind(agent::finish);
 }
@@ -317,6 +322,9 @@ extern "C" fn on_termination_signal(sig: c_int, info: *mut libc::siginfo_t, _con
 /// end with `os._exit`): write the final report, then leave through the real function.
 #[inline(always)]
 fn final_report_then(real_exit: Option<real::ExitFn>, status: c_int) -> ! {
+    if !crate::os::threads::tls_is_glibcs() {
+        leave(real_exit, status);
+    }
     final_report_here();
     let status = LIFECYCLE.status_after_final(std::process::id(), Some(status)).unwrap_or(status);
     leave(real_exit, status)
@@ -328,6 +336,15 @@ fn final_report_then(real_exit: Option<real::ExitFn>, status: c_int) -> ! {
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn exit(status: c_int) -> ! {
     LIFECYCLE.exit_status_is(status);
+    if !crate::os::threads::tls_is_glibcs() {
+        // No thread state of ours to read here (see `tls_is_glibcs`); the destructor's
+        // final report checks the same.
+        match real::exit() {
+            // SAFETY: forwarding to the C library's exit.
+            Some(f) => unsafe { f(status) },
+            None => leave(real::exit_now(), status),
+        }
+    }
     if LIFECYCLE.exit_called(crate::hotpath::thread::identity(), std::process::id()) {
         final_report_here();
     }

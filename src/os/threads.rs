@@ -89,6 +89,22 @@ pub fn blocks(sig: c_int) -> bool {
     }
 }
 
+/// Whether the calling thread's thread pointer is the C library's: glibc's thread
+/// control block starts with a pointer to itself (x86-64 `tcbhead_t.tcb`). A thread
+/// made with a raw `clone(..., CLONE_SETTLS, ...)` and a TLS block of its own — Chromium's
+/// zygote makes such a helper with a zeroed one, which then calls `_exit` — has none:
+/// nothing of ours that reads thread-local state may run there. One system call, no TLS.
+pub fn tls_is_glibcs() -> bool {
+    let mut fs: u64 = 0;
+    // SAFETY: ARCH_GET_FS writes the thread pointer into `fs`.
+    let got = unsafe {
+        libc::syscall(libc::SYS_arch_prctl, 0x1003 /* ARCH_GET_FS */, &mut fs as *mut u64)
+    } == 0;
+    // SAFETY: a nonzero thread pointer set for this thread points at memory the thread's
+    // creator gave it (its first word is read only).
+    got && fs != 0 && unsafe { std::ptr::read_volatile(fs as *const u64) } == fs
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
