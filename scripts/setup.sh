@@ -8,7 +8,8 @@
 #     that embeds Python through dlopen), libjemalloc2 for the preloaded-allocator tests,
 #     chromium (real program, and the HTML report rendered headless), valgrind (verdicts
 #     compared), bsdutils (`script`, for the terminal case), and the real programs of
-#     tests/real_programs.rs: a JVM, Ruby, node, Go, ffmpeg, a bubblewrap sandbox, ...
+#     tests/real_programs.rs: a JVM, Ruby, node, Go, ffmpeg, a bubblewrap sandbox, Tcl,
+#     Lua, PHP, Guile, busybox, gawk, redis, memcached, nginx, firejail, ...
 #   - Python packages for the end-to-end tests (pip, for the python3 on PATH): the real
 #     CUDA runtime wheel (no GPU here: it must pass "no driver" through unchanged),
 #     PyTorch (CPU use; the wheel brings its own CUDA libraries), TensorFlow for CPU,
@@ -33,7 +34,8 @@ not_installed=()
 
 debs=(gcc g++ binutils python3 python3-venv libpython3-dev libjemalloc2 chromium valgrind bsdutils
     default-jdk-headless ruby nodejs golang-go perl git make sqlite3 xz-utils ffmpeg
-    bubblewrap openssh-client openssl util-linux mount tar gzip mawk curl)
+    bubblewrap openssh-client openssl util-linux mount tar gzip mawk curl
+    tcl lua5.4 php-cli guile-3.0 busybox gawk redis-server redis-tools memcached nginx-light firejail)
 missing=()
 for pkg in "${debs[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")

@@ -402,3 +402,103 @@ fn unshare_user_namespace() {
 fn ssh_keygen() {
     check(Program::new("ssh-keygen", &["bash", "-c", "ssh-keygen -q -t ed25519 -N '' -f key && wc -l < key.pub"]).needs(&[("ssh-keygen", "openssh-client")]));
 }
+
+// ---- other runtimes, sandboxes, servers and pipelines (issue 42's matrix) ------------
+
+#[test]
+fn tcl_exec_of_traced_programs() {
+    check(Program::new("tcl-exec", &["tclsh", "exec.tcl"]).files(&["exec.tcl"]).needs(&[("tclsh", "tcl")]));
+}
+
+#[test]
+fn lua_tables() {
+    check(Program::new("lua", &["lua5.4", "-e", "local t={} for i=1,100000 do t[i]=tostring(i) end print(#t)"]).needs(&[("lua5.4", "lua5.4")]));
+}
+
+#[test]
+fn php_arrays() {
+    check(
+        Program::new("php", &["php", "-r", "$a=[]; for($i=0;$i<100000;$i++){$a[]=str_repeat('x',10);} echo count($a),\"\\n\";"]).needs(&[("php", "php-cli")]),
+    );
+}
+
+#[test]
+fn guile_lists() {
+    check(Program::new("guile", &["guile", "-c", "(display (length (iota 100000))) (newline)"]).needs(&[("guile", "guile-3.0")]));
+}
+
+#[test]
+fn busybox_pipeline() {
+    check(Program::new("busybox", &["busybox", "sh", "-c", "seq 1 1000 | busybox sort -n | busybox tail -1"]).needs(&[("busybox", "busybox")]));
+}
+
+#[test]
+fn gawk_arrays() {
+    check(Program::new("gawk", &["gawk", "BEGIN{for(i=0;i<100000;i++) a[i]=i; print length(a)}"]).needs(&[("gawk", "gawk")]));
+}
+
+/// Programs that die of SIGPIPE when their reader leaves: each still dies by it (the
+/// pipeline's statuses are the plain ones) and leaves its final report.
+#[test]
+fn yes_and_sort_die_of_sigpipe() {
+    check(
+        Program::new("sigpipe", &["bash", "-c", "yes | head -1; echo ${PIPESTATUS[@]}; seq 1 300000 | sort -rn | head -1; echo ${PIPESTATUS[@]}"])
+            .needs(&[("sort", "coreutils")]),
+    );
+}
+
+#[test]
+fn python_dies_of_sigpipe_in_a_pipeline() {
+    check(
+        Program::new(
+            "python-sigpipe",
+            &["bash", "-c", "python3 -c 'import sys\nfor i in range(10**6): print(i)' 2>/dev/null | head -1; echo ${PIPESTATUS[@]}"],
+        )
+        .needs(&[("python3", "python3")]),
+    );
+}
+
+/// Servers started and stopped on a loopback port by a client of their own.
+#[test]
+fn redis_server_on_loopback() {
+    check(Program::new("redis", &["bash", "redis.sh"]).files(&["redis.sh"]).needs(&[("redis-server", "redis-server"), ("redis-cli", "redis-tools")]));
+}
+
+#[test]
+fn memcached_on_loopback() {
+    check(Program::new("memcached", &["bash", "memcached.sh"]).files(&["memcached.sh"]).needs(&[("memcached", "memcached")]));
+}
+
+#[test]
+fn nginx_master_and_workers_on_loopback() {
+    check(Program::new("nginx", &["bash", "nginx.sh"]).files(&["nginx.sh"]).needs(&[("nginx", "nginx-light"), ("curl", "curl")]));
+}
+
+/// firejail makes its sandbox's first process with a raw clone() (no fork handlers),
+/// which forks the command and returns from its clone function.
+#[test]
+fn firejail_sandbox() {
+    check(Program::new("firejail", &["firejail", "--quiet", "--noprofile", "bash", "-c", "echo inside; ls / | wc -l"]).needs(&[("firejail", "firejail")]));
+}
+
+/// valgrind's own tools over a program with the library preloaded: the library stays off
+/// and the tool's verdict is the one without it.
+#[test]
+fn valgrind_memcheck_and_helgrind() {
+    check(
+        Program::new("valgrind", &["bash", "-c", "valgrind -q --error-exitcode=9 ls / > /dev/null; echo $?; valgrind -q --tool=helgrind --error-exitcode=9 sort /etc/passwd > /dev/null; echo $?"])
+            .needs(&[("valgrind", "valgrind")]),
+    );
+}
+
+#[test]
+fn java_many_threads() {
+    let p = Program::new("java-many-threads", &["java", "ManyThreads"])
+        .files(&["ManyThreads.java"])
+        .needs(&[("java", "default-jre-headless"), ("javac", "default-jdk-headless")]);
+    if !available(&p) {
+        return;
+    }
+    let p = Program { argv: vec!["bash".into(), "-c".into(), "javac ManyThreads.java && java ManyThreads".into()], ..p };
+    check(p);
+}
