@@ -35,7 +35,7 @@ not_installed=()
 debs=(gcc g++ binutils python3 python3-venv libpython3-dev libjemalloc2 chromium valgrind bsdutils
     default-jdk-headless ruby nodejs golang-go perl git make sqlite3 xz-utils ffmpeg
     bubblewrap openssh-client openssl util-linux mount tar gzip mawk curl
-    tcl lua5.4 php-cli guile-3.0 busybox gawk redis-server redis-tools memcached nginx-light firejail)
+    tcl lua5.4 php-cli guile-3.0 busybox gawk redis-server redis-tools memcached nginx-light firejail strace)
 missing=()
 for pkg in "${debs[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")

@@ -502,3 +502,9 @@ fn java_many_threads() {
     let p = Program { argv: vec!["bash".into(), "-c".into(), "javac ManyThreads.java && java ManyThreads".into()], ..p };
     check(p);
 }
+
+/// A ptrace-based tool over traced programs: strace follows every child of a pipeline.
+#[test]
+fn strace_following_a_pipeline() {
+    check(Program::new("strace", &["bash", "-c", "strace -f -q -o /dev/null bash -c 'seq 1 1000 | sort -n | tail -1'"]).needs(&[("strace", "strace")]));
+}
