@@ -291,3 +291,31 @@ fn the_real_cudart_without_a_driver_passes_errors_through_and_records_nothing() 
         assert_eq!(summary(&r, kind, "total_allocs"), 0, "{kind}");
     }
 }
+
+/// A program with its own malloc (`own_malloc.c`'s allocator linked into the driver
+/// program, as rustc links jemalloc): host allocations are not seen, as its one stderr
+/// line says, but its CUDA memory still is — the same device leaks as without it.
+#[test]
+fn a_program_with_its_own_malloc_still_has_its_cuda_memory_tracked() {
+    let dir = fresh_dir("cuda-own-malloc");
+    let bin = dir.join("driver_app_own_malloc");
+    let root = env!("CARGO_MANIFEST_DIR");
+    cc(&[
+        "cc",
+        "-O2",
+        "-g",
+        "-DNO_MAIN",
+        "-o",
+        bin.to_str().unwrap(),
+        &format!("{root}/tests/fixtures/cuda/driver_app.c"),
+        &format!("{root}/tests/fixtures/own_malloc.c"),
+        "-ldl",
+    ]);
+    let (run, r) = traced(&bin, "dlsym");
+    let line: Vec<_> = run.stderr().lines().filter(|l| l.contains("host allocations are not seen")).map(String::from).collect();
+    assert_eq!(line.len(), 1, "{}", run.stderr());
+    assert!(line[0].contains("its own malloc") && line[0].contains("CUDA allocations are still tracked"), "{line:?}");
+    expect(&r, "leak_v2", "cuMemAlloc", "device", 4000, Some(0));
+    expect(&r, "leak_pinned", "cuMemAllocHost", "pinned", 1500, Some(0));
+    assert_eq!((summary(&r, "device", "total_allocs"), summary(&r, "device", "total_frees")), (80 + 2, 80));
+}
