@@ -262,7 +262,7 @@ fn the_library_links_no_cuda_library() {
 }
 
 /// The real libcudart.so.12 from PyPI (`nvidia-cuda-runtime-cu12`, installed by
-/// .ci/run). Without a driver every call returns 35 (cudaErrorInsufficientDriver): the
+/// scripts/setup.sh). Without a driver every call returns 35 (cudaErrorInsufficientDriver): the
 /// same codes with and without the library, and nothing recorded.
 #[test]
 fn the_real_cudart_without_a_driver_passes_errors_through_and_records_nothing() {

@@ -1,5 +1,5 @@
 //! Real frameworks under the real library (CPU: no GPU on these machines). PyTorch comes
-//! from PyPI (`pip install torch`, done by .ci/run); the growth check of a training loop
+//! from PyPI (`pip install torch`, done by scripts/setup.sh); the growth check of a training loop
 //! that keeps its losses is in `cli/tests/cli.rs` (it needs the `leaktrace` command).
 mod common;
 use common::*;
@@ -95,7 +95,7 @@ fn the_cuda_runtime_the_torch_wheel_ships_is_interposed_without_a_gpu() {
     }
 }
 
-/// TensorFlow (`tensorflow-cpu` from PyPI, installed by .ci/run): a small Keras fit.
+/// TensorFlow (`tensorflow-cpu` from PyPI, installed by scripts/setup.sh): a small Keras fit.
 #[test]
 fn tensorflow_keras_fit_runs_unchanged_and_gets_a_report() {
     if !have_module("tensorflow", "tensorflow-cpu") {
@@ -120,7 +120,7 @@ fn tensorflow_keras_fit_runs_unchanged_and_gets_a_report() {
 }
 
 /// BVLC Caffe (CPU): bullseye's package on bookworm, unpacked by
-/// `scripts/install_caffe.sh` (idempotent; .ci/run runs it first, and it prints the
+/// `scripts/install_caffe.sh` (idempotent; scripts/setup.sh runs it, and it prints the
 /// library path as its last line). `caffe train` on a LeNet-style net fed by DummyData,
 /// and `caffe time`.
 #[test]

@@ -5,7 +5,7 @@
 //! Ruby threads, chromium's zygote, Go), and the everyday programs a CI job runs.
 //!
 //! A program that is not installed is a skip, printed with the package that brings it,
-//! except under CI (`CI` set), where `.ci/run` installs them all and a missing one fails.
+//! except under CI (`CI` set), where `scripts/setup.sh` installs them all and a missing one fails.
 mod common;
 use common::*;
 use std::path::{Path, PathBuf};

@@ -551,7 +551,7 @@ fn device_leaks_count_and_caching_allocator_segments_do_not() {
 
 /// A PyTorch training loop that keeps every step's loss tensor (graph and all) grows for
 /// as long as it runs; `check --fail-on-growth` flags it from the periodic snapshots.
-/// PyTorch comes from PyPI (.ci/run installs it); PYTHONMALLOC=malloc lets the library
+/// PyTorch comes from PyPI (scripts/setup.sh installs it); PYTHONMALLOC=malloc lets the library
 /// see the interpreter's small objects too.
 #[test]
 fn a_pytorch_loop_that_keeps_its_losses_is_flagged_as_growing() {
