@@ -508,3 +508,56 @@ fn java_many_threads() {
 fn strace_following_a_pipeline() {
     check(Program::new("strace", &["bash", "-c", "strace -f -q -o /dev/null bash -c 'seq 1 1000 | sort -n | tail -1'"]).needs(&[("strace", "strace")]));
 }
+
+/// Chromium with its sandbox on, as a non-root user: its renderers run under a seccomp
+/// policy that kills a process (SIGSYS, "seccomp-bpf failure") for system calls it does
+/// not expect — `arch_prctl`, `process_vm_readv`, `rt_sigpending` were made by the library
+/// and crashed renderers (the page still came out: the browser replaces them). The same
+/// DOM, status, no crash, and a final report or a reason for every process.
+#[test]
+fn chromium_sandboxed_as_a_non_root_user() {
+    use std::os::unix::fs::PermissionsExt;
+    // SAFETY: getuid has no preconditions.
+    if unsafe { libc::getuid() } != 0 {
+        skip::not_here("runs chromium as user nobody, which needs root (as CI has)");
+        return;
+    }
+    let p = Program::new("chromium-sandboxed", &["runuser"]).needs(&[("chromium", "chromium"), ("runuser", "util-linux")]);
+    if !available(&p) {
+        return;
+    }
+    let dir = fresh_dir("real-chromium-sandboxed");
+    let open = |d: &Path| {
+        std::fs::create_dir_all(d).unwrap();
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o777)).unwrap();
+    };
+    for d in [dir.clone(), dir.join("home"), dir.join("reports")] {
+        open(&d);
+    }
+    std::fs::copy(fixture_dir().join("page.html"), dir.join("page.html")).unwrap();
+    let run = |traced: bool| {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "nobody", "--", "env"]).arg(format!("HOME={}", dir.join("home").display()));
+        if traced {
+            c.arg(format!("LD_PRELOAD={}", lib_path().display())).arg(format!("LEAKTRACE_OUTPUT={}", dir.join("reports").display()));
+        }
+        c.args(["chromium", "--headless", "--disable-gpu", "--dump-dom"]).arg(format!("file://{}", dir.join("page.html").display()));
+        c.current_dir(&dir).env_remove("LD_PRELOAD").timed_output().unwrap()
+    };
+    let plain = run(false);
+    let traced = run(true);
+    let err = String::from_utf8_lossy(&traced.stderr);
+    assert_eq!(traced.status, plain.status, "{err}");
+    assert_eq!(String::from_utf8_lossy(&traced.stdout), String::from_utf8_lossy(&plain.stdout), "{err}");
+    assert!(String::from_utf8_lossy(&plain.stdout).contains("from script"));
+    assert!(!err.contains("seccomp-bpf failure") && !err.contains("CRASHING"), "a sandboxed process crashed:\n{err}");
+    let reports = reports_in(&dir.join("reports"));
+    assert!(reports.len() > 3, "{} reports\n{err}", reports.len());
+    let mut pids: Vec<u64> = reports.iter().map(|r| r["pid"].as_u64().unwrap()).collect();
+    pids.sort_unstable();
+    pids.dedup();
+    for pid in pids {
+        let of_pid: Vec<_> = reports.iter().filter(|r| r["pid"].as_u64() == Some(pid)).collect();
+        assert!(of_pid.iter().any(|r| r["reason"] == "exit" || r["no_final_report"].is_string()), "pid {pid}: no final report:\n{:#}", of_pid[0]["argv"]);
+    }
+}

@@ -52,7 +52,7 @@ pub fn write_stderr(bytes: &[u8]) {
         // A stderr whose reader is gone (`2>&1 | head`) must not end the program by
         // SIGPIPE for our line: the signal is blocked for the write and, if the write
         // raised it, taken back (one that was pending before is left alone).
-        let _no_sigpipe = SigpipeBlocked::new();
+        let mut no_sigpipe = SigpipeBlocked::new();
         let mut rest = bytes;
         while !rest.is_empty() {
             // SAFETY: writing from a valid buffer of the given length.
@@ -62,16 +62,20 @@ pub fn write_stderr(bytes: &[u8]) {
             } else if n < 0 && super::errno() == libc::EINTR {
                 continue;
             } else {
+                no_sigpipe.raised = n < 0 && super::errno() == libc::EPIPE;
                 break;
             }
         }
     }
 }
 
-/// SIGPIPE blocked on this thread while it lives; one that our write raised is consumed.
+/// SIGPIPE blocked on this thread while it lives; one that our write raised (`raised`:
+/// it failed with EPIPE) is taken back. Only then is a signal system call beyond the
+/// mask made: a sandbox's seccomp policy may kill for `rt_sigpending` (Chromium's does).
 struct SigpipeBlocked {
     old: libc::sigset_t,
-    pending_before: bool,
+    was_blocked: bool,
+    raised: bool,
 }
 
 impl SigpipeBlocked {
@@ -84,9 +88,7 @@ impl SigpipeBlocked {
             libc::sigaddset(&mut set, libc::SIGPIPE);
             let mut old: libc::sigset_t = std::mem::zeroed();
             libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
-            let mut pending: libc::sigset_t = std::mem::zeroed();
-            libc::sigpending(&mut pending);
-            SigpipeBlocked { old, pending_before: libc::sigismember(&pending, libc::SIGPIPE) == 1 }
+            SigpipeBlocked { was_blocked: libc::sigismember(&old, libc::SIGPIPE) == 1, old, raised: false }
         }
     }
 }
@@ -95,16 +97,13 @@ impl Drop for SigpipeBlocked {
     fn drop(&mut self) {
         // SAFETY: as in `new`; a zero timeout only polls.
         unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, libc::SIGPIPE);
-            if !self.pending_before {
-                let mut pending: libc::sigset_t = std::mem::zeroed();
-                libc::sigpending(&mut pending);
-                if libc::sigismember(&pending, libc::SIGPIPE) == 1 {
-                    let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-                    libc::sigtimedwait(&set, std::ptr::null_mut(), &zero);
-                }
+            // Unblocked before, so nothing of the program's was pending: the one there is ours.
+            if self.raised && !self.was_blocked {
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigaddset(&mut set, libc::SIGPIPE);
+                let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+                libc::sigtimedwait(&set, std::ptr::null_mut(), &zero);
             }
             libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut());
         }

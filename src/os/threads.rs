@@ -89,20 +89,28 @@ pub fn blocks(sig: c_int) -> bool {
     }
 }
 
-/// Whether the calling thread's thread pointer is the C library's: glibc's thread
-/// control block starts with a pointer to itself (x86-64 `tcbhead_t.tcb`). A thread
-/// made with a raw `clone(..., CLONE_SETTLS, ...)` and a TLS block of its own — Chromium's
-/// zygote makes such a helper with a zeroed one, which then calls `_exit` — has none:
-/// nothing of ours that reads thread-local state may run there. One system call, no TLS.
+/// Whether the calling thread's thread pointer is the C library's: glibc's x86-64 thread
+/// control block starts with a pointer to itself (`tcbhead_t.tcb`, offset 0) and holds it
+/// again as `self` (offset 16). A thread made with a raw `clone(..., CLONE_SETTLS, ...)`
+/// and a TLS block of its own — Chromium's zygote makes such a helper with a zeroed one,
+/// which then calls `_exit` — has neither: nothing of ours that reads thread-local state
+/// may run there. Two loads through the thread pointer, no system call (a sandbox's
+/// seccomp policy kills a process for `arch_prctl(ARCH_GET_FS)`: Chromium's renderers).
 pub fn tls_is_glibcs() -> bool {
-    let mut fs: u64 = 0;
-    // SAFETY: ARCH_GET_FS writes the thread pointer into `fs`.
-    let got = unsafe {
-        libc::syscall(libc::SYS_arch_prctl, 0x1003 /* ARCH_GET_FS */, &mut fs as *mut u64)
-    } == 0;
-    // SAFETY: a nonzero thread pointer set for this thread points at memory the thread's
-    // creator gave it (its first word is read only).
-    got && fs != 0 && unsafe { std::ptr::read_volatile(fs as *const u64) } == fs
+    let (tcb, this): (u64, u64);
+    // SAFETY: two loads relative to the thread pointer, which every thread has: glibc's
+    // TCB, or the block a raw clone set (a thread with no thread pointer at all would
+    // already fault in any access to our thread-local state, as before this check).
+    unsafe {
+        std::arch::asm!(
+            "mov {tcb}, qword ptr fs:[0]",
+            "mov {this}, qword ptr fs:[16]",
+            tcb = out(reg) tcb,
+            this = out(reg) this,
+            options(nostack, readonly, preserves_flags)
+        );
+    }
+    tcb != 0 && tcb == this
 }
 
 #[cfg(test)]

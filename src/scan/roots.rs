@@ -208,6 +208,9 @@ pub fn split_blocking(tids: &[u32]) -> (Vec<u32>, Vec<u32>) {
 /// thread wake and its stack go. Its registers are not available. Returns the copies.
 pub fn copy_blocking_stacks(tids: &[u32], maps: &[(u64, u64)]) -> Vec<Vec<u64>> {
     let mut copies = Vec::new();
+    if !tids.is_empty() && !vm_readv_safe() {
+        return copies;
+    }
     for &t in tids {
         let text = crate::os::anchor::read_proc_string(&format!("self/task/{t}/syscall")).unwrap_or_default();
         // "NR arg1 .. arg6 sp pc" while in a system call; "running" otherwise.
@@ -357,6 +360,15 @@ const COPY_BLOCKS_FROM: u64 = 128 << 10;
 /// Words copied at a time by `root_words`.
 const ROOT_CHUNK_WORDS: usize = 8192;
 
+/// Whether `process_vm_readv` may be called at all: not under a seccomp filter, which
+/// may answer it with SIGSYS instead of an error (Chromium's sandboxed renderers crash on
+/// it). `/proc/self/status` says ("Seccomp: 2" for a filter); where it cannot be read (a
+/// sandbox without /proc), the answer is no.
+fn vm_readv_safe() -> bool {
+    let status = crate::os::anchor::read_proc_string("self/status").unwrap_or_default();
+    status.lines().find_map(|l| l.strip_prefix("Seccomp:")).is_some_and(|m| m.trim() == "0")
+}
+
 /// Copies `buf.len()` words from `from` in this process; returns how many bytes came
 /// (from the start: the copy stops at the first page that is not mapped).
 fn copy_own_memory(from: u64, buf: &mut [u64]) -> usize {
@@ -402,7 +414,7 @@ impl<'a> ProcessMemory<'a> {
     pub fn copying_roots(readable: &'a [(u64, u64)]) -> Self {
         let mut buf = vec![0u64; ROOT_CHUNK_WORDS].into_boxed_slice();
         let probe = [0x5eed_u64; 1];
-        let works = copy_own_memory(probe.as_ptr() as u64, &mut buf[..1]) == 8 && buf[0] == 0x5eed;
+        let works = vm_readv_safe() && copy_own_memory(probe.as_ptr() as u64, &mut buf[..1]) == 8 && buf[0] == 0x5eed;
         ProcessMemory { readable, root_buffer: std::cell::Cell::new(works.then_some(buf)) }
     }
 
