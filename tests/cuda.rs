@@ -312,7 +312,8 @@ fn a_program_with_its_own_malloc_still_has_its_cuda_memory_tracked() {
         "-ldl",
     ]);
     let (run, r) = traced(&bin, "dlsym");
-    let line: Vec<_> = run.stderr().lines().filter(|l| l.contains("host allocations are not seen")).map(String::from).collect();
+    let err = run.stderr();
+    let line = host_tracking_lines(&err);
     assert_eq!(line.len(), 1, "{}", run.stderr());
     assert!(line[0].contains("its own malloc") && line[0].contains("CUDA allocations are still tracked"), "{line:?}");
     expect(&r, "leak_v2", "cuMemAlloc", "device", 4000, Some(0));

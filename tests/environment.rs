@@ -123,7 +123,7 @@ fn with_jemalloc_before_us_the_program_runs_and_we_say_why_nothing_is_seen() {
     assert_eq!(out.status.code(), Some(7));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "leaks fixture done\n");
     let err = String::from_utf8_lossy(&out.stderr);
-    let lines: Vec<_> = err.lines().filter(|l| l.contains("host allocations are not seen")).collect();
+    let lines = host_tracking_lines(&err);
     assert_eq!(lines.len(), 1, "{err}");
     assert!(lines[0].contains("libjemalloc.so.2") && lines[0].contains("first in LD_PRELOAD"));
     let r = &reports_in(&dir)[0];
@@ -140,7 +140,7 @@ fn an_executable_with_its_own_malloc_is_told_so_truly() {
     assert_eq!(run.code(), Some(0));
     assert_eq!(run.stdout(), "own malloc\n");
     let err = run.stderr();
-    let lines: Vec<_> = err.lines().filter(|l| l.contains("host allocations are not seen")).collect();
+    let lines = host_tracking_lines(&err);
     assert_eq!(lines.len(), 1, "{err}");
     assert!(lines[0].contains("the program has its own malloc") && lines[0].contains("CUDA allocations are still tracked"), "{err}");
     assert!(!lines[0].contains("LD_PRELOAD"), "{err}");

@@ -14,9 +14,10 @@ fn script() -> PathBuf {
 /// Whether the interpreter has `module`; otherwise the test is skipped (under CI, where
 /// scripts/setup.sh installs it, a failure).
 fn have_module(module: &str, package: &str) -> bool {
-    let ok = Command::new(python()).args(["-c", &format!("import {module}")]).timed_output().map(|o| o.status.success()).unwrap_or(false);
+    let python = python();
+    let ok = Command::new(&python).args(["-c", &format!("import {module}")]).timed_output().map(|o| o.status.success()).unwrap_or(false);
     if !ok {
-        skip::missing(&format!("{module} for {}", python().display()), &format!("python3 -m pip install {package}"));
+        skip::missing(&format!("{module} for {}", python.display()), &format!("python3 -m pip install {package}"));
     }
     ok
 }

@@ -123,20 +123,24 @@ fn check(p: Program) {
         Reports::None => assert!(reports.is_empty(), "{}: {} report(s) from a program that cannot load the library", p.name, reports.len()),
         Reports::Some => {
             assert!(!reports.is_empty(), "{}: no report\ntraced stderr:\n{te}", p.name);
-            // Every process image that ran the library ended with a final report, or
-            // says in its last one why it cannot have one.
-            let mut pids: Vec<u64> = reports.iter().map(|r| r["pid"].as_u64().unwrap()).collect();
-            pids.sort_unstable();
-            pids.dedup();
-            for pid in pids {
-                let of_pid: Vec<_> = reports.iter().filter(|r| r["pid"].as_u64() == Some(pid)).collect();
-                let final_or_why = of_pid.iter().any(|r| r["reason"] == "exit" || r["no_final_report"].is_string());
-                assert!(final_or_why, "{}: pid {pid} left no final report and no reason:\n{:#}", p.name, of_pid[0]["argv"]);
-            }
+            each_process_ended_with_a_report_or_a_reason(p.name, &reports);
         }
     }
     if std::env::var_os("LEAKTRACE_TEST_VERBOSE").is_some() {
         eprintln!("{}: status {:?}, {} report(s)", p.name, traced.status, reports.len());
+    }
+}
+
+/// Every process image that ran the library ended with a final report, or says in its
+/// last one why it cannot have one.
+fn each_process_ended_with_a_report_or_a_reason(name: &str, reports: &[serde_json::Value]) {
+    let mut pids: Vec<u64> = reports.iter().map(|r| r["pid"].as_u64().unwrap()).collect();
+    pids.sort_unstable();
+    pids.dedup();
+    for pid in pids {
+        let of_pid: Vec<_> = reports.iter().filter(|r| r["pid"].as_u64() == Some(pid)).collect();
+        let final_or_why = of_pid.iter().any(|r| r["reason"] == "exit" || r["no_final_report"].is_string());
+        assert!(final_or_why, "{name}: pid {pid} left no final report and no reason:\n{:#}", of_pid[0]["argv"]);
     }
 }
 
@@ -152,17 +156,20 @@ fn java_version() {
     check(Program::new("java-version", &["java", "-version"]).needs(&[("java", "default-jre-headless")]));
 }
 
-#[test]
-fn java_threads() {
-    let p = Program::new("java-threads", &["java", "Threads"])
-        .files(&["Threads.java"])
-        .needs(&[("java", "default-jre-headless"), ("javac", "default-jdk-headless")]);
+/// The Java program `tests/fixtures/real/CLASS.java`, compiled plain into each run's
+/// directory by the command itself, then run.
+fn java_program(name: &'static str, class: &'static str, file: &'static [&'static str]) {
+    let p = Program::new(name, &["java", class]).files(file).needs(&[("java", "default-jre-headless"), ("javac", "default-jdk-headless")]);
     if !available(&p) {
         return;
     }
-    // Compiled once, plain, into each run's directory by the command itself.
-    let p = Program { argv: vec!["bash".into(), "-c".into(), "javac Threads.java && java Threads".into()], ..p };
+    let p = Program { argv: vec!["bash".into(), "-c".into(), format!("javac {class}.java && java {class}")], ..p };
     check(p);
+}
+
+#[test]
+fn java_threads() {
+    java_program("java-threads", "Threads", &["Threads.java"]);
 }
 
 #[test]
@@ -493,14 +500,7 @@ fn valgrind_memcheck_and_helgrind() {
 
 #[test]
 fn java_many_threads() {
-    let p = Program::new("java-many-threads", &["java", "ManyThreads"])
-        .files(&["ManyThreads.java"])
-        .needs(&[("java", "default-jre-headless"), ("javac", "default-jdk-headless")]);
-    if !available(&p) {
-        return;
-    }
-    let p = Program { argv: vec!["bash".into(), "-c".into(), "javac ManyThreads.java && java ManyThreads".into()], ..p };
-    check(p);
+    java_program("java-many-threads", "ManyThreads", &["ManyThreads.java"]);
 }
 
 /// A ptrace-based tool over traced programs: strace follows every child of a pipeline.
@@ -553,11 +553,5 @@ fn chromium_sandboxed_as_a_non_root_user() {
     assert!(!err.contains("seccomp-bpf failure") && !err.contains("CRASHING"), "a sandboxed process crashed:\n{err}");
     let reports = reports_in(&dir.join("reports"));
     assert!(reports.len() > 3, "{} reports\n{err}", reports.len());
-    let mut pids: Vec<u64> = reports.iter().map(|r| r["pid"].as_u64().unwrap()).collect();
-    pids.sort_unstable();
-    pids.dedup();
-    for pid in pids {
-        let of_pid: Vec<_> = reports.iter().filter(|r| r["pid"].as_u64() == Some(pid)).collect();
-        assert!(of_pid.iter().any(|r| r["reason"] == "exit" || r["no_final_report"].is_string()), "pid {pid}: no final report:\n{:#}", of_pid[0]["argv"]);
-    }
+    each_process_ended_with_a_report_or_a_reason("chromium-sandboxed", &reports);
 }

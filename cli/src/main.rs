@@ -390,11 +390,21 @@ fn run_without_separator(args: &[String]) -> Option<String> {
     if args.iter().any(|a| a == "--") || args[1..run].iter().any(|a| !a.starts_with('-')) {
         return None;
     }
-    // The command starts at the first word that is not an option (or an option's value).
-    let takes_value = ["--output", "-o", "--interval-ms", "--depth", "--exit-code", "--format", "--top", "--suppressions", "--min-bytes"];
+    // The command starts at the first word that is not an option (or an option's value);
+    // which options take a value, `run`'s own definition says.
+    let cli = <Cli as clap::CommandFactory>::command();
+    let takes_value: Vec<String> = cli
+        .find_subcommand("run")
+        .map(|r| {
+            r.get_arguments()
+                .filter(|a| a.get_action().takes_values())
+                .flat_map(|a| a.get_long().map(|l| format!("--{l}")).into_iter().chain(a.get_short().map(|s| format!("-{s}"))))
+                .collect()
+        })
+        .unwrap_or_default();
     let mut i = run + 1;
     while i < args.len() && args[i].starts_with('-') {
-        i += if takes_value.contains(&args[i].as_str()) { 2 } else { 1 };
+        i += if takes_value.contains(&args[i]) { 2 } else { 1 };
     }
     let (options, cmd) = args.split_at(i.min(args.len()));
     if cmd.is_empty() {

@@ -49,10 +49,15 @@ pub fn without_final_report(reports: &[Report], top: Option<u32>) -> Vec<String>
 pub fn fallback_reports(top: u32, since_ms: u64, dirs: &[PathBuf]) -> Option<(Vec<Report>, PathBuf)> {
     for dir in dirs {
         let Ok(entries) = std::fs::read_dir(dir) else { continue };
+        // Only files written since the run started are read (/tmp may hold many old ones).
+        let written_since = |e: &std::fs::DirEntry| {
+            let modified = e.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+            modified.is_some_and(|t| t.as_millis() as u64 + 1000 >= since_ms)
+        };
         let candidates: Vec<Report> = entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()).is_some_and(|n| n.starts_with("leaktrace.") && n.ends_with(".json")))
-            .filter_map(|p| load_file(&p).ok())
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_str().is_some_and(|n| n.starts_with("leaktrace.") && n.ends_with(".json")) && written_since(e))
+            .filter_map(|e| load_file(&e.path()).ok())
             .filter(|r| r.started_unix_ms + 1000 >= since_ms)
             .collect();
         let mut family = std::collections::BTreeSet::from([top]);

@@ -421,10 +421,17 @@ fn html_report_renders_in_headless_chromium_with_chart_and_sortable_table() {
     assert_eq!(bytes, vec![640, 1600, 4096], "{body}");
     assert!(dom.contains("th class=\"num\" data-col=\"bytes\" data-dir=\"asc\""));
     // And it paints: a screenshot of the page is a real image.
+    screenshot(&url, &dir);
+}
+
+/// A 900x1000 screenshot of `url` in headless Chromium, checked to be a real image (a
+/// PNG of more than 10 kB); its bytes.
+fn screenshot(url: &str, dir: &Path) -> Vec<u8> {
     let shot = dir.join("shot.png");
-    chromium(&["--window-size=900,1000", &format!("--screenshot={}", shot.display()), &url], &dir.join("profile-shot"));
+    chromium(&["--window-size=900,1000", &format!("--screenshot={}", shot.display()), url], &dir.join("profile-shot"));
     let png = std::fs::read(&shot).expect("screenshot written");
     assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "{} bytes", png.len());
+    png
 }
 
 /// The demo's page (a program of a moment, default cadence, `run --format html`): a chart
@@ -448,10 +455,7 @@ fn the_demos_html_page_has_a_chart_and_headings_in_order() {
     assert_eq!(levels.first(), Some(&1), "{levels:?}");
     assert_eq!(levels.iter().filter(|&&l| l == 1).count(), 1, "{levels:?}");
     assert!(levels.windows(2).all(|w| w[1] <= w[0] + 1), "a heading level skipped: {levels:?}");
-    let shot = dir.join("shot.png");
-    chromium(&["--window-size=900,1000", &format!("--screenshot={}", shot.display()), &url], &dir.join("profile-shot"));
-    let png = std::fs::read(&shot).expect("screenshot written");
-    assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "{} bytes", png.len());
+    let png = screenshot(&url, &dir);
     // Width and height from the PNG header: the window asked for.
     let dim = |at: usize| u32::from_be_bytes(png[at..at + 4].try_into().unwrap());
     assert_eq!((dim(16), dim(20)), (900, 1000));

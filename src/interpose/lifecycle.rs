@@ -285,13 +285,7 @@ fn install_termination_signals(snapshot: Option<c_int>) {
 /// Our action for a termination signal, installed where the program asks for its
 /// default (`interpose::signals`).
 pub fn termination_action() -> libc::sigaction {
-    // SAFETY: a zeroed sigaction is valid; sigemptyset writes inside it.
-    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
-    act.sa_sigaction = on_termination_signal as *const () as usize;
-    act.sa_flags = libc::SA_RESTART | libc::SA_ONSTACK | libc::SA_SIGINFO;
-    // SAFETY: as above.
-    unsafe { libc::sigemptyset(&mut act.sa_mask) };
-    act
+    crate::os::signals::action(on_termination_signal as *const () as usize, true, false)
 }
 
 extern "C" fn on_termination_signal(sig: c_int, info: *mut libc::siginfo_t, _context: *mut c_void) {
@@ -322,9 +316,6 @@ extern "C" fn on_termination_signal(sig: c_int, info: *mut libc::siginfo_t, _con
 /// end with `os._exit`): write the final report, then leave through the real function.
 #[inline(always)]
 fn final_report_then(real_exit: Option<real::ExitFn>, status: c_int) -> ! {
-    if !crate::os::threads::tls_is_glibcs() {
-        leave(real_exit, status);
-    }
     final_report_here();
     let status = LIFECYCLE.status_after_final(std::process::id(), Some(status)).unwrap_or(status);
     leave(real_exit, status)

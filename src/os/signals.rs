@@ -56,17 +56,12 @@ pub fn held_for_program(sig: c_int) -> bool {
     b != 0 && HELD.load(Ordering::Acquire) & b != 0
 }
 
-/// Installs `handler` (an async-signal-safe `extern "C"` function) for `sig` only if the
-/// program left `sig` at its default action, so its own handlers are never replaced.
-/// `siginfo` selects the three-argument form. Returns whether it was installed.
-pub fn install_if_default(sig: c_int, handler: usize, siginfo: bool, block_all: bool) -> bool {
-    // SAFETY: sigaction with valid pointers; the handler address comes from an extern
-    // "C" fn of the matching arity.
+/// Our action for a handler (an async-signal-safe `extern "C"` function): restarting,
+/// on the alternate stack where there is one; `siginfo` selects the three-argument form,
+/// `block_all` blocks every signal while it runs.
+pub fn action(handler: usize, siginfo: bool, block_all: bool) -> libc::sigaction {
+    // SAFETY: a zeroed sigaction is valid; the set functions write inside it.
     unsafe {
-        let mut old: libc::sigaction = std::mem::zeroed();
-        if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 || old.sa_sigaction != libc::SIG_DFL {
-            return false;
-        }
         let mut act: libc::sigaction = std::mem::zeroed();
         act.sa_sigaction = handler;
         act.sa_flags = libc::SA_RESTART | libc::SA_ONSTACK | if siginfo { libc::SA_SIGINFO } else { 0 };
@@ -75,7 +70,22 @@ pub fn install_if_default(sig: c_int, handler: usize, siginfo: bool, block_all: 
         } else {
             libc::sigemptyset(&mut act.sa_mask);
         }
-        libc::sigaction(sig, &act, std::ptr::null_mut()) == 0
+        act
+    }
+}
+
+/// Installs `action(handler, siginfo, block_all)` for `sig` only if the program left
+/// `sig` at its default action, so its own handlers are never replaced. Returns whether
+/// it was installed.
+pub fn install_if_default(sig: c_int, handler: usize, siginfo: bool, block_all: bool) -> bool {
+    // SAFETY: sigaction with valid pointers; the handler address comes from an extern
+    // "C" fn of the matching arity.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 || old.sa_sigaction != libc::SIG_DFL {
+            return false;
+        }
+        libc::sigaction(sig, &action(handler, siginfo, block_all), std::ptr::null_mut()) == 0
     }
 }
 

@@ -198,6 +198,11 @@ pub fn run_plain(mut cmd: Command) -> Output {
     cmd.env_remove("LD_PRELOAD").timed_output().unwrap()
 }
 
+/// The library's lines saying that the program's `malloc` does not reach it.
+pub fn host_tracking_lines(stderr: &str) -> Vec<&str> {
+    stderr.lines().filter(|l| l.contains("host allocations are not seen")).collect()
+}
+
 /// Leak groups whose stack mentions `function` (as a demangled name prefix or exact).
 pub fn groups_with<'a>(report: &'a Value, function: &str) -> Vec<&'a Value> {
     report["leaks"]
