@@ -2,6 +2,9 @@
 //! tested; a malformed value yields one warning line and the default.
 use std::path::PathBuf;
 
+/// The deepest stack captured (`LEAKTRACE_STACK_DEPTH`).
+pub const MAX_DEPTH: usize = 128;
+
 pub const DEFAULT_INTERVAL_MS: u64 = 10_000;
 pub const DEFAULT_DEPTH: usize = 64;
 pub const DEFAULT_SUMMARY_TOP: usize = 10;
@@ -217,8 +220,8 @@ impl Config {
         }
         if let Some(v) = get("LEAKTRACE_STACK_DEPTH") {
             match v.trim().parse::<usize>() {
-                Ok(n) if (1..=crate::hotpath::unwind::MAX_DEPTH).contains(&n) => c.stack_depth = n,
-                _ => bad("LEAKTRACE_STACK_DEPTH", &v, &format!("a depth between 1 and {}", crate::hotpath::unwind::MAX_DEPTH), DEFAULT_DEPTH.to_string()),
+                Ok(n) if (1..=MAX_DEPTH).contains(&n) => c.stack_depth = n,
+                _ => bad("LEAKTRACE_STACK_DEPTH", &v, &format!("a depth between 1 and {}", MAX_DEPTH), DEFAULT_DEPTH.to_string()),
             }
         }
         if let Some(v) = get("LEAKTRACE_SUMMARY") {

@@ -1,40 +1,11 @@
 //! The collector's model of the process: the live set and per-stack aggregates.
 //! Plain safe Rust, fed one event at a time in ticket order.
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
 use super::address_table::{AddressTable, Packed};
 use crate::hotpath::channel::Sink;
 use crate::hotpath::event::{Api, Event, EventKind, Kind, Space};
 
-/// A multiplicative hasher: keys are addresses and small ids, already well spread.
-#[derive(Default, Clone, Copy)]
-pub struct FxHasher(u64);
-
-impl Hasher for FxHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.write_u64(*b as u64);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-    fn write_u32(&mut self, v: u32) {
-        self.write_u64(v as u64);
-    }
-    fn write_u8(&mut self, v: u8) {
-        self.write_u64(v as u64);
-    }
-    fn write_usize(&mut self, v: usize) {
-        self.write_u64(v as u64);
-    }
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-pub type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+pub use crate::util::{FxHasher, FxMap};
 
 impl Sink for &mut Collector {
     #[inline(always)]
@@ -1049,7 +1020,7 @@ mod tests {
     #[test]
     fn every_key_keeps_one_group_while_stacks_change_hands() {
         let mut c = Collector::new();
-        let mut reference: HashMap<GroupKey, u32> = HashMap::new();
+        let mut reference: std::collections::HashMap<GroupKey, u32> = std::collections::HashMap::new();
         let mut rng = crate::test_rng::TestRng::new(0x2545_f491_4f6c_dd1d);
         let mut next = |n: u64| rng.below(n);
         let apis = [Api::Malloc, Api::Calloc, Api::Realloc, Api::CudaMalloc];

@@ -182,7 +182,7 @@ pub fn unapplied_frees(out: &mut Vec<u64>) {
 
 /// A free ring of `capacity` slots, or a new one, owned by the calling thread from now.
 fn take_ring(capacity: u64) -> Option<&'static ThreadRing> {
-    let me = thread::identity();
+    let me = crate::os::threads::identity();
     let free = rings().find(|r| r.capacity == capacity && r.owner.compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed).is_ok());
     let ring = match free {
         Some(r) => r,
@@ -556,7 +556,7 @@ impl DrainState {
     /// In a forked child: only the calling thread exists. Every other ring's owner is
     /// gone and every ticket taken before the fork is as far as it will ever get.
     pub fn after_fork_child(&mut self) {
-        let me = thread::identity();
+        let me = crate::os::threads::identity();
         for ring in rings() {
             if ring.owner.load(Ordering::Acquire) != me {
                 ring.tid.store(0, Ordering::Release);

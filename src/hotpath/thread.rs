@@ -206,12 +206,6 @@ pub fn tid() -> u32 {
     })
 }
 
-/// An address unique to the calling thread while it lives, identical in a forked
-/// child for the thread that called fork (unlike the kernel tid).
-pub fn identity() -> usize {
-    with(|s| s as *const ThreadState as usize)
-}
-
 /// In a forked child the calling thread has a new kernel id and a new stack mapping
 /// owner; cached values from the parent are dropped.
 pub fn reset_after_fork() {
@@ -220,4 +214,21 @@ pub fn reset_after_fork() {
         s.busy.set(false);
         s.in_cuda.set(false);
     });
+}
+
+extern "C" fn internal_thread_start(arg: *mut std::ffi::c_void) -> *mut std::ffi::c_void {
+    // Marked before anything else runs on this thread, so even the thread-local setup
+    // that std does on first use is untracked.
+    mark_internal();
+    // SAFETY: arg is the fn pointer passed by `spawn_internal_thread`.
+    let f: fn() = unsafe { std::mem::transmute::<*mut std::ffi::c_void, fn()>(arg) };
+    let _ = std::panic::catch_unwind(f);
+    std::ptr::null_mut()
+}
+
+/// Starts one of the library's own threads (signals blocked, detached) with tracking off
+/// from its first instruction.
+pub fn spawn_internal(f: fn()) -> Result<(), i32> {
+    // SAFETY: the start routine takes the fn pointer back, which lives forever.
+    unsafe { crate::os::threads::spawn_raw(internal_thread_start, f as *mut std::ffi::c_void) }.map(drop)
 }

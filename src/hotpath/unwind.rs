@@ -29,7 +29,7 @@ use super::stacks;
 use super::thread::{self, ThreadState};
 
 /// Upper bound on the configurable depth; keeps the hook's stack use small (~4 KiB).
-pub const MAX_DEPTH: usize = 128;
+pub const MAX_DEPTH: usize = crate::config::MAX_DEPTH;
 
 #[repr(C)]
 struct DlFindObject {
@@ -256,7 +256,7 @@ fn rule_of_row(row: &gimli::UnwindTableRow<usize>) -> Option<u64> {
 struct FdeRules {
     epoch: u32,
     /// FDE address -> rows `(start, end, rule)`, by start.
-    by_fde: crate::collector::state::FxMap<u64, Vec<(u64, u64, u64)>>,
+    by_fde: crate::util::FxMap<u64, Vec<(u64, u64, u64)>>,
     /// The address ranges `(start, end, FDE address)` of the FDEs asked for last. Call
     /// sites met one after another are mostly in one function (a static initialiser
     /// registering thousands of operators: 87% of the 200k rules computed in `import

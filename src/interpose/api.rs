@@ -206,7 +206,7 @@ pub extern "C" fn __lsan_unregister_root_region(p: *const c_void, size: usize) {
     sanitizers_first!(c"__lsan_unregister_root_region", extern "C" fn(*const c_void, usize), |f| f(p, size));
     guarded((), || {
         if !crate::scan::roots::unregister_root_region(p as u64, size as u64) {
-            agent::stderr_line(&format!("leaktrace: __lsan_unregister_root_region({p:p}, {size}): no such region registered"));
+            crate::os::fds::stderr_line(&format!("leaktrace: __lsan_unregister_root_region({p:p}, {size}): no such region registered"));
         }
     });
 }

@@ -12,7 +12,7 @@
 //! copy is forwarded to itself. A fifth distinct copy of one function is passed through
 //! untracked (counted in `untracked_copies`).
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::ErrnoGuard;
 use crate::agent;
@@ -30,8 +30,6 @@ pub struct Slots {
     exported: AtomicUsize,
     copies: [AtomicUsize; COPIES],
 }
-
-static UNTRACKED_COPIES: AtomicU64 = AtomicU64::new(0);
 
 impl Slots {
     #[allow(clippy::new_without_default, clippy::declare_interior_mutable_const)]
@@ -66,13 +64,9 @@ impl Slots {
                 Err(_) => {}
             }
         }
-        UNTRACKED_COPIES.fetch_add(1, Ordering::Relaxed);
+        crate::agent::note_untracked_copy();
         None
     }
-}
-
-pub fn untracked_copies() -> u64 {
-    UNTRACKED_COPIES.load(Ordering::Relaxed)
 }
 
 /// The next definition of `name` after this library: `dlsym(RTLD_NEXT)`, or, when the
@@ -164,7 +158,10 @@ macro_rules! cuda_hook {
 pub fn missing(name: &CStr) {
     static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if !SAID.swap(true, Ordering::Relaxed) {
-        agent::stderr_line(&format!("leaktrace: {} was called but no CUDA library defines it; returning error {ERROR_UNKNOWN}", name.to_string_lossy()));
+        crate::os::fds::stderr_line(&format!(
+            "leaktrace: {} was called but no CUDA library defines it; returning error {ERROR_UNKNOWN}",
+            name.to_string_lossy()
+        ));
     }
 }
 

@@ -20,8 +20,8 @@ extern "C" fn on_load() {
         real::ensure_resolved();
         crate::os::fds::note_stderr();
         // An internal error is one line on the program's stderr, never a backtrace.
-        std::panic::set_hook(Box::new(|info| agent::stderr_line(&format!("leaktrace: internal error: {info}"))));
-        let config = Config::from_lookup(|k| std::env::var(k).ok(), |w| agent::stderr_line(&w));
+        std::panic::set_hook(Box::new(|info| crate::os::fds::stderr_line(&format!("leaktrace: internal error: {info}"))));
+        let config = Config::from_lookup(|k| std::env::var(k).ok(), |w| crate::os::fds::stderr_line(&w));
         if config.disabled {
             super::threads::pass_through();
             return;
@@ -31,12 +31,12 @@ extern "C" fn on_load() {
             // themselves (helgrind called our spin lock's atomics "possible data races"
             // and failed --error-exitcode); the library stays off, as under a sanitizer.
             super::threads::pass_through();
-            agent::stderr_line("leaktrace: this program runs under valgrind, which replaces malloc and checks memory itself: leaktrace stays off in this process (use valgrind's own leak check)");
+            crate::os::fds::stderr_line("leaktrace: this program runs under valgrind, which replaces malloc and checks memory itself: leaktrace stays off in this process (use valgrind's own leak check)");
             return;
         }
         if let Some(sanitizer) = sanitizer_runtime() {
             super::threads::pass_through();
-            agent::stderr_line(&format!(
+            crate::os::fds::stderr_line(&format!(
                 "leaktrace: this program runs {sanitizer}, which replaces malloc and tracks allocations itself: leaktrace stays off in this process (use the sanitizer's own leak report, or a build without it)"
             ));
             return;
@@ -44,6 +44,10 @@ extern "C" fn on_load() {
         let host_tracking = host_tracking_state();
         let signal = config.snapshot_signal;
         let leak_exit_code = config.exit_code;
+        // pymalloc's arenas are known from before the interpreter maps its first one.
+        if config.scan && !config.disabled {
+            super::pymalloc::install();
+        }
         if agent::start(config, host_tracking) {
             if leak_exit_code.is_some() {
                 extern "C" {
@@ -183,7 +187,7 @@ fn host_tracking_state() -> String {
     match (ours, theirs) {
         (Some((our_base, _, _)), Some((their_base, their_name, true))) if our_base != their_base && !reaches_us(bound as usize) => {
             let msg = why_not_ours(&their_name);
-            agent::stderr_line(&format!("leaktrace: host allocations are not seen: {msg}"));
+            crate::os::fds::stderr_line(&format!("leaktrace: host allocations are not seen: {msg}"));
             msg
         }
         _ => "active".into(),
@@ -336,7 +340,7 @@ pub unsafe extern "C" fn exit(status: c_int) -> ! {
             None => leave(real::exit_now(), status),
         }
     }
-    if LIFECYCLE.exit_called(crate::hotpath::thread::identity(), std::process::id()) {
+    if LIFECYCLE.exit_called(crate::os::threads::identity(), std::process::id()) {
         final_report_here();
     }
     match real::exit() {
@@ -395,23 +399,6 @@ pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> c_int {
     let rc = unsafe { f(handle) };
     let _ = std::panic::catch_unwind(agent::after_dlclose);
     rc
-}
-
-extern "C" fn internal_thread_start(arg: *mut c_void) -> *mut c_void {
-    // Marked before anything else runs on this thread, so even the thread-local setup
-    // that std does on first use is untracked.
-    crate::hotpath::thread::mark_internal();
-    // SAFETY: arg is the fn pointer passed by `spawn_internal_thread`.
-    let f: fn() = unsafe { std::mem::transmute::<*mut c_void, fn()>(arg) };
-    let _ = std::panic::catch_unwind(f);
-    std::ptr::null_mut()
-}
-
-/// Starts one of the library's own threads (signals blocked, detached) with tracking off
-/// from its first instruction.
-pub fn spawn_internal_thread(f: fn()) -> Result<(), i32> {
-    // SAFETY: the start routine takes the fn pointer back, which lives forever.
-    unsafe { crate::os::threads::spawn_raw(internal_thread_start, f as *mut c_void) }.map(drop)
 }
 
 /// `unshare` with flags the kernel refuses to a multi-threaded process (a new user

@@ -346,7 +346,7 @@ fn for_each_module_span(mut visit: impl FnMut(usize, usize) -> bool) {
         // headers; data is the Visit below, alive for the whole walk.
         let (info, visit) = unsafe { (&*info, &mut *(data as *mut Visit)) };
         // SAFETY: as above.
-        let (lo, hi) = span(info.dlpi_addr as usize, unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) });
+        let (lo, hi) = crate::os::loader::span(info.dlpi_addr as usize, unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) });
         c_int::from(lo < hi && !visit(lo, hi))
     }
     let mut visit: Visit = &mut visit;
@@ -354,49 +354,10 @@ fn for_each_module_span(mut visit: impl FnMut(usize, usize) -> bool) {
     unsafe { crate::os::loader::iterate_modules(Some(each), &mut visit as *mut Visit as *mut c_void) };
 }
 
-/// The lowest and highest address of a module's PT_LOAD segments.
-fn span(base: usize, phdrs: &[libc::Elf64_Phdr]) -> (usize, usize) {
-    phdrs.iter().filter(|ph| ph.p_type == libc::PT_LOAD).fold((usize::MAX, 0), |(lo, hi), ph| {
-        let start = base + ph.p_vaddr as usize;
-        (lo.min(start), hi.max(start + ph.p_memsz as usize))
-    })
-}
-
-/// A loaded ELF module: its path as the loader knows it (empty for the main program)
-/// and the span of its PT_LOAD segments.
-pub struct LoadedModule {
-    pub path: std::ffi::CString,
-    /// Load bias: file virtual address = runtime address - base.
-    pub base: usize,
-    pub lo: usize,
-    pub hi: usize,
-}
-
-/// Every loaded module, in load order.
-pub fn loaded_modules() -> Vec<LoadedModule> {
-    extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
-        // SAFETY: the loader passes a valid info; data is our Vec.
-        unsafe {
-            let out = &mut *(data as *mut Vec<LoadedModule>);
-            let i = &*info;
-            let (lo, hi) = span(i.dlpi_addr as usize, std::slice::from_raw_parts(i.dlpi_phdr, i.dlpi_phnum as usize));
-            let path = if i.dlpi_name.is_null() { std::ffi::CString::default() } else { CStr::from_ptr(i.dlpi_name).to_owned() };
-            if lo < hi {
-                out.push(LoadedModule { path, base: i.dlpi_addr as usize, lo, hi });
-            }
-        }
-        0
-    }
-    let mut out: Vec<LoadedModule> = Vec::new();
-    // SAFETY: the callback only reads what the loader gives it.
-    unsafe { crate::os::loader::iterate_modules(Some(visit), &mut out as *mut Vec<LoadedModule> as *mut c_void) };
-    out
-}
-
 /// The first loaded module, in load order and other than this library, that defines
 /// `name`: for CUDA libraries loaded with RTLD_LOCAL, which `RTLD_NEXT` cannot see.
 pub fn first_definition_outside_us(name: &CStr) -> Option<usize> {
-    let paths = loaded_modules().into_iter().map(|m| m.path).filter(|p| !p.as_bytes().is_empty());
+    let paths = crate::os::loader::loaded_modules().into_iter().map(|m| m.path).filter(|p| !p.as_bytes().is_empty());
     for path in paths {
         // SAFETY: NOLOAD never loads anything; the handle's reference is dropped at once
         // through the real dlclose (ours would re-symbolize for nothing).

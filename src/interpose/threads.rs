@@ -25,46 +25,12 @@ pub fn pass_through() {
 }
 
 /// The program's start routine and its argument, in a block of the real allocator, and
-/// the slot of `PENDING_ARGS` that holds the argument until the thread runs.
+/// the slot of `scan::roots::PENDING_ARGS` that holds the argument until the thread runs.
 #[repr(C)]
 struct Start {
     routine: usize,
     arg: usize,
     slot: usize,
-}
-
-/// Threads created and not yet running: the arguments they were given. Until the new
-/// thread's prologue takes it, a start argument lives only in our `Start` block and in
-/// the C library's thread descriptor, neither of them read by the pointer scan; a scan
-/// that stops such a thread (it is stopped before its first instruction) counted the
-/// block its argument points to as leaked (CPython's thread `bootstate`). The scan reads
-/// a copy of this array as a root (`pending_args`). A thread created while every slot is
-/// taken is not listed (its argument is then only as visible as before).
-const PENDING: usize = 256;
-#[allow(clippy::declare_interior_mutable_const)]
-const NO_ARG: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-static PENDING_ARGS: [std::sync::atomic::AtomicUsize; PENDING] = [NO_ARG; PENDING];
-
-/// Lists `arg` until its thread runs; returns the slot, or `PENDING` when none is free
-/// (or there is nothing to list).
-fn list_pending(arg: usize) -> usize {
-    if arg == 0 {
-        return PENDING;
-    }
-    PENDING_ARGS.iter().position(|s| s.compare_exchange(0, arg, Ordering::AcqRel, Ordering::Relaxed).is_ok()).unwrap_or(PENDING)
-}
-
-fn unlist_pending(slot: usize) {
-    if let Some(s) = PENDING_ARGS.get(slot) {
-        s.store(0, Ordering::Release);
-    }
-}
-
-/// The arguments of the threads not yet running, copied now: the scan reads the copy (a
-/// thread that blocks signals is not stopped by the scan, and may take its argument
-/// out of the list and free the block while the scan reads).
-pub fn pending_args() -> Vec<u64> {
-    PENDING_ARGS.iter().map(|s| s.load(Ordering::Acquire) as u64).filter(|&a| a != 0).collect()
 }
 
 /// Returned in RAX (routine) and RDX (argument): a two-integer struct (SysV x86-64).
@@ -78,7 +44,7 @@ extern "C" fn thread_prologue(p: *mut Start) -> Entry {
     // SAFETY: p is the block `pthread_create` below filled for this thread alone.
     let start = unsafe { p.read() };
     // From here the argument is in this thread's registers, then in its frames.
-    unlist_pending(start.slot);
+    crate::scan::roots::unlist_pending(start.slot);
     if let Some(free) = real::free() {
         // SAFETY: p came from the real malloc in `pthread_create`.
         unsafe { free(p as *mut c_void) };
@@ -143,7 +109,7 @@ pub unsafe extern "C" fn pthread_create(
         // SAFETY: forwarding the caller's arguments unchanged (no memory for the wrapper).
         return unsafe { create(thread, attr, routine, arg) };
     };
-    let slot = list_pending(arg as usize);
+    let slot = crate::scan::roots::list_pending(arg as usize);
     // SAFETY: block is a fresh allocation of the right size and alignment (malloc's 16).
     unsafe { block.write(Start { routine: routine as usize, arg: arg as usize, slot }) };
     // SAFETY: the entry's contract is a start routine's: it takes the block as argument.
@@ -152,7 +118,7 @@ pub unsafe extern "C" fn pthread_create(
     // SAFETY: forwarding the caller's thread and attributes with the wrapped routine.
     let rc = unsafe { create(thread, attr, Some(entry), block as *mut c_void) };
     if rc != 0 {
-        unlist_pending(slot);
+        crate::scan::roots::unlist_pending(slot);
         if let Some(free) = real::free() {
             // SAFETY: the thread did not start: the block is still ours.
             unsafe { free(block as *mut c_void) };

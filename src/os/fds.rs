@@ -46,6 +46,14 @@ pub fn stderr_is_original() -> bool {
 
 /// Writes `bytes` to the original standard error, whole (retrying short writes and
 /// EINTR), or not at all when fd 2 is something else now. Errno is kept.
+/// One line on the program's standard error, if fd 2 is still that.
+pub fn stderr_line(line: &str) {
+    let mut s = String::with_capacity(line.len() + 1);
+    s.push_str(line);
+    s.push('\n');
+    write_stderr(s.as_bytes());
+}
+
 pub fn write_stderr(bytes: &[u8]) {
     let _errno = super::ErrnoGuard::save();
     if stderr_is_original() {

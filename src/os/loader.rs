@@ -52,3 +52,42 @@ pub fn fork_hold_loader_walks() {
 pub fn fork_release_loader_walks() {
     LOADER_WALKS.unlock_raw();
 }
+
+/// The lowest and highest address of a module's PT_LOAD segments.
+pub fn span(base: usize, phdrs: &[libc::Elf64_Phdr]) -> (usize, usize) {
+    phdrs.iter().filter(|ph| ph.p_type == libc::PT_LOAD).fold((usize::MAX, 0), |(lo, hi), ph| {
+        let start = base + ph.p_vaddr as usize;
+        (lo.min(start), hi.max(start + ph.p_memsz as usize))
+    })
+}
+
+/// A loaded ELF module: its path as the loader knows it (empty for the main program)
+/// and the span of its PT_LOAD segments.
+pub struct LoadedModule {
+    pub path: std::ffi::CString,
+    /// Load bias: file virtual address = runtime address - base.
+    pub base: usize,
+    pub lo: usize,
+    pub hi: usize,
+}
+
+/// Every loaded module, in load order.
+pub fn loaded_modules() -> Vec<LoadedModule> {
+    extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: usize, data: *mut std::ffi::c_void) -> std::ffi::c_int {
+        // SAFETY: the loader passes a valid info; data is our Vec.
+        unsafe {
+            let out = &mut *(data as *mut Vec<LoadedModule>);
+            let i = &*info;
+            let (lo, hi) = span(i.dlpi_addr as usize, std::slice::from_raw_parts(i.dlpi_phdr, i.dlpi_phnum as usize));
+            let path = if i.dlpi_name.is_null() { std::ffi::CString::default() } else { std::ffi::CStr::from_ptr(i.dlpi_name).to_owned() };
+            if lo < hi {
+                out.push(LoadedModule { path, base: i.dlpi_addr as usize, lo, hi });
+            }
+        }
+        0
+    }
+    let mut out: Vec<LoadedModule> = Vec::new();
+    // SAFETY: the callback only reads what the loader gives it.
+    unsafe { iterate_modules(Some(visit), &mut out as *mut Vec<LoadedModule> as *mut std::ffi::c_void) };
+    out
+}

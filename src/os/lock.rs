@@ -5,8 +5,6 @@
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::hotpath::thread;
-
 /// The lock word on lines of its own (128 bytes: a cache line and the neighbour the
 /// prefetcher pairs with it). Producers with a full ring try the lock while the
 /// collector holds it; beside the guarded value's first fields, each try would take
@@ -35,7 +33,7 @@ impl<T> SpinLock<T> {
     }
 
     pub fn try_lock(&self) -> Option<Guard<'_, T>> {
-        let me = thread::identity();
+        let me = super::threads::identity();
         // Read first: a failed compare-exchange still takes the line for writing.
         if self.owner.0.load(Ordering::Relaxed) != 0 {
             return None;
@@ -77,13 +75,13 @@ impl<T> SpinLock<T> {
 
     /// Whether this very thread holds the lock now.
     pub fn held_by_me(&self) -> bool {
-        self.owner.0.load(Ordering::Acquire) == thread::identity()
+        self.owner.0.load(Ordering::Acquire) == super::threads::identity()
     }
 
     /// The lock was parked by this very thread with `lock_raw` (inside fork): the state
     /// is consistent and may be used without taking the lock again.
     pub fn parked_by_me(&self) -> Option<Guard<'_, T>> {
-        if self.owner.0.load(Ordering::Acquire) == thread::identity() {
+        if self.owner.0.load(Ordering::Acquire) == super::threads::identity() {
             Some(Guard { lock: self })
         } else {
             None

@@ -96,6 +96,19 @@ pub fn blocks(sig: c_int) -> bool {
 /// which then calls `_exit` — has neither: nothing of ours that reads thread-local state
 /// may run there. Two loads through the thread pointer, no system call (a sandbox's
 /// seccomp policy kills a process for `arch_prctl(ARCH_GET_FS)`: Chromium's renderers).
+/// An address unique to the calling thread while it lives, identical in a forked child
+/// for the thread that called fork (unlike the kernel tid): its thread pointer.
+#[inline]
+pub fn identity() -> usize {
+    let tp: usize;
+    // SAFETY: one load through the thread pointer, which every thread that runs our
+    // code has (glibc's TCB holds its own address at offset 0).
+    unsafe {
+        std::arch::asm!("mov {tp}, qword ptr fs:[0]", tp = out(reg) tp, options(nostack, readonly, preserves_flags));
+    }
+    tp
+}
+
 pub fn tls_is_glibcs() -> bool {
     let (tcb, this): (u64, u64);
     // SAFETY: two loads relative to the thread pointer, which every thread has: glibc's

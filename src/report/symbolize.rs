@@ -311,7 +311,7 @@ impl Symbolizer {
     /// Several threads may call it in one epoch; their lists are merged.
     pub fn pin_modules(&mut self) {
         let epoch = unwind::epoch();
-        let pinned: Vec<(u64, u64, u32)> = crate::interpose::resolve::loaded_modules()
+        let pinned: Vec<(u64, u64, u32)> = crate::os::loader::loaded_modules()
             .into_iter()
             .map(|m| {
                 let path = m.path.to_string_lossy().into_owned();

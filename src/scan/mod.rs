@@ -3,6 +3,7 @@
 //! static TLS) and the live heap, classifying each block as LeakSanitizer does —
 //! reachable, indirect (only leaked blocks point to it) or definite.
 //! On by default (`LEAKTRACE_SCAN=0` turns it off).
+pub mod arenas;
 pub mod mark;
 pub mod pymalloc;
 pub mod roots;
@@ -67,13 +68,13 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
     root_ranges.extend(blocking_stacks.iter().map(|s| (s.as_ptr() as u64, (s.len() * 8) as u64)));
     roots::own_stack(&maps, &mut root_ranges, &mut regs);
     root_ranges.reserve(tids.len() + 8 + roots::WrittenPages::bound(&module_ranges));
-    let mut python_arenas = Vec::with_capacity(crate::interpose::pymalloc::capacity());
+    let mut python_arenas = Vec::with_capacity(crate::scan::arenas::capacity());
     // In a forked child, the arenas' pages unchanged since the fork hold only what the
     // parent had (as for inherited blocks): room for their changed parts, from the
     // arenas there are now (more made meanwhile widen the last part, never allocate).
     let mut python_changed = Vec::new();
     if forked_child {
-        crate::interpose::pymalloc::live_arenas(&mut python_arenas);
+        crate::scan::arenas::live_arenas(&mut python_arenas);
         python_changed.reserve(roots::WrittenPages::bound(&python_arenas) + 64);
         python_arenas.clear();
     }
@@ -85,7 +86,7 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
     // live set was taken are all in the rings (the consumers are held off meanwhile).
     crate::hotpath::channel::unapplied_frees(&mut freed);
     // Read while the interpreter's threads are held (arenas come and go under the GIL).
-    crate::interpose::pymalloc::live_arenas(&mut python_arenas);
+    crate::scan::arenas::live_arenas(&mut python_arenas);
     // Which pages were written is read while every thread that could write is held.
     if forked_child {
         // What the child never wrote holds only what the parent had at the fork: no
@@ -112,8 +113,8 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
         changed_since_fork: &changed_since_fork,
         python_arenas: &python_arenas,
         python_changed: forked_child.then_some(&python_changed[..]),
-        python_ints: crate::interpose::pymalloc::int_layout(),
-        python_types: crate::interpose::pymalloc::object_types(),
+        python_ints: crate::scan::arenas::int_layout(),
+        python_types: crate::scan::arenas::object_types(),
         freed_meanwhile: &freed,
     };
     mark::classify_into(blocks, &all_roots, &memory, &mut scratch);

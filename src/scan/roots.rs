@@ -162,7 +162,7 @@ pub fn module_data() -> (Ranges, Ranges) {
 /// maps and scopes, TLS blocks) are kept in places no root covers: as LeakSanitizer's
 /// `use_ld_allocations`, they count as reachable.
 pub fn loader_range() -> Option<(u64, u64)> {
-    crate::interpose::resolve::loaded_modules().into_iter().find(|m| is_loader(m.path.as_bytes())).map(|m| (m.lo as u64, m.hi as u64))
+    crate::os::loader::loaded_modules().into_iter().find(|m| is_loader(m.path.as_bytes())).map(|m| (m.lo as u64, m.hi as u64))
 }
 
 /// The last component of a module path.
@@ -779,6 +779,40 @@ pub fn unregister_root_region(start: u64, size: u64) -> bool {
 /// The registered root regions, as the scan reads them (only the readable parts).
 pub fn root_regions() -> Vec<(u64, u64)> {
     ROOT_REGIONS.lock().clone()
+}
+
+/// Threads created and not yet running: the arguments they were given. Until the new
+/// thread's prologue takes it, a start argument lives only in our `Start` block and in
+/// the C library's thread descriptor, neither of them read by the pointer scan; a scan
+/// that stops such a thread (it is stopped before its first instruction) counted the
+/// block its argument points to as leaked (CPython's thread `bootstate`), written by `interpose::threads`. The scan reads
+/// a copy of this array as a root (`pending_args`). A thread created while every slot is
+/// taken is not listed (its argument is then only as visible as before).
+pub const PENDING: usize = 256;
+#[allow(clippy::declare_interior_mutable_const)]
+const NO_ARG: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static PENDING_ARGS: [std::sync::atomic::AtomicUsize; PENDING] = [NO_ARG; PENDING];
+
+/// Lists `arg` until its thread runs; returns the slot, or `PENDING` when none is free
+/// (or there is nothing to list).
+pub fn list_pending(arg: usize) -> usize {
+    if arg == 0 {
+        return PENDING;
+    }
+    PENDING_ARGS.iter().position(|s| s.compare_exchange(0, arg, Ordering::AcqRel, Ordering::Relaxed).is_ok()).unwrap_or(PENDING)
+}
+
+pub fn unlist_pending(slot: usize) {
+    if let Some(s) = PENDING_ARGS.get(slot) {
+        s.store(0, Ordering::Release);
+    }
+}
+
+/// The arguments of the threads not yet running, copied now: the scan reads the copy (a
+/// thread that blocks signals is not stopped by the scan, and may take its argument
+/// out of the list and free the block while the scan reads).
+pub fn pending_args() -> Vec<u64> {
+    PENDING_ARGS.iter().map(|s| s.load(Ordering::Acquire) as u64).filter(|&a| a != 0).collect()
 }
 
 #[cfg(test)]

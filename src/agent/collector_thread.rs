@@ -1,0 +1,193 @@
+//! The collector thread: drains the rings into the collector's model, writes the
+//! periodic reports and timeline points, and the final report when a termination signal
+//! asks for it. Also steps aside for calls that need a single-threaded process.
+use std::panic::catch_unwind;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::hotpath::{channel, stacks, thread};
+use crate::lifecycle::LIFECYCLE;
+use crate::os::fds::stderr_line;
+use crate::report::build::Reason;
+use crate::report::process;
+
+use super::consumer::{drain_into, wait_while, PREPARE_AFTER, PREPARE_INHERITED, PREPARING, STATE};
+use super::reports::{finish_as, record_point, write_report, REPORT};
+
+static SNAPSHOT_REQUESTED: AtomicBool = AtomicBool::new(false);
+
+/// The program started a thread: a deferred collector (`CollectorStart::Lazy`) starts now.
+pub fn program_started_thread() {
+    if LIFECYCLE.take_deferred_collector() {
+        spawn_collector();
+    }
+}
+
+pub(super) fn spawn_collector() {
+    LIFECYCLE.collector_spawning();
+    // Untracked: pthread_create allocates the new thread's TLS vector on the calling
+    // thread (a forked child's starts here, in the fork handler), and that block is ours.
+    if let Err(rc) = thread::untracked(|| thread::spawn_internal(collector_thread)) {
+        LIFECYCLE.collector_gone();
+        stderr_line(&format!("leaktrace: cannot start the collector thread (error {rc}); events are drained by the program's threads instead"));
+    }
+}
+
+/// The collector thread's body: the loop, and whatever ends it — a return, or a panic —
+/// leaves the "collector running" state false, so that SIGTERM never waits for a thread
+/// that is gone (its handler then ends the process as before).
+fn collector_thread() {
+    struct Running;
+    impl Drop for Running {
+        fn drop(&mut self) {
+            LIFECYCLE.collector_gone();
+        }
+    }
+    let running = Running;
+    let failed = catch_unwind(collector_main).is_err();
+    drop(running);
+    if failed && LIFECYCLE.tracking() {
+        if LIFECYCLE.collector_failed() {
+            stderr_line("leaktrace: internal error in the collector thread; starting it again");
+            spawn_collector();
+        } else {
+            stderr_line(
+                "leaktrace: internal error in the collector thread again; the program's threads drain the events, the final report is still written at exit",
+            );
+        }
+    }
+}
+
+fn collector_main() {
+    LIFECYCLE.collector_running(thread::tid());
+    // For the tests of the failure path only: the first collector fails at once.
+    if LIFECYCLE.collector_failures() == 0 && std::env::var_os("LEAKTRACE_TEST_COLLECTOR_PANIC").is_some() {
+        panic!("collector failure requested by LEAKTRACE_TEST_COLLECTOR_PANIC");
+    }
+    let (mut interval, interval_set) = REPORT.lock().as_ref().map(|r| (r.config.interval_ms, r.config.interval_set)).unwrap_or((0, true));
+    // A process that no exit hook will see ending (Go) is reported at once and then at
+    // least every second: the last periodic report is all that will be left of it.
+    let (exe, known) = REPORT.lock().as_ref().map(|r| (r.process.exe.clone(), r.no_final_report.is_some())).unwrap_or_default();
+    let found = if known { None } else { process::final_report_unreachable(&exe) };
+    if let Some(why) = found {
+        if let Some(r) = REPORT.lock().as_mut() {
+            r.no_final_report = Some(why);
+        }
+        write_report(Reason::Periodic);
+    }
+    if (known || found.is_some()) && interval > 0 {
+        interval = interval.min(FINAL_LESS_INTERVAL_MS);
+    }
+    let born = Instant::now();
+    // The next periodic report is due at this instant (None: periodic reports are off).
+    // The period depends on the time run so far (`config::report_period`), so it is
+    // worked out once per report, and each turn reads the clock once, as before.
+    let next_due = |now: Instant| {
+        let period = crate::config::report_period(interval, interval_set, now.duration_since(born).as_millis() as u64);
+        (period > 0).then(|| now + Duration::from_millis(period))
+    };
+    let mut report_due = next_due(born);
+    // Timeline points between reports (`config::point_period`): growth needs points, a
+    // point needs no report written.
+    let next_point = |now: Instant| {
+        let period = crate::config::point_period(interval, interval_set, now.duration_since(born).as_millis() as u64);
+        (period > 0).then(|| now + Duration::from_millis(period))
+    };
+    let mut point_due = next_point(born);
+    let mut idle_sleep_us = 200u64;
+    while LIFECYCLE.collector_continues() {
+        let sig = LIFECYCLE.terminating_signal();
+        if sig != 0 {
+            finish_as(sig);
+            // Another thread may be writing the final report (exit, _exit raced the
+            // signal): let it finish; the process usually ends on its own meanwhile.
+            wait_while(|| LIFECYCLE.final_in_progress(), Duration::from_secs(60), Duration::from_millis(1));
+            crate::os::signals::die_by_signal(sig);
+        }
+        let drained = {
+            let mut g = STATE.lock();
+            g.as_mut().map(|c| drain_into(c, 1 << 16, false)).unwrap_or(0)
+        };
+        stacks::promote_tables_if_large();
+        // The flag first: reading the clock on every turn was ~3% of the collector's
+        // samples under two allocating threads.
+        if PREPARE_INHERITED.load(Ordering::Relaxed) && born.elapsed() >= PREPARE_AFTER && PREPARE_INHERITED.swap(false, Ordering::AcqRel) {
+            prepare_inherited();
+        }
+        // A load first: the flag shares a cache line with statics the unwinder reads on
+        // every capture, and a locked write on every turn of this loop would take that
+        // line from every allocating core.
+        if SNAPSHOT_REQUESTED.load(Ordering::Relaxed) && SNAPSHOT_REQUESTED.swap(false, Ordering::AcqRel) {
+            write_report(Reason::Signal);
+        }
+        if report_due.is_some_and(|due| Instant::now() >= due) {
+            write_report(Reason::Periodic);
+            let now = Instant::now();
+            (report_due, point_due) = (next_due(now), next_point(now));
+        } else if point_due.is_some_and(|due| Instant::now() >= due) {
+            record_point();
+            point_due = next_point(Instant::now());
+        }
+        if drained == 0 {
+            channel::park_consumer(Duration::from_micros(idle_sleep_us));
+            idle_sleep_us = (idle_sleep_us * 2).min(2000);
+        } else {
+            idle_sleep_us = 200;
+        }
+    }
+}
+
+/// The longest periodic interval of a process that gets no final report.
+const FINAL_LESS_INTERVAL_MS: u64 = 1000;
+
+/// In a forked child, gathers the blocks it inherited and sorts them, the sort without
+/// holding the collector, so that the exit report's scan starts from a ready list (a
+/// DataLoader worker's exit, which its parent waits for, took 40–75 ms longer without).
+fn prepare_inherited() {
+    struct Preparing;
+    impl Drop for Preparing {
+        fn drop(&mut self) {
+            PREPARING.store(false, Ordering::SeqCst);
+        }
+    }
+    PREPARING.store(true, Ordering::SeqCst);
+    let _clear = Preparing;
+    let gathered = STATE.lock().as_mut().and_then(|c| c.model.gather_inherited());
+    if let Some((mut list, generation)) = gathered {
+        list.sort_unstable_by_key(|b| b.0);
+        if let Some(c) = STATE.lock().as_mut() {
+            c.model.install_inherited(list, generation);
+        }
+    }
+}
+
+/// Makes the process single-threaded again for a moment (`unshare(CLONE_NEWUSER)` and
+/// friends refuse multi-threaded callers): the collector thread leaves and is waited
+/// for. Returns whether it has to be started again with `resume_collector`.
+pub fn pause_collector() -> bool {
+    if !LIFECYCLE.ask_collector_to_stop() {
+        return false;
+    }
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(2) {
+        // Finished its loop (a thread not yet started leaves at once), and gone from the
+        // kernel's thread list.
+        if LIFECYCLE.no_collector_lives() && crate::os::threads::thread_is_gone(LIFECYCLE.collector_tid()) {
+            break;
+        }
+        std::thread::yield_now();
+    }
+    true
+}
+
+pub fn resume_collector() {
+    LIFECYCLE.collector_may_run();
+    if LIFECYCLE.tracking() {
+        spawn_collector();
+    }
+}
+
+/// Called from the snapshot signal handler: only sets a flag.
+pub fn request_snapshot() {
+    SNAPSHOT_REQUESTED.store(true, Ordering::Release);
+}

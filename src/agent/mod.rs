@@ -1,0 +1,153 @@
+//! The in-process agent, one module per stage it runs, arrows pointing down:
+//! - `record`           — the hooks' entry (`record_*`): capture and publish on the caller's thread;
+//! - `fork`             — fork and raw-clone children taking the state over;
+//! - `collector_thread` — the background consumer: drains, periodic reports and points;
+//! - `checkpoint`       — leak checks the program asks for;
+//! - `reports`          — report assembly, the final report;
+//! - `verdicts`         — the pointer scan's verdicts by group;
+//! - `consumer`         — the collector's model, the drain order, the scan pause.
+//!
+//! This file holds what the lifecycle hooks (`interpose::lifecycle`) call: `start`,
+//! `finish`, and the chroot and dlclose steps.
+use std::panic::catch_unwind;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use crate::collector::state::Collector;
+use crate::config::Config;
+use crate::hotpath::channel::{self, DrainState};
+use crate::hotpath::{thread, unwind};
+use crate::lifecycle::LIFECYCLE;
+use crate::os::fds::stderr_line;
+use crate::report::build::Reason;
+use crate::report::process::{self, ProcessInfo};
+use crate::report::symbolize::Symbolizer;
+use crate::report::writer;
+
+mod checkpoint;
+mod collector_thread;
+mod consumer;
+mod fork;
+mod record;
+mod reports;
+mod verdicts;
+
+pub use checkpoint::checkpoint;
+pub use collector_thread::{pause_collector, program_started_thread, request_snapshot, resume_collector};
+pub use fork::{fork_child, fork_parent, fork_prepare};
+pub use record::*;
+
+use collector_thread::spawn_collector;
+use consumer::{lock_bounded, Consumer, SCAN_AT_EXIT, STATE};
+use reports::{write_report, ReportSide, REPORT};
+
+/// Initialises everything from the library constructor. Returns false when tracking
+/// stays off (disabled by configuration or unsupported platform).
+pub fn start(config: Config, host_tracking: String) -> bool {
+    thread::untracked(|| {
+        if config.disabled {
+            return false;
+        }
+        if !unwind::init() {
+            stderr_line("leaktrace: this C library has no _dl_find_object (glibc >= 2.35 needed); tracking is off");
+            return false;
+        }
+        let (output_dir, warning) = writer::choose_output_dir(config.output_dir.clone());
+        if let Some(w) = warning {
+            stderr_line(&w);
+        }
+        let depth = config.stack_depth;
+        let process = ProcessInfo::current(None);
+        let symbolizer = Symbolizer::new(process.exe.clone());
+        let suppressions = match &config.suppressions {
+            Some(path) => leaktrace_common::Suppressions::load(path).unwrap_or_else(|e| {
+                stderr_line(&format!("leaktrace: {e}; the exit summary is filtered by the built-in suppressions only"));
+                Default::default()
+            }),
+            None => leaktrace_common::Suppressions::default(),
+        }
+        .with_built_in(config.default_suppressions);
+        channel::init();
+        match crate::hotpath::python::init(config.python_frames) {
+            crate::hotpath::python::Found::Off(line) if !line.is_empty() => stderr_line(&line),
+            _ => {}
+        }
+        if config.scan {
+            SCAN_AT_EXIT.store(true, Ordering::Relaxed);
+            crate::scan::roots::record_main_tls();
+            crate::scan::roots::install();
+        }
+        *STATE.lock() = Some(Consumer { model: Collector::new(), order: DrainState::default() });
+        let lazy = config.collector.resolve(&process.argv) == crate::config::CollectorStart::Lazy;
+        let mut side = ReportSide::new(config, process, output_dir, symbolizer, host_tracking, suppressions);
+        // A cgo program may be gone before the collector's first turn: its first report
+        // (saying that no final one will come) is written here, before main.
+        let cgo = process::is_cgo_program();
+        if cgo {
+            side.no_final_report = Some(process::GO_EXIT);
+        }
+        LIFECYCLE.set_leak_exit_code(side.config.exit_code);
+        *REPORT.lock() = Some(side);
+        crate::os::image::mark_own_image();
+        LIFECYCLE.start(std::process::id(), depth);
+        if cgo {
+            write_report(Reason::Periodic);
+        }
+        if lazy {
+            LIFECYCLE.defer_collector();
+        } else {
+            spawn_collector();
+        }
+        true
+    })
+}
+
+/// Called from a termination signal handler (async-signal-safe). Returns false when the
+/// caller must die at once: tracking is off, no collector runs, or this is the second
+/// signal.
+pub fn request_final_on_signal(sig: i32) -> bool {
+    LIFECYCLE.final_on_signal(sig)
+}
+
+/// The final report at an exit (`exit`, `_exit`, the library's destructor).
+pub fn finish() {
+    fork::adopt_if_cloned();
+    reports::final_report();
+}
+
+// ---- chroot and dlclose -------------------------------------------------------------
+
+/// Before the program changes its root: `/proc` and the report directory stay reachable.
+pub fn before_chroot() {
+    if !active() {
+        return;
+    }
+    thread::untracked(|| {
+        let _ = catch_unwind(|| {
+            let dir = lock_bounded(&REPORT, Duration::from_secs(5)).and_then(|r| r.as_ref().map(|r| r.output_dir.clone()));
+            if let Some(dir) = dir {
+                crate::os::anchor::hold_before_chroot(&dir);
+            }
+        });
+    });
+}
+
+/// Before a module may be unmapped: keep the module list of the epoch that ends.
+pub fn before_dlclose() {
+    if !active() {
+        return;
+    }
+    thread::untracked(|| {
+        let _ = catch_unwind(|| {
+            if let Some(mut r) = lock_bounded(&REPORT, Duration::from_secs(30)) {
+                if let Some(r) = r.as_mut() {
+                    r.symbolizer.pin_modules();
+                }
+            }
+        });
+    });
+}
+
+pub fn after_dlclose() {
+    unwind::bump_epoch();
+}

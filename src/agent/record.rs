@@ -1,0 +1,190 @@
+//! The hooks' entry (`record_*`): each allocation event is captured (its stack) and
+//! published to this thread's ring, on the calling thread, never twice at once, never
+//! letting a panic out. A full ring is drained here (`help_drain`).
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::hotpath::channel;
+use crate::hotpath::event::{self, Api, EventKind, Space};
+use crate::hotpath::thread::{self, ThreadState};
+use crate::hotpath::unwind;
+use crate::lifecycle::LIFECYCLE;
+use crate::os::fds::stderr_line;
+
+use super::consumer::{drain_into, lock_bounded, wait_while, SCAN_PAUSE, STATE};
+use super::fork::adopt_if_cloned;
+
+#[inline(always)]
+pub fn active() -> bool {
+    LIFECYCLE.tracking()
+}
+
+/// Called by a producer that found its ring full.
+fn help_drain() {
+    adopt_if_cloned();
+    if let Some(mut g) = STATE.try_lock() {
+        if let Some(c) = g.as_mut() {
+            drain_into(c, 4096, false);
+        }
+    } else if let Some(mut g) = STATE.parked_by_me() {
+        // This thread parked the lock for fork and is allocating inside fork.
+        if let Some(c) = g.as_mut() {
+            drain_into(c, 4096, false);
+        }
+        g.keep_parked();
+    }
+}
+
+#[inline(always)]
+fn publish(state: &ThreadState, kind: EventKind, api: Api, stack: u32, addr: u64, size: u64) {
+    channel::publish(state, kind, api, stack, addr, size, help_drain);
+}
+
+fn disable_after_panic() {
+    LIFECYCLE.give_up();
+    channel::close();
+    stderr_line("leaktrace: internal error; tracking stopped, the program continues unchanged");
+}
+
+/// Runs `f` as a recording step of a hook: never twice on one thread at once, never on
+/// the library's own threads, never letting a panic out, and leaving `errno` as it was.
+#[inline(always)]
+fn recording(f: impl FnOnce(&ThreadState)) {
+    if !active() {
+        return;
+    }
+    recording_step(f);
+}
+
+#[inline(always)]
+fn recording_step(f: impl FnOnce(&ThreadState)) {
+    let Some(guard) = thread::HookGuard::enter() else { return };
+    if catch_unwind(AssertUnwindSafe(|| f(guard.state()))).is_err() {
+        disable_after_panic();
+    }
+}
+
+#[inline]
+pub fn record_alloc(addr: usize, size: usize, api: Api) {
+    recording(|s| {
+        let stack = unwind::capture_stack_id(s, LIFECYCLE.depth());
+        publish(s, EventKind::Alloc, api, stack, addr as u64, size as u64);
+        if s.lsan_disabled() {
+            // Between __lsan_disable and __lsan_enable: never a leak.
+            publish(s, EventKind::Ignore, Api::Malloc, 0, addr as u64, 0);
+        }
+    });
+}
+
+#[inline]
+pub fn record_free(addr: usize) {
+    recording(|s| publish(s, EventKind::Free, Api::Malloc, 0, addr as u64, 0));
+}
+
+/// A free (`Api::Malloc`) or a CUDA release (`Api::releasing(space)`) after tracking
+/// stopped, while the final report still wants frees (`Lifecycle::frees_still_wanted`):
+/// published, so that the report does not count the block as leaked. Frees the final
+/// drain was too late for are in the rings when the scan holds the threads
+/// (`channel::unapplied_frees`).
+#[cold]
+pub fn record_late_free(addr: u64, api: Api) {
+    if LIFECYCLE.frees_still_wanted() {
+        recording_step(|s| publish(s, EventKind::Free, api, event::LATE_FREE, addr, 0));
+    }
+}
+
+#[inline]
+pub fn record_realloc_release(addr: usize) {
+    recording(|s| publish(s, EventKind::ReallocRelease, Api::Realloc, 0, addr as u64, 0));
+}
+
+/// The outcome of a realloc whose old block was released with `record_realloc_release`.
+#[inline]
+pub fn record_realloc_outcome(new_addr: usize, size: usize, api: Api, freed_without_new_block: bool) {
+    if new_addr != 0 {
+        record_alloc(new_addr, size, api);
+    } else if freed_without_new_block {
+        recording(|s| publish(s, EventKind::ReallocFreed, api, 0, 0, 0));
+    } else {
+        recording(|s| publish(s, EventKind::ReallocRestore, api, 0, 0, 0));
+    }
+}
+
+/// A CUDA allocation that succeeded. `device` is the ordinal it belongs to, if known.
+#[inline]
+pub fn record_cuda_alloc(addr: u64, size: u64, api: Api, device: Option<u8>) {
+    recording(|s| {
+        let stack = unwind::capture_stack_id(s, LIFECYCLE.depth());
+        publish(s, EventKind::Alloc, api, stack, addr, event::pack_size(size, device));
+    });
+}
+
+/// A CUDA release about to run on the block `addr` in `space` (published before the
+/// call, like a free, so that the address cannot be handed out again first).
+#[inline]
+pub fn record_cuda_release(addr: u64, space: Space) {
+    recording(|s| publish(s, EventKind::ReallocRelease, Api::releasing(space), 0, addr, 0));
+}
+
+/// How the release published with `record_cuda_release` ended.
+#[inline]
+pub fn record_cuda_release_outcome(space: Space, freed: bool) {
+    let kind = if freed { EventKind::ReallocFreed } else { EventKind::ReallocRestore };
+    recording(|s| publish(s, kind, Api::releasing(space), 0, 0, 0));
+}
+
+/// A context destroy or device reset that succeeded: every context-bound block of
+/// `device` is gone. Applied here, in the caller's thread, after everything published
+/// so far (this thread's allocations among them), so that no block allocated before
+/// the reset survives it in the books.
+pub fn record_device_reset(device: u8) {
+    recording(|_| {
+        // A check's scan holds the events back: the reset comes after all of them.
+        wait_while(|| SCAN_PAUSE.load(Ordering::Acquire), Duration::from_secs(5), Duration::from_micros(200));
+        let Some(mut g) = lock_bounded(&STATE, Duration::from_secs(5)) else { return };
+        if let Some(c) = g.as_mut() {
+            let backlog = c.order.backlog();
+            drain_into(c, backlog, false);
+            c.model.device_reset(device);
+        }
+    });
+}
+
+/// A checkpoint region starts (`leaktrace_mark`): blocks this thread allocates from
+/// now on belong to it. Ordered with the calling thread's own events.
+pub fn start_region() -> bool {
+    if !active() {
+        return false;
+    }
+    let mut done = false;
+    recording(|s| {
+        publish(s, EventKind::Mark, Api::Malloc, 0, 0, 0);
+        done = true;
+    });
+    done
+}
+
+/// `__lsan_disable` (`true`) and `__lsan_enable`: while a thread's count is above
+/// zero, the blocks it allocates are never reported. Nests, as LeakSanitizer's does;
+/// an enable without a disable is ignored (LeakSanitizer calls it an error).
+pub fn lsan_disable(on: bool) {
+    thread::with(|s| s.lsan_disable(on));
+}
+
+/// The live block at `addr` is never reported (`__lsan_ignore_object`).
+pub fn ignore_block(addr: u64) {
+    recording(|s| publish(s, EventKind::Ignore, Api::Malloc, 0, addr, 0));
+}
+
+/// CUDA copies of a hooked function beyond the wrappers we have (`interpose::cuda`):
+/// their allocations are not seen; the report says how many.
+static UNTRACKED_COPIES: AtomicU64 = AtomicU64::new(0);
+
+pub fn note_untracked_copy() {
+    UNTRACKED_COPIES.fetch_add(1, Ordering::Relaxed);
+}
+
+pub fn untracked_copies() -> u64 {
+    UNTRACKED_COPIES.load(Ordering::Relaxed)
+}

@@ -1,0 +1,356 @@
+//! Report assembly: a snapshot of the collector's model, the reachability scan when
+//! one is due, symbolization, the JSON report written atomically, the exit summary; the
+//! timeline points between reports; the final report exactly once.
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::config::Config;
+use crate::hotpath::{channel, stacks, thread};
+use crate::lifecycle::{FinalTurn, LIFECYCLE};
+use crate::os::fds::stderr_line;
+use crate::os::lock::SpinLock;
+use crate::report::build::{self, Reason, RunFacts};
+use crate::report::checks;
+use crate::report::process::{self, ProcessInfo};
+use crate::report::symbolize::Symbolizer;
+use crate::report::timeline::Timeline;
+use crate::report::writer;
+
+use super::consumer::{drain_everything, drain_into, lock_bounded, wait_while, ScanPause, PREPARE_WAIT, PREPARING, SCAN_AT_EXIT, STATE};
+use super::verdicts::reachability_scan;
+
+/// Everything the report writer needs; one lock so that reports are written one at a time.
+pub(super) struct ReportSide {
+    pub(super) config: Config,
+    pub(super) process: ProcessInfo,
+    pub(super) output_dir: PathBuf,
+    pub(super) symbolizer: Symbolizer,
+    pub(super) final_written: bool,
+    pub(super) write_failed_once: bool,
+    pub(super) host_tracking: String,
+    pub(super) timeline: Timeline,
+    pub(super) suppressions: leaktrace_common::Suppressions,
+    /// The signal ending the process, for the final report.
+    pub(super) exit_signal: Option<i32>,
+    /// Why this process can never be given a final report, once the collector found out.
+    pub(super) no_final_report: Option<&'static str>,
+    /// The checks the program asked for (`checkpoint`), and how many more were not kept.
+    pub(super) checks: Vec<checks::Check>,
+    pub(super) checks_dropped: u64,
+}
+
+impl ReportSide {
+    pub(super) fn new(
+        config: Config,
+        process: ProcessInfo,
+        output_dir: PathBuf,
+        symbolizer: Symbolizer,
+        host_tracking: String,
+        suppressions: leaktrace_common::Suppressions,
+    ) -> ReportSide {
+        ReportSide {
+            config,
+            process,
+            output_dir,
+            symbolizer,
+            final_written: false,
+            write_failed_once: false,
+            host_tracking,
+            timeline: Timeline::default(),
+            suppressions,
+            exit_signal: None,
+            no_final_report: None,
+            checks: Vec::new(),
+            checks_dropped: 0,
+        }
+    }
+}
+
+pub(super) static REPORT: SpinLock<Option<ReportSide>> = SpinLock::new(None);
+/// The groups of the last report's snapshot, kept for the next one (see
+/// `Collector::snapshot_unsorted_into`); empty while a report holds them.
+static SNAPSHOT_BUFFER: SpinLock<Vec<crate::collector::state::GroupSnapshot>> = SpinLock::new(Vec::new());
+/// The same for the changed groups of a timeline point (`record_point`).
+static CHANGES_BUFFER: SpinLock<Vec<crate::collector::state::Change>> = SpinLock::new(Vec::new());
+
+/// timeline's sums. In a training loop that is a few thousand groups, not the 600k that
+/// a report copies after `import torch`.
+pub(super) fn record_point() {
+    let (totals, changes) = {
+        let Some(mut state) = lock_bounded(&STATE, Duration::from_secs(5)) else { return };
+        let Some(c) = state.as_mut() else { return };
+        let backlog = c.order.backlog();
+        drain_into(c, backlog, false);
+        let mut changes = CHANGES_BUFFER.try_lock().map(|mut b| std::mem::take(&mut *b)).unwrap_or_default();
+        c.model.take_changes(&mut changes);
+        (c.model.totals(), changes)
+    };
+    // The timeline must see these changes, or its sums drift until the next report
+    // starts them afresh: wait as long as a report would.
+    if let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(30)) {
+        if let Some(r) = report.as_mut().filter(|r| !r.final_written) {
+            r.timeline.record_changes(process::unix_ms(), &totals, &changes);
+        }
+    }
+    if let Some(mut b) = CHANGES_BUFFER.try_lock() {
+        *b = changes;
+    }
+}
+
+pub(super) fn write_report(reason: Reason) {
+    let final_report = reason == Reason::Exit;
+    if final_report {
+        // Before taking the collector: the preparation needs it to install its list.
+        wait_while(|| PREPARING.load(Ordering::SeqCst), PREPARE_WAIT, Duration::from_micros(200));
+    }
+    let Some(mut state) = lock_bounded(&STATE, Duration::from_secs(5)) else {
+        stderr_line("leaktrace: collector busy for 5 s; report skipped");
+        return;
+    };
+    let Some(c) = state.as_mut() else { return };
+    if final_report {
+        // Tracking has stopped: the events in flight remain, and the frees of threads
+        // that run on (`Lifecycle::frees_still_wanted`).
+        drain_everything(c);
+    } else {
+        // The program keeps allocating: take what is there now, never chase it (and
+        // never force the order while producers are live).
+        let backlog = c.order.backlog();
+        drain_into(c, backlog, false);
+    }
+    c.model.advance_trends();
+    // The last report's buffer, if no other report holds it.
+    let buffer = SNAPSHOT_BUFFER.try_lock().map(|mut b| std::mem::take(&mut *b)).unwrap_or_default();
+    let mut snapshot = c.model.snapshot_unsorted_into(buffer);
+    // The timeline's sums start afresh from this snapshot: the changes until now are in it.
+    c.model.settle_changes();
+    if final_report {
+        // Tracking has stopped: nobody waits for the collector.
+        snapshot.sort();
+    }
+    // The scan runs for the final report and for snapshots asked with the signal.
+    let scan_now = (final_report || reason == Reason::Signal) && SCAN_AT_EXIT.load(Ordering::Relaxed);
+    // The final report's names are found on another core while this one gathers the
+    // blocks and scans: the largest groups are the ones reported, unless the scan finds
+    // smaller ones leaked (named afterwards).
+    let presymbolizer = (final_report && scan_now).then(|| Presymbolizer::start(&snapshot)).flatten();
+    let live = scan_now.then(|| if final_report { c.model.take_live_blocks() } else { c.model.live_blocks() });
+    // The frees published from now until the stop (the program runs on; at exit, its
+    // other threads do, and their frees are still published) are read from the rings.
+    let pause = scan_now.then(ScanPause::start);
+    drop(state);
+    // The scan stops the other threads: it runs holding none of our locks.
+    let scan = live.map(|live| reachability_scan(&live, presymbolizer.as_ref().map_or(0, Presymbolizer::tid)));
+    if final_report {
+        LIFECYCLE.final_threads_held();
+    }
+    drop(pause);
+    drop(presymbolizer);
+    let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(30)) else {
+        stderr_line("leaktrace: report writer busy for 30 s; report skipped");
+        return;
+    };
+    let Some(r) = report.as_mut() else { return };
+    if r.final_written {
+        return;
+    }
+    if !final_report {
+        if scan_now {
+            // `select_groups` re-sorts by what the scan found: ties keep this order.
+            snapshot.sort();
+        } else {
+            // What a periodic report reads of the order: each class's listed groups and
+            // the timeline's largest.
+            snapshot.sort_top(r.config.report_groups.max(crate::report::timeline::JOIN_TOP));
+        }
+    }
+    let now = process::unix_ms();
+    r.timeline.record(now, &snapshot);
+    // Groups the scan cannot classify (registrations, VMM handles and ranges) keep no
+    // breakdown: they count as outstanding.
+    let reach = scan.as_ref().map(|s| |g: &crate::collector::state::GroupSnapshot| s.by_group.get(&(g.stack, g.api.name(), g.device)).copied());
+    let (selected, omitted) = build::select_groups(&snapshot.groups, reach, r.config.report_groups);
+    let mut groups = build::resolve_groups(&selected, &mut r.symbolizer);
+    if let Some(s) = &scan {
+        for g in groups.iter_mut() {
+            if let Some(from) = s.indirect_from.get(&(g.stack_id, g.api.as_ref(), g.device.and_then(|d| u8::try_from(d).ok()))) {
+                g.indirect_from = from.iter().map(|(&stack_id, &(bytes, blocks))| build::IndirectFrom { stack_id, bytes, blocks }).collect();
+            }
+        }
+    }
+    let timeline = build::timeline_out(&r.timeline, &groups, &mut r.symbolizer);
+    let facts = RunFacts {
+        stack_depth: r.config.stack_depth,
+        interval_ms: r.config.interval_ms,
+        buffer_full_waits: channel::full_waits(),
+        rings_grown: channel::rings_grown(),
+        stacks_interned: stacks::count().saturating_sub(1) as u64 + stacks::children(),
+        stack_table_overflows: stacks::overflows(),
+        host_tracking: r.host_tracking.clone(),
+        exit_signal: r.exit_signal,
+        no_final_report: r.no_final_report,
+        cuda_untracked_copies: super::record::untracked_copies(),
+    };
+    let scan_out = scan.as_ref().map(|s| (&s.out, s.totals));
+    let emit = |path: &std::path::Path, process: &ProcessInfo| {
+        let parts = build::ReportParts {
+            process,
+            reason,
+            written_unix_ms: now,
+            totals: &snapshot.totals,
+            groups: &groups,
+            facts: &facts,
+            timeline: &timeline,
+            scan: scan_out,
+            omitted,
+            checks: &r.checks,
+            checks_dropped: r.checks_dropped,
+        };
+        writer::write_atomic_with(path, |w| build::write_report_json(w, &parts))
+    };
+    let mut path = r.process.report_path(&r.output_dir);
+    let mut result = emit(&path, &r.process);
+    if let Err(e) = &result {
+        let fallback = PathBuf::from("/tmp");
+        if !r.write_failed_once {
+            stderr_line(&format!("leaktrace: cannot write report {} ({e}); trying {}", path.display(), fallback.display()));
+        }
+        r.write_failed_once = true;
+        if r.output_dir != fallback {
+            r.output_dir = fallback;
+            path = r.process.report_path(&r.output_dir);
+            result = emit(&path, &r.process);
+            if let Err(e) = &result {
+                stderr_line(&format!("leaktrace: cannot write report {} either ({e})", path.display()));
+            }
+        }
+    }
+    if final_report {
+        r.final_written = true;
+        let (visible, suppressed, used) = build::apply_suppressions(&groups, &r.suppressions);
+        let visible: Vec<&build::Group> = visible.iter().map(|g| &**g).collect();
+        let leaked = build::leaked_total(&visible, omitted).1 > 0;
+        LIFECYCLE.leaks_found(leaked);
+        let checks_text = checks::summary_lines(&r.checks, r.checks_dropped);
+        let print = match r.config.summary {
+            crate::config::Summary::Never => false,
+            // LeakSanitizer prints its "Suppressions used" table whenever one matched.
+            crate::config::Summary::Leaks => leaked || !checks_text.is_empty() || !used.is_empty(),
+            crate::config::Summary::Always => true,
+        };
+        if print {
+            let shown = result.is_ok().then(|| path.display().to_string());
+            let mut text = build::summary_text(r.process.pid, &visible, suppressed, &used, r.config.summary_top, shown.as_deref(), omitted);
+            text.push_str(&checks_text);
+            crate::os::fds::write_stderr(text.as_bytes());
+        }
+    }
+    // Kept for the next report (plain data: the next one's `clear` costs nothing).
+    drop(selected);
+    if let Some(mut b) = SNAPSHOT_BUFFER.try_lock() {
+        *b = std::mem::take(&mut snapshot.groups);
+    }
+}
+
+/// A thread that names the frames of the largest groups into the report's symbolizer
+/// while the final report gathers and scans (`write_report`). Dropping it waits for it.
+/// A raw thread of ours (`os::threads`): it runs at exit, when a program may have used
+/// every pthread key that `std::thread` would need.
+struct Presymbolizer {
+    shared: Arc<PresymbolizerShared>,
+}
+
+struct PresymbolizerShared {
+    ids: Vec<u32>,
+    tid: AtomicU32,
+    done: AtomicBool,
+}
+
+extern "C" fn presymbolizer_main(arg: *mut std::ffi::c_void) -> *mut std::ffi::c_void {
+    thread::mark_internal();
+    // SAFETY: arg is the reference `Presymbolizer::start` leaked for this thread.
+    let shared = unsafe { Arc::from_raw(arg as *const PresymbolizerShared) };
+    shared.tid.store(thread::tid(), Ordering::SeqCst);
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        if let Some(mut r) = lock_bounded(&REPORT, Duration::from_secs(30)) {
+            if let Some(r) = r.as_mut() {
+                build::presymbolize(&shared.ids, &mut r.symbolizer);
+            }
+        }
+    }));
+    shared.done.store(true, Ordering::SeqCst);
+    std::ptr::null_mut()
+}
+
+impl Presymbolizer {
+    /// `None` when no thread can be started (the report then names everything itself).
+    fn start(snapshot: &crate::collector::state::Snapshot) -> Option<Presymbolizer> {
+        let limit = lock_bounded(&REPORT, Duration::from_secs(1))?.as_ref()?.config.report_groups;
+        let ids: Vec<u32> = snapshot.groups.iter().take(limit).map(|g| g.stack).collect();
+        let shared = Arc::new(PresymbolizerShared { ids, tid: AtomicU32::new(0), done: AtomicBool::new(false) });
+        let arg = Arc::into_raw(shared.clone()) as *mut std::ffi::c_void;
+        // SAFETY: the thread takes over the reference `arg` is (or it is dropped below).
+        if unsafe { crate::os::threads::spawn_raw(presymbolizer_main, arg) }.is_err() {
+            // SAFETY: the thread did not start: the reference is still ours to drop.
+            drop(unsafe { Arc::from_raw(arg as *const PresymbolizerShared) });
+            return None;
+        }
+        Some(Presymbolizer { shared })
+    }
+
+    /// The thread's kernel id (0 if it has not started yet): the scan must not stop it.
+    fn tid(&self) -> u32 {
+        let start = Instant::now();
+        loop {
+            let t = self.shared.tid.load(Ordering::SeqCst);
+            if t != 0 || self.shared.done.load(Ordering::SeqCst) || start.elapsed() > Duration::from_millis(100) {
+                return t;
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+impl Drop for Presymbolizer {
+    fn drop(&mut self) {
+        // Its own lock wait is bounded by 30 s; the naming after it by the work.
+        wait_while(|| !self.shared.done.load(Ordering::SeqCst), Duration::from_secs(120), Duration::from_micros(200));
+    }
+}
+
+/// The final report when the process is being ended by `sig`.
+pub(super) fn finish_as(sig: i32) {
+    if let Some(mut r) = lock_bounded(&REPORT, Duration::from_secs(2)) {
+        if let Some(r) = r.as_mut() {
+            r.exit_signal = Some(sig);
+        }
+    }
+    final_report();
+}
+
+/// The final report: exactly once per process image, after the last event is drained.
+/// A second caller (the process is ending through two paths at once: `exit` and a
+/// signal, or two threads) waits for the first to finish writing, so that no exit path
+/// ends the process in the middle of the report.
+pub(super) fn final_report() {
+    match LIFECYCLE.begin_final(std::process::id()) {
+        FinalTurn::Mine => {}
+        FinalTurn::InProgress => {
+            wait_while(|| LIFECYCLE.final_in_progress(), Duration::from_secs(60), Duration::from_millis(1));
+            return;
+        }
+        // Tracking off, or a vfork child (posix_spawn) sharing our memory: never
+        // finalise the parent's state.
+        FinalTurn::NotOurs => return,
+    }
+    thread::untracked(|| {
+        if catch_unwind(|| write_report(Reason::Exit)).is_err() {
+            stderr_line("leaktrace: internal error while writing the final report");
+        }
+    });
+    channel::close();
+    LIFECYCLE.final_written();
+}

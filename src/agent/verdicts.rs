@@ -1,0 +1,92 @@
+//! The pointer scan's verdicts on the live set, by group: what `scan` finds, with the
+//! roots only the agent knows (ignored blocks, pending thread arguments, the loader's
+//! own blocks).
+use std::collections::{BTreeMap, HashMap};
+
+use crate::collector::state::ScanInput;
+use crate::hotpath::event::Kind;
+use crate::hotpath::stacks;
+use crate::lifecycle::LIFECYCLE;
+use crate::report::build::{self, Tally};
+use crate::scan::mark::{self, Verdict};
+
+type GroupKey = (u32, &'static str, Option<u8>);
+
+pub(super) struct ScanResult {
+    pub(super) out: crate::scan::ScanInfo,
+    pub(super) by_group: HashMap<GroupKey, build::Reachability>,
+    pub(super) totals: build::KindReachability,
+    /// Per group, its indirect bytes and blocks by the stack of the definite leak each
+    /// block hangs from.
+    pub(super) indirect_from: HashMap<GroupKey, BTreeMap<u32, (u64, u64)>>,
+}
+
+/// Classifies the outstanding blocks of this process image (inherited ones help keep
+/// others reachable but are not counted). Device and managed memory is a target only:
+/// its contents are not host memory to read (managed pages would migrate); page-locked
+/// host memory is read like the heap.
+/// The pointer scan's verdict on each of `input.blocks` (in order), the index of the
+/// leaked block each indirect one hangs from, and what the scan measured.
+pub(super) fn classify_live(input: &ScanInput, names_thread: u32) -> (Vec<Verdict>, Vec<u32>, crate::scan::ScanInfo) {
+    let live = &input.blocks;
+    let blocks: Vec<mark::Block> = live
+        .iter()
+        .map(|b| mark::Block {
+            start: b.addr,
+            size: b.size,
+            opaque: matches!(b.api.kind(), Kind::Device | Kind::Managed),
+            cuda: b.api.kind() != Kind::Host,
+            not_a_reference: if b.api.kind() == Kind::Host { mark::glibc_next_chunk_header(b.addr, b.size) } else { 0 },
+        })
+        .collect();
+    // The collector, running or on its way out (the final report stops its loop: a
+    // thread that is exiting never answers the stop signal).
+    let collector = LIFECYCLE.collector_tid();
+    let own: Vec<u32> = [collector, names_thread].into_iter().filter(|&t| t != 0).collect();
+    // Ignored blocks are roots (what they point to is not leaked either), and so are
+    // the regions the program registered (LeakSanitizer's interface).
+    let mut extra_roots = crate::scan::roots::root_regions();
+    // The start arguments of threads created and not yet running (a copy, read as a
+    // root while the scan runs).
+    let pending = crate::scan::roots::pending_args();
+    extra_roots.push((pending.as_ptr() as u64, (pending.len() * 8) as u64));
+    extra_roots.extend(live.iter().filter(|b| b.ignored).map(|b| (b.addr, b.size)));
+    let (mut verdicts, owners, info) = crate::scan::scan(&blocks, &input.inherited, &own, &extra_roots);
+    for (b, v) in live.iter().zip(verdicts.iter_mut()) {
+        if b.ignored {
+            *v = Verdict::Reachable;
+        }
+    }
+    if let Some((lo, hi)) = crate::scan::roots::loader_range() {
+        // Only leaked blocks can change (most are reachable): each lookup reads the
+        // stack table, a cache miss or two, 120k of them after `import torch`.
+        for (b, v) in live.iter().zip(verdicts.iter_mut()).filter(|(_, v)| **v != Verdict::Reachable) {
+            let innermost = stacks::innermost(b.stack);
+            if innermost.is_some_and(|ip| ip >= lo && ip < hi) {
+                *v = Verdict::Reachable;
+            }
+        }
+    }
+    (verdicts, owners, info)
+}
+
+pub(super) fn reachability_scan(input: &ScanInput, names_thread: u32) -> ScanResult {
+    let live = &input.blocks;
+    let (verdicts, owners, info) = classify_live(input, names_thread);
+    let mut by_group: HashMap<GroupKey, build::Reachability> = Default::default();
+    let mut indirect_from: HashMap<GroupKey, BTreeMap<u32, (u64, u64)>> = Default::default();
+    let mut totals = build::KindReachability::default();
+    for ((b, v), owner) in live.iter().zip(verdicts).zip(owners) {
+        let key = (b.stack, b.api.name(), b.device);
+        by_group.entry(key).or_default().add(v, b.size);
+        totals[b.api.kind().index()].add(v, b.size);
+        if v == Verdict::Indirect {
+            if let Some(o) = live.get(owner as usize) {
+                let e = indirect_from.entry(key).or_default().entry(o.stack).or_default();
+                e.0 += b.size;
+                e.1 += 1;
+            }
+        }
+    }
+    ScanResult { out: info, by_group, totals, indirect_from }
+}
