@@ -47,6 +47,34 @@ pub struct ProcessAnalysis {
     pub growth: Vec<Growth>,
     /// The leak checks the process asked for, in order.
     pub checks: Vec<crate::model::Check>,
+    /// The process's memory by part when its report was written.
+    pub memory: Option<leaktrace_common::memory::Memory>,
+    /// What its memory says (`leaktrace_common::memory::explain`), largest first.
+    pub memory_findings: Vec<MemoryFinding>,
+    /// The memory of each timeline point that has it: (unix ms, memory).
+    #[serde(skip)]
+    pub memory_points: Vec<(u64, leaktrace_common::memory::Memory)>,
+}
+
+/// A part of the memory that grew or holds much (`leaktrace_common::memory::Finding`).
+#[derive(Clone, Debug, Serialize)]
+pub struct MemoryFinding {
+    pub part: &'static str,
+    pub from_bytes: u64,
+    pub to_bytes: u64,
+    pub what: String,
+    pub remedy: String,
+}
+
+impl From<leaktrace_common::memory::Finding> for MemoryFinding {
+    fn from(f: leaktrace_common::memory::Finding) -> Self {
+        MemoryFinding { part: f.part, from_bytes: f.from, to_bytes: f.to, what: f.what, remedy: f.remedy }
+    }
+}
+
+/// The memory of each timeline point of `r` that has it, oldest first.
+pub fn memory_points(r: &Report) -> Vec<(u64, leaktrace_common::memory::Memory)> {
+    r.timeline.points.iter().filter_map(|p| p.memory.map(|m| (p.unix_ms, m))).collect()
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -127,7 +155,12 @@ pub fn analyze(reports: &[Report], filters: &Filters) -> Analysis {
                     filters.suppressions.as_ref().and_then(|s| s.matching_group(&as_group)).is_none()
                 })
                 .collect();
+            let memory_points = memory_points(r);
+            let memory_findings = leaktrace_common::memory::explain(&memory_points, r.fork.forked_from_pid.is_some()).into_iter().map(Into::into).collect();
             ProcessAnalysis {
+                memory: r.memory,
+                memory_findings,
+                memory_points,
                 label: r.label(),
                 pid: r.pid,
                 exe: r.exe.clone(),

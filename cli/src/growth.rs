@@ -208,7 +208,7 @@ mod tests {
         use crate::model::Series;
         use leaktrace_common::report_schema::LineSeries;
         let mut r = Report { reason: "periodic".into(), ..Default::default() };
-        r.timeline.points = (0..20).map(|i| Point { unix_ms: i * 1000, live_bytes: 0, live_blocks: 0 }).collect();
+        r.timeline.points = (0..20).map(|i| Point { unix_ms: i * 1000, live_bytes: 0, live_blocks: 0, memory: None }).collect();
         r.timeline.series =
             vec![Series { kind: "host".into(), api: "malloc".into(), stack_id: 1, stack: None, bytes: (0..20).map(|i| i * 1_000_000).collect() }];
         r.timeline.lines = vec![
@@ -227,7 +227,7 @@ mod tests {
     fn memory_an_import_makes_is_start_up_not_growth() {
         use crate::model::Series;
         let mut r = Report { reason: "periodic".into(), ..Default::default() };
-        r.timeline.points = (0..20).map(|i| Point { unix_ms: i * 250, live_bytes: 0, live_blocks: 0 }).collect();
+        r.timeline.points = (0..20).map(|i| Point { unix_ms: i * 250, live_bytes: 0, live_blocks: 0, memory: None }).collect();
         let frame = |file: &str| Frame { function: Some("f".into()), file: Some(file.into()), line: Some(1), python: true, ..Default::default() };
         let stack = |files: &[&str]| Some(files.iter().map(|f| frame(f)).collect::<Vec<_>>());
         let rising: Vec<u64> = (0..20).map(|i| i * 1_000_000).collect();
@@ -249,7 +249,7 @@ mod tests {
     fn a_growing_segment_of_a_caching_allocator_says_so_and_how_to_find_its_line() {
         use crate::model::{Group, Series};
         let mut r = Report { reason: "periodic".into(), ..Default::default() };
-        r.timeline.points = (0..20).map(|i| Point { unix_ms: i * 1000, live_bytes: 0, live_blocks: 0 }).collect();
+        r.timeline.points = (0..20).map(|i| Point { unix_ms: i * 1000, live_bytes: 0, live_blocks: 0, memory: None }).collect();
         let rising: Vec<u64> = (0..20).map(|i| i * (2 << 20)).collect();
         r.timeline.series = vec![
             Series { kind: "device".into(), api: "cudaMalloc".into(), stack_id: 7, stack: None, bytes: rising.clone() },
@@ -279,7 +279,7 @@ mod tests {
         // 20 points of import (the stack not followed yet), 12 of a growing loop, exit.
         let bytes: Vec<u64> = (0..33).map(|i| if (20..32).contains(&i) { (i - 19) * 1_000_000 } else { 0 }).collect();
         let mut r = Report { reason: "exit".into(), ..Default::default() };
-        r.timeline.points = (0..33).map(|i| Point { unix_ms: i * 100, live_bytes: 0, live_blocks: 0 }).collect();
+        r.timeline.points = (0..33).map(|i| Point { unix_ms: i * 100, live_bytes: 0, live_blocks: 0, memory: None }).collect();
         r.timeline.series = vec![Series { kind: "host".into(), api: "malloc".into(), stack_id: 1, stack: None, bytes }];
         let found = detect(&r, 1024);
         assert_eq!(found.len(), 1);

@@ -46,11 +46,11 @@ fn chart_points(report: &Report) -> (Vec<crate::model::Point>, bool) {
     if points.len() >= 2 || report.started_unix_ms == 0 || report.started_unix_ms >= first {
         return (points.clone(), false);
     }
-    let mut with_start = vec![crate::model::Point { unix_ms: report.started_unix_ms, live_bytes: 0, live_blocks: 0 }];
+    let mut with_start = vec![crate::model::Point { unix_ms: report.started_unix_ms, live_bytes: 0, live_blocks: 0, memory: None }];
     with_start.extend(points.iter().cloned());
     if points.is_empty() {
         let h = &report.summary.host;
-        with_start.push(crate::model::Point { unix_ms: report.written_unix_ms, live_bytes: h.live_bytes, live_blocks: h.live_blocks });
+        with_start.push(crate::model::Point { unix_ms: report.written_unix_ms, live_bytes: h.live_bytes, live_blocks: h.live_blocks, memory: None });
     }
     (with_start, true)
 }
@@ -110,6 +110,64 @@ fn chart(report: &Report, idx: usize) -> String {
     )
 }
 
+/// Colors of the memory's parts, in `Memory::parts` order.
+const PART_COLORS: [&str; 11] = ["#1f77b4", "#aec7e8", "#c7c7c7", "#2ca02c", "#98df8a", "#ff7f0e", "#9467bd", "#8c564b", "#dbdb8d", "#d62728", "#f7b6d2"];
+
+/// An SVG chart of the process's memory by part over time, the parts stacked (the
+/// top of the stack is RSS, or more where a part is held but not resident).
+fn memory_chart(points: &[(u64, leaktrace_common::memory::Memory)], idx: usize) -> String {
+    if points.len() < 2 {
+        return String::new();
+    }
+    let (w, h, pad) = (760.0f64, 260.0f64, 40.0f64);
+    let t0 = points[0].0 as f64;
+    let span = (points[points.len() - 1].0 as f64 - t0).max(1.0);
+    let stacked: Vec<Vec<u64>> = points
+        .iter()
+        .map(|(_, m)| {
+            m.parts()
+                .iter()
+                .scan(0u64, |sum, p| {
+                    *sum += p.1;
+                    Some(*sum)
+                })
+                .collect()
+        })
+        .collect();
+    let max = stacked.iter().filter_map(|s| s.last().copied()).chain(points.iter().map(|p| p.1.rss)).max().unwrap_or(1).max(1) as f64;
+    let x = |i: usize| pad + (points[i].0 as f64 - t0) / span * (w - 2.0 * pad);
+    let y = |v: u64| h - pad - (v as f64 / max) * (h - 2.0 * pad);
+    let names = points[0].1.parts().map(|p| p.0);
+    let mut shapes = Vec::new();
+    let mut legend = Vec::new();
+    for (k, name) in names.iter().enumerate() {
+        if stacked.iter().all(|s| s[k] == if k == 0 { 0 } else { s[k - 1] }) {
+            continue;
+        }
+        let top: Vec<String> = (0..points.len()).map(|i| format!("{:.1},{:.1}", x(i), y(stacked[i][k]))).collect();
+        let bottom: Vec<String> = (0..points.len()).rev().map(|i| format!("{:.1},{:.1}", x(i), y(if k == 0 { 0 } else { stacked[i][k - 1] }))).collect();
+        shapes.push(format!("<polygon class=\"part\" data-name=\"{name}\" fill=\"{}\" points=\"{} {}\"/>", PART_COLORS[k], top.join(" "), bottom.join(" ")));
+        legend.push(format!("<li><span style=\"background:{}\"></span>{}</li>", PART_COLORS[k], crate::render::part_label(name)));
+    }
+    let rss: Vec<String> = (0..points.len()).map(|i| format!("{:.1},{:.1}", x(i), y(points[i].1.rss))).collect();
+    legend.push("<li><span style=\"background:#000\"></span>RSS</li>".into());
+    format!(
+        "<svg id=\"memory-{idx}\" class=\"chart memory\" viewBox=\"0 0 {w} {h}\" width=\"{w}\" height=\"{h}\" role=\"img\" aria-label=\"memory by part over time\">\
+         <line x1=\"{pad}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\" stroke=\"#999\"/>{}<polyline class=\"rss\" fill=\"none\" stroke=\"#000\" stroke-width=\"1.5\" points=\"{}\"/>\
+         <text x=\"{pad}\" y=\"{t}\" font-size=\"11\">{maxl}</text><text x=\"{pad}\" y=\"{bl}\" font-size=\"11\">0 s</text>\
+         <text x=\"{r}\" y=\"{bl}\" font-size=\"11\" text-anchor=\"end\">{secs:.1} s</text></svg><ul class=\"legend\">{}</ul>",
+        shapes.join(""),
+        rss.join(" "),
+        legend.join(""),
+        b = h - pad,
+        r = w - pad,
+        t = pad - 8.0,
+        bl = h - pad + 16.0,
+        maxl = human_bytes(max as u64),
+        secs = span / 1000.0,
+    )
+}
+
 fn stack_html(stack: &[Frame]) -> String {
     let shown = crate::render::shown_frames(stack);
     let items: Vec<String> = shown
@@ -144,6 +202,25 @@ pub fn page(a: &Analysis, reports: &[Report]) -> String {
     body.push_str("<h2>Live memory over time</h2>");
     for (i, (p, r)) in a.processes.iter().zip(reports).enumerate() {
         body.push_str(&format!("<h3>{}</h3>{}", esc(&p.label), chart(r, i)));
+    }
+    let with_memory: Vec<(usize, &crate::analyze::ProcessAnalysis)> =
+        a.processes.iter().enumerate().filter(|(_, p)| p.memory_points.len() >= 2 || !p.memory_findings.is_empty()).collect();
+    if !with_memory.is_empty() {
+        body.push_str("<h2>Memory by part</h2>");
+        for (i, p) in with_memory {
+            body.push_str(&format!("<h3>{}</h3>", esc(&p.label)));
+            if let Some(m) = &p.memory {
+                body.push_str(&format!("<p>{}</p>", esc(&crate::render::memory_line(m))));
+            }
+            body.push_str(&memory_chart(&p.memory_points, i));
+            if !p.memory_findings.is_empty() {
+                body.push_str("<ul class=\"findings\">");
+                for f in &p.memory_findings {
+                    body.push_str(&format!("<li><b>{}</b>: {}. <i>What to do:</i> {}</li>", esc(crate::render::part_label(f.part)), esc(&f.what), esc(&f.remedy)));
+                }
+                body.push_str("</ul>");
+            }
+        }
     }
     let growth: Vec<_> = a.processes.iter().flat_map(|p| p.growth.iter().map(move |g| (p, g))).collect();
     body.push_str(&format!("<h2>Growing during the run ({})</h2>", growth.len()));

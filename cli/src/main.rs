@@ -211,6 +211,12 @@ struct CheckArgs {
     /// Also fail on stacks that grew steadily during the run.
     #[arg(long)]
     fail_on_growth: bool,
+    /// Also fail when a part of a process's memory grew by more than SIZE from the
+    /// start of the run (after its first tenth) to its peak; repeatable. PART is one
+    /// of rss, heap_live, heap_free, heap_other, python_objects, python_free, mmap,
+    /// shm, stacks, file, tracer, unexplained, uss, pss; SIZE takes B, KiB, MiB, GiB.
+    #[arg(long, value_name = "PART=SIZE", value_parser = leaktrace_common::memory::parse_limit)]
+    max_growth: Vec<(String, u64)>,
     /// Exit status when leaks remain.
     #[arg(long, value_name = "N", default_value_t = LEAK_EXIT)]
     exit_code: u8,
@@ -279,7 +285,25 @@ fn cmd_check(args: &CheckArgs) -> Result<u8, Fail> {
     let reports = load_all(&args.paths)?;
     let a = analyze::analyze(&reports, &filters);
     print!("{}", render(&a, &reports, args.format.into(), args.top)?);
-    let failing = a.has_findings() || (args.fail_on_growth && a.growing() > 0);
+    let mut over = false;
+    for p in &a.processes {
+        for (part, limit) in &args.max_growth {
+            if let Some((from, to)) = leaktrace_common::memory::part_growth(&p.memory_points, part) {
+                if to.saturating_sub(from) > *limit {
+                    eprintln!(
+                        "leaktrace: {}: {part} grew by {} ({} -> {}), more than --max-growth {part}={}",
+                        p.label,
+                        render::human_bytes(to - from),
+                        render::human_bytes(from),
+                        render::human_bytes(to),
+                        render::human_bytes(*limit)
+                    );
+                    over = true;
+                }
+            }
+        }
+    }
+    let failing = a.has_findings() || (args.fail_on_growth && a.growing() > 0) || over;
     Ok(if failing { args.exit_code } else { 0 })
 }
 

@@ -78,7 +78,57 @@ pub fn human_bytes(b: u64) -> String {
 /// A process with nothing to show: no leak, no growth, nothing left unlisted. Wrappers
 /// (a pyenv shim's shell helpers, `env`, `bash -c`) are such processes.
 fn quiet(p: &crate::analyze::ProcessAnalysis) -> bool {
-    p.leaks.is_empty() && p.growth.is_empty() && p.unlisted_bytes == 0
+    p.leaks.is_empty() && p.growth.is_empty() && p.unlisted_bytes == 0 && p.memory_findings.is_empty()
+}
+
+/// The readable name of a part of the memory.
+pub fn part_label(part: &str) -> &'static str {
+    match part {
+        "heap_live" => "live heap blocks",
+        "heap_free" => "malloc's free memory",
+        "heap_other" => "other heap",
+        "python_objects" => "Python objects",
+        "python_free" => "Python arenas' free space",
+        "mmap" => "direct mappings",
+        "shm" => "shared memory",
+        "stacks" => "thread stacks",
+        "file" => "mapped files",
+        "tracer" => "leaktrace itself",
+        "unexplained" => "unexplained",
+        "uss" => "private memory (USS)",
+        "pss" => "proportional memory (PSS)",
+        "rss" => "RSS",
+        _ => "other",
+    }
+}
+
+/// "RSS 455.0 MiB: Python objects 394.0 MiB, ..." — the parts of at least 1% of RSS,
+/// largest first; the rest summed.
+pub fn memory_line(m: &leaktrace_common::memory::Memory) -> String {
+    let mut parts: Vec<(&str, u64)> = m.parts().into_iter().filter(|p| p.1 > 0).collect();
+    parts.sort_by_key(|p| std::cmp::Reverse(p.1));
+    let (shown, rest): (Vec<_>, Vec<_>) = parts.into_iter().partition(|p| p.1 * 100 >= m.rss.max(1));
+    let mut items: Vec<String> = shown.iter().map(|(n, b)| format!("{} {}", part_label(n), human_bytes(*b))).collect();
+    let rest: u64 = rest.iter().map(|p| p.1).sum();
+    if rest > 0 {
+        items.push(format!("smaller parts {}", human_bytes(rest)));
+    }
+    let private = m.uss.map(|u| format!("; private {}", human_bytes(u))).unwrap_or_default();
+    format!("RSS {}{private}: {}", human_bytes(m.rss), items.join(", "))
+}
+
+/// The memory line and findings, for a process whose memory says something (a line
+/// of numbers for every small program would only be noise).
+fn memory_text(out: &mut String, p: &crate::analyze::ProcessAnalysis) {
+    if p.memory_findings.is_empty() {
+        return;
+    }
+    if let Some(m) = &p.memory {
+        out.push_str(&format!("\nMemory: {}\n", memory_line(m)));
+    }
+    for f in &p.memory_findings {
+        out.push_str(&format!("\nMemory: {}.\n    what to do: {}\n", f.what, f.remedy));
+    }
 }
 
 /// "bash (12), sed (3)": the program names of `quiet` processes, most frequent first.
@@ -137,6 +187,7 @@ pub fn text(a: &Analysis, top: usize) -> String {
             }
         }
         checks_text(&mut out, &p.checks);
+        memory_text(&mut out, p);
         let mut notes = Vec::new();
         if p.suppressed_groups > 0 {
             notes.push(format!("{} group(s), {} byte(s) suppressed", p.suppressed_groups, p.suppressed_bytes));
@@ -164,8 +215,10 @@ pub fn text(a: &Analysis, top: usize) -> String {
     if !hidden.is_empty() {
         out.push_str(&format!("==== {} other process(es) without leaks: {}\n\n", hidden.len(), quiet_names(&hidden)));
     }
+    let findings: usize = a.processes.iter().map(|p| p.memory_findings.len()).sum();
+    let memory = if findings > 0 { format!("; {findings} memory finding(s)") } else { String::new() };
     out.push_str(&format!(
-        "TOTAL: {} byte(s) leaked in {} allocation(s) across {} process(es); {} growing stack(s).\n",
+        "TOTAL: {} byte(s) leaked in {} allocation(s) across {} process(es); {} growing stack(s){memory}.\n",
         a.leaked_bytes,
         a.leaked_blocks,
         a.processes.len(),
@@ -224,10 +277,27 @@ pub fn markdown(a: &Analysis, top: usize) -> String {
     }
     for p in &a.processes {
         let leaking_checks: Vec<&crate::model::Check> = p.checks.iter().filter(|c| c.leaked_blocks() > 0).collect();
-        if p.leaks.is_empty() && p.growth.is_empty() && leaking_checks.is_empty() {
+        if p.leaks.is_empty() && p.growth.is_empty() && leaking_checks.is_empty() && p.memory_findings.is_empty() {
             continue;
         }
         out.push_str(&format!("\n#### {}\n\n", md_escape(&p.label)));
+        if !p.memory_findings.is_empty() {
+            if let Some(m) = &p.memory {
+                out.push_str(&format!("Memory: {}\n\n", md_escape(&memory_line(m))));
+            }
+            out.push_str("| memory | from | to | what it means | what to do |\n|---|---:|---:|---|---|\n");
+            for f in &p.memory_findings {
+                out.push_str(&format!(
+                    "| {} | {} | {} | {} | {} |\n",
+                    part_label(f.part),
+                    human_bytes(f.from_bytes),
+                    human_bytes(f.to_bytes),
+                    md_escape(&f.what),
+                    md_escape(&f.remedy)
+                ));
+            }
+            out.push('\n');
+        }
         if !p.leaks.is_empty() {
             out.push_str("| bytes | blocks | api | allocated at |\n|---:|---:|---|---|\n");
             for g in p.leaks.iter().take(top) {

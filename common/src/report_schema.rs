@@ -350,6 +350,9 @@ pub struct Point {
     pub live_bytes: u64,
     #[serde(default)]
     pub live_blocks: u64,
+    /// The process's memory by part at this point (`crate::memory::Memory`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<crate::memory::Memory>,
 }
 
 /// Live bytes of one followed stack at each point.
@@ -512,6 +515,10 @@ pub struct Report<S = Inline> {
     pub diagnostics: Diagnostics,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scan: Option<Scan>,
+    /// The process's memory by part when the report was written: where every byte of
+    /// its RSS is (`crate::memory::Memory`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<crate::memory::Memory>,
     /// The distinct frames that `Indexed` stacks refer to, before them for readers that
     /// stream. Inlined stacks leave it as it was read.
     #[serde(default)]
@@ -646,7 +653,7 @@ mod tests {
             summary: Summary { leak_groups: 1, ..Default::default() },
             frames: vec![frame(0x10, "leak"), frame(0x7f00_0000_0020, "main")],
             timeline: Timeline {
-                points: vec![Point { unix_ms: 1, live_bytes: 64, live_blocks: 1 }],
+                points: vec![Point { unix_ms: 1, live_bytes: 64, live_blocks: 1, memory: None }],
                 series: vec![series(3, None), series(4, Some(vec![1]))],
                 lines: Vec::new(),
             },

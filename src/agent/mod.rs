@@ -43,7 +43,7 @@ use reports::{write_report, ReportSide, REPORT};
 
 /// Initialises everything from the library constructor. Returns false when tracking
 /// stays off (disabled by configuration or unsupported platform).
-pub fn start(config: Config, host_tracking: String) -> bool {
+pub fn start(config: Config, host_tracking: String, glibc_heap: bool) -> bool {
     thread::untracked(|| {
         if config.disabled {
             return false;
@@ -57,6 +57,7 @@ pub fn start(config: Config, host_tracking: String) -> bool {
             stderr_line(&w);
         }
         let depth = config.stack_depth;
+        reports::GLIBC_HEAP.store(glibc_heap, Ordering::Relaxed);
         let process = ProcessInfo::current(None);
         let symbolizer = Symbolizer::new(process.exe.clone());
         let suppressions = match &config.suppressions {

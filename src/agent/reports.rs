@@ -69,6 +69,22 @@ impl ReportSide {
     }
 }
 
+/// Whether the program's malloc is glibc's (its `mallinfo2` then describes the heap).
+pub(super) static GLIBC_HEAP: AtomicBool = AtomicBool::new(false);
+/// Whether this process is a forked child of a traced one.
+pub(super) static FORKED: AtomicBool = AtomicBool::new(false);
+
+/// The process's memory now (`report::memory`), with the live tracked bytes of
+/// `totals`. Never while the scan holds the threads.
+fn measure_memory(totals: &crate::collector::state::Totals) -> leaktrace_common::memory::Memory {
+    crate::report::memory::measure(crate::report::memory::Known {
+        heap_live: totals.kind(crate::hotpath::event::Kind::Host).live_bytes,
+        mmap_live: 0,
+        glibc_malloc: GLIBC_HEAP.load(Ordering::Relaxed),
+        forked_child: FORKED.load(Ordering::Relaxed),
+    })
+}
+
 pub(super) static REPORT: SpinLock<Option<ReportSide>> = SpinLock::new(None);
 /// The groups of the last report's snapshot, kept for the next one (see
 /// `Collector::snapshot_unsorted_into`); empty while a report holds them.
@@ -88,11 +104,13 @@ pub(super) fn record_point() {
         c.model.take_changes(&mut changes);
         (c.model.totals(), changes)
     };
+    let memory = measure_memory(&totals);
     // The timeline must see these changes, or its sums drift until the next report
     // starts them afresh: wait as long as a report would.
     if let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(30)) {
         if let Some(r) = report.as_mut().filter(|r| !r.final_written) {
             r.timeline.record_changes(process::unix_ms(), &totals, &changes);
+            r.timeline.note_memory(memory);
         }
     }
     if let Some(mut b) = CHANGES_BUFFER.try_lock() {
@@ -142,6 +160,9 @@ pub(super) fn write_report(reason: Reason) {
     // other threads do, and their frees are still published) are read from the rings.
     let pause = scan_now.then(ScanPause::start);
     drop(state);
+    // Before the scan: it holds the program's threads, one of which may hold a lock
+    // of malloc's that `mallinfo2` takes.
+    let memory = measure_memory(&snapshot.totals);
     // The scan stops the other threads: it runs holding none of our locks.
     let scan = live.map(|live| reachability_scan(&live, presymbolizer.as_ref().map_or(0, Presymbolizer::tid)));
     if final_report {
@@ -169,6 +190,7 @@ pub(super) fn write_report(reason: Reason) {
     }
     let now = process::unix_ms();
     r.timeline.record(now, &snapshot);
+    r.timeline.note_memory(memory);
     // Groups the scan cannot classify (registrations, VMM handles and ranges) keep no
     // breakdown: they count as outstanding.
     let reach = scan.as_ref().map(|s| |g: &crate::collector::state::GroupSnapshot| s.by_group.get(&(g.stack, g.api.name(), g.device)).copied());
@@ -208,6 +230,7 @@ pub(super) fn write_report(reason: Reason) {
             omitted,
             checks: &r.checks,
             checks_dropped: r.checks_dropped,
+            memory: Some(memory),
         };
         writer::write_atomic_with(path, |w| build::write_report_json(w, &parts))
     };
@@ -235,6 +258,7 @@ pub(super) fn write_report(reason: Reason) {
         let leaked = build::leaked_total(&visible, omitted).1 > 0;
         LIFECYCLE.leaks_found(leaked);
         let checks_text = checks::summary_lines(&r.checks, r.checks_dropped);
+        let memory_text = memory_summary(r.process.pid, &r.timeline, r.process.forked_from.is_some());
         let print = match r.config.summary {
             crate::config::Summary::Never => false,
             // LeakSanitizer prints its "Suppressions used" table whenever one matched.
@@ -245,7 +269,12 @@ pub(super) fn write_report(reason: Reason) {
             let shown = result.is_ok().then(|| path.display().to_string());
             let mut text = build::summary_text(r.process.pid, &visible, suppressed, &used, r.config.summary_top, shown.as_deref(), omitted);
             text.push_str(&checks_text);
+            text.push_str(&memory_text);
             crate::os::fds::write_stderr(text.as_bytes());
+        } else if r.config.summary != crate::config::Summary::Never && !memory_text.is_empty() {
+            // No leak, but the memory says something: that alone.
+            let shown = result.as_ref().ok().map(|_| format!("=={}==leaktrace: report {}\n", r.process.pid, path.display())).unwrap_or_default();
+            crate::os::fds::write_stderr(format!("{memory_text}{shown}").as_bytes());
         }
     }
     // Kept for the next report (plain data: the next one's `clear` costs nothing).
@@ -253,6 +282,16 @@ pub(super) fn write_report(reason: Reason) {
     if let Some(mut b) = SNAPSHOT_BUFFER.try_lock() {
         *b = std::mem::take(&mut snapshot.groups);
     }
+}
+
+/// The exit summary's lines on the memory (`leaktrace_common::memory::explain` over
+/// the timeline's points): empty when nothing stands out.
+fn memory_summary(pid: u32, timeline: &Timeline, forked_child: bool) -> String {
+    let points: Vec<(u64, leaktrace_common::memory::Memory)> = timeline.points.iter().filter_map(|p| p.memory.map(|m| (p.unix_ms, m))).collect();
+    leaktrace_common::memory::explain(&points, forked_child)
+        .iter()
+        .map(|f| format!("=={pid}==leaktrace: memory: {}.\n=={pid}==leaktrace:   what to do: {}\n", f.what, f.remedy))
+        .collect()
 }
 
 /// A thread that names the frames of the largest groups into the report's symbolizer

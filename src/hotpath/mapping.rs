@@ -9,7 +9,11 @@ pub fn map_zeroed(bytes: usize) -> Option<*mut u8> {
     let p = unsafe {
         libc::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0)
     };
-    (p != libc::MAP_FAILED).then_some(p as *mut u8)
+    if p == libc::MAP_FAILED {
+        return None;
+    }
+    crate::os::own::mapped(p as usize, bytes);
+    Some(p as *mut u8)
 }
 
 /// A transparent huge page.
@@ -29,10 +33,12 @@ pub fn map_zeroed_aligned(bytes: usize) -> Option<*mut u8> {
     unsafe {
         if start > raw {
             libc::munmap(raw as *mut libc::c_void, start - raw);
+            crate::os::own::unmapped(raw, start - raw);
         }
         let tail = raw + bytes + HUGE_PAGE - (start + bytes);
         if tail > 0 {
             libc::munmap((start + bytes) as *mut libc::c_void, tail);
+            crate::os::own::unmapped(start + bytes, tail);
         }
     }
     Some(start as *mut u8)
@@ -148,6 +154,7 @@ pub fn prefetch_line_for_write<T>(p: &T) {
 pub fn unmap(p: *mut u8, bytes: usize) {
     // SAFETY: callers pass a mapping of exactly `bytes` that no one else references.
     unsafe { libc::munmap(p as *mut libc::c_void, bytes) };
+    crate::os::own::unmapped(p as usize, bytes);
 }
 
 /// Maps a file read-only (the symbolizer reads module files this way: a PyTorch library

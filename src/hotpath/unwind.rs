@@ -749,6 +749,7 @@ fn other_stack_end(state: &ThreadState, sp: u64) -> Option<u64> {
 /// made meanwhile are untracked (the caller marks the thread).
 pub fn note_thread_stack() {
     if let Some((lo, hi)) = crate::os::stack::queried_thread_stack() {
+        crate::os::stack::list_stack(thread::tid(), lo, hi);
         thread::with(|s| {
             s.stack_lo.set(lo);
             s.stack_hi.set(hi);

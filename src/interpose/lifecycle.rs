@@ -48,7 +48,8 @@ extern "C" fn on_load() {
         if config.scan && !config.disabled {
             super::pymalloc::install();
         }
-        if agent::start(config, host_tracking) {
+        let glibc_heap = host_tracking == "active" && malloc_is_glibcs();
+        if agent::start(config, host_tracking, glibc_heap) {
             if leak_exit_code.is_some() {
                 extern "C" {
                     fn on_exit(f: extern "C" fn(c_int, *mut c_void), arg: *mut c_void) -> c_int;
@@ -191,6 +192,21 @@ fn host_tracking_state() -> String {
             msg
         }
         _ => "active".into(),
+    }
+}
+
+/// Whether the malloc our hooks forward to is the C library's (and so `mallinfo2`
+/// describes the heap the program uses), not another allocator preloaded after us.
+fn malloc_is_glibcs() -> bool {
+    let Some(f) = super::real::malloc() else { return false };
+    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    // SAFETY: dladdr fills info for any address; dli_fname is a loader-owned C string.
+    unsafe {
+        if libc::dladdr(f as *const c_void, info.as_mut_ptr()) == 0 || (*info.as_ptr()).dli_fname.is_null() {
+            return false;
+        }
+        let name = CStr::from_ptr((*info.as_ptr()).dli_fname).to_bytes();
+        name.rsplit(|&b| b == b'/').next().is_some_and(|base| base.starts_with(b"libc.so"))
     }
 }
 

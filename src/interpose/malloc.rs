@@ -285,6 +285,7 @@ pub struct RealAllocator;
 // with at least the requested size and alignment, and are returned to the same family.
 unsafe impl GlobalAlloc for RealAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        crate::os::own::heap_grew(layout.size());
         if layout.align() <= MIN_ALIGN {
             match real::malloc() {
                 // SAFETY: plain allocation of layout.size() bytes.
@@ -308,6 +309,7 @@ unsafe impl GlobalAlloc for RealAllocator {
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         if layout.align() <= MIN_ALIGN {
             if let Some(f) = real::calloc() {
+                crate::os::own::heap_grew(layout.size());
                 // SAFETY: plain zeroed allocation of layout.size() bytes.
                 return unsafe { f(1, layout.size()) as *mut u8 };
             }
@@ -322,7 +324,8 @@ unsafe impl GlobalAlloc for RealAllocator {
         }
     }
 
-    unsafe fn dealloc(&self, p: *mut u8, _layout: Layout) {
+    unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
+        crate::os::own::heap_shrank(layout.size());
         if real::arena_owns(p as *mut c_void) {
             return;
         }
@@ -336,7 +339,12 @@ unsafe impl GlobalAlloc for RealAllocator {
         if layout.align() <= MIN_ALIGN && !real::arena_owns(p as *mut c_void) {
             if let Some(f) = real::realloc() {
                 // SAFETY: p came from the real malloc; new_size is non-zero (GlobalAlloc contract).
-                return unsafe { f(p as *mut c_void, new_size) as *mut u8 };
+                let q = unsafe { f(p as *mut c_void, new_size) as *mut u8 };
+                if !q.is_null() {
+                    crate::os::own::heap_grew(new_size);
+                    crate::os::own::heap_shrank(layout.size());
+                }
+                return q;
             }
         }
         // SAFETY: default strategy: allocate, copy, free.

@@ -8,6 +8,7 @@ pub mod elf;
 pub mod fds;
 pub mod image;
 pub mod loader;
+pub mod own;
 pub mod lock;
 pub mod signals;
 pub mod stack;

@@ -154,6 +154,45 @@ fn parse_maps_line(l: &[u8]) -> Option<(usize, usize, bool)> {
     Some((start, end, perms == b"rw"))
 }
 
+/// The stacks of the threads the program started (noted at their start) and the main
+/// thread's, for the memory accounting (`resident_stacks`): kernel id, low and high end;
+/// a slot whose thread is gone is freed when the stacks are next measured.
+const STACK_SLOTS: usize = 4096;
+static STACK_TIDS: [AtomicUsize; STACK_SLOTS] = [const { AtomicUsize::new(0) }; STACK_SLOTS];
+static STACK_LO: [AtomicUsize; STACK_SLOTS] = [const { AtomicUsize::new(0) }; STACK_SLOTS];
+static STACK_HI: [AtomicUsize; STACK_SLOTS] = [const { AtomicUsize::new(0) }; STACK_SLOTS];
+
+/// Lists the calling thread's stack `[lo, hi)`.
+pub fn list_stack(tid: u32, lo: usize, hi: usize) {
+    for i in 0..STACK_SLOTS {
+        if STACK_TIDS[i].load(Ordering::Relaxed) == 0 && STACK_TIDS[i].compare_exchange(0, usize::MAX, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            STACK_LO[i].store(lo, Ordering::Relaxed);
+            STACK_HI[i].store(hi, Ordering::Relaxed);
+            STACK_TIDS[i].store(tid as usize, Ordering::Release);
+            return;
+        }
+    }
+}
+
+/// The resident bytes of the listed threads' stacks (the main thread's is not listed:
+/// `/proc/self/status` has it as `VmStk`); threads that are gone are unlisted.
+pub fn resident_stacks() -> u64 {
+    let mut total = 0;
+    for i in 0..STACK_SLOTS {
+        let tid = STACK_TIDS[i].load(Ordering::Acquire);
+        if tid == 0 || tid == usize::MAX {
+            continue;
+        }
+        if super::threads::thread_is_gone(tid as u32) {
+            let _ = STACK_TIDS[i].compare_exchange(tid, 0, Ordering::AcqRel, Ordering::Relaxed);
+            continue;
+        }
+        let (lo, hi) = (STACK_LO[i].load(Ordering::Relaxed), STACK_HI[i].load(Ordering::Relaxed));
+        total += super::own::resident(lo, hi.saturating_sub(lo));
+    }
+    total
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -225,7 +225,7 @@ pub fn timeline_out(timeline: &Timeline, groups: &[Group], sym: &mut Symbolizer)
     // In series order, as the series below take them.
     let mut stacks = resolve_stacks(&followed, sym).into_iter();
     TimelineOut {
-        points: timeline.points.iter().map(|p| schema::Point { unix_ms: p.unix_ms, live_bytes: p.live_bytes, live_blocks: p.live_blocks }).collect(),
+        points: timeline.points.iter().map(|p| schema::Point { unix_ms: p.unix_ms, live_bytes: p.live_bytes, live_blocks: p.live_blocks, memory: p.memory }).collect(),
         series: timeline
             .series
             .iter()
@@ -300,6 +300,7 @@ pub struct ReportParts<'a> {
     pub omitted: Omitted,
     pub checks: &'a [super::checks::Check],
     pub checks_dropped: u64,
+    pub memory: Option<leaktrace_common::memory::Memory>,
 }
 
 /// `write_report_json` into memory (tests).
@@ -313,7 +314,7 @@ pub fn report_bytes(parts: &ReportParts) -> Vec<u8> {
 /// The report as JSON (`leaktrace_common::report_schema::Report`, stacks as indices
 /// into its frame table), written into `w` as it is serialized.
 pub fn write_report_json(w: impl std::io::Write, parts: &ReportParts) -> std::io::Result<()> {
-    let &ReportParts { process, reason, written_unix_ms, totals, groups, facts, timeline, scan, omitted, checks, checks_dropped } = parts;
+    let &ReportParts { process, reason, written_unix_ms, totals, groups, facts, timeline, scan, omitted, checks, checks_dropped, memory } = parts;
     let kind = |k: Kind| kind_totals(totals.kind(k), scan.map(|s| s.1[k.index()]));
     let mut cached = Amount::default();
     for g in groups.iter().filter(|g| g.cached_by.is_some()) {
@@ -376,6 +377,7 @@ pub fn write_report_json(w: impl std::io::Write, parts: &ReportParts) -> std::io
             cuda_untracked_copies: facts.cuda_untracked_copies,
         },
         scan: scan.map(|s| *s.0),
+        memory,
         frames: table.frames,
         timeline,
         leaks,

@@ -20,6 +20,8 @@ pub struct Point {
     pub unix_ms: u64,
     pub live_bytes: u64,
     pub live_blocks: u64,
+    /// The process's memory by part, measured with the point.
+    pub memory: Option<leaktrace_common::memory::Memory>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -77,6 +79,13 @@ impl Timeline {
     /// A point from every live group (`snapshot`, sorted at least as `sort_top(JOIN_TOP)`
     /// leaves it), taken in the same hold of the collector as a `take_changes` whose
     /// changes are dropped: the sums start afresh from here.
+    /// The memory measured with the last point.
+    pub fn note_memory(&mut self, memory: leaktrace_common::memory::Memory) {
+        if let Some(p) = self.points.last_mut() {
+            p.memory = Some(memory);
+        }
+    }
+
     pub fn record(&mut self, unix_ms: u64, snapshot: &Snapshot) {
         let (keep, newcomers) = self.to_join(snapshot);
         // Followed series by index, then the newcomers after them: their bytes now come
@@ -148,7 +157,7 @@ impl Timeline {
         if self.points.len() >= MAX_POINTS {
             self.thin();
         }
-        self.points.push(Point { unix_ms, live_bytes: host.live_bytes, live_blocks: host.live_blocks });
+        self.points.push(Point { unix_ms, live_bytes: host.live_bytes, live_blocks: host.live_blocks, memory: None });
         for s in self.series.iter_mut() {
             s.bytes.push(s.now);
         }

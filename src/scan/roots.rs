@@ -364,7 +364,7 @@ const ROOT_CHUNK_WORDS: usize = 8192;
 /// may answer it with SIGSYS instead of an error (Chromium's sandboxed renderers crash on
 /// it). `/proc/self/status` says ("Seccomp: 2" for a filter); where it cannot be read (a
 /// sandbox without /proc), the answer is no.
-fn vm_readv_safe() -> bool {
+pub fn vm_readv_safe() -> bool {
     let status = crate::os::anchor::read_proc_string("self/status").unwrap_or_default();
     status.lines().find_map(|l| l.strip_prefix("Seccomp:")).is_some_and(|m| m.trim() == "0")
 }

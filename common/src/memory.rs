@@ -1,0 +1,345 @@
+//! The process's memory by part (`memory` in a report and in each timeline point), and
+//! what its growth means (`explain`): shared by the library (its exit summary) and the
+//! command (`report`, `check`, the HTML page).
+use serde::{Deserialize, Serialize};
+
+/// Where the process's resident memory is, in bytes, at one instant. The parts of
+/// `rss` are: `file` (mapped files: code, libraries, data files), `shm` (shared memory
+/// and memfd), and the anonymous memory, split into the heap (`heap_live`,
+/// `heap_free`, `heap_other`), pymalloc's arenas (`python_objects`, `python_free`),
+/// tracked direct mappings (`mmap`), thread stacks (`stacks`), the tracer's own
+/// memory (`tracer`) and what none of these explains (`unexplained`). Heap and arena
+/// parts are what their allocators hold (touched memory, nearly always resident); the
+/// sum of the parts other than `unexplained` may exceed `rss` by memory that is held
+/// but not resident, and `unexplained` is then 0.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Memory {
+    /// Resident set size (`VmRSS`).
+    pub rss: u64,
+    /// Its anonymous part (`RssAnon`).
+    pub rss_anon: u64,
+    /// Its part that maps files (`RssFile`): code, libraries, mapped data files.
+    pub rss_file: u64,
+    /// Its shared-memory part (`RssShmem`): `/dev/shm` segments, memfd, SysV, shared
+    /// anonymous mappings.
+    pub rss_shmem: u64,
+    /// Live tracked host blocks of the program (malloc family).
+    pub heap_live: u64,
+    /// Free memory malloc keeps in its arenas (glibc's `mallinfo2`: `fordblks`); absent
+    /// when the program's malloc is not glibc's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heap_free: Option<u64>,
+    /// In use in malloc's heap but not a tracked block of the program: chunk headers,
+    /// blocks from before tracking started or of untracked callers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heap_other: Option<u64>,
+    /// Live Python objects in pymalloc's arenas (the used blocks of their pools).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python_objects: Option<u64>,
+    /// The free space of pymalloc's arenas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python_free: Option<u64>,
+    /// Tracked direct anonymous mappings (`mmap` outside malloc), live.
+    #[serde(default)]
+    pub mmap: u64,
+    /// Shared memory and memfd mappings (the same as `rss_shmem`).
+    #[serde(default)]
+    pub shm: u64,
+    /// Thread stacks, resident.
+    #[serde(default)]
+    pub stacks: u64,
+    /// This library's own memory: its heap blocks and its mappings (rings, stack
+    /// tables, the live-block index).
+    #[serde(default)]
+    pub tracer: u64,
+    /// Anonymous resident memory none of the parts above explains.
+    #[serde(default)]
+    pub unexplained: u64,
+    /// Private memory (USS: `Private_Clean + Private_Dirty`), for a forked child.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uss: Option<u64>,
+    /// Proportional set size, for a forked child.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pss: Option<u64>,
+}
+
+impl Memory {
+    /// The named parts, in the order a chart stacks them (bottom first), with their
+    /// bytes: what adds up to `rss`.
+    pub fn parts(&self) -> [(&'static str, u64); 11] {
+        [
+            ("heap_live", self.heap_live),
+            ("heap_free", self.heap_free.unwrap_or(0)),
+            ("heap_other", self.heap_other.unwrap_or(0)),
+            ("python_objects", self.python_objects.unwrap_or(0)),
+            ("python_free", self.python_free.unwrap_or(0)),
+            ("mmap", self.mmap),
+            ("shm", self.shm),
+            ("stacks", self.stacks),
+            ("file", self.rss_file),
+            ("tracer", self.tracer),
+            ("unexplained", self.unexplained),
+        ]
+    }
+
+    /// One part's bytes by its name (`parts`, `rss`, `uss`, `pss`).
+    pub fn part(&self, name: &str) -> Option<u64> {
+        match name {
+            "rss" => Some(self.rss),
+            "uss" => self.uss,
+            "pss" => self.pss,
+            _ => self.parts().iter().find(|(n, _)| *n == name).map(|(_, b)| *b),
+        }
+    }
+}
+
+/// Every name `Memory::part` knows.
+pub const PART_NAMES: [&str; 14] =
+    ["rss", "heap_live", "heap_free", "heap_other", "python_objects", "python_free", "mmap", "shm", "stacks", "file", "tracer", "unexplained", "uss", "pss"];
+
+const MIB: u64 = 1 << 20;
+
+/// A part of the memory that grew or holds much, what it means and what to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finding {
+    /// The part (`Memory::part` names), or `cuda_cache`.
+    pub part: &'static str,
+    /// Its bytes at the first point considered and at the last.
+    pub from: u64,
+    pub to: u64,
+    /// What it means, one sentence with the numbers.
+    pub what: String,
+    /// What to do about it.
+    pub remedy: String,
+}
+
+impl Finding {
+    pub fn grew(&self) -> i64 {
+        self.to as i64 - self.from as i64
+    }
+}
+
+/// The points a growth is measured over: from the first point after the first tenth of
+/// the run (start-up: imports, a model loaded, caches filled) to the point of the
+/// highest RSS after it (the peak is what meets a memory limit; the last point may be
+/// after the program released everything at its exit).
+fn span(points: &[(u64, Memory)]) -> Option<(&Memory, &Memory, u64)> {
+    let (first, last) = (points.first()?, points.last()?);
+    let skip = first.0 + (last.0.saturating_sub(first.0)) / 10;
+    // Never the last point itself: a run of two points compares the two.
+    let earlier = &points[..points.len() - 1];
+    let from_at = earlier.iter().position(|p| p.0 >= skip).unwrap_or(earlier.len().saturating_sub(1));
+    let from = &points[from_at];
+    let to = points[from_at + 1..].iter().rev().max_by_key(|p| p.1.rss).unwrap_or(last);
+    Some((&from.1, &to.1, to.0.saturating_sub(from.0)))
+}
+
+/// One part's bytes at the start and at the peak of the span `explain` looks at
+/// (`None` when there are no points, or the part is not measured).
+pub fn part_growth(points: &[(u64, Memory)], part: &str) -> Option<(u64, u64)> {
+    let (from, to, _) = span(points)?;
+    Some((from.part(part)?, to.part(part)?))
+}
+
+/// Parses `PART=SIZE` (`heap_free=100MiB`, `rss=2G`, `python_objects=50000000`).
+pub fn parse_limit(text: &str) -> Result<(String, u64), String> {
+    let (part, size) = text.split_once('=').ok_or_else(|| format!("'{text}': expected PART=SIZE, e.g. heap_free=100MiB"))?;
+    if !PART_NAMES.contains(&part) {
+        return Err(format!("'{part}' is not a part of the memory; one of: {}", PART_NAMES.join(", ")));
+    }
+    let size = size.trim();
+    let digits = size.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(size.len());
+    let (number, unit) = size.split_at(digits);
+    let number: f64 = number.parse().map_err(|_| format!("'{size}': expected a size such as 100MiB, 2G or 5000000"))?;
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        _ => return Err(format!("'{size}': unknown unit; use B, KiB, MiB or GiB")),
+    };
+    Ok((part.to_string(), (number * scale as f64) as u64))
+}
+
+/// The shortest span over which a part's growth is reported (`explain`).
+pub const MIN_GROWTH_SPAN_MS: u64 = 5000;
+
+/// Human bytes: "764.2 MiB".
+pub fn human(bytes: u64) -> String {
+    let b = bytes as f64;
+    if bytes >= 1 << 30 {
+        format!("{:.1} GiB", b / (1u64 << 30) as f64)
+    } else if bytes >= MIB {
+        format!("{:.1} MiB", b / MIB as f64)
+    } else if bytes >= 1024 {
+        format!("{:.1} KiB", b / 1024.0)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+fn percent(part: u64, of: u64) -> u64 {
+    (part * 100).checked_div(of).unwrap_or(0)
+}
+
+/// What the memory of one process says, from its timeline points (oldest first, each
+/// with its memory) and whether it is a forked child: malloc keeping freed memory,
+/// copy-on-write in a worker, shared memory accumulating, Python objects, the live heap
+/// or direct mappings growing, memory nothing explains, and the tracer's own share.
+/// Largest first; empty when nothing stands out.
+pub fn explain(points: &[(u64, Memory)], forked_child: bool) -> Vec<Finding> {
+    let Some((from, to, ms)) = span(points) else { return Vec::new() };
+    let mut out = Vec::new();
+    // Growth over a few seconds is start-up (imports, a model loading), not a trend.
+    let long_enough = ms >= MIN_GROWTH_SPAN_MS;
+    let grew = |f: fn(&Memory) -> u64| f(to).saturating_sub(f(from));
+    let rss = to.rss;
+    // malloc keeping freed memory: much free in its arenas at the end, or its growth.
+    let (free_from, free_to) = (from.heap_free.unwrap_or(0), to.heap_free.unwrap_or(0));
+    if to.heap_free.is_some() && free_to >= 64 * MIB && (free_to * 4 >= rss || free_to.saturating_sub(free_from) >= 64 * MIB) {
+        out.push(Finding {
+            part: "heap_free",
+            from: free_from,
+            to: free_to,
+            what: format!(
+                "malloc keeps {} of freed memory in its arenas ({}% of RSS{}): memory the program freed but the process still holds (fragmentation, one arena per thread)",
+                human(free_to),
+                percent(free_to, rss),
+                if free_to > free_from + 16 * MIB { format!(", up {} over the run", human(free_to - free_from)) } else { String::new() }
+            ),
+            remedy: format!(
+                "up to {} can go back to the system: MALLOC_ARENA_MAX=2 (fewer per-thread arenas), malloc_trim(0) after a phase that frees much (Python: ctypes.CDLL('libc.so.6').malloc_trim(0)), or jemalloc/tcmalloc (LD_PRELOAD=libjemalloc.so.2)",
+                human(free_to)
+            ),
+        });
+    }
+    // Copy-on-write in a forked worker: private memory grows, its own heap does not.
+    if forked_child && long_enough {
+        if let (Some(u0), Some(u1)) = (from.uss, to.uss) {
+            let own = grew(|m| m.heap_live) + grew(|m| m.python_objects.unwrap_or(0)) + grew(|m| m.mmap);
+            let private = u1.saturating_sub(u0);
+            if private >= 32 * MIB && own * 2 < private {
+                out.push(Finding {
+                    part: "uss",
+                    from: u0,
+                    to: u1,
+                    what: format!(
+                        "this worker's private memory grew by {} while its own allocations grew by {}: copy-on-write of memory it shares with its parent (touching Python objects the parent made writes their reference counts, and each page touched becomes the worker's own)",
+                        human(private),
+                        human(own)
+                    ),
+                    remedy: "keep the data the workers read in numpy arrays or tensors instead of lists and dicts of Python objects, or call gc.freeze() in the parent before the workers start".into(),
+                });
+            }
+        }
+    }
+    let mut grows = |part: &'static str, f: fn(&Memory) -> u64, min: u64, what: &str, remedy: &str| {
+        let (a, b) = (f(from), f(to));
+        if long_enough && b >= a + min {
+            out.push(Finding { part, from: a, to: b, what: format!("{what} grew by {} ({} -> {})", human(b - a), human(a), human(b)), remedy: remedy.into() });
+        }
+    };
+    grows(
+        "shm",
+        |m| m.shm,
+        32 * MIB,
+        "shared memory (/dev/shm segments, memfd, shared mappings)",
+        "segments accumulate: close and unlink SharedMemory objects when done; tensors a DataLoader worker returns live in shared memory until the batch is dropped",
+    );
+    grows("python_objects", |m| m.python_objects.unwrap_or(0), 16 * MIB, "Python objects", "the growing lines are listed under growth: something keeps the objects made there (a list, a dict, a cache)");
+    grows("heap_live", |m| m.heap_live, 16 * MIB, "live heap blocks", "the growing stacks are listed under growth: something keeps the blocks allocated there");
+    grows("mmap", |m| m.mmap, 16 * MIB, "direct mappings (mmap outside malloc)", "the growing mappings are listed under growth: unmap them when done");
+    if to.unexplained >= 64 * MIB && to.unexplained * 5 >= rss {
+        out.push(Finding {
+            part: "unexplained",
+            from: from.unexplained,
+            to: to.unexplained,
+            what: format!("{} of RSS ({}%) is memory leaktrace does not see allocated", human(to.unexplained), percent(to.unexplained, rss)),
+            remedy: "memory mapped by raw system calls or by an allocator of its own (a JIT, a runtime's heap), or glibc's cache of thread stacks; /proc/PID/smaps lists the mappings".into(),
+        });
+    }
+    if to.tracer >= 64 * MIB && to.tracer * 4 >= rss {
+        out.push(Finding {
+            part: "tracer",
+            from: from.tracer,
+            to: to.tracer,
+            what: format!("leaktrace's own memory is {} ({}% of RSS)", human(to.tracer), percent(to.tracer, rss)),
+            remedy: "not the program's: subtract it from RSS; LEAKTRACE_STACK_DEPTH lower or LEAKTRACE_PYTHON_FRAMES=0 keeps less".into(),
+        });
+    }
+    out.sort_by_key(|f| std::cmp::Reverse(f.to.max(f.from)));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(ms: u64, m: Memory) -> (u64, Memory) {
+        (ms, m)
+    }
+
+    #[test]
+    fn malloc_keeping_freed_memory_is_named_with_its_remedy() {
+        let m0 = Memory { rss: 200 * MIB, heap_live: 10 * MIB, heap_free: Some(20 * MIB), ..Default::default() };
+        let m1 = Memory { rss: 764 * MIB, heap_live: 10 * MIB, heap_free: Some(740 * MIB), ..Default::default() };
+        let f = explain(&[at(0, m0), at(1000, m0), at(60_000, m1)], false);
+        assert_eq!(f[0].part, "heap_free");
+        assert!(f[0].what.contains("740.0 MiB") && f[0].what.contains("96% of RSS"), "{}", f[0].what);
+        assert!(f[0].remedy.contains("MALLOC_ARENA_MAX") && f[0].remedy.contains("malloc_trim(0)") && f[0].remedy.contains("jemalloc"));
+    }
+
+    #[test]
+    fn a_workers_private_growth_without_its_own_is_copy_on_write() {
+        let m0 = Memory { rss: 500 * MIB, uss: Some(20 * MIB), heap_live: MIB, ..Default::default() };
+        let m1 = Memory { rss: 500 * MIB, uss: Some(220 * MIB), heap_live: 2 * MIB, ..Default::default() };
+        let f = explain(&[at(0, m0), at(10_000, m1)], true);
+        assert_eq!(f.len(), 1);
+        // Over two seconds it is start-up.
+        assert!(explain(&[at(0, m0), at(2_000, m1)], true).is_empty());
+        assert_eq!(f[0].part, "uss");
+        assert!(f[0].what.contains("copy-on-write"));
+        // The same numbers in the parent say nothing of the kind.
+        assert!(explain(&[at(0, m0), at(10_000, m1)], false).is_empty());
+    }
+
+    #[test]
+    fn python_objects_and_shared_memory_growth_and_steady_memory() {
+        let m0 = Memory { rss: 100 * MIB, python_objects: Some(5 * MIB), shm: 0, ..Default::default() };
+        let m1 = Memory { rss: 300 * MIB, python_objects: Some(60 * MIB), shm: 100 * MIB, ..Default::default() };
+        let parts: Vec<_> = explain(&[at(0, m0), at(10_000, m1)], false).iter().map(|f| f.part).collect();
+        assert_eq!(parts, ["shm", "python_objects"]);
+        assert!(explain(&[at(0, m1), at(10_000, m1)], false).is_empty());
+        assert!(explain(&[], false).is_empty());
+    }
+
+    #[test]
+    fn the_start_up_tenth_of_the_run_is_not_growth() {
+        let m0 = Memory { rss: 10 * MIB, heap_live: MIB, ..Default::default() };
+        let m1 = Memory { rss: 500 * MIB, heap_live: 400 * MIB, ..Default::default() };
+        // Loaded in the first second of a 100 s run, flat afterwards.
+        let f = explain(&[at(0, m0), at(1_000, m1), at(50_000, m1), at(100_000, m1)], false);
+        assert!(f.is_empty(), "{f:?}");
+        // Growth to a peak, then everything released at exit: the peak counts.
+        let f = explain(&[at(0, m0), at(20_000, m0), at(50_000, m1), at(100_000, m0)], false);
+        assert_eq!(f.iter().map(|f| f.part).collect::<Vec<_>>(), ["heap_live"]);
+    }
+
+    #[test]
+    fn limits_parse_with_units_and_name_the_parts() {
+        assert_eq!(parse_limit("heap_free=100MiB"), Ok(("heap_free".into(), 100 << 20)));
+        assert_eq!(parse_limit("rss=2G"), Ok(("rss".into(), 2 << 30)));
+        assert_eq!(parse_limit("python_objects=5000"), Ok(("python_objects".into(), 5000)));
+        assert!(parse_limit("heap=1M").unwrap_err().contains("heap_free"));
+        assert!(parse_limit("rss").is_err() && parse_limit("rss=lots").is_err() && parse_limit("rss=5 parsecs").is_err());
+    }
+
+    #[test]
+    fn every_part_is_named_and_parts_add_up() {
+        let m = Memory { rss: 100, heap_live: 1, heap_free: Some(2), heap_other: Some(3), python_objects: Some(4), python_free: Some(5), mmap: 6, shm: 7, stacks: 8, rss_file: 9, tracer: 10, unexplained: 11, uss: Some(12), pss: Some(13), ..Default::default() };
+        assert_eq!(m.parts().iter().map(|p| p.1).sum::<u64>(), 66);
+        for name in PART_NAMES {
+            assert!(m.part(name).is_some(), "{name}");
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! The library's own memory, counted so that every report can state it (`tracer` in a
+//! report's `memory`): the bytes of its heap blocks (the global allocator counts them)
+//! and the mappings it makes for its tables and rings (registered here; their resident
+//! part is measured with `mincore` at a snapshot, never on the hot path).
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// Bytes of the library's own live heap blocks.
+static HEAP: AtomicU64 = AtomicU64::new(0);
+
+#[inline]
+pub fn heap_grew(bytes: usize) {
+    HEAP.fetch_add(bytes as u64, Ordering::Relaxed);
+}
+
+#[inline]
+pub fn heap_shrank(bytes: usize) {
+    HEAP.fetch_sub(bytes as u64, Ordering::Relaxed);
+}
+
+pub fn heap_bytes() -> u64 {
+    HEAP.load(Ordering::Relaxed)
+}
+
+/// The library's mappings: start and length, 0 for a free slot. A mapping that finds
+/// no free slot is counted by its length in `UNLISTED` (as if wholly resident).
+const SLOTS: usize = 1024;
+static STARTS: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
+static LENGTHS: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
+static UNLISTED: AtomicU64 = AtomicU64::new(0);
+
+/// A mapping of ours was made.
+pub fn mapped(start: usize, len: usize) {
+    for (s, l) in STARTS.iter().zip(LENGTHS.iter()) {
+        if s.load(Ordering::Relaxed) == 0 && s.compare_exchange(0, usize::MAX, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            l.store(len, Ordering::Relaxed);
+            s.store(start, Ordering::Release);
+            return;
+        }
+    }
+    UNLISTED.fetch_add(len as u64, Ordering::Relaxed);
+}
+
+/// `[start, start + len)` of a mapping of ours was unmapped: the whole mapping, or its
+/// head or tail (`hotpath::mapping::map_zeroed_aligned` trims both).
+pub fn unmapped(start: usize, len: usize) {
+    for (s, l) in STARTS.iter().zip(LENGTHS.iter()) {
+        let (a, n) = (s.load(Ordering::Acquire), l.load(Ordering::Relaxed));
+        if a == 0 || a == usize::MAX || start < a || start + len > a + n {
+            continue;
+        }
+        if start == a && len == n {
+            l.store(0, Ordering::Relaxed);
+            s.store(0, Ordering::Release);
+        } else if start == a {
+            // The head: the slot keeps the rest.
+            s.store(usize::MAX, Ordering::Release);
+            l.store(n - len, Ordering::Relaxed);
+            s.store(a + len, Ordering::Release);
+        } else if start + len == a + n {
+            l.store(n - len, Ordering::Relaxed);
+        }
+        return;
+    }
+    let _ = UNLISTED.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| Some(u.saturating_sub(len as u64)));
+}
+
+/// The resident bytes of the library's mappings now.
+pub fn mapped_resident() -> u64 {
+    let mut total = UNLISTED.load(Ordering::Relaxed);
+    for (s, l) in STARTS.iter().zip(LENGTHS.iter()) {
+        let a = s.load(Ordering::Acquire);
+        if a != 0 && a != usize::MAX {
+            total += resident(a, l.load(Ordering::Relaxed));
+        }
+    }
+    total
+}
+
+/// The resident bytes of `[start, start + len)` (`mincore`); 0 where it is not mapped.
+pub fn resident(start: usize, len: usize) -> u64 {
+    const PAGE: usize = 4096;
+    const CHUNK_PAGES: usize = 16384;
+    let mut vec = [0u8; 4096];
+    let (mut at, end) = (start & !(PAGE - 1), start + len);
+    let mut total = 0u64;
+    while at < end {
+        let pages = (end - at).div_ceil(PAGE).min(CHUNK_PAGES).min(vec.len());
+        // SAFETY: mincore writes one byte per page of the range into `vec`, which has
+        // room for `pages`; an unmapped range fails with ENOMEM and writes nothing.
+        let rc = unsafe { libc::mincore(at as *mut libc::c_void, pages * PAGE, vec.as_mut_ptr()) };
+        if rc == 0 {
+            total += vec[..pages].iter().filter(|&&b| b & 1 != 0).count() as u64 * PAGE as u64;
+        }
+        at += pages * PAGE;
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_touched_mapping_is_resident_and_an_untouched_one_is_not() {
+        let len = 64 << 10;
+        // SAFETY: a fresh private anonymous mapping, unmapped below.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) } as usize;
+        assert_eq!(resident(p, len), 0);
+        // SAFETY: the first 16 KiB of the mapping above.
+        unsafe { std::ptr::write_bytes(p as *mut u8, 1, 16 << 10) };
+        assert_eq!(resident(p, len), 16 << 10);
+        mapped(p, len);
+        assert!(mapped_resident() >= 16 << 10);
+        unmapped(p, 4096);
+        unmapped(p + 4096, len - 4096);
+        // SAFETY: the mapping made above.
+        unsafe { libc::munmap(p as *mut libc::c_void, len) };
+        assert_eq!(resident(p, len), 0);
+        assert!(STARTS.iter().all(|s| s.load(Ordering::Relaxed) != p && s.load(Ordering::Relaxed) != p + 4096));
+    }
+}
