@@ -6,6 +6,8 @@ use std::path::PathBuf;
 pub const MAX_DEPTH: usize = 128;
 
 pub const DEFAULT_INTERVAL_MS: u64 = 10_000;
+/// Python objects are sampled once per this many bytes on average.
+pub const DEFAULT_PYTHON_SAMPLE: u64 = 64 << 10;
 pub const DEFAULT_DEPTH: usize = 64;
 pub const DEFAULT_SUMMARY_TOP: usize = 10;
 pub const DEFAULT_REPORT_GROUPS: usize = 2000;
@@ -47,6 +49,8 @@ pub struct Config {
     pub exit_code: Option<u8>,
     /// LEAKTRACE_PYTHON: Python frames in the stacks of a CPython process.
     pub python_frames: bool,
+    /// Mean bytes between sampled Python objects (`LEAKTRACE_PYTHON_SAMPLE`); 0: off.
+    pub python_sample: u64,
 }
 
 /// When the library's collector thread starts.
@@ -141,6 +145,7 @@ impl Default for Config {
             collector: CollectorStart::Auto,
             exit_code: None,
             python_frames: true,
+            python_sample: DEFAULT_PYTHON_SAMPLE,
         }
     }
 }
@@ -273,6 +278,17 @@ impl Config {
             match parse_bool(&v) {
                 Some(b) => c.python_frames = b,
                 None => bad("LEAKTRACE_PYTHON", &v, "1 or 0", "1".into()),
+            }
+        }
+        if let Some(v) = get("LEAKTRACE_PYTHON_SAMPLE") {
+            match v.trim().parse::<u64>() {
+                Ok(n) if n == 0 || (1024..=1 << 30).contains(&n) => c.python_sample = n,
+                _ => bad(
+                    "LEAKTRACE_PYTHON_SAMPLE",
+                    &v,
+                    "mean bytes between sampled Python objects, 1024 to 1073741824 (0: off)",
+                    DEFAULT_PYTHON_SAMPLE.to_string(),
+                ),
             }
         }
         if let Some(v) = get("LEAKTRACE_SCAN") {

@@ -109,6 +109,11 @@ pub fn analyze(reports: &[Report], filters: &Filters) -> Analysis {
             let (mut cached_groups, mut cached_bytes) = (0, 0);
             let applied = filters.suppressions.as_ref().map(|s| s.apply_to_groups(&r.leaks));
             for (i, g) in r.leaks.iter().enumerate() {
+                // Sampled Python objects are the interpreter's to free: their growth
+                // counts (below), never a leak.
+                if g.kind == "python" {
+                    continue;
+                }
                 // What a caching allocator holds at exit is its cache (docs/report-format.md).
                 if g.cached_by.is_some() && !filters.include_cached {
                     cached_groups += 1;

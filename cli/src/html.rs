@@ -216,7 +216,12 @@ pub fn page(a: &Analysis, reports: &[Report]) -> String {
             if !p.memory_findings.is_empty() {
                 body.push_str("<ul class=\"findings\">");
                 for f in &p.memory_findings {
-                    body.push_str(&format!("<li><b>{}</b>: {}. <i>What to do:</i> {}</li>", esc(crate::render::part_label(f.part)), esc(&f.what), esc(&f.remedy)));
+                    body.push_str(&format!(
+                        "<li><b>{}</b>: {}. <i>What to do:</i> {}</li>",
+                        esc(crate::render::part_label(f.part)),
+                        esc(&f.what),
+                        esc(&f.remedy)
+                    ));
                 }
                 body.push_str("</ul>");
             }

@@ -211,8 +211,8 @@ struct CheckArgs {
     /// Also fail on stacks that grew steadily during the run.
     #[arg(long)]
     fail_on_growth: bool,
-    /// Also fail when a part of a process's memory grew by more than SIZE from the
-    /// start of the run (after its first tenth) to its peak; repeatable. PART is one
+    /// Also fail when a part of a process's memory grew by more than SIZE in the
+    /// second half of its run (from its middle to its peak); repeatable. PART is one
     /// of rss, heap_live, heap_free, heap_other, python_objects, python_free, mmap,
     /// shm, stacks, file, tracer, unexplained, uss, pss; SIZE takes B, KiB, MiB, GiB.
     #[arg(long, value_name = "PART=SIZE", value_parser = leaktrace_common::memory::parse_limit)]

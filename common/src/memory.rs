@@ -119,13 +119,19 @@ impl Finding {
     }
 }
 
-/// The points a growth is measured over: from the first point after the first tenth of
-/// the run (start-up: imports, a model loaded, caches filled) to the point of the
-/// highest RSS after it (the peak is what meets a memory limit; the last point may be
-/// after the program released everything at its exit).
+/// The points a growth is measured over: from the first point of the second half of
+/// the run (the first half holds the start-up: imports, a model loaded, caches filled;
+/// `import torch` alone is 3 s) to the point of the highest RSS after it (the peak is
+/// what meets a memory limit; the last point may be after the program released
+/// everything at its exit).
 fn span(points: &[(u64, Memory)]) -> Option<(&Memory, &Memory, u64)> {
+    span_from(points, 2)
+}
+
+/// `span` from the first point after `1/part` of the run (1: from the start).
+fn span_from(points: &[(u64, Memory)], part: u64) -> Option<(&Memory, &Memory, u64)> {
     let (first, last) = (points.first()?, points.last()?);
-    let skip = first.0 + (last.0.saturating_sub(first.0)) / 10;
+    let skip = if part <= 1 { first.0 } else { first.0 + (last.0.saturating_sub(first.0)) / part };
     // Never the last point itself: a run of two points compares the two.
     let earlier = &points[..points.len() - 1];
     let from_at = earlier.iter().position(|p| p.0 >= skip).unwrap_or(earlier.len().saturating_sub(1));
@@ -192,7 +198,6 @@ pub fn explain(points: &[(u64, Memory)], forked_child: bool) -> Vec<Finding> {
     let mut out = Vec::new();
     // Growth over a few seconds is start-up (imports, a model loading), not a trend.
     let long_enough = ms >= MIN_GROWTH_SPAN_MS;
-    let grew = |f: fn(&Memory) -> u64| f(to).saturating_sub(f(from));
     let rss = to.rss;
     // malloc keeping freed memory: much free in its arenas at the end, or its growth.
     let (free_from, free_to) = (from.heap_free.unwrap_or(0), to.heap_free.unwrap_or(0));
@@ -205,7 +210,7 @@ pub fn explain(points: &[(u64, Memory)], forked_child: bool) -> Vec<Finding> {
                 "malloc keeps {} of freed memory in its arenas ({}% of RSS{}): memory the program freed but the process still holds (fragmentation, one arena per thread)",
                 human(free_to),
                 percent(free_to, rss),
-                if free_to > free_from + 16 * MIB { format!(", up {} over the run", human(free_to - free_from)) } else { String::new() }
+                if free_to > free_from + 16 * MIB { format!(", up {} in the second half of the run", human(free_to - free_from)) } else { String::new() }
             ),
             remedy: format!(
                 "up to {} can go back to the system: MALLOC_ARENA_MAX=2 (fewer per-thread arenas), malloc_trim(0) after a phase that frees much (Python: ctypes.CDLL('libc.so.6').malloc_trim(0)), or jemalloc/tcmalloc (LD_PRELOAD=libjemalloc.so.2)",
@@ -214,7 +219,11 @@ pub fn explain(points: &[(u64, Memory)], forked_child: bool) -> Vec<Finding> {
         });
     }
     // Copy-on-write in a forked worker: private memory grows, its own heap does not.
-    if forked_child && long_enough {
+    // A worker starts where its parent was (no start-up of its own): its whole life.
+    let (wfrom, wto, wms) = span_from(points, 1).unwrap_or((from, to, ms));
+    if forked_child && wms >= MIN_GROWTH_SPAN_MS {
+        let (from, to) = (wfrom, wto);
+        let grew = |f: fn(&Memory) -> u64| f(to).saturating_sub(f(from));
         if let (Some(u0), Some(u1)) = (from.uss, to.uss) {
             let own = grew(|m| m.heap_live) + grew(|m| m.python_objects.unwrap_or(0)) + grew(|m| m.mmap);
             let private = u1.saturating_sub(u0);
@@ -236,7 +245,13 @@ pub fn explain(points: &[(u64, Memory)], forked_child: bool) -> Vec<Finding> {
     let mut grows = |part: &'static str, f: fn(&Memory) -> u64, min: u64, what: &str, remedy: &str| {
         let (a, b) = (f(from), f(to));
         if long_enough && b >= a + min {
-            out.push(Finding { part, from: a, to: b, what: format!("{what} grew by {} ({} -> {})", human(b - a), human(a), human(b)), remedy: remedy.into() });
+            out.push(Finding {
+                part,
+                from: a,
+                to: b,
+                what: format!("{what} grew by {} in the second half of the run ({} -> {})", human(b - a), human(a), human(b)),
+                remedy: remedy.into(),
+            });
         }
     };
     grows(
@@ -246,7 +261,13 @@ pub fn explain(points: &[(u64, Memory)], forked_child: bool) -> Vec<Finding> {
         "shared memory (/dev/shm segments, memfd, shared mappings)",
         "segments accumulate: close and unlink SharedMemory objects when done; tensors a DataLoader worker returns live in shared memory until the batch is dropped",
     );
-    grows("python_objects", |m| m.python_objects.unwrap_or(0), 16 * MIB, "Python objects", "the growing lines are listed under growth: something keeps the objects made there (a list, a dict, a cache)");
+    grows(
+        "python_objects",
+        |m| m.python_objects.unwrap_or(0),
+        16 * MIB,
+        "Python objects",
+        "the growing lines are listed under growth: something keeps the objects made there (a list, a dict, a cache)",
+    );
     grows("heap_live", |m| m.heap_live, 16 * MIB, "live heap blocks", "the growing stacks are listed under growth: something keeps the blocks allocated there");
     grows("mmap", |m| m.mmap, 16 * MIB, "direct mappings (mmap outside malloc)", "the growing mappings are listed under growth: unmap them when done");
     if to.unexplained >= 64 * MIB && to.unexplained * 5 >= rss {
@@ -258,13 +279,14 @@ pub fn explain(points: &[(u64, Memory)], forked_child: bool) -> Vec<Finding> {
             remedy: "memory mapped by raw system calls or by an allocator of its own (a JIT, a runtime's heap), or glibc's cache of thread stacks; /proc/PID/smaps lists the mappings".into(),
         });
     }
-    if to.tracer >= 64 * MIB && to.tracer * 4 >= rss {
+    // A forked child shares most of it with its parent, where it is counted.
+    if !forked_child && to.tracer >= 64 * MIB && to.tracer * 4 >= rss {
         out.push(Finding {
             part: "tracer",
             from: from.tracer,
             to: to.tracer,
             what: format!("leaktrace's own memory is {} ({}% of RSS)", human(to.tracer), percent(to.tracer, rss)),
-            remedy: "not the program's: subtract it from RSS; LEAKTRACE_STACK_DEPTH lower or LEAKTRACE_PYTHON_FRAMES=0 keeps less".into(),
+            remedy: "not the program's: subtract it from RSS; a lower LEAKTRACE_STACK_DEPTH keeps less".into(),
         });
     }
     out.sort_by_key(|f| std::cmp::Reverse(f.to.max(f.from)));
@@ -317,11 +339,11 @@ mod tests {
     fn the_start_up_tenth_of_the_run_is_not_growth() {
         let m0 = Memory { rss: 10 * MIB, heap_live: MIB, ..Default::default() };
         let m1 = Memory { rss: 500 * MIB, heap_live: 400 * MIB, ..Default::default() };
-        // Loaded in the first second of a 100 s run, flat afterwards.
-        let f = explain(&[at(0, m0), at(1_000, m1), at(50_000, m1), at(100_000, m1)], false);
+        // Loaded in the first 40 s of a 100 s run, flat afterwards.
+        let f = explain(&[at(0, m0), at(40_000, m1), at(50_000, m1), at(100_000, m1)], false);
         assert!(f.is_empty(), "{f:?}");
         // Growth to a peak, then everything released at exit: the peak counts.
-        let f = explain(&[at(0, m0), at(20_000, m0), at(50_000, m1), at(100_000, m0)], false);
+        let f = explain(&[at(0, m0), at(50_000, m0), at(75_000, m1), at(100_000, m0)], false);
         assert_eq!(f.iter().map(|f| f.part).collect::<Vec<_>>(), ["heap_live"]);
     }
 
@@ -336,7 +358,23 @@ mod tests {
 
     #[test]
     fn every_part_is_named_and_parts_add_up() {
-        let m = Memory { rss: 100, heap_live: 1, heap_free: Some(2), heap_other: Some(3), python_objects: Some(4), python_free: Some(5), mmap: 6, shm: 7, stacks: 8, rss_file: 9, tracer: 10, unexplained: 11, uss: Some(12), pss: Some(13), ..Default::default() };
+        let m = Memory {
+            rss: 100,
+            heap_live: 1,
+            heap_free: Some(2),
+            heap_other: Some(3),
+            python_objects: Some(4),
+            python_free: Some(5),
+            mmap: 6,
+            shm: 7,
+            stacks: 8,
+            rss_file: 9,
+            tracer: 10,
+            unexplained: 11,
+            uss: Some(12),
+            pss: Some(13),
+            ..Default::default()
+        };
         assert_eq!(m.parts().iter().map(|p| p.1).sum::<u64>(), 66);
         for name in PART_NAMES {
             assert!(m.part(name).is_some(), "{name}");

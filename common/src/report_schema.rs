@@ -263,6 +263,12 @@ pub struct Summary {
     pub reservation: KindTotals,
     #[serde(default)]
     pub mapping: KindTotals,
+    /// Python objects, estimated from a sample by bytes (schema 3, added 2026-11).
+    #[serde(default)]
+    pub python: KindTotals,
+    /// The program's own anonymous mappings (schema 3, added 2026-11).
+    #[serde(default)]
+    pub mmap: KindTotals,
     /// Outstanding memory held by known caching allocators (also inside the kinds above).
     #[serde(default)]
     pub cached: Amount,

@@ -111,6 +111,26 @@ pub fn record_realloc_outcome(new_addr: usize, size: usize, api: Api, freed_with
     }
 }
 
+/// A sampled Python object (`interpose::pyalloc`): `weight` is the bytes it stands
+/// for. Returns whether it was published (not on the library's own threads, nor
+/// inside another hook).
+#[inline(never)]
+pub fn record_python_sample(addr: u64, weight: u64) -> bool {
+    let mut done = false;
+    recording(|s| {
+        let stack = unwind::capture_stack_id(s, LIFECYCLE.depth());
+        publish(s, EventKind::Alloc, Api::PyObject, stack, addr, weight);
+        done = true;
+    });
+    done
+}
+
+/// A sampled Python object is about to be freed.
+#[inline(never)]
+pub fn record_python_free(addr: u64) {
+    recording_step(|s| publish(s, EventKind::Free, Api::PyObject, 0, addr, 0));
+}
+
 /// A CUDA allocation that succeeded. `device` is the ordinal it belongs to, if known.
 #[inline]
 pub fn record_cuda_alloc(addr: u64, size: u64, api: Api, device: Option<u8>) {

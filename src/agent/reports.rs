@@ -193,7 +193,16 @@ pub(super) fn write_report(reason: Reason) {
     r.timeline.note_memory(memory);
     // Groups the scan cannot classify (registrations, VMM handles and ranges) keep no
     // breakdown: they count as outstanding.
-    let reach = scan.as_ref().map(|s| |g: &crate::collector::state::GroupSnapshot| s.by_group.get(&(g.stack, g.api.name(), g.device)).copied());
+    let reach = scan.as_ref().map(|s| {
+        |g: &crate::collector::state::GroupSnapshot| {
+            if g.api.kind() == crate::hotpath::event::Kind::Python {
+                // Not scanned (the interpreter frees them): all still reachable.
+                let amount = leaktrace_common::report_schema::Amount { bytes: g.stats.live_bytes, blocks: g.stats.live_blocks };
+                return Some(build::Reachability { reachable: amount, ..Default::default() });
+            }
+            s.by_group.get(&(g.stack, g.api.name(), g.device)).copied()
+        }
+    });
     let (selected, omitted) = build::select_groups(&snapshot.groups, reach, r.config.report_groups);
     let mut groups = build::resolve_groups(&selected, &mut r.symbolizer);
     if let Some(s) = &scan {

@@ -11,10 +11,15 @@ pub enum Kind {
     Reservation,
     /// Physical memory mapped into a reservation with `cuMemMap`.
     Mapping,
+    /// Python objects in pymalloc's arenas, sampled by bytes: each sampled object
+    /// stands for the bytes around it (`interpose::pyalloc`).
+    Python,
+    /// Anonymous memory the program mapped itself (`mmap` outside malloc).
+    Mmap,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 6] = [Kind::Host, Kind::Device, Kind::Pinned, Kind::Managed, Kind::Reservation, Kind::Mapping];
+    pub const ALL: [Kind; 8] = [Kind::Host, Kind::Device, Kind::Pinned, Kind::Managed, Kind::Reservation, Kind::Mapping, Kind::Python, Kind::Mmap];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -24,6 +29,8 @@ impl Kind {
             Kind::Managed => "managed",
             Kind::Reservation => "reservation",
             Kind::Mapping => "mapping",
+            Kind::Python => "python",
+            Kind::Mmap => "mmap",
         }
     }
 
@@ -50,6 +57,10 @@ pub enum Space {
     VmmReservation = 4,
     /// `cuMemMap` mappings, by virtual address.
     VmmMapping = 5,
+    /// Sampled Python objects (addresses in pymalloc's arenas).
+    Python = 6,
+    /// The program's own anonymous mappings.
+    Mmap = 7,
 }
 
 /// Implicitly released by a context destroy or device reset (VMM and pool memory are not).
@@ -120,6 +131,11 @@ apis! {
     CuMemCreate = 40 => "cuMemCreate", Device, VmmHandle;
     CuMemAddressReserve = 41 => "cuMemAddressReserve", Reservation, VmmReservation;
     CuMemMap = 42 => "cuMemMap", Mapping, VmmMapping;
+    // Python objects, sampled (`interpose::pyalloc`).
+    PyObject = 48 => "PyObject_Malloc", Python, Python;
+    // Direct mappings (`interpose::mmap`).
+    Mmap = 56 => "mmap", Mmap, Mmap;
+    Mremap = 57 => "mremap", Mmap, Mmap;
 }
 
 impl Api {
@@ -137,6 +153,8 @@ impl Api {
             Space::VmmHandle => Api::CuMemCreate,
             Space::VmmReservation => Api::CuMemAddressReserve,
             Space::VmmMapping => Api::CuMemMap,
+            Space::Python => Api::PyObject,
+            Space::Mmap => Api::Mmap,
         }
     }
 }

@@ -34,6 +34,11 @@ pub struct ThreadState {
     pub(crate) alt_hi: Cell<usize>,
     /// `__lsan_disable` calls not yet matched by `__lsan_enable`.
     lsan_disabled: Cell<u32>,
+    /// Bytes of Python objects this thread may still allocate before the next sampled
+    /// one (`interpose::pyalloc`), and the state of its random intervals (0: not yet
+    /// seeded).
+    pub(crate) py_countdown: Cell<i64>,
+    pub(crate) py_rng: Cell<u64>,
 }
 
 /// The thread's state lives in an initial-exec TLS block of this library, reached from
@@ -168,6 +173,41 @@ pub fn cuda_call<R>(f: impl FnOnce() -> R) -> (R, bool) {
         with(|s| s.in_cuda.set(false));
     }
     (r, outer)
+}
+
+/// Counts `bytes` of Python objects against this thread's sampling interval; true when
+/// the interval is used up (the caller samples, or seeds the interval: `py_sampling`).
+#[inline(always)]
+pub fn py_countdown(bytes: usize) -> bool {
+    with(|s| {
+        let left = s.py_countdown.get() - bytes as i64;
+        s.py_countdown.set(left);
+        left <= 0
+    })
+}
+
+/// Starts this thread's next sampling interval, of `mean` bytes on average
+/// (exponentially distributed, so that every byte is equally likely to be sampled);
+/// returns false when the thread had none yet (its first interval starts now and
+/// nothing is sampled).
+pub fn py_next_interval(mean: u64) -> bool {
+    with(|s| {
+        let mut x = s.py_rng.get();
+        let seeded = x != 0;
+        if !seeded {
+            // Any odd seed unique to the thread.
+            x = (s as *const ThreadState as u64) | 1;
+        }
+        // xorshift64*
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        s.py_rng.set(x);
+        let u = ((x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+        let interval = (-u.ln() * mean as f64).clamp(1.0, (mean * 64) as f64);
+        s.py_countdown.set(interval as i64);
+        seeded
+    })
 }
 
 /// Whether this thread is inside a hooked CUDA call.

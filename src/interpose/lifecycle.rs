@@ -45,8 +45,8 @@ extern "C" fn on_load() {
         let signal = config.snapshot_signal;
         let leak_exit_code = config.exit_code;
         // pymalloc's arenas are known from before the interpreter maps its first one.
-        if config.scan && !config.disabled {
-            super::pymalloc::install();
+        if (config.scan || config.python_sample > 0) && !config.disabled {
+            super::pymalloc::install(config.python_sample);
         }
         let glibc_heap = host_tracking == "active" && malloc_is_glibcs();
         if agent::start(config, host_tracking, glibc_heap) {

@@ -32,6 +32,8 @@ extern "C" fn arena_alloc(_ctx: *mut libc::c_void, size: usize) -> *mut libc::c_
     if !p.is_null() {
         arenas::note(p as u64, size as u64);
     }
+    // The first arena: the interpreter is set up and this thread holds its lock.
+    super::pyalloc::install_from_arena();
     p
 }
 
@@ -48,9 +50,14 @@ extern "C" fn arena_free(_ctx: *mut libc::c_void, p: *mut libc::c_void, size: us
 /// interpreter loaded later gets the hooks too (`install_loaded`).
 static WANTED: AtomicBool = AtomicBool::new(false);
 
+/// The mean bytes between sampled Python objects (`LEAKTRACE_PYTHON_SAMPLE`).
+static PYTHON_SAMPLE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Installs the arena hooks in a process that runs CPython with pymalloc; returns
 /// whether they are in place. Call before the interpreter starts (the library's start).
-pub fn install() -> bool {
+/// `python_sample`: the mean bytes between sampled Python objects, 0 for none.
+pub fn install(python_sample: u64) -> bool {
+    PYTHON_SAMPLE.store(python_sample, Ordering::Relaxed);
     WANTED.store(true, Ordering::Relaxed);
     install_with(&crate::os::loader::global_symbol)
 }
@@ -90,6 +97,7 @@ fn install_with(symbol: &dyn Fn(&std::ffi::CStr) -> Option<usize>) -> bool {
     let (Some(alloc), Some(free)) = (original.alloc, original.free) else {
         return false;
     };
+    super::pyalloc::prepare(symbol, PYTHON_SAMPLE.load(Ordering::Relaxed));
     let int_layout = int_layout_of(symbol);
     arenas::set_layouts(int_layout, object_types_of(int_layout, symbol));
     ORIGINAL_CTX.store(original.ctx as usize, Ordering::Relaxed);

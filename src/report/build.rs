@@ -119,6 +119,10 @@ fn symbolized(raw: Vec<RawFrame>, sym: &mut Symbolizer) -> Vec<Frame> {
 
 /// What a group counts as leaked: definite + indirect with a scan, else all of it.
 fn leaked(g: &GroupSnapshot, r: Option<Reachability>) -> (u64, u64) {
+    // Sampled Python objects are the interpreter's to free: never leaked.
+    if g.api.kind() == Kind::Python {
+        return (0, 0);
+    }
     match r {
         Some(r) => (r.leaked().bytes, r.leaked().blocks),
         None => (g.stats.live_bytes, g.stats.live_blocks),
@@ -157,9 +161,14 @@ fn take_per_class<'a>(
 ) -> (Vec<(&'a GroupSnapshot, Option<Reachability>)>, Omitted) {
     let mut kept = Vec::new();
     let mut omitted = Omitted::default();
-    let mut listed = [0usize; 2];
+    let mut listed = [0usize; 3];
     for (g, r) in groups {
-        let class = usize::from(g.api.kind() != Kind::Host);
+        // Host memory (and the program's own mappings), CUDA, sampled Python objects.
+        let class = match g.api.kind() {
+            Kind::Host | Kind::Mmap => 0,
+            Kind::Python => 2,
+            _ => 1,
+        };
         if listed[class] < limit {
             listed[class] += 1;
             kept.push((g, r));
@@ -225,7 +234,11 @@ pub fn timeline_out(timeline: &Timeline, groups: &[Group], sym: &mut Symbolizer)
     // In series order, as the series below take them.
     let mut stacks = resolve_stacks(&followed, sym).into_iter();
     TimelineOut {
-        points: timeline.points.iter().map(|p| schema::Point { unix_ms: p.unix_ms, live_bytes: p.live_bytes, live_blocks: p.live_blocks, memory: p.memory }).collect(),
+        points: timeline
+            .points
+            .iter()
+            .map(|p| schema::Point { unix_ms: p.unix_ms, live_bytes: p.live_bytes, live_blocks: p.live_blocks, memory: p.memory })
+            .collect(),
         series: timeline
             .series
             .iter()
@@ -362,6 +375,8 @@ pub fn write_report_json(w: impl std::io::Write, parts: &ReportParts) -> std::io
             managed: kind(Kind::Managed),
             reservation: kind(Kind::Reservation),
             mapping: kind(Kind::Mapping),
+            python: kind(Kind::Python),
+            mmap: kind(Kind::Mmap),
             cached,
             omitted,
             leak_groups: groups.len(),
@@ -426,7 +441,7 @@ pub fn apply_suppressions<'a>(
 /// What a group counts as leaked: definite + indirect with a scan, everything
 /// outstanding without one, nothing when a caching allocator holds it.
 fn counted(g: &Group) -> (u64, u64) {
-    if g.cached_by.is_some() {
+    if g.cached_by.is_some() || g.kind == "python" {
         return (0, 0);
     }
     let leaked = g.leaked();

@@ -171,7 +171,8 @@ fn pool_used(h: &[u32; POOL_HEADER_WORDS], pool: u64) -> u64 {
 /// Copies the header of each of `out.len()` pools from `first` on; returns how many
 /// came whole.
 fn copy_headers(first: u64, pool: u64, out: &mut [[u32; POOL_HEADER_WORDS]]) -> usize {
-    let local: Vec<libc::iovec> = out.iter_mut().map(|h| libc::iovec { iov_base: h.as_mut_ptr() as *mut libc::c_void, iov_len: POOL_HEADER_WORDS * 4 }).collect();
+    let local: Vec<libc::iovec> =
+        out.iter_mut().map(|h| libc::iovec { iov_base: h.as_mut_ptr() as *mut libc::c_void, iov_len: POOL_HEADER_WORDS * 4 }).collect();
     let remote: Vec<libc::iovec> =
         (0..out.len() as u64).map(|i| libc::iovec { iov_base: (first + i * pool) as *mut libc::c_void, iov_len: POOL_HEADER_WORDS * 4 }).collect();
     // SAFETY: writes at most `POOL_HEADER_WORDS * 4` bytes into each header of `out`;
