@@ -586,7 +586,7 @@ mod tests {
             Frame { ip: 0x5555, module: None, offset: None, function: None, file: None, line: None, inlined: false, python: false },
         ];
         let timeline = TimelineOut {
-            points: vec![schema::Point { unix_ms: 5, live_bytes: 48, live_blocks: 3 }],
+            points: vec![schema::Point { unix_ms: 5, live_bytes: 48, live_blocks: 3, memory: None }],
             series: vec![
                 schema::Series { kind: "host".into(), api: "calloc".into(), stack_id: 7, stack: None, bytes: vec![48] },
                 schema::Series { kind: "host".into(), api: "malloc".into(), stack_id: 9, stack: Some(followed), bytes: vec![16] },
@@ -606,6 +606,7 @@ mod tests {
             omitted: Omitted::default(),
             checks: &[],
             checks_dropped: 0,
+            memory: None,
         });
         let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
         let keys: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();
