@@ -1379,3 +1379,27 @@ fn dataloader_workers_that_read_the_parents_python_objects_are_told_copy_on_writ
     let parent = a["processes"].as_array().unwrap().iter().find(|p| p["forked_from_pid"].is_null()).unwrap();
     assert!(parent["memory_findings"].as_array().unwrap().iter().all(|f| f["part"] != "uss"));
 }
+
+#[test]
+fn memory_a_program_maps_itself_and_never_unmaps_is_a_leak_at_its_stack() {
+    let dir = scratch("mapped");
+    let prog = build(&manifest().join("../tests/fixtures/mapped_leaks.c"), &dir);
+    let out = leaktrace(&["run", "--output", "r", "--", prog.to_str().unwrap()], &dir);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).lines().next(), Some("mapped"));
+    let r = &reports(&dir.join("r"))[0];
+    let mmap = &r["summary"]["mmap"];
+    // 4 x 256 KiB lost, the split mapping's head and tail (2 x 256 KiB) lost, 1 MiB kept
+    // by a global; the reservation, the mapping unmapped and the one moved are not.
+    assert_eq!(mmap["live_bytes"], (1 << 20) + 6 * (256 << 10), "{mmap}");
+    assert_eq!(mmap["reachability"]["definite"]["bytes"], 6 * (256 << 10), "{mmap}");
+    assert_eq!(mmap["reachability"]["reachable"]["bytes"], 1 << 20, "{mmap}");
+    let check = leaktrace(&["check", "r"], &dir);
+    let t = text(&check.stdout);
+    assert_eq!(check.status.code(), Some(23), "{t}");
+    // (The compiler may unroll the loop: one group per call site.)
+    assert!(t.contains("allocated from mmap (mmap)") && t.contains("in map_lost") && t.contains("mapped_leaks.c"), "{t}");
+    assert!(t.contains("Leak of 524288 byte(s) in 2 object(s) allocated from mmap (mmap)") && t.contains("in split"), "{t}");
+    // The accounting counts the resident part of what is mapped.
+    assert!(r["memory"]["mmap"].as_u64().unwrap() >= (1 << 20) + 6 * (256 << 10), "{}", r["memory"]);
+}

@@ -131,6 +131,24 @@ pub fn record_python_free(addr: u64) {
     recording_step(|s| publish(s, EventKind::Free, Api::PyObject, 0, addr, 0));
 }
 
+/// A mapping of the program's own (`interpose::mmap`), published with `stack` or, when
+/// `None`, the caller's stack. Returns the stack id it was published with, `None` when
+/// it was not (the library's own threads, inside another hook).
+pub fn record_mapping(addr: u64, len: u64, api: Api, stack: Option<u32>) -> Option<u32> {
+    let mut out = None;
+    recording(|s| {
+        let stack = stack.unwrap_or_else(|| unwind::capture_stack_id(s, LIFECYCLE.depth()));
+        publish(s, EventKind::Alloc, api, stack, addr, len);
+        out = Some(stack);
+    });
+    out
+}
+
+/// A tracked mapping is about to be unmapped (or replaced, or moved).
+pub fn record_unmapping(addr: u64) {
+    recording_step(|s| publish(s, EventKind::Free, Api::Mmap, 0, addr, 0));
+}
+
 /// A CUDA allocation that succeeded. `device` is the ordinal it belongs to, if known.
 #[inline]
 pub fn record_cuda_alloc(addr: u64, size: u64, api: Api, device: Option<u8>) {

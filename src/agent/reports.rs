@@ -79,7 +79,6 @@ pub(super) static FORKED: AtomicBool = AtomicBool::new(false);
 fn measure_memory(totals: &crate::collector::state::Totals) -> leaktrace_common::memory::Memory {
     crate::report::memory::measure(crate::report::memory::Known {
         heap_live: totals.kind(crate::hotpath::event::Kind::Host).live_bytes,
-        mmap_live: 0,
         glibc_malloc: GLIBC_HEAP.load(Ordering::Relaxed),
         forked_child: FORKED.load(Ordering::Relaxed),
     })

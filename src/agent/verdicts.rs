@@ -34,8 +34,10 @@ pub(super) fn classify_live(input: &ScanInput, names_thread: u32) -> (Vec<Verdic
         .map(|b| mark::Block {
             start: b.addr,
             size: b.size,
-            opaque: matches!(b.api.kind(), Kind::Device | Kind::Managed),
-            cuda: b.api.kind() != Kind::Host,
+            // Device memory is not ours to read; a mapping may be partly inaccessible
+            // or reserved without memory behind it.
+            opaque: matches!(b.api.kind(), Kind::Device | Kind::Managed | Kind::Mmap),
+            cuda: matches!(b.api.kind(), Kind::Device | Kind::Managed | Kind::Pinned),
             not_a_reference: if b.api.kind() == Kind::Host { mark::glibc_next_chunk_header(b.addr, b.size) } else { 0 },
         })
         .collect();

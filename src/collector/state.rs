@@ -736,7 +736,7 @@ impl Collector {
                 if self.readable_when_inherited(space, b) {
                     input.inherited.push((addr, b.size));
                 }
-            } else if space == Space::Cuda {
+            } else if matches!(space, Space::Cuda | Space::Mmap) {
                 input.blocks.push(self.live_entry(addr, b));
             }
         }
@@ -769,7 +769,7 @@ impl Collector {
             input.blocks.push(self.live_entry(addr, &b));
         }
         for (&(space, addr), b) in self.cuda_live.iter() {
-            if space == Space::Cuda && !self.inherited(b) {
+            if matches!(space, Space::Cuda | Space::Mmap) && !self.inherited(b) {
                 input.blocks.push(self.live_entry(addr, b));
             }
         }

@@ -7,7 +7,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub fn map_zeroed(bytes: usize) -> Option<*mut u8> {
     // SAFETY: an anonymous private mapping has no preconditions; failure is checked.
     let p = unsafe {
-        libc::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0)
+        libc::syscall(
+            libc::SYS_mmap,
+            std::ptr::null_mut::<libc::c_void>(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        ) as *mut libc::c_void
     };
     if p == libc::MAP_FAILED {
         return None;
@@ -32,12 +40,12 @@ pub fn map_zeroed_aligned(bytes: usize) -> Option<*mut u8> {
     // are parts of the fresh mapping above that nothing refers to.
     unsafe {
         if start > raw {
-            libc::munmap(raw as *mut libc::c_void, start - raw);
+            sys_munmap(raw, start - raw);
             crate::os::own::unmapped(raw, start - raw);
         }
         let tail = raw + bytes + HUGE_PAGE - (start + bytes);
         if tail > 0 {
-            libc::munmap((start + bytes) as *mut libc::c_void, tail);
+            sys_munmap(start + bytes, tail);
             crate::os::own::unmapped(start + bytes, tail);
         }
     }
@@ -153,8 +161,18 @@ pub fn prefetch_line_for_write<T>(p: &T) {
 /// Returns a mapping made by `map_zeroed` that was never shared.
 pub fn unmap(p: *mut u8, bytes: usize) {
     // SAFETY: callers pass a mapping of exactly `bytes` that no one else references.
-    unsafe { libc::munmap(p as *mut libc::c_void, bytes) };
+    unsafe { sys_munmap(p as usize, bytes) };
     crate::os::own::unmapped(p as usize, bytes);
+}
+
+/// `munmap` as a system call: the library's own mappings never pass through its
+/// `munmap` hook (`interpose::mmap`).
+///
+/// # Safety
+/// `[p, p + bytes)` must be a mapping of ours that nothing refers to.
+unsafe fn sys_munmap(p: usize, bytes: usize) {
+    // SAFETY: as the caller promises.
+    unsafe { libc::syscall(libc::SYS_munmap, p, bytes) };
 }
 
 /// Maps a file read-only (the symbolizer reads module files this way: a PyTorch library

@@ -49,6 +49,7 @@ extern "C" fn on_load() {
             super::pymalloc::install(config.python_sample);
         }
         let glibc_heap = host_tracking == "active" && malloc_is_glibcs();
+        super::mmap::enable(glibc_heap);
         if agent::start(config, host_tracking, glibc_heap) {
             if leak_exit_code.is_some() {
                 extern "C" {

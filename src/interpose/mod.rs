@@ -23,6 +23,7 @@ pub mod cuda_driver;
 pub mod cuda_runtime;
 pub mod lifecycle;
 pub mod malloc;
+pub mod mmap;
 pub mod pyalloc;
 pub mod pymalloc;
 pub mod real;

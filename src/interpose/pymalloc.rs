@@ -28,7 +28,8 @@ extern "C" fn arena_alloc(_ctx: *mut libc::c_void, size: usize) -> *mut libc::c_
     let f = ORIGINAL_ALLOC.load(Ordering::Relaxed);
     // SAFETY: the interpreter's own arena allocator, saved before ours was installed.
     let f: extern "C" fn(*mut libc::c_void, usize) -> *mut libc::c_void = unsafe { std::mem::transmute(f) };
-    let p = f(ORIGINAL_CTX.load(Ordering::Relaxed) as *mut libc::c_void, size);
+    // Untracked: the arena is not a mapping of the program's (its objects are sampled).
+    let p = crate::hotpath::thread::untracked(|| f(ORIGINAL_CTX.load(Ordering::Relaxed) as *mut libc::c_void, size));
     if !p.is_null() {
         arenas::note(p as u64, size as u64);
     }
@@ -43,7 +44,7 @@ extern "C" fn arena_free(_ctx: *mut libc::c_void, p: *mut libc::c_void, size: us
     let f = ORIGINAL_FREE.load(Ordering::Relaxed);
     // SAFETY: as in `arena_alloc`.
     let f: extern "C" fn(*mut libc::c_void, *mut libc::c_void, usize) = unsafe { std::mem::transmute(f) };
-    f(ORIGINAL_CTX.load(Ordering::Relaxed) as *mut libc::c_void, p, size);
+    crate::hotpath::thread::untracked(|| f(ORIGINAL_CTX.load(Ordering::Relaxed) as *mut libc::c_void, p, size));
 }
 
 /// Whether the scan wants the arenas (`install` was called at the library's start): an

@@ -9,6 +9,7 @@ pub mod fds;
 pub mod image;
 pub mod loader;
 pub mod lock;
+pub mod mapped;
 pub mod own;
 pub mod signals;
 pub mod stack;

@@ -12,8 +12,6 @@ use leaktrace_common::memory::Memory;
 pub struct Known {
     /// Live tracked host blocks.
     pub heap_live: u64,
-    /// Live tracked direct mappings.
-    pub mmap_live: u64,
     /// Whether the program's malloc is glibc's (else `mallinfo2` says nothing of it).
     pub glibc_malloc: bool,
     /// A forked child: its private and proportional memory are measured too.
@@ -69,7 +67,7 @@ pub fn measure(known: Known) -> Memory {
         rss_file: file.unwrap_or(0),
         rss_shmem: shmem.unwrap_or(0),
         heap_live: known.heap_live,
-        mmap: known.mmap_live,
+        mmap: crate::os::mapped::resident(),
         shm: shmem.unwrap_or(0),
         stacks: stack.unwrap_or(0) + crate::os::stack::resident_stacks(),
         ..Default::default()
@@ -116,7 +114,7 @@ mod tests {
 
     #[test]
     fn this_process_is_measured_and_its_parts_stay_within_its_memory() {
-        let m = measure(Known { heap_live: 0, mmap_live: 0, glibc_malloc: true, forked_child: true });
+        let m = measure(Known { heap_live: 0, glibc_malloc: true, forked_child: true });
         assert!(m.rss > 0 && m.rss >= m.rss_anon && m.rss_anon > 0, "{m:?}");
         assert!(m.heap_free.is_some() && m.heap_other.is_some(), "{m:?}");
         assert!(m.uss.is_some_and(|u| u > 0) && m.pss.is_some_and(|p| p > 0), "{m:?}");
