@@ -223,6 +223,11 @@ fn memory_held_by_a_caching_allocator_is_cached_not_leaked() {
     assert_eq!(cached.iter().map(|g| g["blocks"].as_u64().unwrap()).sum::<u64>(), 2);
     expect(&r, "leak_dropped", "cudaMalloc", "device", 32768, Some(0));
     assert_eq!(r["summary"]["cached"]["bytes"], 22 << 20);
+    // The memory by part says it per device (stub CUDA library: device 0).
+    let devices = r["memory"]["devices"].as_array().expect("memory.devices");
+    assert_eq!(devices.len(), 1, "{devices:?}");
+    assert_eq!(devices[0]["cached"], 22 << 20);
+    assert_eq!(devices[0]["live"], r["summary"]["device"]["live_bytes"]);
     let err = run.stderr();
     assert!(!err.contains("grow_segment"), "{err}");
     assert!(err.contains(" in leak_dropped "), "{err}");

@@ -72,9 +72,22 @@ impl From<leaktrace_common::memory::Finding> for MemoryFinding {
     }
 }
 
+/// A caching allocator holding much of a device's memory: at least 256 MiB and a
+/// quarter of what is live there.
+fn cuda_cache_finding(d: &leaktrace_common::memory::DeviceMemory) -> Option<MemoryFinding> {
+    use leaktrace_common::memory::human;
+    (d.cached >= 256 << 20 && d.cached * 4 >= d.live).then(|| MemoryFinding {
+        part: "cuda_cache",
+        from_bytes: d.cached,
+        to_bytes: d.cached,
+        what: format!("a CUDA caching allocator holds {} on device {} ({} live there): memory no tensor may be using", human(d.cached), d.device, human(d.live)),
+        remedy: "torch.cuda.empty_cache() returns the unused part; torch.cuda.memory_summary() shows what tensors use; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True fragments less".into(),
+    })
+}
+
 /// The memory of each timeline point of `r` that has it, oldest first.
 pub fn memory_points(r: &Report) -> Vec<(u64, leaktrace_common::memory::Memory)> {
-    r.timeline.points.iter().filter_map(|p| p.memory.map(|m| (p.unix_ms, m))).collect()
+    r.timeline.points.iter().filter_map(|p| p.memory.clone().map(|m| (p.unix_ms, m))).collect()
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -161,9 +174,11 @@ pub fn analyze(reports: &[Report], filters: &Filters) -> Analysis {
                 })
                 .collect();
             let memory_points = memory_points(r);
-            let memory_findings = leaktrace_common::memory::explain(&memory_points, r.fork.forked_from_pid.is_some()).into_iter().map(Into::into).collect();
+            let mut memory_findings: Vec<MemoryFinding> =
+                leaktrace_common::memory::explain(&memory_points, r.fork.forked_from_pid.is_some()).into_iter().map(Into::into).collect();
+            memory_findings.extend(r.memory.iter().flat_map(|m| m.devices.iter()).filter_map(cuda_cache_finding));
             ProcessAnalysis {
-                memory: r.memory,
+                memory: r.memory.clone(),
                 memory_findings,
                 memory_points,
                 label: r.label(),

@@ -96,6 +96,7 @@ pub fn part_label(part: &str) -> &'static str {
         "tracer" => "leaktrace itself",
         "unexplained" => "unexplained",
         "uss" => "private memory (USS)",
+        "cuda_cache" => "CUDA cache",
         "pss" => "proportional memory (PSS)",
         "rss" => "RSS",
         _ => "other",
@@ -114,7 +115,12 @@ pub fn memory_line(m: &leaktrace_common::memory::Memory) -> String {
         items.push(format!("smaller parts {}", human_bytes(rest)));
     }
     let private = m.uss.map(|u| format!("; private {}", human_bytes(u))).unwrap_or_default();
-    format!("RSS {}{private}: {}", human_bytes(m.rss), items.join(", "))
+    let devices: String = m
+        .devices
+        .iter()
+        .map(|d| format!("; device {}: {} live, {} of it in a caching allocator", d.device, human_bytes(d.live), human_bytes(d.cached)))
+        .collect();
+    format!("RSS {}{private}: {}{devices}", human_bytes(m.rss), items.join(", "))
 }
 
 /// The memory line and findings, for a process whose memory says something (a line

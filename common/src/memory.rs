@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 /// parts are what their allocators hold (touched memory, nearly always resident); the
 /// sum of the parts other than `unexplained` may exceed `rss` by memory that is held
 /// but not resident, and `unexplained` is then 0.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Memory {
     /// Resident set size (`VmRSS`).
     pub rss: u64,
@@ -61,6 +61,21 @@ pub struct Memory {
     /// Proportional set size, for a forked child.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pss: Option<u64>,
+    /// Per CUDA device, in reports (not in timeline points): tracked live device memory
+    /// and what of it a known caching allocator holds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<DeviceMemory>,
+}
+
+/// One CUDA device's memory as the report's groups count it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceMemory {
+    pub device: u32,
+    /// Live device memory tracked on it (`cudaMalloc*`, `cuMemAlloc*`, `cuMemCreate`).
+    pub live: u64,
+    /// Of it, held by a known caching allocator (PyTorch's, TensorFlow's BFC) in the
+    /// groups the report lists: memory no tensor may be using.
+    pub cached: u64,
 }
 
 impl Memory {
@@ -297,15 +312,15 @@ pub fn explain(points: &[(u64, Memory)], forked_child: bool) -> Vec<Finding> {
 mod tests {
     use super::*;
 
-    fn at(ms: u64, m: Memory) -> (u64, Memory) {
-        (ms, m)
+    fn at(ms: u64, m: &Memory) -> (u64, Memory) {
+        (ms, m.clone())
     }
 
     #[test]
     fn malloc_keeping_freed_memory_is_named_with_its_remedy() {
         let m0 = Memory { rss: 200 * MIB, heap_live: 10 * MIB, heap_free: Some(20 * MIB), ..Default::default() };
         let m1 = Memory { rss: 764 * MIB, heap_live: 10 * MIB, heap_free: Some(740 * MIB), ..Default::default() };
-        let f = explain(&[at(0, m0), at(1000, m0), at(60_000, m1)], false);
+        let f = explain(&[at(0, &m0), at(1000, &m0), at(60_000, &m1)], false);
         assert_eq!(f[0].part, "heap_free");
         assert!(f[0].what.contains("740.0 MiB") && f[0].what.contains("96% of RSS"), "{}", f[0].what);
         assert!(f[0].remedy.contains("MALLOC_ARENA_MAX") && f[0].remedy.contains("malloc_trim(0)") && f[0].remedy.contains("jemalloc"));
@@ -315,23 +330,23 @@ mod tests {
     fn a_workers_private_growth_without_its_own_is_copy_on_write() {
         let m0 = Memory { rss: 500 * MIB, uss: Some(20 * MIB), heap_live: MIB, ..Default::default() };
         let m1 = Memory { rss: 500 * MIB, uss: Some(220 * MIB), heap_live: 2 * MIB, ..Default::default() };
-        let f = explain(&[at(0, m0), at(10_000, m1)], true);
+        let f = explain(&[at(0, &m0), at(10_000, &m1)], true);
         assert_eq!(f.len(), 1);
         // Over two seconds it is start-up.
-        assert!(explain(&[at(0, m0), at(2_000, m1)], true).is_empty());
+        assert!(explain(&[at(0, &m0), at(2_000, &m1)], true).is_empty());
         assert_eq!(f[0].part, "uss");
         assert!(f[0].what.contains("copy-on-write"));
         // The same numbers in the parent say nothing of the kind.
-        assert!(explain(&[at(0, m0), at(10_000, m1)], false).is_empty());
+        assert!(explain(&[at(0, &m0), at(10_000, &m1)], false).is_empty());
     }
 
     #[test]
     fn python_objects_and_shared_memory_growth_and_steady_memory() {
         let m0 = Memory { rss: 100 * MIB, python_objects: Some(5 * MIB), shm: 0, ..Default::default() };
         let m1 = Memory { rss: 300 * MIB, python_objects: Some(60 * MIB), shm: 100 * MIB, ..Default::default() };
-        let parts: Vec<_> = explain(&[at(0, m0), at(10_000, m1)], false).iter().map(|f| f.part).collect();
+        let parts: Vec<_> = explain(&[at(0, &m0), at(10_000, &m1)], false).iter().map(|f| f.part).collect();
         assert_eq!(parts, ["shm", "python_objects"]);
-        assert!(explain(&[at(0, m1), at(10_000, m1)], false).is_empty());
+        assert!(explain(&[at(0, &m1), at(10_000, &m1)], false).is_empty());
         assert!(explain(&[], false).is_empty());
     }
 
@@ -340,10 +355,10 @@ mod tests {
         let m0 = Memory { rss: 10 * MIB, heap_live: MIB, ..Default::default() };
         let m1 = Memory { rss: 500 * MIB, heap_live: 400 * MIB, ..Default::default() };
         // Loaded in the first 40 s of a 100 s run, flat afterwards.
-        let f = explain(&[at(0, m0), at(40_000, m1), at(50_000, m1), at(100_000, m1)], false);
+        let f = explain(&[at(0, &m0), at(40_000, &m1), at(50_000, &m1), at(100_000, &m1)], false);
         assert!(f.is_empty(), "{f:?}");
         // Growth to a peak, then everything released at exit: the peak counts.
-        let f = explain(&[at(0, m0), at(50_000, m0), at(75_000, m1), at(100_000, m0)], false);
+        let f = explain(&[at(0, &m0), at(50_000, &m0), at(75_000, &m1), at(100_000, &m0)], false);
         assert_eq!(f.iter().map(|f| f.part).collect::<Vec<_>>(), ["heap_live"]);
     }
 

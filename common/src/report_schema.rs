@@ -350,7 +350,7 @@ pub struct Config {
 }
 
 /// One periodic snapshot of the whole process.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Point {
     pub unix_ms: u64,
     pub live_bytes: u64,

@@ -161,7 +161,7 @@ pub(super) fn write_report(reason: Reason) {
     drop(state);
     // Before the scan: it holds the program's threads, one of which may hold a lock
     // of malloc's that `mallinfo2` takes.
-    let memory = measure_memory(&snapshot.totals);
+    let mut memory = measure_memory(&snapshot.totals);
     // The scan stops the other threads: it runs holding none of our locks.
     let scan = live.map(|live| reachability_scan(&live, presymbolizer.as_ref().map_or(0, Presymbolizer::tid)));
     if final_report {
@@ -189,7 +189,7 @@ pub(super) fn write_report(reason: Reason) {
     }
     let now = process::unix_ms();
     r.timeline.record(now, &snapshot);
-    r.timeline.note_memory(memory);
+    r.timeline.note_memory(memory.clone());
     // Groups the scan cannot classify (registrations, VMM handles and ranges) keep no
     // breakdown: they count as outstanding.
     let reach = scan.as_ref().map(|s| {
@@ -212,6 +212,7 @@ pub(super) fn write_report(reason: Reason) {
         }
     }
     let timeline = build::timeline_out(&r.timeline, &groups, &mut r.symbolizer);
+    memory.devices = device_memory(&snapshot.groups, &groups);
     let facts = RunFacts {
         stack_depth: r.config.stack_depth,
         interval_ms: r.config.interval_ms,
@@ -238,7 +239,7 @@ pub(super) fn write_report(reason: Reason) {
             omitted,
             checks: &r.checks,
             checks_dropped: r.checks_dropped,
-            memory: Some(memory),
+            memory: Some(&memory),
         };
         writer::write_atomic_with(path, |w| build::write_report_json(w, &parts))
     };
@@ -292,10 +293,23 @@ pub(super) fn write_report(reason: Reason) {
     }
 }
 
+/// Per CUDA device: the live device memory of every group, and what of it the listed
+/// groups that a caching allocator holds hold.
+fn device_memory(all: &[crate::collector::state::GroupSnapshot], listed: &[build::Group]) -> Vec<leaktrace_common::memory::DeviceMemory> {
+    let mut by: std::collections::BTreeMap<u32, (u64, u64)> = Default::default();
+    for g in all.iter().filter(|g| g.api.kind() == crate::hotpath::event::Kind::Device) {
+        by.entry(g.device.map_or(0, u32::from)).or_default().0 += g.stats.live_bytes;
+    }
+    for g in listed.iter().filter(|g| g.kind == "device" && g.cached_by.is_some()) {
+        by.entry(g.device.unwrap_or(0)).or_default().1 += g.bytes;
+    }
+    by.into_iter().map(|(device, (live, cached))| leaktrace_common::memory::DeviceMemory { device, live, cached }).collect()
+}
+
 /// The exit summary's lines on the memory (`leaktrace_common::memory::explain` over
 /// the timeline's points): empty when nothing stands out.
 fn memory_summary(pid: u32, timeline: &Timeline, forked_child: bool) -> String {
-    let points: Vec<(u64, leaktrace_common::memory::Memory)> = timeline.points.iter().filter_map(|p| p.memory.map(|m| (p.unix_ms, m))).collect();
+    let points: Vec<(u64, leaktrace_common::memory::Memory)> = timeline.points.iter().filter_map(|p| p.memory.clone().map(|m| (p.unix_ms, m))).collect();
     leaktrace_common::memory::explain(&points, forked_child)
         .iter()
         .map(|f| format!("=={pid}==leaktrace: memory: {}.\n=={pid}==leaktrace:   what to do: {}\n", f.what, f.remedy))

@@ -4,7 +4,8 @@
 //! not seen twice: glibc maps them through its internal `__mmap`, which no preload
 //! interposes. Not tracked: file and shared mappings (the accounting counts shared
 //! memory apart), `PROT_NONE` reservations (address space without memory, as a JVM or
-//! Go reserves its heap), pymalloc's arenas (their objects are sampled), the library's
+//! Go reserves its heap), what a hooked CUDA call maps (its allocation is tracked as
+//! such), pymalloc's arenas (their objects are sampled), the library's
 //! own mappings (raw system calls), and any mapping while the program's malloc is not
 //! glibc's (see `ENABLED`). The system calls are made directly (as glibc's
 //! wrappers make them), so no lookup of the next definition can recurse.
@@ -31,7 +32,10 @@ pub fn enable(glibc_heap: bool) {
 
 /// Whether a mapping is the program's own anonymous memory.
 fn tracked(prot: c_int, flags: c_int, fd: c_int) -> bool {
-    ENABLED.load(Ordering::Relaxed) && flags & libc::MAP_ANONYMOUS != 0 && flags & libc::MAP_PRIVATE != 0 && fd == -1 && prot != libc::PROT_NONE
+    ENABLED.load(Ordering::Relaxed)
+        // What a CUDA call maps (page-locked host memory, the driver's bookkeeping) is
+        // that call's allocation, tracked as such.
+        && !crate::hotpath::thread::in_cuda_call() && flags & libc::MAP_ANONYMOUS != 0 && flags & libc::MAP_PRIVATE != 0 && fd == -1 && prot != libc::PROT_NONE
 }
 
 /// The result of a raw system call as the C wrapper gives it: `-1` and `errno` set on

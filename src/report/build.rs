@@ -237,7 +237,7 @@ pub fn timeline_out(timeline: &Timeline, groups: &[Group], sym: &mut Symbolizer)
         points: timeline
             .points
             .iter()
-            .map(|p| schema::Point { unix_ms: p.unix_ms, live_bytes: p.live_bytes, live_blocks: p.live_blocks, memory: p.memory })
+            .map(|p| schema::Point { unix_ms: p.unix_ms, live_bytes: p.live_bytes, live_blocks: p.live_blocks, memory: p.memory.clone() })
             .collect(),
         series: timeline
             .series
@@ -313,7 +313,7 @@ pub struct ReportParts<'a> {
     pub omitted: Omitted,
     pub checks: &'a [super::checks::Check],
     pub checks_dropped: u64,
-    pub memory: Option<leaktrace_common::memory::Memory>,
+    pub memory: Option<&'a leaktrace_common::memory::Memory>,
 }
 
 /// `write_report_json` into memory (tests).
@@ -392,7 +392,7 @@ pub fn write_report_json(w: impl std::io::Write, parts: &ReportParts) -> std::io
             cuda_untracked_copies: facts.cuda_untracked_copies,
         },
         scan: scan.map(|s| *s.0),
-        memory,
+        memory: memory.cloned(),
         frames: table.frames,
         timeline,
         leaks,

@@ -5,7 +5,7 @@
 //! back to the driver on purpose. The rule: a group of device, managed, pinned or VMM
 //! memory whose call stack has a frame whose (demangled) function name contains one of
 //! the markers below is `cached_by` that allocator. Host memory is never classified
-//! this way. With `PYTORCH_NO_CUDA_MEMORY_CACHING=1` PyTorch calls `cudaMalloc` and
+//! this way, nor are mappings and Python objects. With `PYTORCH_NO_CUDA_MEMORY_CACHING=1` PyTorch calls `cudaMalloc` and
 //! `cudaFree` once per tensor, and each leaked tensor shows with its own stack.
 use super::build::Frame;
 use crate::hotpath::event::Kind;
@@ -19,7 +19,9 @@ pub const MARKERS: &[(&str, &str)] = &[
 ];
 
 pub fn owner(kind: Kind, stack: &[Frame]) -> Option<&'static str> {
-    if kind == Kind::Host {
+    // Host memory, the program's own mappings and Python objects never are (a CUDA
+    // library's mappings under `cudaMalloc` are its own, not the cache's).
+    if matches!(kind, Kind::Host | Kind::Mmap | Kind::Python) {
         return None;
     }
     stack.iter().filter_map(|f| f.function.as_deref()).find_map(|name| MARKERS.iter().find(|(marker, _)| name.contains(marker)).map(|(_, owner)| *owner))
