@@ -58,6 +58,7 @@ pub fn start(config: Config, host_tracking: String, glibc_heap: bool) -> bool {
         }
         let depth = config.stack_depth;
         reports::GLIBC_HEAP.store(glibc_heap, Ordering::Relaxed);
+        crate::report::memory::init();
         let process = ProcessInfo::current(None);
         let symbolizer = Symbolizer::new(process.exe.clone());
         let suppressions = match &config.suppressions {

@@ -1122,7 +1122,6 @@ fn capture(state: &ThreadState, depth: usize, memoise: bool, before_intern: impl
         }
     };
     let mut first = true;
-    let mut skipping = true;
     let read = |addr: u64| -> Option<u64> {
         if addr < sp0 || addr.checked_add(8)? > hi || !addr.is_multiple_of(8) {
             return None;
@@ -1165,10 +1164,11 @@ fn capture(state: &ThreadState, depth: usize, memoise: bool, before_intern: impl
         if ra == 0 {
             break;
         }
-        if skipping && is_own_address(ra) {
+        // The library's own frames: those of the hook at the top, and any further down
+        // (a Python allocation under `interpose::pyalloc`'s wrapper that reaches malloc).
+        if is_own_address(ra) {
             continue;
         }
-        skipping = false;
         frames[n].write(ra);
         reads.frame(n, ra, cfa, bp, step);
         n += 1;
