@@ -6,8 +6,13 @@ use std::path::PathBuf;
 pub const MAX_DEPTH: usize = 128;
 
 pub const DEFAULT_INTERVAL_MS: u64 = 10_000;
-/// Python objects are sampled once per this many bytes on average.
-pub const DEFAULT_PYTHON_SAMPLE: u64 = 64 << 10;
+/// Python objects are sampled once per this many bytes on average when sampling is
+/// asked for (`LEAKTRACE_PYTHON_SAMPLE=1` means this mean).
+pub const PYTHON_SAMPLE_MEAN: u64 = 64 << 10;
+/// Off by default: with it on, a per-test check's verdict on a block whose address a
+/// discarded Python int held varied from run to run (pytest fixture `test_leaks`), a
+/// verdict that depends on chance. Until that is understood it is asked for.
+pub const DEFAULT_PYTHON_SAMPLE: u64 = 0;
 pub const DEFAULT_DEPTH: usize = 64;
 pub const DEFAULT_SUMMARY_TOP: usize = 10;
 pub const DEFAULT_REPORT_GROUPS: usize = 2000;
@@ -282,11 +287,12 @@ impl Config {
         }
         if let Some(v) = get("LEAKTRACE_PYTHON_SAMPLE") {
             match v.trim().parse::<u64>() {
+                Ok(1) => c.python_sample = PYTHON_SAMPLE_MEAN,
                 Ok(n) if n == 0 || (1024..=1 << 30).contains(&n) => c.python_sample = n,
                 _ => bad(
                     "LEAKTRACE_PYTHON_SAMPLE",
                     &v,
-                    "mean bytes between sampled Python objects, 1024 to 1073741824 (0: off)",
+                    "1 (one sampled Python object per 64 KiB), or the mean bytes between them, 1024 to 1073741824 (0: off)",
                     DEFAULT_PYTHON_SAMPLE.to_string(),
                 ),
             }
