@@ -77,20 +77,24 @@ fn kb_fields<const N: usize>(text: &str, keys: [&str; N]) -> [Option<u64>; N] {
 pub fn measure(known: Known) -> Memory {
     let status = crate::os::anchor::read_proc_string("self/status").unwrap_or_default();
     let [rss, anon, file, shmem, stack] = kb_fields(&status, ["VmRSS", "RssAnon", "RssFile", "RssShmem", "VmStk"]);
+    // Under a seccomp filter (a sandboxed Chromium renderer) only what /proc and our
+    // counters say: `mincore`, `tgkill` and `process_vm_readv` may be answered with
+    // SIGSYS, which kills the process.
     let copy_allowed = status.lines().find_map(|l| l.strip_prefix("Seccomp:")).is_some_and(|m| m.trim() == "0");
+    let probe = |f: fn() -> u64| if copy_allowed { f() } else { 0 };
     let mut m = Memory {
         rss: rss.unwrap_or(0),
         rss_anon: anon.unwrap_or(0),
         rss_file: file.unwrap_or(0),
         rss_shmem: shmem.unwrap_or(0),
         heap_live: known.heap_live,
-        mmap: crate::os::mapped::resident(),
+        mmap: probe(crate::os::mapped::resident),
         shm: shmem.unwrap_or(0),
-        stacks: stack.unwrap_or(0) + crate::os::stack::resident_stacks(),
+        stacks: stack.unwrap_or(0) + probe(crate::os::stack::resident_stacks),
         ..Default::default()
     };
     let own_heap = crate::os::own::heap_bytes();
-    m.tracer = own_heap + crate::os::own::mapped_resident();
+    m.tracer = own_heap + probe(crate::os::own::mapped_resident);
     if known.glibc_malloc {
         if let Some((in_use, free)) = malloc_heap() {
             m.heap_free = Some(free);
