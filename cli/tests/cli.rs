@@ -1019,8 +1019,14 @@ fn daemon_threads_that_cpython_ends_at_exit_do_not_fail_a_ci_gate() {
         let out = run(&[]);
         let err = text(&out.stderr);
         assert_eq!(out.status.code(), Some(0), "{}: {err}", py.display());
-        assert!(err.contains(leaktrace_common::suppressions::BUILT_IN_NOTE), "{}: {err}", py.display());
-        if i == 0 {
+        // Whether a daemon thread is still blocked on the GIL when the exit scan stops it
+        // (its stack then holds its blocks: nothing leaked, nothing to suppress) or
+        // already gone (its blocks leaked, and the built-in suppression names them) is
+        // the interpreter's timing; either way the gate passes. Seen once under a busy
+        // CI pass on 3.12: no leak at all.
+        let suppressed = err.contains(leaktrace_common::suppressions::BUILT_IN_NOTE);
+        assert!(suppressed || err.contains("0 byte(s) leaked"), "{}: {err}", py.display());
+        if i == 0 && suppressed {
             let out = run(&["--no-default-suppressions"]);
             assert_eq!(out.status.code(), Some(23), "{}: the threads' blocks are leaks: {}", py.display(), text(&out.stderr));
         }
