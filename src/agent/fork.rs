@@ -44,6 +44,8 @@ pub fn fork_parent() {
 pub fn fork_child() {
     crate::os::loader::fork_release_loader_walks();
     super::reports::FORKED.store(true, Ordering::Relaxed);
+    // Before the child can enter a sandbox: the measure then never opens a file.
+    crate::os::procfs::open();
     // The parent's collector thread does not exist here; ours starts below.
     LIFECYCLE.fork_child(std::process::id());
     crate::os::image::mark_own_image();

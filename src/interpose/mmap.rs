@@ -115,6 +115,10 @@ pub unsafe extern "C" fn mremap(old: *mut c_void, old_len: usize, new_len: usize
         let _errno = super::ErrnoGuard::save();
         unmapped(r.start, r.len);
     }
+    // The fifth argument only where the flags say it was passed (what glibc's wrapper
+    // does): otherwise the register holds whatever the caller left there, and a seccomp
+    // filter that checks the arguments (a sandboxed renderer's) would see it.
+    let new = if flags & (libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP) != 0 { new } else { std::ptr::null_mut() };
     // SAFETY: the caller's arguments, to the system call.
     let p = syscall_result(unsafe { libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags, new) });
     if let Some(r) = before {

@@ -44,6 +44,7 @@ static MALLINFO2: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsiz
 
 /// Finds what the measure needs from the C library; call at the library's start.
 pub fn init() {
+    crate::os::procfs::open();
     if let Some(f) = crate::os::loader::global_symbol(c"mallinfo2") {
         MALLINFO2.store(f, std::sync::atomic::Ordering::Relaxed);
     }
@@ -75,7 +76,7 @@ fn kb_fields<const N: usize>(text: &str, keys: [&str; N]) -> [Option<u64>; N] {
 
 /// Measures the memory now.
 pub fn measure(known: Known) -> Memory {
-    let status = crate::os::anchor::read_proc_string("self/status").unwrap_or_default();
+    let status = crate::os::procfs::status();
     let [rss, anon, file, shmem, stack] = kb_fields(&status, ["VmRSS", "RssAnon", "RssFile", "RssShmem", "VmStk"]);
     // Under a seccomp filter (a sandboxed Chromium renderer) only what /proc and our
     // counters say: `mincore`, `tgkill` and `process_vm_readv` may be answered with
@@ -106,7 +107,7 @@ pub fn measure(known: Known) -> Memory {
         m.python_free = Some(total.saturating_sub(used));
     }
     if known.forked_child {
-        let rollup = crate::os::anchor::read_proc_string("self/smaps_rollup").unwrap_or_default();
+        let rollup = crate::os::procfs::smaps_rollup();
         let [pss, clean, dirty] = kb_fields(&rollup, ["Pss", "Private_Clean", "Private_Dirty"]);
         m.pss = pss;
         m.uss = clean.zip(dirty).map(|(c, d)| c + d);
