@@ -20,7 +20,7 @@ static OUTPUT: AtomicI32 = AtomicI32::new(-1);
 static OUTPUT_ID: std::sync::Mutex<Option<(u64, u64, std::path::PathBuf)>> = std::sync::Mutex::new(None);
 
 /// Descriptors from here up: out of the way of programs that expect their low numbers.
-const HIGH_FD: i32 = 800;
+pub const HIGH_FD: i32 = 800;
 
 fn open_dir_high(path: &Path) -> i32 {
     let Ok(c) = CString::new(path.as_os_str().as_encoded_bytes()) else { return -1 };

@@ -5,26 +5,64 @@
 //! sandboxed Chromium renderer), a trapped call there is a SIGSYS the kernel delivers
 //! by force, with its default action — the renderer died so under load. `pread` on a
 //! descriptor we hold is allowed where `read` is.
-use std::sync::atomic::{AtomicI32, Ordering};
+//!
+//! The descriptors live high (from `anchor::HIGH_FD` up, close-on-exec) and are checked
+//! before each use (device and inode as opened): a program may `dup2` over any
+//! descriptor or close them all, and one of its own is never read or closed as ours
+//! (a shell's `exec 3<>/dev/tcp/...` over a low descriptor of ours was closed in its
+//! forked child: memcached's test lost its socket).
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
-static STATUS: AtomicI32 = AtomicI32::new(-1);
-static ROLLUP: AtomicI32 = AtomicI32::new(-1);
+struct Held {
+    fd: AtomicI32,
+    dev: AtomicU64,
+    ino: AtomicU64,
+    rel: &'static str,
+}
 
-/// Opens both files for this process (closing those of a parent, in a forked child).
-pub fn open() {
-    for (slot, rel) in [(&STATUS, "self/status"), (&ROLLUP, "self/smaps_rollup")] {
-        let fd = super::anchor::open_proc(rel, libc::O_RDONLY).unwrap_or(-1);
-        let old = slot.swap(fd, Ordering::AcqRel);
-        if old >= 0 {
-            // SAFETY: a descriptor this module opened and nobody else holds.
+static STATUS: Held = Held { fd: AtomicI32::new(-1), dev: AtomicU64::new(0), ino: AtomicU64::new(0), rel: "self/status" };
+static ROLLUP: Held = Held { fd: AtomicI32::new(-1), dev: AtomicU64::new(0), ino: AtomicU64::new(0), rel: "self/smaps_rollup" };
+
+impl Held {
+    /// Whether `fd` is still the file this slot opened.
+    fn is_ours(&self, fd: i32) -> bool {
+        fd >= 0 && super::fds::identity(fd) == Some((self.dev.load(Ordering::Relaxed), self.ino.load(Ordering::Relaxed)))
+    }
+
+    /// Opens the file afresh; the old descriptor is closed only if it is still ours.
+    fn reopen(&self) {
+        let _errno = super::ErrnoGuard::save();
+        let old = self.fd.swap(-1, Ordering::AcqRel);
+        if self.is_ours(old) {
+            // SAFETY: checked to be the descriptor this slot opened.
             unsafe { libc::close(old) };
+        }
+        let Ok(low) = super::anchor::open_proc(self.rel, libc::O_RDONLY) else { return };
+        // SAFETY: duplicating our own descriptor high, then closing the original.
+        let fd = unsafe { libc::fcntl(low, libc::F_DUPFD_CLOEXEC, super::anchor::HIGH_FD) };
+        // SAFETY: the descriptor opened just above.
+        unsafe { libc::close(low) };
+        if let Some((dev, ino)) = (fd >= 0).then(|| super::fds::identity(fd)).flatten() {
+            self.dev.store(dev, Ordering::Relaxed);
+            self.ino.store(ino, Ordering::Relaxed);
+            self.fd.store(fd, Ordering::Release);
         }
     }
 }
 
-fn read(slot: &AtomicI32) -> String {
-    let fd = slot.load(Ordering::Acquire);
-    if fd < 0 {
+/// Opens both files for this process (in a forked child: its own, the parent's closed).
+pub fn open() {
+    STATUS.reopen();
+    ROLLUP.reopen();
+}
+
+fn read(slot: &Held) -> String {
+    let fd = slot.fd.load(Ordering::Acquire);
+    if !slot.is_ours(fd) {
+        // Closed or replaced by the program: forgotten, never closed. Not opened again
+        // here (the collector thread, where a sandbox's trapped `openat` kills): the
+        // parts read from it are absent until the next process image.
+        slot.fd.store(-1, Ordering::Release);
         return String::new();
     }
     let mut buf = vec![0u8; 8192];
