@@ -62,7 +62,7 @@ fn chart(report: &Report, idx: usize) -> String {
     if points.len() < 2 {
         return format!("<p class=\"nochart\" id=\"chart-{idx}\">One snapshot only: run with --interval-ms to chart memory over time.</p>");
     }
-    let (w, h, pad) = (760.0f64, 260.0f64, 40.0f64);
+    let (w, h, pad) = (W, H, PAD);
     let t0 = points[0].unix_ms as f64;
     let t1 = points[points.len() - 1].unix_ms as f64;
     let span = (t1 - t0).max(1.0);
@@ -94,19 +94,30 @@ fn chart(report: &Report, idx: usize) -> String {
         ));
         legend.push(format!("<li><span style=\"background:{color}\"></span>{} ({})</li>", esc(&name), s.api));
     }
+    let axes = format!("<line x1=\"{PAD}\" y1=\"{PAD}\" x2=\"{PAD}\" y2=\"{}\" stroke=\"#999\"/>{}", H - PAD, lines.join(""));
+    svg_chart(&format!("chart-{idx}"), "chart", "live memory over time", &axes, max as u64, span, &legend)
+}
+
+/// The chart area's size and margin (px).
+const W: f64 = 760.0;
+const H: f64 = 260.0;
+const PAD: f64 = 40.0;
+
+/// An SVG chart of the page's size around `body`: the time axis, the largest value at
+/// the top, the run's seconds at the ends, and the legend below.
+fn svg_chart(id: &str, class: &str, label: &str, body: &str, max: u64, span_ms: f64, legend: &[String]) -> String {
     format!(
-        "<svg id=\"chart-{idx}\" class=\"chart\" viewBox=\"0 0 {w} {h}\" width=\"{w}\" height=\"{h}\" role=\"img\" aria-label=\"live memory over time\">\
-         <line x1=\"{pad}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\" stroke=\"#999\"/><line x1=\"{pad}\" y1=\"{pad}\" x2=\"{pad}\" y2=\"{b}\" stroke=\"#999\"/>\
-         <text x=\"{pad}\" y=\"{t}\" font-size=\"11\">{maxl}</text><text x=\"{pad}\" y=\"{bl}\" font-size=\"11\">0 s</text>\
-         <text x=\"{r}\" y=\"{bl}\" font-size=\"11\" text-anchor=\"end\">{secs:.1} s</text>{}</svg><ul class=\"legend\">{}</ul>",
-        lines.join(""),
+        "<svg id=\"{id}\" class=\"{class}\" viewBox=\"0 0 {W} {H}\" width=\"{W}\" height=\"{H}\" role=\"img\" aria-label=\"{label}\">\
+         <line x1=\"{PAD}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\" stroke=\"#999\"/>{body}\
+         <text x=\"{PAD}\" y=\"{t}\" font-size=\"11\">{maxl}</text><text x=\"{PAD}\" y=\"{bl}\" font-size=\"11\">0 s</text>\
+         <text x=\"{r}\" y=\"{bl}\" font-size=\"11\" text-anchor=\"end\">{secs:.1} s</text></svg><ul class=\"legend\">{}</ul>",
         legend.join(""),
-        b = h - pad,
-        r = w - pad,
-        t = pad - 8.0,
-        bl = h - pad + 16.0,
-        maxl = human_bytes(max as u64),
-        secs = span / 1000.0,
+        b = H - PAD,
+        r = W - PAD,
+        t = PAD - 8.0,
+        bl = H - PAD + 16.0,
+        maxl = human_bytes(max),
+        secs = span_ms / 1000.0,
     )
 }
 
@@ -119,7 +130,7 @@ fn memory_chart(points: &[(u64, leaktrace_common::memory::Memory)], idx: usize) 
     if points.len() < 2 {
         return String::new();
     }
-    let (w, h, pad) = (760.0f64, 260.0f64, 40.0f64);
+    let (w, h, pad) = (W, H, PAD);
     let t0 = points[0].0 as f64;
     let span = (points[points.len() - 1].0 as f64 - t0).max(1.0);
     let stacked: Vec<Vec<u64>> = points
@@ -151,21 +162,8 @@ fn memory_chart(points: &[(u64, leaktrace_common::memory::Memory)], idx: usize) 
     }
     let rss: Vec<String> = (0..points.len()).map(|i| format!("{:.1},{:.1}", x(i), y(points[i].1.rss))).collect();
     legend.push("<li><span style=\"background:#000\"></span>RSS</li>".into());
-    format!(
-        "<svg id=\"memory-{idx}\" class=\"chart memory\" viewBox=\"0 0 {w} {h}\" width=\"{w}\" height=\"{h}\" role=\"img\" aria-label=\"memory by part over time\">\
-         <line x1=\"{pad}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\" stroke=\"#999\"/>{}<polyline class=\"rss\" fill=\"none\" stroke=\"#000\" stroke-width=\"1.5\" points=\"{}\"/>\
-         <text x=\"{pad}\" y=\"{t}\" font-size=\"11\">{maxl}</text><text x=\"{pad}\" y=\"{bl}\" font-size=\"11\">0 s</text>\
-         <text x=\"{r}\" y=\"{bl}\" font-size=\"11\" text-anchor=\"end\">{secs:.1} s</text></svg><ul class=\"legend\">{}</ul>",
-        shapes.join(""),
-        rss.join(" "),
-        legend.join(""),
-        b = h - pad,
-        r = w - pad,
-        t = pad - 8.0,
-        bl = h - pad + 16.0,
-        maxl = human_bytes(max as u64),
-        secs = span / 1000.0,
-    )
+    let body = format!("{}<polyline class=\"rss\" fill=\"none\" stroke=\"#000\" stroke-width=\"1.5\" points=\"{}\"/>", shapes.join(""), rss.join(" "));
+    svg_chart(&format!("memory-{idx}"), "chart memory", "memory by part over time", &body, max as u64, span, &legend)
 }
 
 fn stack_html(stack: &[Frame]) -> String {

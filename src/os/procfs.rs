@@ -82,6 +82,12 @@ fn read(slot: &Held) -> String {
     String::from_utf8_lossy(&buf).into_owned()
 }
 
+/// Whether a `/proc/self/status` text says no seccomp filter is in place
+/// (`Seccomp: 0`); false where it could not be read.
+pub fn unfiltered(status: &str) -> bool {
+    status.lines().find_map(|l| l.strip_prefix("Seccomp:")).is_some_and(|m| m.trim() == "0")
+}
+
 /// `/proc/self/status` now, or "" when it could not be opened.
 pub fn status() -> String {
     read(&STATUS)
@@ -99,6 +105,7 @@ mod tests {
         super::open();
         let a = super::status();
         assert!(a.contains("VmRSS:") && a.contains("Seccomp:"), "{a}");
+        assert!(super::unfiltered(&a) && !super::unfiltered("Seccomp:\t2\n") && !super::unfiltered(""));
         let _grow = vec![1u8; 8 << 20];
         assert!(super::status().contains("VmRSS:"));
         assert!(super::smaps_rollup().contains("Pss:"));

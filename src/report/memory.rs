@@ -81,7 +81,7 @@ pub fn measure(known: Known) -> Memory {
     // Under a seccomp filter (a sandboxed Chromium renderer) only what /proc and our
     // counters say: `mincore`, `tgkill` and `process_vm_readv` may be answered with
     // SIGSYS, which kills the process.
-    let copy_allowed = status.lines().find_map(|l| l.strip_prefix("Seccomp:")).is_some_and(|m| m.trim() == "0");
+    let copy_allowed = crate::os::procfs::unfiltered(&status);
     let probe = |f: fn() -> u64| if copy_allowed { f() } else { 0 };
     let mut m = Memory {
         rss: rss.unwrap_or(0),

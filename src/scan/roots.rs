@@ -366,7 +366,7 @@ const ROOT_CHUNK_WORDS: usize = 8192;
 /// sandbox without /proc), the answer is no.
 pub fn vm_readv_safe() -> bool {
     let status = crate::os::anchor::read_proc_string("self/status").unwrap_or_default();
-    status.lines().find_map(|l| l.strip_prefix("Seccomp:")).is_some_and(|m| m.trim() == "0")
+    crate::os::procfs::unfiltered(&status)
 }
 
 /// Copies `buf.len()` words from `from` in this process; returns how many bytes came
