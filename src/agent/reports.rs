@@ -99,6 +99,7 @@ pub(super) fn record_point() {
         let Some(c) = state.as_mut() else { return };
         let backlog = c.order.backlog();
         drain_into(c, backlog, false);
+        c.model.compact();
         let mut changes = CHANGES_BUFFER.try_lock().map(|mut b| std::mem::take(&mut *b)).unwrap_or_default();
         c.model.take_changes(&mut changes);
         (c.model.totals(), changes)
@@ -138,6 +139,7 @@ pub(super) fn write_report(reason: Reason) {
         let backlog = c.order.backlog();
         drain_into(c, backlog, false);
     }
+    c.model.compact();
     c.model.advance_trends();
     // The last report's buffer, if no other report holds it.
     let buffer = SNAPSHOT_BUFFER.try_lock().map(|mut b| std::mem::take(&mut *b)).unwrap_or_default();
@@ -289,7 +291,15 @@ pub(super) fn write_report(reason: Reason) {
     // Kept for the next report (plain data: the next one's `clear` costs nothing).
     drop(selected);
     if let Some(mut b) = SNAPSHOT_BUFFER.try_lock() {
-        *b = std::mem::take(&mut snapshot.groups);
+        let mut kept = std::mem::take(&mut snapshot.groups);
+        // Sized for this report's groups, not for the largest report's: after
+        // `import torch` a report had 535k live groups (47 MB), the next ones 57k.
+        let len = kept.len();
+        if kept.capacity() > 2 * len + 1024 {
+            kept.clear();
+            kept.shrink_to(len + len / 4);
+        }
+        *b = kept;
     }
 }
 

@@ -354,6 +354,15 @@ impl Collector {
         self.totals
     }
 
+    /// Between drains: the block tables give back what a peak of live blocks left
+    /// (`AddressTable::shrink_if_sparse`).
+    pub fn compact(&mut self) {
+        self.live.shrink_if_sparse();
+        if let Some(p) = self.prepared.as_mut() {
+            p.own_heap.shrink_if_sparse();
+        }
+    }
+
     /// The group of `key`, made if new. Every group is found through `group_by_stack`
     /// (the slot of its stack points to it) or `group_index`: a group enters the hash map
     /// only when another group of its stack takes the slot. `import torch` makes 880k
