@@ -209,8 +209,14 @@ mod tests {
         use leaktrace_common::report_schema::LineSeries;
         let mut r = Report { reason: "periodic".into(), ..Default::default() };
         r.timeline.points = (0..20).map(|i| Point { unix_ms: i * 1000, live_bytes: 0, live_blocks: 0, memory: None }).collect();
-        r.timeline.series =
-            vec![Series { kind: "host".into(), api: "malloc".into(), stack_id: 1, stack: None, bytes: (0..20).map(|i| i * 1_000_000).collect() }];
+        r.timeline.series = vec![Series {
+            kind: "host".into(),
+            api: "malloc".into(),
+            stack_id: 1,
+            stack: None,
+            bytes: (0..20).map(|i| i * 1_000_000).collect(),
+            held_by: Vec::new(),
+        }];
         r.timeline.lines = vec![
             LineSeries { function: "main".into(), file: "/w/train.py".into(), line: 41, bytes: (0..20).map(|i| i * 100_000).collect() },
             LineSeries { function: "setup".into(), file: "/w/train.py".into(), line: 9, bytes: vec![5_000_000; 20] },
@@ -238,8 +244,9 @@ mod tests {
                 stack_id: 1,
                 stack: stack(&["<frozen importlib._bootstrap>", "/w/train.py"]),
                 bytes: rising.clone(),
+                held_by: Vec::new(),
             },
-            Series { kind: "host".into(), api: "malloc".into(), stack_id: 2, stack: stack(&["/w/train.py"]), bytes: rising },
+            Series { kind: "host".into(), api: "malloc".into(), stack_id: 2, stack: stack(&["/w/train.py"]), bytes: rising, held_by: Vec::new() },
         ];
         let found = detect(&r, 1024);
         assert_eq!(found.iter().map(|g| g.stack_id).collect::<Vec<_>>(), [2]);
@@ -252,8 +259,8 @@ mod tests {
         r.timeline.points = (0..20).map(|i| Point { unix_ms: i * 1000, live_bytes: 0, live_blocks: 0, memory: None }).collect();
         let rising: Vec<u64> = (0..20).map(|i| i * (2 << 20)).collect();
         r.timeline.series = vec![
-            Series { kind: "device".into(), api: "cudaMalloc".into(), stack_id: 7, stack: None, bytes: rising.clone() },
-            Series { kind: "device".into(), api: "cudaMalloc".into(), stack_id: 8, stack: None, bytes: rising },
+            Series { kind: "device".into(), api: "cudaMalloc".into(), stack_id: 7, stack: None, bytes: rising.clone(), held_by: Vec::new() },
+            Series { kind: "device".into(), api: "cudaMalloc".into(), stack_id: 8, stack: None, bytes: rising, held_by: Vec::new() },
         ];
         r.leaks = vec![
             Group {
@@ -280,7 +287,7 @@ mod tests {
         let bytes: Vec<u64> = (0..33).map(|i| if (20..32).contains(&i) { (i - 19) * 1_000_000 } else { 0 }).collect();
         let mut r = Report { reason: "exit".into(), ..Default::default() };
         r.timeline.points = (0..33).map(|i| Point { unix_ms: i * 100, live_bytes: 0, live_blocks: 0, memory: None }).collect();
-        r.timeline.series = vec![Series { kind: "host".into(), api: "malloc".into(), stack_id: 1, stack: None, bytes }];
+        r.timeline.series = vec![Series { kind: "host".into(), api: "malloc".into(), stack_id: 1, stack: None, bytes, held_by: Vec::new() }];
         let found = detect(&r, 1024);
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].points, 12);

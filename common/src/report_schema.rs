@@ -170,6 +170,74 @@ pub struct Group<S = Inline> {
     pub indirect_from: Vec<IndirectFrom>,
     #[serde(default)]
     pub stack: S,
+    /// For reachable memory the report shows: what keeps its largest reachable block
+    /// alive, one link per holder from the block out to a root (`HeldLink`). Empty
+    /// without a scan, for leaked memory, and for groups the scan was not asked about.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held_by: Vec<HeldLink<S>>,
+}
+
+/// One link of a path from a reachable block out to the root that keeps it: what holds
+/// the reference to the step before (the block itself, for the first link) and where in
+/// it. `kind` says what the holder is:
+/// - a tracked block: its kind of memory (`host`, `pinned`, `mmap`, ...), with `api`,
+///   `size`, `stack_id` and `stack` (where it was allocated); `offset` is the
+///   reference's byte offset in it;
+/// - `global`: a module's global or static variable, `symbol` (when the module's symbol
+///   tables name it) and `module`; `offset` inside the symbol (or the module's data);
+/// - `stack` / `registers`: a thread's (`thread`: its kernel id), with the `function`
+///   whose frame holds it when the unwinder knows;
+/// - `tls`, `root_region` (LeakSanitizer's registered regions, ignored blocks),
+///   `inherited` (a block of the parent process), `cuda_library`;
+/// - `python_object`: a Python object (`type_name`) in the interpreter's arenas;
+/// - `elided`: `elided` links of a long chain left out here (a long linked list);
+/// - `unscanned`: kept without a scan finding it (an ignored block, the loader's).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(bound(serialize = "S: Serialize", deserialize = "S: Deserialize<'de> + Default"))]
+pub struct HeldLink<S = Inline> {
+    pub kind: Name,
+    #[serde(default)]
+    pub offset: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api: Option<Name>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stack_id: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub symbol: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<Arc<str>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub type_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elided: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stack: Option<S>,
+}
+
+impl<S> HeldLink<S> {
+    /// The same link with its stack held as `f` makes it.
+    pub fn map_stack<T>(&self, f: impl FnOnce(&S) -> T) -> HeldLink<T> {
+        HeldLink {
+            kind: self.kind.clone(),
+            offset: self.offset,
+            api: self.api.clone(),
+            size: self.size,
+            stack_id: self.stack_id,
+            symbol: self.symbol.clone(),
+            module: self.module.clone(),
+            thread: self.thread,
+            function: self.function.clone(),
+            type_name: self.type_name.clone(),
+            elided: self.elided,
+            stack: self.stack.as_ref().map(f),
+        }
+    }
 }
 
 impl<S> Group<S> {
@@ -189,6 +257,7 @@ impl<S> Group<S> {
             reachability: self.reachability,
             indirect_from: self.indirect_from.clone(),
             stack,
+            held_by: Vec::new(),
         }
     }
 
@@ -372,6 +441,10 @@ pub struct Series<S = Inline> {
     #[serde(default)]
     pub stack: Option<S>,
     pub bytes: Vec<u64>,
+    /// What keeps the stack's memory alive at the final report (`Group::held_by`),
+    /// for a growing stack that is not among the listed groups.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held_by: Vec<HeldLink<S>>,
 }
 
 /// Live bytes by a line of the user's own Python code (Python processes).
@@ -602,11 +675,22 @@ pub fn inline_frames(report: &mut Value) -> Result<(), String> {
         }
         Ok(())
     };
+    let expand_links = |owner: &mut Value, what: &str| -> Result<(), String> {
+        if let Some(Value::Array(links)) = owner.get_mut("held_by") {
+            for (k, l) in links.iter_mut().enumerate() {
+                if let Some(stack) = l.get_mut("stack") {
+                    expand(stack, &format!("{what} held_by link {k}"))?;
+                }
+            }
+        }
+        Ok(())
+    };
     if let Some(Value::Array(groups)) = report.get_mut("leaks") {
         for (i, g) in groups.iter_mut().enumerate() {
             if let Some(stack) = g.get_mut("stack") {
                 expand(stack, &format!("leak group {i}"))?;
             }
+            expand_links(g, &format!("leak group {i}"))?;
         }
     }
     if let Some(Value::Array(series)) = report.get_mut("timeline").and_then(|t| t.get_mut("series")) {
@@ -614,6 +698,7 @@ pub fn inline_frames(report: &mut Value) -> Result<(), String> {
             if let Some(stack) = s.get_mut("stack") {
                 expand(stack, &format!("timeline series {i}"))?;
             }
+            expand_links(s, &format!("timeline series {i}"))?;
         }
     }
     if let Some(Value::Array(checks)) = report.get_mut("checks") {
@@ -651,7 +736,7 @@ mod tests {
     #[test]
     fn a_written_report_reads_back_with_its_stacks_inlined() {
         let frame = |ip, f: &str| Frame { ip, function: Some(f.into()), ..Default::default() };
-        let series = |stack_id, stack| Series { kind: "host".into(), api: "malloc".into(), stack_id, stack, bytes: vec![1, 2] };
+        let series = |stack_id, stack| Series { kind: "host".into(), api: "malloc".into(), stack_id, stack, bytes: vec![1, 2], held_by: Vec::new() };
         let written = Report::<Indexed> {
             schema: format!("{SCHEMA_PREFIX}{CURRENT_MAJOR}").into(),
             pid: 7,

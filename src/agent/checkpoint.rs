@@ -42,7 +42,7 @@ fn checkpoint_inner(label: &str, scope: checks::Scope) -> Option<checks::Check> 
         drain_into(c, backlog, false);
         (c.model.live_blocks(), c.model.mark(), ScanPause::start())
     };
-    let (verdicts, _, _) = classify_live(&input, 0);
+    let verdicts = classify_live(&input, 0).verdicts;
     drop(pause);
     let mut by_group: HashMap<(u32, Api, Option<u8>), build::Reachability> = Default::default();
     for (b, v) in input.blocks.iter().zip(verdicts) {
@@ -76,6 +76,7 @@ fn checkpoint_inner(label: &str, scope: checks::Scope) -> Option<checks::Check> 
             reachability: Some(*reach),
             indirect_from: Vec::new(),
             stack: if i < named { stacks.next().unwrap_or_default() } else { Vec::new() },
+            held_by: Vec::new(),
         })
         .collect();
     let (shown, _, _) = build::apply_suppressions(&groups, &r.suppressions);

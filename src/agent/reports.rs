@@ -155,7 +155,11 @@ pub(super) fn write_report(reason: Reason) {
     // The final report's names are found on another core while this one gathers the
     // blocks and scans: the largest groups are the ones reported, unless the scan finds
     // smaller ones leaked (named afterwards).
-    let presymbolizer = (final_report && scan_now).then(|| Presymbolizer::start(&snapshot)).flatten();
+    let (limit, followed) = report_limits();
+    // The groups whose holders the scan names: the report's largest and the stacks the
+    // timeline follows (the growing ones are among them).
+    let wanted = if scan_now { held_wanted(&snapshot, limit, &followed) } else { Default::default() };
+    let presymbolizer = (final_report && scan_now).then(|| Presymbolizer::start(&snapshot, limit)).flatten();
     let live = scan_now.then(|| if final_report { c.model.take_live_blocks() } else { c.model.live_blocks() });
     // The frees published from now until the stop (the program runs on; at exit, its
     // other threads do, and their frees are still published) are read from the rings.
@@ -165,7 +169,7 @@ pub(super) fn write_report(reason: Reason) {
     // of malloc's that `mallinfo2` takes.
     let mut memory = measure_memory(&snapshot.totals);
     // The scan stops the other threads: it runs holding none of our locks.
-    let scan = live.map(|live| reachability_scan(&live, presymbolizer.as_ref().map_or(0, Presymbolizer::tid)));
+    let scan = live.map(|live| reachability_scan(&live, presymbolizer.as_ref().map_or(0, Presymbolizer::tid), &wanted));
     if final_report {
         LIFECYCLE.final_threads_held();
     }
@@ -213,7 +217,10 @@ pub(super) fn write_report(reason: Reason) {
             }
         }
     }
-    let timeline = build::timeline_out(&r.timeline, &groups, &mut r.symbolizer);
+    let mut timeline = build::timeline_out(&r.timeline, &groups, &mut r.symbolizer);
+    if let Some(s) = &scan {
+        name_holders(s, &mut groups, &mut timeline, &mut r.symbolizer);
+    }
     memory.devices = device_memory(&snapshot.groups, &groups);
     let facts = RunFacts {
         stack_depth: r.config.stack_depth,
@@ -303,6 +310,56 @@ pub(super) fn write_report(reason: Reason) {
     }
 }
 
+/// How many groups of each class a report lists, and the stacks the timeline follows
+/// (none when the report side is busy for a second).
+fn report_limits() -> (usize, Vec<(u32, crate::hotpath::event::Api)>) {
+    let Some(r) = lock_bounded(&REPORT, Duration::from_secs(1)) else { return (0, Vec::new()) };
+    match r.as_ref() {
+        Some(r) => (r.config.report_groups, r.timeline.series.iter().map(|s| (s.stack, s.api)).collect()),
+        None => (0, Vec::new()),
+    }
+}
+
+/// The groups a scan finds a holder for: the `limit` largest (those a report lists when
+/// nothing leaked), the steadily growing ones and the followed stacks. Python groups
+/// are sampled objects, never scanned.
+fn held_wanted(
+    snapshot: &crate::collector::state::Snapshot,
+    limit: usize,
+    followed: &[(u32, crate::hotpath::event::Api)],
+) -> std::collections::HashSet<(u32, crate::hotpath::event::Api)> {
+    use crate::hotpath::event::Kind;
+    let mut by_size: Vec<(u64, u32, crate::hotpath::event::Api)> =
+        snapshot.groups.iter().filter(|g| g.api.kind() != Kind::Python).map(|g| (g.stats.live_bytes, g.stack, g.api)).collect();
+    if by_size.len() > limit && limit > 0 {
+        by_size.select_nth_unstable_by(limit - 1, |a, b| b.cmp(a));
+    }
+    let mut wanted: std::collections::HashSet<_> = by_size.iter().take(limit).map(|&(_, stack, api)| (stack, api)).collect();
+    wanted.extend(snapshot.groups.iter().filter(|g| g.stats.trend.steady() && g.api.kind() != Kind::Python).map(|g| (g.stack, g.api)));
+    wanted.extend(followed.iter().copied());
+    wanted
+}
+
+/// Names the paths the scan found for the listed groups and the followed stacks.
+fn name_holders(
+    scan: &super::verdicts::ScanResult,
+    groups: &mut [build::Group],
+    timeline: &mut build::TimelineOut,
+    sym: &mut crate::report::symbolize::Symbolizer,
+) {
+    for g in groups.iter_mut() {
+        let reachable = g.reachability.is_some_and(|r| r.reachable.bytes > 0);
+        if let Some(path) = scan.held_by.get(&(g.stack_id, g.api.as_ref(), g.device.and_then(|d| u8::try_from(d).ok()))).filter(|_| reachable) {
+            g.held_by = crate::report::held::resolve(path, sym);
+        }
+    }
+    for s in timeline.series.iter_mut() {
+        if let Some(path) = scan.held_by.get(&(s.stack_id, s.api.as_ref(), None)) {
+            s.held_by = crate::report::held::resolve(path, sym);
+        }
+    }
+}
+
 /// Per CUDA device: the live device memory of every group, and what of it the listed
 /// groups that a caching allocator holds hold.
 fn device_memory(all: &[crate::collector::state::GroupSnapshot], listed: &[build::Group]) -> Vec<leaktrace_common::memory::DeviceMemory> {
@@ -358,8 +415,7 @@ extern "C" fn presymbolizer_main(arg: *mut std::ffi::c_void) -> *mut std::ffi::c
 
 impl Presymbolizer {
     /// `None` when no thread can be started (the report then names everything itself).
-    fn start(snapshot: &crate::collector::state::Snapshot) -> Option<Presymbolizer> {
-        let limit = lock_bounded(&REPORT, Duration::from_secs(1))?.as_ref()?.config.report_groups;
+    fn start(snapshot: &crate::collector::state::Snapshot, limit: usize) -> Option<Presymbolizer> {
         let ids: Vec<u32> = snapshot.groups.iter().take(limit).map(|g| g.stack).collect();
         let shared = Arc::new(PresymbolizerShared { ids, tid: AtomicU32::new(0), done: AtomicBool::new(false) });
         let arg = Arc::into_raw(shared.clone()) as *mut std::ffi::c_void;

@@ -19,7 +19,13 @@ pub(super) struct ScanResult {
     /// Per group, its indirect bytes and blocks by the stack of the definite leak each
     /// block hangs from.
     pub(super) indirect_from: HashMap<GroupKey, BTreeMap<u32, (u64, u64)>>,
+    /// For the groups asked for that hold reachable memory, one path from their largest
+    /// reachable block out to a root.
+    pub(super) held_by: HashMap<GroupKey, crate::report::held::RawPath>,
 }
+
+/// Links kept of a longer path: the first half near the block, the rest near the root.
+const PATH_LINKS: usize = 12;
 
 /// Classifies the outstanding blocks of this process image (inherited ones help keep
 /// others reachable but are not counted). Device and managed memory is a target only:
@@ -27,7 +33,7 @@ pub(super) struct ScanResult {
 /// host memory is read like the heap.
 /// The pointer scan's verdict on each of `input.blocks` (in order), the index of the
 /// leaked block each indirect one hangs from, and what the scan measured.
-pub(super) fn classify_live(input: &ScanInput, names_thread: u32) -> (Vec<Verdict>, Vec<u32>, crate::scan::ScanInfo) {
+pub(super) fn classify_live(input: &ScanInput, names_thread: u32) -> crate::scan::ScanOut {
     let live = &input.blocks;
     let blocks: Vec<mark::Block> = live
         .iter()
@@ -53,7 +59,8 @@ pub(super) fn classify_live(input: &ScanInput, names_thread: u32) -> (Vec<Verdic
     let pending = crate::scan::roots::pending_args();
     extra_roots.push((pending.as_ptr() as u64, (pending.len() * 8) as u64));
     extra_roots.extend(live.iter().filter(|b| b.ignored).map(|b| (b.addr, b.size)));
-    let (mut verdicts, owners, info) = crate::scan::scan(&blocks, &input.inherited, &own, &extra_roots);
+    let mut out = crate::scan::scan(&blocks, &input.inherited, &own, &extra_roots);
+    let verdicts = &mut out.verdicts;
     for (b, v) in live.iter().zip(verdicts.iter_mut()) {
         if b.ignored {
             *v = Verdict::Reachable;
@@ -69,17 +76,28 @@ pub(super) fn classify_live(input: &ScanInput, names_thread: u32) -> (Vec<Verdic
             }
         }
     }
-    (verdicts, owners, info)
+    out
 }
 
-pub(super) fn reachability_scan(input: &ScanInput, names_thread: u32) -> ScanResult {
+/// `wanted`: the groups to find a holder for (`(stack, api)`; the report's largest and
+/// the growing ones).
+pub(super) fn reachability_scan(input: &ScanInput, names_thread: u32, wanted: &std::collections::HashSet<(u32, crate::hotpath::event::Api)>) -> ScanResult {
     let live = &input.blocks;
-    let (verdicts, owners, info) = classify_live(input, names_thread);
+    let crate::scan::ScanOut { verdicts, owners, parent, via, labels, info } = classify_live(input, names_thread);
     let mut by_group: HashMap<GroupKey, build::Reachability> = Default::default();
     let mut indirect_from: HashMap<GroupKey, BTreeMap<u32, (u64, u64)>> = Default::default();
     let mut totals = build::KindReachability::default();
-    for ((b, v), owner) in live.iter().zip(verdicts).zip(owners) {
+    // Per wanted group: its largest reachable block (the most recent of equal ones is
+    // not known; the highest address is taken, for a stable answer).
+    let mut representative: HashMap<GroupKey, (u64, u64, usize)> = Default::default();
+    for (i, ((b, &v), owner)) in live.iter().zip(&verdicts).zip(owners).enumerate() {
         let key = (b.stack, b.api.name(), b.device);
+        if v == Verdict::Reachable && !wanted.is_empty() && wanted.contains(&(b.stack, b.api)) && parent[i] != mark::FROM_FREED {
+            let r = representative.entry(key).or_insert((b.size, b.addr, i));
+            if (b.size, b.addr) > (r.0, r.1) {
+                *r = (b.size, b.addr, i);
+            }
+        }
         by_group.entry(key).or_default().add(v, b.size);
         totals[b.api.kind().index()].add(v, b.size);
         if v == Verdict::Indirect {
@@ -90,5 +108,12 @@ pub(super) fn reachability_scan(input: &ScanInput, names_thread: u32) -> ScanRes
             }
         }
     }
-    ScanResult { out: info, by_group, totals, indirect_from }
+    let held_by = representative
+        .into_iter()
+        .map(|(key, (_, _, i))| {
+            let (steps, left_out) = mark::path(&parent, &via, i, PATH_LINKS);
+            (key, crate::report::held::RawPath::new(live, i, &steps, left_out, PATH_LINKS / 2, &labels))
+        })
+        .collect();
+    ScanResult { out: info, by_group, totals, indirect_from, held_by }
 }

@@ -81,6 +81,12 @@ pub fn resolve_stacks(ids: &[u32], sym: &mut Symbolizer) -> Vec<Vec<Frame>> {
     raws.into_iter().map(|raw| symbolized(raw, sym)).collect()
 }
 
+/// The frames (inlined ones first) of the code at return address `ip`.
+pub fn resolve_frames(ip: u64, sym: &mut Symbolizer) -> Vec<Frame> {
+    let raw = sym.raw_frame(ip);
+    symbolized(vec![raw], sym)
+}
+
 fn symbolized(raw: Vec<RawFrame>, sym: &mut Symbolizer) -> Vec<Frame> {
     let mut stack = Vec::with_capacity(raw.len());
     let python: Vec<u64> = raw.iter().filter_map(|rf| rf.python).collect();
@@ -207,6 +213,7 @@ pub fn resolve_groups(selected: &[(&GroupSnapshot, Option<Reachability>)], sym: 
                 reachability,
                 indirect_from: Vec::new(),
                 stack,
+                held_by: Vec::new(),
             }
         })
         .collect()
@@ -250,6 +257,7 @@ pub fn timeline_out(timeline: &Timeline, groups: &[Group], sym: &mut Symbolizer)
                 stack_id: s.stack,
                 stack: (!listed.contains(&s.stack)).then(|| stacks.next().unwrap_or_default()),
                 bytes: s.bytes.clone(),
+                held_by: Vec::new(),
             })
             .collect(),
         lines: timeline
@@ -337,7 +345,14 @@ pub fn write_report_json(w: impl std::io::Write, parts: &ReportParts) -> std::io
         cached.blocks += g.blocks;
     }
     let mut table = FrameTable::default();
-    let leaks = groups.iter().map(|g| g.with_stack(table.indices(&g.stack))).collect();
+    let leaks = groups
+        .iter()
+        .map(|g| {
+            let mut out = g.with_stack(table.indices(&g.stack));
+            out.held_by = g.held_by.iter().map(|l| l.map_stack(|st| table.indices(st))).collect();
+            out
+        })
+        .collect();
     let series = timeline
         .series
         .iter()
@@ -347,6 +362,7 @@ pub fn write_report_json(w: impl std::io::Write, parts: &ReportParts) -> std::io
             stack_id: s.stack_id,
             stack: s.stack.as_deref().map(|st| table.indices(st)),
             bytes: s.bytes.clone(),
+            held_by: s.held_by.iter().map(|l| l.map_stack(|st| table.indices(st))).collect(),
         })
         .collect();
     let timeline = schema::Timeline { points: timeline.points.clone(), series, lines: timeline.lines.clone() };
@@ -553,6 +569,7 @@ mod tests {
             stack_id: 7,
             reachability: None,
             indirect_from: Vec::new(),
+            held_by: Vec::new(),
             stack: vec![
                 Frame {
                     ip: 0x1234,
@@ -590,8 +607,8 @@ mod tests {
         let timeline = TimelineOut {
             points: vec![schema::Point { unix_ms: 5, live_bytes: 48, live_blocks: 3, memory: None }],
             series: vec![
-                schema::Series { kind: "host".into(), api: "calloc".into(), stack_id: 7, stack: None, bytes: vec![48] },
-                schema::Series { kind: "host".into(), api: "malloc".into(), stack_id: 9, stack: Some(followed), bytes: vec![16] },
+                schema::Series { kind: "host".into(), api: "calloc".into(), stack_id: 7, stack: None, bytes: vec![48], held_by: Vec::new() },
+                schema::Series { kind: "host".into(), api: "malloc".into(), stack_id: 9, stack: Some(followed), bytes: vec![16], held_by: Vec::new() },
             ],
             lines: Vec::new(),
         };

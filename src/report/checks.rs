@@ -143,6 +143,7 @@ mod tests {
             }),
             indirect_from: Vec::new(),
             stack: Vec::new(),
+            held_by: Vec::new(),
         }
     }
 

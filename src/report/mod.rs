@@ -2,6 +2,7 @@
 pub mod build;
 pub mod cached;
 pub mod checks;
+pub mod held;
 pub mod memory;
 pub mod process;
 pub mod python;

@@ -198,7 +198,32 @@ fn elf_function_symbols<'d, Elf: object::read::elf::FileHeader<Endian = object::
     })
 }
 
+/// A variable found by `Symbolizer::data_symbol`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DataSymbol {
+    pub module: Arc<str>,
+    pub name: Option<String>,
+    /// Of the reference inside the symbol (or from the module's load address).
+    pub offset: u64,
+}
+
 impl ModuleFile {
+    /// The data object (variable) symbol covering `offset` (file terms): its name and
+    /// start. `.symtab` first (static variables are there only), then `.dynsym`.
+    fn object_symbol(&self, offset: u64) -> Option<(String, u64)> {
+        use object::{Object, ObjectSymbol, SymbolKind};
+        let covers = |s: &object::Symbol| {
+            let (start, size) = (s.address(), s.size());
+            matches!(s.kind(), SymbolKind::Data | SymbolKind::Tls | SymbolKind::Unknown)
+                && s.is_definition()
+                && size > 0
+                && offset >= start
+                && offset - start < size
+        };
+        let found = self.file.symbols().find(|s| covers(s)).or_else(|| self.file.dynamic_symbols().find(|s| covers(s)))?;
+        Some((demangle_symbol(found.name().ok()?), found.address()))
+    }
+
     fn open(path: &str) -> Option<ModuleFile> {
         use object::{Object, ObjectSection};
         let map: &'static memmap2::Mmap = Box::leak(Box::new(crate::hotpath::mapping::map_file(path)?));
@@ -323,6 +348,28 @@ impl Symbolizer {
         list.extend(pinned);
         list.sort_unstable();
         list.dedup();
+    }
+
+    /// A return address with its module, as a stack's frames are.
+    pub fn raw_frame(&mut self, ip: u64) -> RawFrame {
+        RawFrame { ip, module: self.module_for_ip(ip), python: None }
+    }
+
+    /// The global or static variable that holds `addr` (a word of a module's data),
+    /// from the module file's `.symtab` or `.dynsym`: the object symbol whose extent
+    /// covers it, and the offset inside it. The module alone (with the offset from its
+    /// load address) where no symbol covers it (a stripped module, the allocator's
+    /// arrays).
+    pub fn data_symbol(&mut self, addr: u64) -> Option<DataSymbol> {
+        let m = unwind::module_of(addr)?;
+        let idx = self.module_index(m.path, m.base, m.start, m.end);
+        let module = self.modules[idx as usize].path.clone();
+        let offset = addr.wrapping_sub(self.modules[idx as usize].base);
+        let found = self.file(idx).and_then(|f| f.object_symbol(offset));
+        Some(match found {
+            Some((name, start)) => DataSymbol { module, name: Some(name), offset: offset - start },
+            None => DataSymbol { module, name: None, offset },
+        })
     }
 
     /// A captured stack's frames with their modules (innermost first).

@@ -134,24 +134,24 @@ impl<'a> BlockIndex<'a> {
     }
 }
 
-/// Reads the aligned words of `[start, start + len)`; returns false where the memory
-/// cannot be read (the range is then skipped).
+/// Reads the aligned words of `[start, start + len)`, each with its address; returns
+/// false where the memory cannot be read (the range is then skipped).
 pub trait Memory {
     /// Generic, not `dyn`: the visitor runs once per word of the heap (tens of millions
     /// in a large process) and must inline into the loop that reads the words.
-    fn words(&self, start: u64, len: u64, visit: &mut impl FnMut(u64)) -> bool;
+    fn words(&self, start: u64, len: u64, visit: &mut impl FnMut(u64, u64)) -> bool;
 
     /// Like `words`, for root memory (module data, stacks, TLS): memory that is not a
     /// tracked block, which a thread the scan cannot hold (or the C library acting for
     /// one) may unmap while it is read. The default reads it as `words` does.
-    fn root_words(&self, start: u64, len: u64, visit: &mut impl FnMut(u64)) -> bool {
+    fn root_words(&self, start: u64, len: u64, visit: &mut impl FnMut(u64, u64)) -> bool {
         self.words(start, len, visit)
     }
 
     /// Like `words`, for a heap block, which its owner may free (and the allocator
     /// unmap) while the scan reads it when the owner is a thread the scan cannot hold.
     /// The default reads it as `words` does.
-    fn block_words(&self, start: u64, len: u64, visit: &mut impl FnMut(u64)) -> bool {
+    fn block_words(&self, start: u64, len: u64, visit: &mut impl FnMut(u64, u64)) -> bool {
         self.words(start, len, visit)
     }
 }
@@ -165,12 +165,22 @@ pub struct Scratch<'a> {
     /// by address, that reaches it); `NO_OWNER` for every other block. A suppressed leak
     /// hides the indirect leaks it owns, as in LeakSanitizer.
     pub owners: Vec<u32>,
+    /// How each reachable block was first reached: the block that holds the reference
+    /// (`FROM_ROOT`: a root; `FROM_FREED`: a block freed meanwhile, never read) and the
+    /// address of the word that holds it. One path to a root per block, for "held by"
+    /// (`paths`); 12 bytes a block.
+    pub parent: Vec<u32>,
+    pub via: Vec<u64>,
     reached: Vec<bool>,
     indirect: Vec<bool>,
     work: Vec<usize>,
 }
 
 pub const NO_OWNER: u32 = u32::MAX;
+/// `Scratch::parent` of a block reached from a root's word.
+pub const FROM_ROOT: u32 = u32::MAX;
+/// `Scratch::parent` of a block freed after the live set was taken (reachable, no path).
+pub const FROM_FREED: u32 = u32::MAX - 1;
 
 impl<'a> Scratch<'a> {
     pub fn new(blocks: &'a [Block]) -> Scratch<'a> {
@@ -180,12 +190,50 @@ impl<'a> Scratch<'a> {
             index,
             verdicts: vec![Verdict::Definite; blocks],
             owners: vec![NO_OWNER; blocks],
+            parent: vec![FROM_ROOT; blocks],
+            via: vec![0; blocks],
             reached: vec![false; blocks],
             indirect: vec![false; blocks],
             // Each block is pushed at most once: this never grows.
             work: Vec::with_capacity(blocks),
         }
     }
+}
+
+/// The path from reachable block `i` out to a root, as `classify_into` found it: each
+/// step the holding block's index (or `FROM_ROOT`/`FROM_FREED` last) and the address of
+/// the word that refers to the step before. At most `limit` steps: a long chain (a
+/// linked list of ten thousand nodes) keeps its first `limit / 2` steps and its last
+/// ones, and says how many it left out between them.
+pub fn path(parent: &[u32], via: &[u64], i: usize, limit: usize) -> (Vec<(u32, u64)>, usize) {
+    let mut steps = Vec::new();
+    let mut at = i;
+    // A parent was reached before its child: the chain ends, and never loops.
+    for _ in 0..parent.len() + 1 {
+        let p = parent[at];
+        steps.push((p, via[at]));
+        if p == FROM_ROOT || p == FROM_FREED {
+            break;
+        }
+        at = p as usize;
+    }
+    if steps.len() <= limit {
+        return (steps, 0);
+    }
+    let head = limit / 2;
+    let tail = limit - head;
+    let left_out = steps.len() - limit;
+    let mut kept: Vec<(u32, u64)> = steps[..head].to_vec();
+    kept.extend_from_slice(&steps[steps.len() - tail..]);
+    (kept, left_out)
+}
+
+/// The mark phase's state, borrowed apart from the verdicts.
+struct Marks<'s> {
+    reached: &'s mut Vec<bool>,
+    work: &'s mut Vec<usize>,
+    parent: &'s mut Vec<u32>,
+    via: &'s mut Vec<u64>,
 }
 
 /// The ranges of memory a scan classifies against: `(start, len)` each. `Default`: none.
@@ -253,7 +301,7 @@ pub const PYTHON_INTERIOR: u64 = 4096;
 /// it, and the allocator unmap it, meanwhile), a CUDA host allocation in place as before
 /// (page-locked memory the driver may map in a way a copy cannot read).
 #[inline(always)]
-fn read_block(mem: &impl Memory, b: &Block, visit: &mut impl FnMut(u64)) {
+fn read_block(mem: &impl Memory, b: &Block, visit: &mut impl FnMut(u64, u64)) {
     if b.cuda {
         mem.words(b.start, b.size, visit);
     } else {
@@ -263,31 +311,35 @@ fn read_block(mem: &impl Memory, b: &Block, visit: &mut impl FnMut(u64)) {
 
 /// Classifies every block against `roots`, without allocating.
 pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut Scratch) {
-    let Scratch { index, verdicts, owners, reached, indirect, work } = s;
+    let Scratch { index, verdicts, owners, parent, via, reached, indirect, work } = s;
     let index = &*index;
+    let mut marks = Marks { reached, work, parent, via };
     // A word keeps the block it points into when it lies within `within` bytes of the
-    // block's start (everywhere but in Python objects: anywhere inside).
-    let keep = |w: u64, reached: &mut Vec<bool>, work: &mut Vec<usize>, keeps_cuda: bool, within: u64| {
+    // block's start (everywhere but in Python objects: anywhere inside). `at`: the
+    // word's address; `from`: the block it is in, or `FROM_ROOT`.
+    let keep = |w: u64, at: u64, from: u32, m: &mut Marks, keeps_cuda: bool, within: u64| {
         if let Some(i) = index.find(w) {
-            if !reached[i] && (keeps_cuda || !blocks[i].cuda) && w - blocks[i].start < within && w != blocks[i].not_a_reference {
-                reached[i] = true;
-                work.push(i);
+            if !m.reached[i] && (keeps_cuda || !blocks[i].cuda) && w - blocks[i].start < within && w != blocks[i].not_a_reference {
+                m.reached[i] = true;
+                m.parent[i] = from;
+                m.via[i] = at;
+                m.work.push(i);
             }
         }
     };
-    let mark_within = |start: u64, len: u64, reached: &mut Vec<bool>, work: &mut Vec<usize>, keeps_cuda: bool, within: u64| {
-        mem.words(start, len, &mut |w| keep(w, reached, work, keeps_cuda, within));
+    let mark_within = |start: u64, len: u64, m: &mut Marks, keeps_cuda: bool, within: u64| {
+        mem.words(start, len, &mut |at, w| keep(w, at, FROM_ROOT, m, keeps_cuda, within));
     };
-    let mark_from = |start: u64, len: u64, reached: &mut Vec<bool>, work: &mut Vec<usize>, keeps_cuda: bool| {
-        mem.block_words(start, len, &mut |w| keep(w, reached, work, keeps_cuda, u64::MAX));
+    let mark_from = |start: u64, len: u64, m: &mut Marks, keeps_cuda: bool| {
+        mem.block_words(start, len, &mut |at, w| keep(w, at, FROM_ROOT, m, keeps_cuda, u64::MAX));
     };
-    let mark_root = |start: u64, len: u64, reached: &mut Vec<bool>, work: &mut Vec<usize>, keeps_cuda: bool| {
-        mem.root_words(start, len, &mut |w| keep(w, reached, work, keeps_cuda, u64::MAX));
+    let mark_root = |start: u64, len: u64, m: &mut Marks, keeps_cuda: bool| {
+        mem.root_words(start, len, &mut |at, w| keep(w, at, FROM_ROOT, m, keeps_cuda, u64::MAX));
     };
-    let trace = |reached: &mut Vec<bool>, work: &mut Vec<usize>, keeps_cuda: bool| {
-        while let Some(i) = work.pop() {
+    let trace = |m: &mut Marks, keeps_cuda: bool| {
+        while let Some(i) = m.work.pop() {
             if !blocks[i].opaque {
-                read_block(mem, &blocks[i], &mut |w| keep(w, reached, work, keeps_cuda, u64::MAX));
+                read_block(mem, &blocks[i], &mut |at, w| keep(w, at, i as u32, m, keeps_cuda, u64::MAX));
             }
         }
     };
@@ -296,7 +348,8 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
             if blocks[i].start == addr {
                 // Not read: its memory may be unmapped under the scan (a large block is
                 // its own mapping), and what only it pointed to is lost with it.
-                reached[i] = true;
+                marks.reached[i] = true;
+                marks.parent[i] = FROM_FREED;
             }
         }
     }
@@ -311,12 +364,12 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
         for &(c, len) in changed[w..].iter().take_while(|c| c.0 < end) {
             let (from, to) = (c.max(start), c.saturating_add(len).min(end));
             if from < to {
-                mark_from(from, to - from, reached, work, true);
+                mark_from(from, to - from, &mut marks, true);
             }
         }
     }
     for &(start, len) in roots.program {
-        mark_root(start, len, reached, work, true);
+        mark_root(start, len, &mut marks, true);
     }
     // Python objects (at most 512 bytes each) in pymalloc's arenas: a word pointing deep
     // inside a block is taken for stale data, not a reference (see `PYTHON_INTERIOR`).
@@ -324,7 +377,7 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
         super::pymalloc::live_runs(mem, arena, |start, len, block_size| {
             let mut read = |from: u64, n: u64| {
                 super::pymalloc::object_parts(mem, start, block_size, from, n, roots.python_types.as_ref(), |a, l| {
-                    mark_within(a, l, reached, work, true, PYTHON_INTERIOR)
+                    mark_within(a, l, &mut marks, true, PYTHON_INTERIOR)
                 });
             };
             match roots.python_changed {
@@ -343,7 +396,7 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
                 let mut b = first;
                 while b + block_size <= from + n {
                     let (mut w, mut k) = ([0u64; 4], 0);
-                    mem.words(b, block_size, &mut |v| {
+                    mem.words(b, block_size, &mut |_, v| {
                         if k < 4 {
                             w[k] = v;
                             k += 1;
@@ -353,7 +406,7 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
                         // Its block's start only: an int is a number as often as an
                         // address (a timestamp, the `id` of a dead object), and one
                         // that happens to fall inside a leaked block must not keep it.
-                        keep(v, reached, work, true, 1);
+                        keep(v, b, FROM_ROOT, &mut marks, true, 1);
                     }
                     b += block_size;
                 }
@@ -364,17 +417,18 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
             }
         });
     }
-    trace(reached, work, true);
+    trace(&mut marks, true);
     for &(start, len) in roots.runtime {
-        mark_root(start, len, reached, work, false);
+        mark_root(start, len, &mut marks, false);
     }
-    trace(reached, work, false);
+    trace(&mut marks, false);
+    let Marks { reached, work, .. } = marks;
     // Every block a leaked block points to (other than itself) is an indirect leak.
     for (i, b) in blocks.iter().enumerate() {
         if reached[i] || b.opaque {
             continue;
         }
-        read_block(mem, b, &mut |w| {
+        read_block(mem, b, &mut |_, w| {
             if let Some(j) = index.find(w) {
                 if j != i && !reached[j] && w != blocks[j].not_a_reference {
                     indirect[j] = true;
@@ -402,7 +456,7 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
             if blocks[i].opaque {
                 continue;
             }
-            read_block(mem, &blocks[i], &mut |w| {
+            read_block(mem, &blocks[i], &mut |_, w| {
                 if let Some(j) = index.find(w) {
                     if verdicts[j] == Verdict::Indirect && !reached[j] && w != blocks[j].not_a_reference {
                         reached[j] = true;
@@ -436,10 +490,10 @@ mod tests {
     struct Fake(BTreeMap<u64, u64>);
 
     impl Memory for Fake {
-        fn words(&self, start: u64, len: u64, visit: &mut impl FnMut(u64)) -> bool {
+        fn words(&self, start: u64, len: u64, visit: &mut impl FnMut(u64, u64)) -> bool {
             let first = (start + 7) & !7;
-            for (_, w) in self.0.range(first..start + len) {
-                visit(*w);
+            for (a, w) in self.0.range(first..start + len) {
+                visit(*a, *w);
             }
             true
         }

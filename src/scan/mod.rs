@@ -10,7 +10,7 @@ pub mod roots;
 
 use std::time::Instant;
 
-use mark::{Block, Scratch, Verdict};
+use mark::{Block, Scratch};
 
 /// The pages that blocks inherited from a parent process (sorted) lie on, as sorted,
 /// disjoint ranges.
@@ -35,6 +35,60 @@ const FREED_MEANWHILE: usize = 1 << 16;
 /// What a scan measured (the report's `scan` object, defined with the schema).
 pub use leaktrace_common::report_schema::Scan as ScanInfo;
 
+/// What a range of root memory is, to name the root a path to a block ends at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RootKind {
+    /// A module's writable data: global and static variables (named from its symbols).
+    Module,
+    /// A thread's stack, in the frame of the function at `ip` where the unwinder says
+    /// (the scanning thread's own stack; 0: not known). `copied`: a thread that could
+    /// not be held, read from a copy.
+    Stack { tid: u32, ip: u64, copied: bool },
+    /// A thread's registers, saved when it was held.
+    Registers { tid: u32 },
+    /// The main thread's static thread-local storage (and its DTV).
+    Tls,
+    /// A region the program declared a root (`__lsan_register_root_region`), an
+    /// ignored block, or the argument of a thread not yet started.
+    Region,
+    /// A Python object in pymalloc's arenas.
+    PythonObject,
+    /// A block the parent process allocated (a forked child).
+    Inherited,
+    /// A CUDA library's own data.
+    CudaLibrary,
+}
+
+/// One labelled range of root memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RootLabel {
+    pub start: u64,
+    pub len: u64,
+    pub kind: RootKind,
+}
+
+/// `ranges`, each labelled `kind`.
+fn label(ranges: &[(u64, u64)], kind: RootKind) -> impl Iterator<Item = RootLabel> + '_ {
+    ranges.iter().map(move |&(start, len)| RootLabel { start, len, kind })
+}
+
+/// The label of the root range that holds `addr` (the first that does: ranges the scan
+/// read as copies of others, as a held thread's stack, come first).
+pub fn root_label(labels: &[RootLabel], addr: u64) -> Option<RootLabel> {
+    labels.iter().find(|l| addr >= l.start && addr - l.start < l.len).copied()
+}
+
+/// A scan's outcome: each block's verdict, owner and path step (`mark::Scratch`), the
+/// labels of the root memory it read, and what it measured.
+pub struct ScanOut {
+    pub verdicts: Vec<mark::Verdict>,
+    pub owners: Vec<u32>,
+    pub parent: Vec<u32>,
+    pub via: Vec<u64>,
+    pub labels: Vec<RootLabel>,
+    pub info: ScanInfo,
+}
+
 /// Classifies `blocks` (sorted by start, not overlapping) against the process's roots.
 /// `inherited`: in a forked child, the parent's blocks (sorted), which may point to the
 /// child's (see `mark::Roots`). `own_threads` (the library's collector) are neither
@@ -43,7 +97,7 @@ pub use leaktrace_common::report_schema::Scan as ScanInfo;
 ///
 /// `extra_roots`: ranges the program declared roots (`__lsan_register_root_region`,
 /// ignored blocks): read like module data.
-pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], extra_roots: &[(u64, u64)]) -> (Vec<Verdict>, Vec<u32>, ScanInfo) {
+pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], extra_roots: &[(u64, u64)]) -> ScanOut {
     let t0 = Instant::now();
     let have_signal = roots::install();
     let mut tids = if have_signal { roots::other_threads() } else { Vec::new() };
@@ -51,6 +105,8 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
     let (tids, blocking) = roots::split_blocking(&tids);
     let blocking_stacks = roots::copy_blocking_stacks(&blocking, &roots::writable_mappings());
     let mut regs: Vec<u64> = Vec::with_capacity((tids.len() + 1) * 24);
+    // Labels for every root range pushed below (no allocation once threads are held).
+    let mut labels: Vec<RootLabel> = Vec::with_capacity(2 * tids.len() + blocking.len() + 64);
     let mut scratch = Scratch::new(blocks);
     // Read after the scan's own buffers exist, so that the stack copies lie inside.
     let maps = roots::writable_mappings();
@@ -65,8 +121,15 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
     root_ranges.extend_from_slice(roots::main_tls());
     root_ranges.extend_from_slice(extra_roots);
     root_ranges.extend(roots::main_dtv(&maps));
-    root_ranges.extend(blocking_stacks.iter().map(|s| (s.as_ptr() as u64, (s.len() * 8) as u64)));
-    roots::own_stack(&maps, &mut root_ranges, &mut regs);
+    labels.extend(label(roots::main_tls(), RootKind::Tls));
+    labels.extend(label(extra_roots, RootKind::Region));
+    labels.extend(label(&roots::main_dtv(&maps).into_iter().collect::<Vec<_>>(), RootKind::Tls));
+    for (tid, copy) in blocking_stacks.iter().map(|(t, c)| (*t, c)) {
+        let range = (copy.as_ptr() as u64, (copy.len() * 8) as u64);
+        root_ranges.push(range);
+        labels.push(RootLabel { start: range.0, len: range.1, kind: RootKind::Stack { tid, ip: 0, copied: true } });
+    }
+    roots::own_stack(&maps, &mut root_ranges, &mut regs, &mut labels);
     root_ranges.reserve(tids.len() + 8 + roots::WrittenPages::bound(&module_ranges));
     let mut python_arenas = Vec::with_capacity(crate::scan::arenas::capacity());
     // In a forked child, the arenas' pages unchanged since the fork hold only what the
@@ -81,12 +144,20 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
     // Frees published after the live set was taken (see `mark::Roots::freed_meanwhile`).
     let mut freed = Vec::with_capacity(FREED_MEANWHILE);
     // From here until `resume`: no allocation.
-    let stopped = roots::stop_threads(&tids, &maps, &mut root_ranges, &mut regs);
+    labels.extend(label(&module_ranges, RootKind::Module));
+    labels.extend(label(&runtime_module_ranges, RootKind::CudaLibrary));
+    labels.extend(label(inherited, RootKind::Inherited));
+    let stopped = roots::stop_threads(&tids, &maps, &mut root_ranges, &mut regs, &mut labels);
     // With every program thread held, no free is published any more: the ones since the
     // live set was taken are all in the rings (the consumers are held off meanwhile).
     crate::hotpath::channel::unapplied_frees(&mut freed);
     // Read while the interpreter's threads are held (arenas come and go under the GIL).
     crate::scan::arenas::live_arenas(&mut python_arenas);
+    for &(start, len) in &python_arenas {
+        if labels.len() < labels.capacity() {
+            labels.push(RootLabel { start, len, kind: RootKind::PythonObject });
+        }
+    }
     // Which pages were written is read while every thread that could write is held.
     if forked_child {
         // What the child never wrote holds only what the parent had at the fork: no
@@ -128,5 +199,5 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
         root_bytes: root_ranges.iter().chain(&runtime_ranges).chain(&changed_since_fork).map(|r| r.1).sum(),
         heap_bytes: blocks.iter().map(|b| b.size).sum(),
     };
-    (scratch.verdicts, scratch.owners, info)
+    ScanOut { verdicts: scratch.verdicts, owners: scratch.owners, parent: scratch.parent, via: scratch.via, labels, info }
 }

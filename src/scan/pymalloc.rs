@@ -26,7 +26,7 @@ pub fn pool_size(arena_size: u64) -> u64 {
 
 fn word(mem: &impl Memory, addr: u64) -> Option<u64> {
     let mut v = None;
-    mem.words(addr, 8, &mut |w| v = Some(w));
+    mem.words(addr, 8, &mut |_, w| v = Some(w));
     v
 }
 
@@ -183,7 +183,7 @@ pub fn object_parts(mem: &impl Memory, run: u64, block_size: u64, from: u64, len
             }
         } else {
             let (mut h, mut k) = ([0u64; 5], 0);
-            mem.words(b, 40.min(block_size), &mut |w| {
+            mem.words(b, 40.min(block_size), &mut |_, w| {
                 if k < 5 {
                     h[k] = w;
                     k += 1;
@@ -221,7 +221,7 @@ pub fn live_runs(mem: &impl Memory, arena: (u64, u64), mut visit: impl FnMut(u64
 fn pool_runs(mem: &impl Memory, p: u64, pool: u64, visit: &mut impl FnMut(u64, u64, u64)) {
     let mut h = [0u64; 6];
     let mut n = 0;
-    mem.words(p, POOL_OVERHEAD, &mut |w| {
+    mem.words(p, POOL_OVERHEAD, &mut |_, w| {
         if n < 6 {
             h[n] = w;
             n += 1;
@@ -285,11 +285,11 @@ mod tests {
     }
 
     impl Memory for Fake {
-        fn words(&self, start: u64, len: u64, visit: &mut impl FnMut(u64)) -> bool {
+        fn words(&self, start: u64, len: u64, visit: &mut impl FnMut(u64, u64)) -> bool {
             let mut p = start;
             while p + 8 <= start + len {
                 match p.checked_sub(self.base).map(|o| (o / 8) as usize).and_then(|i| self.words.get(i)) {
-                    Some(&w) => visit(w),
+                    Some(&w) => visit(p, w),
                     None => return false,
                 }
                 p += 8;
@@ -372,7 +372,7 @@ mod tests {
         let read = |from: u64, len: u64, types: Option<&ObjectTypes>| {
             let mut got = Vec::new();
             object_parts(&mem, base, 64, from, len, types, |s, l| {
-                mem.words(s, l, &mut |w| got.push(w));
+                mem.words(s, l, &mut |_, w| got.push(w));
             });
             got
         };
@@ -390,14 +390,14 @@ mod tests {
         let mem = Fake { base, words: vec![0x7f00_1234_5678, t.float, 0x7f00_1234_9999, t.tuple, 0x55aa_0000_0010, 1, 2, 3] };
         let mut n = 0;
         object_parts(&mem, base, 64, base, 64, Some(t), |s, l| {
-            mem.words(s, l, &mut |_| n += 1);
+            mem.words(s, l, &mut |_, _| n += 1);
         });
         assert_eq!(n, 8);
         // A length that does not fit its block is no tuple's: read whole.
         let mem = Fake { base, words: vec![0, 0, 1, t.tuple, 9, 1, 2, 3] };
         let mut n = 0;
         object_parts(&mem, base, 64, base, 64, Some(t), |s, l| {
-            mem.words(s, l, &mut |_| n += 1);
+            mem.words(s, l, &mut |_, _| n += 1);
         });
         assert_eq!(n, 8);
     }

@@ -205,8 +205,9 @@ pub fn split_blocking(tids: &[u32]) -> (Vec<u32>, Vec<u32>) {
 /// The live stack of a thread that cannot be held, copied: its stack pointer comes from
 /// `/proc/self/task/T/syscall` (it is asleep in a system call, as such threads are), the
 /// copy is made with `process_vm_readv`, which fails instead of faulting should the
-/// thread wake and its stack go. Its registers are not available. Returns the copies.
-pub fn copy_blocking_stacks(tids: &[u32], maps: &[(u64, u64)]) -> Vec<Vec<u64>> {
+/// thread wake and its stack go. Its registers are not available. Returns the copies,
+/// each with its thread.
+pub fn copy_blocking_stacks(tids: &[u32], maps: &[(u64, u64)]) -> Vec<(u32, Vec<u64>)> {
     let mut copies = Vec::new();
     if !tids.is_empty() && !vm_readv_safe() {
         return copies;
@@ -230,7 +231,7 @@ pub fn copy_blocking_stacks(tids: &[u32], maps: &[(u64, u64)]) -> Vec<Vec<u64>> 
         let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
         if n > 0 {
             buf.truncate(n as usize / 8);
-            copies.push(buf);
+            copies.push((t, buf));
         }
     }
     copies
@@ -239,7 +240,7 @@ pub fn copy_blocking_stacks(tids: &[u32], maps: &[(u64, u64)]) -> Vec<Vec<u64>> 
 /// Stops `tids`, adds each stopped thread's live stack (from its stack pointer, with the
 /// red zone, to the end of its mapping) and registers to `roots`, and leaves them stopped
 /// until `resume`. `maps` and `roots` must have spare capacity (no allocation here).
-pub fn stop_threads(tids: &[u32], maps: &[(u64, u64)], roots: &mut Vec<(u64, u64)>, regs: &mut Vec<u64>) -> Stopped {
+pub fn stop_threads(tids: &[u32], maps: &[(u64, u64)], roots: &mut Vec<(u64, u64)>, regs: &mut Vec<u64>, labels: &mut Vec<super::RootLabel>) -> Stopped {
     let sig = STOP_SIGNAL.load(Ordering::Acquire);
     if sig == 0 || tids.is_empty() {
         return Stopped { stopped: 0, asked: 0 };
@@ -265,16 +266,25 @@ pub fn stop_threads(tids: &[u32], maps: &[(u64, u64)], roots: &mut Vec<(u64, u64
     }
     let stopped = NEXT_SLOT.load(Ordering::Acquire).min(MAX_THREADS).min(ARRIVED.load(Ordering::Acquire));
     for s in SLOTS.iter().take(stopped) {
+        let tid = s.tid.load(Ordering::Relaxed);
         let sp = s.sp.load(Ordering::Relaxed).saturating_sub(128);
         if let Some(&(_, end)) = maps.iter().find(|(a, b)| *a <= sp && sp < *b) {
             if roots.len() < roots.capacity() {
                 roots.push((sp, end - sp));
+                if labels.len() < labels.capacity() {
+                    labels.push(super::RootLabel { start: sp, len: end - sp, kind: super::RootKind::Stack { tid, ip: 0, copied: false } });
+                }
             }
         }
+        let at = regs.as_ptr() as u64 + 8 * regs.len() as u64;
+        let before = regs.len();
         for r in &s.regs {
             if regs.len() < regs.capacity() {
                 regs.push(r.load(Ordering::Relaxed));
             }
+        }
+        if regs.len() > before && labels.len() < labels.capacity() {
+            labels.push(super::RootLabel { start: at, len: 8 * (regs.len() - before) as u64, kind: super::RootKind::Registers { tid } });
         }
     }
     Stopped { stopped, asked }
@@ -319,8 +329,9 @@ fn is_system_frame(ip: u64) -> bool {
 /// program thread: every program frame whole; of the C library's, the loader's and the
 /// library's own frames, only the registers they saved; and the callee-saved registers
 /// as they are now (pushed onto `regs`). Where the walk cannot go on, the rest of the
-/// stack is a root whole. Call before threads are stopped (the walk allocates).
-pub fn own_stack(maps: &[(u64, u64)], roots: &mut Vec<(u64, u64)>, regs: &mut Vec<u64>) {
+/// stack is a root whole. Call before threads are stopped (the walk allocates). Each
+/// range is labelled in `labels` with the function whose frame it is.
+pub fn own_stack(maps: &[(u64, u64)], roots: &mut Vec<(u64, u64)>, regs: &mut Vec<u64>, labels: &mut Vec<super::RootLabel>) {
     let tid = ENTRY_TID.load(Ordering::Relaxed);
     if tid == 0 || tid != crate::hotpath::thread::tid() {
         return;
@@ -330,17 +341,27 @@ pub fn own_stack(maps: &[(u64, u64)], roots: &mut Vec<(u64, u64)>, regs: &mut Ve
     let mut spans = Vec::with_capacity(64);
     let mut callee_saved = [0u64; 6];
     let end = crate::hotpath::unwind::walk_own_stack(stack_end, &mut callee_saved, |f| spans.push(*f));
+    let frame = |ip: u64| super::RootKind::Stack { tid, ip, copied: false };
+    let first = roots.len();
     for f in &spans {
+        let from = roots.len();
         if is_system_frame(f.ip) {
             roots.extend(f.saved.iter().flatten().map(|&a| (a, 8)));
         } else {
             roots.push((f.sp, f.cfa - f.sp));
         }
+        labels.extend(roots[from..].iter().map(|&(start, len)| super::RootLabel { start, len, kind: frame(f.ip) }));
     }
-    regs.extend_from_slice(&callee_saved);
+    if regs.len() + callee_saved.len() <= regs.capacity() {
+        let at = regs.as_ptr() as u64 + 8 * regs.len() as u64;
+        regs.extend_from_slice(&callee_saved);
+        labels.push(super::RootLabel { start: at, len: 8 * callee_saved.len() as u64, kind: super::RootKind::Registers { tid } });
+    }
     if let crate::hotpath::unwind::WalkEnd::Unknown(from) = end {
         roots.push((from, stack_end - from));
+        labels.push(super::RootLabel { start: from, len: stack_end - from, kind: frame(0) });
     }
+    debug_assert!(roots.len() >= first);
 }
 
 /// Reads live process memory word by word, skipping anything not in `readable`.
@@ -369,6 +390,16 @@ pub fn vm_readv_safe() -> bool {
     crate::os::procfs::unfiltered(&status)
 }
 
+/// `copy_own_memory` where the system allows `process_vm_readv` (never under a seccomp
+/// filter); 0 bytes otherwise. For reading words the scan named after it ran.
+pub fn read_own_memory(from: u64, buf: &mut [u64]) -> usize {
+    if crate::os::procfs::unfiltered(&crate::os::procfs::status()) {
+        copy_own_memory(from, buf)
+    } else {
+        0
+    }
+}
+
 /// Copies `buf.len()` words from `from` in this process; returns how many bytes came
 /// (from the start: the copy stops at the first page that is not mapped).
 fn copy_own_memory(from: u64, buf: &mut [u64]) -> usize {
@@ -383,10 +414,10 @@ fn copy_own_memory(from: u64, buf: &mut [u64]) -> usize {
 /// Copies `buf.len()` words from `from` (`copy_own_memory`) and visits those that came;
 /// returns how many.
 #[inline(always)]
-fn copy_visit(buf: &mut [u64], from: u64, visit: &mut impl FnMut(u64)) -> usize {
+fn copy_visit(buf: &mut [u64], from: u64, visit: &mut impl FnMut(u64, u64)) -> usize {
     let got = copy_own_memory(from, buf) / 8;
-    for &w in &buf[..got] {
-        visit(w);
+    for (k, &w) in buf[..got].iter().enumerate() {
+        visit(from + 8 * k as u64, w);
     }
     got
 }
@@ -432,7 +463,7 @@ impl<'a> ProcessMemory<'a> {
 }
 
 impl Memory for ProcessMemory<'_> {
-    fn words(&self, start: u64, len: u64, visit: &mut impl FnMut(u64)) -> bool {
+    fn words(&self, start: u64, len: u64, visit: &mut impl FnMut(u64, u64)) -> bool {
         let mut any = false;
         for (lo, hi) in self.pieces(start, len) {
             any = true;
@@ -442,14 +473,14 @@ impl Memory for ProcessMemory<'_> {
                 // when the maps were read. What is read here in place (small blocks,
                 // pymalloc's arenas, everything where the copy is refused) is assumed
                 // not to be unmapped during the scan: see design.md for the exceptions.
-                visit(unsafe { std::ptr::read_volatile(p as *const u64) });
+                visit(p, unsafe { std::ptr::read_volatile(p as *const u64) });
                 p += 8;
             }
         }
         any
     }
 
-    fn block_words(&self, start: u64, len: u64, visit: &mut impl FnMut(u64)) -> bool {
+    fn block_words(&self, start: u64, len: u64, visit: &mut impl FnMut(u64, u64)) -> bool {
         // Only a block the allocator gives its own mapping can vanish whole when freed
         // (glibc maps blocks from 128 KiB up, never smaller unless the program lowers
         // the threshold): those few are copied, the rest (nearly all) read in place.
@@ -460,7 +491,7 @@ impl Memory for ProcessMemory<'_> {
         }
     }
 
-    fn root_words(&self, start: u64, len: u64, visit: &mut impl FnMut(u64)) -> bool {
+    fn root_words(&self, start: u64, len: u64, visit: &mut impl FnMut(u64, u64)) -> bool {
         let Some(mut buf) = self.root_buffer.take() else { return self.words(start, len, visit) };
         let page = page_size();
         let mut any = false;
@@ -844,8 +875,8 @@ mod tests {
         let readable = [(base, base + pages * page)];
         let mem = ProcessMemory::copying_roots(&readable);
         let (mut copied, mut in_place) = (Vec::new(), Vec::new());
-        assert!(mem.root_words(base + 12, pages * page - 20, &mut |w| copied.push(w)));
-        mem.words(base + 12, pages * page - 20, &mut |w| in_place.push(w));
+        assert!(mem.root_words(base + 12, pages * page - 20, &mut |_, w| copied.push(w)));
+        mem.words(base + 12, pages * page - 20, &mut |_, w| in_place.push(w));
         assert_eq!(copied, in_place);
         // Unmap one page in the middle of the second chunk, one at the very end.
         let gone = [ROOT_CHUNK_WORDS as u64 * 8 / page + 1, pages - 1];
@@ -854,7 +885,7 @@ mod tests {
             unsafe { libc::munmap((base + g * page) as *mut c_void, page as usize) };
         }
         let mut seen = Vec::new();
-        assert!(mem.root_words(base, pages * page, &mut |w| seen.push(w)));
+        assert!(mem.root_words(base, pages * page, &mut |_, w| seen.push(w)));
         let expected: Vec<u64> = (0..words).filter(|i| !gone.contains(&(i * 8 / page))).collect();
         assert_eq!(seen.len(), expected.len());
         assert!(seen == expected);
@@ -862,7 +893,7 @@ mod tests {
         // freed) is copied the same way.
         assert!(pages * page >= COPY_BLOCKS_FROM);
         let mut seen = Vec::new();
-        assert!(mem.block_words(base, pages * page, &mut |w| seen.push(w)));
+        assert!(mem.block_words(base, pages * page, &mut |_, w| seen.push(w)));
         assert!(seen == expected);
         // SAFETY: the mapping made above (its holes are fine to unmap again).
         unsafe { libc::munmap(base as *mut c_void, (pages * page) as usize) };
@@ -940,7 +971,7 @@ mod tests {
             let start = base - 64 + rng % (520 * 8);
             let len = (rng >> 20) % (300 * 8);
             let mut seen = Vec::new();
-            let any = mem.words(start, len, &mut |w| seen.push(w));
+            let any = mem.words(start, len, &mut |_, w| seen.push(w));
             let end = start + len;
             let expected: Vec<u64> = readable
                 .iter()

@@ -1,0 +1,171 @@
+//! "Held by": for reachable memory, one path of references from a block out to the
+//! root that keeps it, as the mark phase found it (`scan::mark::path`), and its names
+//! (`HeldLink` in the report). The scan keeps raw values only (block indices, word
+//! addresses); naming them (allocation stacks, symbols, Python type names) happens
+//! here, for the few groups a report shows.
+use std::sync::Arc;
+
+use leaktrace_common::report_schema::{Frame, HeldLink};
+
+use super::symbolize::Symbolizer;
+use crate::collector::state::LiveEntry;
+use crate::hotpath::event::Api;
+use crate::scan::{mark, RootKind, RootLabel};
+
+/// One link as the scan found it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RawLink {
+    /// A tracked block holds the reference, `offset` bytes into it.
+    Block { stack: u32, api: Api, size: u64, offset: u64 },
+    /// Root memory holds it, at `addr`.
+    Root { addr: u64, label: Option<RootLabel> },
+    /// Links of a long chain left out here.
+    Elided(u64),
+    /// No reference found it: kept by the agent's own rule (an ignored block, the
+    /// loader's allocations).
+    Unscanned,
+}
+
+/// A path from one block (`block_size` bytes) out to its root: `links[0]` holds the
+/// block, the last link is the root.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RawPath {
+    pub block_size: u64,
+    pub links: Vec<RawLink>,
+}
+
+impl RawPath {
+    /// From `mark::path`'s steps of block `live[i]`'s chain: `left_out` links were left
+    /// out after the first `head`.
+    pub fn new(live: &[LiveEntry], block: usize, steps: &[(u32, u64)], left_out: usize, head: usize, labels: &[RootLabel]) -> RawPath {
+        let mut links = Vec::with_capacity(steps.len() + 1);
+        for (k, &(parent, at)) in steps.iter().enumerate() {
+            if k == head && left_out > 0 {
+                links.push(RawLink::Elided(left_out as u64));
+            }
+            links.push(match parent {
+                mark::FROM_ROOT if at == 0 => RawLink::Unscanned,
+                mark::FROM_ROOT => RawLink::Root { addr: at, label: crate::scan::root_label(labels, at) },
+                mark::FROM_FREED => RawLink::Unscanned,
+                p => {
+                    let holder = &live[p as usize];
+                    RawLink::Block { stack: holder.stack, api: holder.api, size: holder.size, offset: at.wrapping_sub(holder.addr) }
+                }
+            });
+        }
+        RawPath { block_size: live.get(block).map_or(0, |b| b.size), links }
+    }
+}
+
+/// The links of `path`, named: blocks with their allocation stacks, roots with their
+/// symbol, thread, function or Python type.
+pub fn resolve(path: &RawPath, sym: &mut Symbolizer) -> Vec<HeldLink> {
+    let ids: Vec<u32> = path.links.iter().filter_map(|l| if let RawLink::Block { stack, .. } = l { Some(*stack) } else { None }).collect();
+    let mut stacks = super::build::resolve_stacks(&ids, sym).into_iter();
+    path.links
+        .iter()
+        .map(|l| match *l {
+            RawLink::Block { stack, api, size, offset } => HeldLink {
+                kind: api.kind().name().into(),
+                offset,
+                api: Some(api.name().into()),
+                size: Some(size),
+                stack_id: Some(stack),
+                stack: Some(stacks.next().unwrap_or_default()),
+                ..Default::default()
+            },
+            RawLink::Elided(n) => HeldLink { kind: "elided".into(), elided: Some(n), ..Default::default() },
+            RawLink::Unscanned => HeldLink { kind: "unscanned".into(), ..Default::default() },
+            RawLink::Root { addr, label } => root_link(addr, label, sym),
+        })
+        .collect()
+}
+
+fn root_link(addr: u64, label: Option<RootLabel>, sym: &mut Symbolizer) -> HeldLink {
+    let Some(label) = label else { return HeldLink { kind: "root".into(), ..Default::default() } };
+    let offset = addr - label.start;
+    match label.kind {
+        RootKind::Module | RootKind::CudaLibrary => {
+            let kind = if label.kind == RootKind::Module { "global" } else { "cuda_library" };
+            match sym.data_symbol(addr) {
+                Some(d) => HeldLink { kind: kind.into(), offset: d.offset, symbol: d.name, module: Some(d.module), ..Default::default() },
+                None => HeldLink { kind: kind.into(), offset, ..Default::default() },
+            }
+        }
+        RootKind::Stack { tid, ip, .. } => {
+            let function = (ip != 0).then(|| function_at(ip, sym)).flatten();
+            HeldLink { kind: "stack".into(), thread: Some(tid), function, ..Default::default() }
+        }
+        RootKind::Registers { tid } => HeldLink { kind: "registers".into(), thread: Some(tid), ..Default::default() },
+        RootKind::Tls => HeldLink { kind: "tls".into(), offset, ..Default::default() },
+        RootKind::Region => HeldLink { kind: "root_region".into(), offset, ..Default::default() },
+        RootKind::Inherited => HeldLink { kind: "inherited".into(), offset, ..Default::default() },
+        RootKind::PythonObject => {
+            let (start, type_name) = crate::scan::arenas::object_at(addr, label.start, label.len).unwrap_or((label.start, None));
+            HeldLink { kind: "python_object".into(), offset: addr - start, type_name, ..Default::default() }
+        }
+    }
+}
+
+/// "function (file:line)" of the frame whose return address is `ip`.
+fn function_at(ip: u64, sym: &mut Symbolizer) -> Option<String> {
+    let frames: Vec<Frame> = super::build::resolve_frames(ip, sym);
+    let f = frames.iter().rev().find(|f| f.function.is_some())?;
+    let name: &str = f.function.as_deref()?;
+    Some(match (&f.file, f.line) {
+        (Some(file), Some(line)) => format!("{name} ({}:{line})", short(file)),
+        _ => name.to_string(),
+    })
+}
+
+fn short(path: &Arc<str>) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(addr: u64, size: u64, stack: u32) -> LiveEntry {
+        LiveEntry { addr, size, mark: 0, ignored: false, stack, api: Api::Malloc, device: None }
+    }
+
+    #[test]
+    fn a_path_names_each_holder_block_and_its_root() {
+        let live = [entry(0x1000, 64, 7), entry(0x2000, 32, 8), entry(0x3000, 16, 9)];
+        let labels = [RootLabel { start: 0x600000, len: 0x1000, kind: RootKind::Module }];
+        // Block 2 is held by block 1 at +8, block 1 by block 0 at +16, block 0 by a global.
+        let parent = [mark::FROM_ROOT, 0, 1];
+        let via = [0x600010, 0x1010, 0x2008];
+        let (steps, left_out) = mark::path(&parent, &via, 2, 12);
+        let p = RawPath::new(&live, 2, &steps, left_out, 6, &labels);
+        assert_eq!(p.block_size, 16);
+        assert_eq!(
+            p.links,
+            vec![
+                RawLink::Block { stack: 8, api: Api::Malloc, size: 32, offset: 8 },
+                RawLink::Block { stack: 7, api: Api::Malloc, size: 64, offset: 16 },
+                RawLink::Root { addr: 0x600010, label: Some(labels[0]) },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_long_chain_keeps_its_ends_and_counts_what_it_left_out() {
+        // A list of 100 nodes from a root: node k is held by node k - 1.
+        let n = 100;
+        let live: Vec<LiveEntry> = (0..n).map(|k| entry(0x10_0000 + 0x100 * k as u64, 48, 3)).collect();
+        let parent: Vec<u32> = (0..n).map(|k| if k == 0 { mark::FROM_ROOT } else { k as u32 - 1 }).collect();
+        let via: Vec<u64> = (0..n).map(|k| if k == 0 { 0x600000 } else { 0x10_0000 + 0x100 * (k as u64 - 1) + 8 }).collect();
+        let (steps, left_out) = mark::path(&parent, &via, n - 1, 12);
+        assert_eq!((steps.len(), left_out), (12, 100 - 12));
+        let p = RawPath::new(&live, n - 1, &steps, left_out, 6, &[]);
+        assert_eq!(p.links.len(), 13);
+        assert_eq!(p.links[6], RawLink::Elided(88));
+        assert_eq!(p.links[0], RawLink::Block { stack: 3, api: Api::Malloc, size: 48, offset: 8 });
+        assert_eq!(p.links[12], RawLink::Root { addr: 0x600000, label: None });
+        // A block freed meanwhile, or one no reference found, ends the path unnamed.
+        let (steps, left_out) = mark::path(&[mark::FROM_FREED], &[0], 0, 12);
+        assert_eq!(RawPath::new(&live, 0, &steps, left_out, 6, &[]).links, vec![RawLink::Unscanned]);
+    }
+}
