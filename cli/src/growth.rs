@@ -41,6 +41,11 @@ pub struct Growth {
     /// the cache empty, not that of the tensors that fill the segment.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cached_by: Option<String>,
+    /// What keeps the memory alive at the final report (`Group::held_by`), when the
+    /// scan found it: for a stack, its own path; for a line, that of the largest
+    /// followed stack under the line.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub held_by: Vec<leaktrace_common::report_schema::HeldLink>,
 }
 
 /// What to say under a growing stack that a caching allocator holds: its stack names
@@ -117,6 +122,20 @@ fn made_by_an_import(stack: &[Frame]) -> bool {
 
 /// Growing lines of the user's Python code first (most growth first), then growing
 /// stacks.
+/// The holder path of the largest followed stack (or listed group) whose innermost
+/// Python frame of the user's is `line`: a line's growth is the sum of its stacks.
+fn line_holder(report: &Report, line: &Frame) -> Vec<leaktrace_common::report_schema::HeldLink> {
+    let at_line = |stack: &[Frame]| stack.iter().any(|f| f.python && f.line == line.line && f.file == line.file && f.function == line.function);
+    let series = report.timeline.series.iter().map(|s| (s.bytes.last().copied().unwrap_or(0), report.series_stack(s), &s.held_by));
+    let groups = report.leaks.iter().map(|g| (g.bytes, g.stack.as_slice(), &g.held_by));
+    series
+        .chain(groups)
+        .filter(|(_, stack, held)| !held.is_empty() && at_line(stack))
+        .max_by_key(|(bytes, _, _)| *bytes)
+        .map(|(_, _, held)| held.clone())
+        .unwrap_or_default()
+}
+
 pub fn detect(report: &Report, min_bytes: u64) -> Vec<Growth> {
     let mut points = report.timeline.points.as_slice();
     let mut cut = 0;
@@ -135,6 +154,7 @@ pub fn detect(report: &Report, min_bytes: u64) -> Vec<Growth> {
         points: n,
         stack,
         cached_by: None,
+        held_by: Vec::new(),
     };
     let mut lines: Vec<Growth> = report
         .timeline
@@ -165,10 +185,15 @@ pub fn detect(report: &Report, min_bytes: u64) -> Vec<Growth> {
                 return None;
             }
             let mut g = growth(&s.kind, &s.api, s.stack_id, steady_growth(&s.bytes, points, cut, min_bytes)?, stack.to_vec());
-            g.cached_by = report.leaks.iter().find(|l| l.stack_id == s.stack_id && l.api == s.api).and_then(|l| l.cached_by.as_ref()).map(|c| c.to_string());
+            let listed = report.leaks.iter().find(|l| l.stack_id == s.stack_id && l.api == s.api);
+            g.cached_by = listed.and_then(|l| l.cached_by.as_ref()).map(|c| c.to_string());
+            g.held_by = if s.held_by.is_empty() { listed.map(|l| l.held_by.clone()).unwrap_or_default() } else { s.held_by.clone() };
             Some(g)
         })
         .collect();
+    for l in lines.iter_mut() {
+        l.held_by = line_holder(report, &l.stack[0]);
+    }
     lines.sort_by_key(|g| std::cmp::Reverse(g.grown_bytes));
     stacks.sort_by_key(|g| std::cmp::Reverse(g.grown_bytes));
     lines.extend(stacks);

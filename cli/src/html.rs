@@ -194,6 +194,25 @@ t.querySelectorAll('th').forEach(h=>h.removeAttribute('data-dir'));th.dataset.di
 document.querySelectorAll('#leaks th').forEach(th=>th.addEventListener('click',()=>sortBy(th,th.dataset.dir==='desc'?'asc':'desc')));\
 const m=location.hash.match(/sort=(\\w+)-(asc|desc)/);if(m){const th=document.querySelector('#leaks th[data-col='+m[1]+']');if(th)sortBy(th,m[2])}";
 
+/// "held by", each link a summary that opens its allocation stack (blocks) or a plain
+/// item (roots); empty without a path.
+fn held_html(links: &[leaktrace_common::report_schema::HeldLink]) -> String {
+    if links.is_empty() {
+        return String::new();
+    }
+    let items: Vec<String> = links
+        .iter()
+        .map(|l| {
+            let text = esc(&leaktrace_common::held::link_text(l));
+            match l.stack.as_deref() {
+                Some(stack) if !stack.is_empty() => format!("<li><details><summary>{text}</summary>{}</details></li>", stack_html(stack)),
+                _ => format!("<li>{text}</li>"),
+            }
+        })
+        .collect();
+    format!("<div class=\"held\">held by (from the block out to its root):<ol class=\"held\">{}</ol></div>", items.join(""))
+}
+
 pub fn page(a: &Analysis, reports: &[Report]) -> String {
     let mut body =
         format!("<h1>leaktrace: {} leaked in {} allocation(s) across {} process(es)</h1>", human_bytes(a.leaked_bytes), a.leaked_blocks, a.processes.len());
@@ -233,13 +252,14 @@ pub fn page(a: &Analysis, reports: &[Report]) -> String {
         body.push_str("<ul id=\"growth\">");
         for (p, g) in growth {
             body.push_str(&format!(
-                "<li><details><summary>{} — grew {} over {} snapshots ({}/min), {}</summary>{}</details></li>",
+                "<li><details><summary>{} — grew {} over {} snapshots ({}/min), {}</summary>{}</details>{}</li>",
                 esc(&top_function(&g.stack)),
                 human_bytes(g.grown_bytes),
                 g.points,
                 human_bytes(g.bytes_per_minute),
                 esc(&p.label),
-                stack_html(&g.stack)
+                stack_html(&g.stack),
+                held_html(&g.held_by)
             ));
         }
         body.push_str("</ul>");
@@ -253,7 +273,7 @@ pub fn page(a: &Analysis, reports: &[Report]) -> String {
         for g in &p.leaks {
             body.push_str(&format!(
                 "<tr><td>{}</td><td class=\"num\" data-v=\"{}\">{}</td><td class=\"num\" data-v=\"{}\">{}</td><td>{}</td>\
-                 <td><details><summary>{}</summary>{}</details></td></tr>",
+                 <td><details><summary>{}</summary>{}</details>{}</td></tr>",
                 esc(&p.label),
                 g.bytes,
                 g.bytes,
@@ -261,7 +281,8 @@ pub fn page(a: &Analysis, reports: &[Report]) -> String {
                 g.blocks,
                 esc(&g.api),
                 esc(&row_site(&g.stack)),
-                stack_html(&g.stack)
+                stack_html(&g.stack),
+                held_html(&g.held_by)
             ));
         }
     }

@@ -16,6 +16,13 @@ pub fn shown_frames(stack: &[Frame]) -> Vec<usize> {
     leaktrace_common::frame_text::frames_only_view(stack)
 }
 
+/// The "held by" line under a group or a growing stack, when the scan found one.
+fn held_text(out: &mut String, links: &[leaktrace_common::report_schema::HeldLink]) {
+    if let Some(line) = leaktrace_common::held::held_by_text(links) {
+        out.push_str(&format!("    {line}\n"));
+    }
+}
+
 fn stack_text(out: &mut String, stack: &[Frame]) {
     if stack.is_empty() {
         out.push_str("    <no stack>\n");
@@ -165,6 +172,7 @@ pub fn text(a: &Analysis, top: usize) -> String {
         for g in p.leaks.iter().take(top) {
             out.push_str(&format!("\nLeak of {} byte(s) in {} object(s) allocated from {} ({}):\n", g.bytes, g.blocks, g.api, g.kind_label()));
             stack_text(&mut out, &g.stack);
+            held_text(&mut out, &g.held_by);
         }
         if p.leaks.len() > top {
             out.push_str(&format!("\n... {} more leak group(s); --top N shows more\n", p.leaks.len() - top));
@@ -188,6 +196,7 @@ pub fn text(a: &Analysis, top: usize) -> String {
                 ));
             }
             stack_text(&mut out, &gr.stack);
+            held_text(&mut out, &gr.held_by);
             if let Some(c) = &gr.cached_by {
                 out.push_str(&format!("    ({})\n", crate::growth::cached_note(c)));
             }
@@ -309,20 +318,32 @@ pub fn markdown(a: &Analysis, top: usize) -> String {
             for g in p.leaks.iter().take(top) {
                 out.push_str(&format!("| {} | {} | {} | {} |\n", g.bytes, g.blocks, g.api, md_site(&g.stack)));
             }
+            let held: Vec<String> = p
+                .leaks
+                .iter()
+                .take(top)
+                .filter_map(|g| Some(format!("- {}: {}\n", md_site(&g.stack), md_escape(&leaktrace_common::held::held_by_text(&g.held_by)?))))
+                .collect();
+            if !held.is_empty() {
+                out.push('\n');
+                out.push_str(&held.concat());
+            }
             if p.leaks.len() > top {
                 out.push_str(&format!("\n{} more group(s) not shown.\n", p.leaks.len() - top));
             }
         }
         if !p.growth.is_empty() {
-            out.push_str("\nGrowing during the run:\n\n| grew by | per minute | snapshots | api | allocated at |\n|---:|---:|---:|---|---|\n");
+            out.push_str("\nGrowing during the run:\n\n| grew by | per minute | snapshots | api | allocated at | held by |\n|---:|---:|---:|---|---|---|\n");
             for gr in p.growth.iter().take(top) {
+                let held = leaktrace_common::held::held_by_text(&gr.held_by).map(|t| md_escape(t.trim_start_matches("held by: "))).unwrap_or_default();
                 out.push_str(&format!(
-                    "| {} | {} | {} | {} | {} |\n",
+                    "| {} | {} | {} | {} | {} | {} |\n",
                     human_bytes(gr.grown_bytes),
                     human_bytes(gr.bytes_per_minute),
                     gr.points,
                     gr.api,
-                    md_site(&gr.stack)
+                    md_site(&gr.stack),
+                    held
                 ));
             }
             for c in p.growth.iter().take(top).filter_map(|g| g.cached_by.as_deref()).collect::<std::collections::BTreeSet<_>>() {

@@ -2,6 +2,7 @@
 //! suppressions, print frames the same way and agree on the report schema's versions.
 pub mod frame_text;
 pub mod growth;
+pub mod held;
 pub mod memory;
 pub mod report_schema;
 pub mod suppressions;
