@@ -50,9 +50,13 @@ pub fn link_text(l: &HeldLink) -> String {
         "tls" => "thread-local storage".into(),
         "root_region" => "a registered root region or ignored block".into(),
         "inherited" => "a block the parent process allocated".into(),
-        "python_object" => match &l.type_name {
-            Some(t) => format!("{t} (Python object, +{})", l.offset),
-            None => format!("a Python object (+{})", l.offset),
+        "python_object" => match (&l.type_name, &l.symbol) {
+            (Some(t), Some(name)) if t == "module" => format!("module {name}"),
+            (Some(t), _) => format!("{t} (Python object, +{})", l.offset),
+            (None, _) => match &l.key {
+                Some(k) => format!("the entry {k:?} of a dict"),
+                None => format!("a Python object (+{})", l.offset),
+            },
         },
         "elided" => format!("… {} more …", l.elided.unwrap_or(0)),
         "unscanned" => "no reference (the loader's, or marked ignored)".into(),
@@ -65,12 +69,49 @@ pub fn link_text(l: &HeldLink) -> String {
     }
 }
 
+fn python_type<'l>(l: Option<&'l HeldLink>) -> Option<&'l str> {
+    l.filter(|l| l.kind == "python_object").and_then(|l| l.type_name.as_deref())
+}
+
+/// The phrases of a path, Python containers folded the way their code names them: a
+/// list's items and the list are `list[i]`, a dict's entry and the dict `dict['key']`,
+/// and a module's dict `global NAME of module M`.
+pub fn phrases(links: &[HeldLink]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < links.len() {
+        let l = &links[i];
+        let next = links.get(i + 1);
+        if let (Some(key), Some("dict")) = (&l.key, python_type(next)) {
+            if let (Some("module"), Some(name)) = (python_type(links.get(i + 2)), links.get(i + 2).and_then(|m| m.symbol.as_deref())) {
+                out.push(format!("global {key} of module {name}"));
+                i += 3;
+            } else {
+                out.push(format!("dict[{key:?}]"));
+                i += 2;
+            }
+            continue;
+        }
+        // A list's `ob_item` (after the reference count, the type and the length).
+        if python_type(next) == Some("list") && next.is_some_and(|n| n.offset == 24) && l.offset % 8 == 0 && l.kind != "python_object"
+            || (l.kind == "python_object" && l.type_name.is_none() && python_type(next) == Some("list"))
+        {
+            out.push(format!("list[{}]", l.offset / 8));
+            i += 2;
+            continue;
+        }
+        out.push(link_text(l));
+        i += 1;
+    }
+    out
+}
+
 /// `held by: a ← b ← root`, or `None` for an empty path.
 pub fn held_by_text(links: &[HeldLink]) -> Option<String> {
     if links.is_empty() {
         return None;
     }
-    Some(format!("held by: {}", links.iter().map(link_text).collect::<Vec<_>>().join(" ← ")))
+    Some(format!("held by: {}", phrases(links).join(" ← ")))
 }
 
 #[cfg(test)]
@@ -99,5 +140,18 @@ mod tests {
         let py = HeldLink { kind: "python_object".into(), type_name: Some("bytearray".into()), offset: 32, ..Default::default() };
         assert_eq!(link_text(&py), "bytearray (Python object, +32)");
         assert_eq!(held_by_text(&[]), None);
+    }
+
+    #[test]
+    fn python_containers_read_as_their_code_names_them() {
+        let py = |t: Option<&str>, offset: u64| HeldLink { kind: "python_object".into(), offset, type_name: t.map(Into::into), ..Default::default() };
+        let items = HeldLink { kind: "host".into(), offset: 952, api: Some("realloc".into()), size: Some(1024), ..Default::default() };
+        let entry = HeldLink { key: Some("SEEN".into()), ..py(None, 232) };
+        let module = HeldLink { symbol: Some("__main__".into()), ..py(Some("module"), 16) };
+        let links = vec![py(Some("bytearray"), 32), items, py(Some("list"), 24), entry.clone(), py(Some("dict"), 32), module];
+        assert_eq!(held_by_text(&links).unwrap(), "held by: bytearray (Python object, +32) ← list[119] ← global SEEN of module __main__");
+        // A dict that is no module's: its entry by key; a short list's items in the arenas.
+        let links = vec![py(None, 64), py(Some("list"), 24), entry, py(Some("dict"), 32), py(Some("Cache"), 16)];
+        assert_eq!(held_by_text(&links).unwrap(), "held by: list[8] ← dict[\"SEEN\"] ← Cache (Python object, +16)");
     }
 }

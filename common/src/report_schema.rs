@@ -189,7 +189,9 @@ pub struct Group<S = Inline> {
 ///   whose frame holds it when the unwinder knows;
 /// - `tls`, `root_region` (LeakSanitizer's registered regions, ignored blocks),
 ///   `inherited` (a block of the parent process), `cuda_library`;
-/// - `python_object`: a Python object (`type_name`) in the interpreter's arenas;
+/// - `python_object`: a Python object (`type_name`; none for a raw block of the
+///   interpreter's, as a small dict's entries or a short list's items) in pymalloc's
+///   arenas, `symbol` the module's name for a module;
 /// - `elided`: `elided` links of a long chain left out here (a long linked list);
 /// - `unscanned`: kept without a scan finding it (an ignored block, the loader's).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -216,6 +218,9 @@ pub struct HeldLink<S = Inline> {
     pub type_name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub elided: Option<u64>,
+    /// The dict key whose value is the reference (the holder is a dict's entries).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stack: Option<S>,
 }
@@ -235,6 +240,7 @@ impl<S> HeldLink<S> {
             function: self.function.clone(),
             type_name: self.type_name.clone(),
             elided: self.elided,
+            key: self.key.clone(),
             stack: self.stack.as_ref().map(f),
         }
     }

@@ -126,6 +126,7 @@ fn collector_main() {
             (report_due, point_due) = (next_due(now), next_point(now));
         } else if point_due.is_some_and(|due| Instant::now() >= due) {
             record_point();
+            super::python_exit::arm();
             point_due = next_point(Instant::now());
         }
         if drained == 0 {

@@ -3,6 +3,7 @@
 //! - `fork`             — fork and raw-clone children taking the state over;
 //! - `collector_thread` — the background consumer: drains, periodic reports and points;
 //! - `checkpoint`       — leak checks the program asks for;
+//! - `python_exit`      — the holders of growing memory, found before the interpreter's teardown;
 //! - `reports`          — report assembly, the final report;
 //! - `verdicts`         — the pointer scan's verdicts by group;
 //! - `consumer`         — the collector's model, the drain order, the scan pause.
@@ -28,6 +29,7 @@ mod checkpoint;
 mod collector_thread;
 mod consumer;
 mod fork;
+mod python_exit;
 mod record;
 mod reports;
 mod verdicts;

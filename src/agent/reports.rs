@@ -37,6 +37,9 @@ pub(super) struct ReportSide {
     pub(super) exit_signal: Option<i32>,
     /// Why this process can never be given a final report, once the collector found out.
     pub(super) no_final_report: Option<&'static str>,
+    /// The holders found before the interpreter's teardown (`held_before_exit`), by
+    /// stack and api: shown where the final scan finds the memory freed.
+    pub(super) held_before_exit: std::collections::HashMap<(u32, &'static str), Vec<leaktrace_common::report_schema::HeldLink>>,
     /// The checks the program asked for (`checkpoint`), and how many more were not kept.
     pub(super) checks: Vec<checks::Check>,
     pub(super) checks_dropped: u64,
@@ -63,6 +66,7 @@ impl ReportSide {
             suppressions,
             exit_signal: None,
             no_final_report: None,
+            held_before_exit: Default::default(),
             checks: Vec::new(),
             checks_dropped: 0,
         }
@@ -219,7 +223,7 @@ pub(super) fn write_report(reason: Reason) {
     }
     let mut timeline = build::timeline_out(&r.timeline, &groups, &mut r.symbolizer);
     if let Some(s) = &scan {
-        name_holders(s, &mut groups, &mut timeline, &mut r.symbolizer);
+        name_holders(s, &r.held_before_exit, &mut groups, &mut timeline, &mut r.symbolizer);
     }
     memory.devices = device_memory(&snapshot.groups, &groups);
     let facts = RunFacts {
@@ -340,9 +344,55 @@ fn held_wanted(
     wanted
 }
 
-/// Names the paths the scan found for the listed groups and the followed stacks.
+/// Python's `atexit` (`python_exit`): the holders of the stacks the timeline follows
+/// that grew, found while the modules still hold them, kept for the final report.
+/// Nothing when no followed stack grew (no second scan at exit for nothing).
+pub(super) fn held_before_exit() {
+    let (_, followed) = report_limits();
+    let growing: std::collections::HashSet<(u32, crate::hotpath::event::Api)> = {
+        let Some(r) = lock_bounded(&REPORT, Duration::from_secs(1)) else { return };
+        let Some(r) = r.as_ref() else { return };
+        r.timeline.series.iter().filter(|s| grew(&s.bytes)).map(|s| (s.stack, s.api)).collect()
+    };
+    let wanted: std::collections::HashSet<_> = followed.into_iter().filter(|k| growing.contains(k)).collect();
+    if wanted.is_empty() || !SCAN_AT_EXIT.load(Ordering::Relaxed) {
+        return;
+    }
+    let live = {
+        let Some(mut state) = lock_bounded(&STATE, Duration::from_secs(5)) else { return };
+        let Some(c) = state.as_mut() else { return };
+        let backlog = c.order.backlog();
+        drain_into(c, backlog, false);
+        c.model.live_blocks()
+    };
+    let pause = ScanPause::start();
+    // This thread's stack is the program's (the callback runs on its main thread).
+    crate::scan::roots::mark_entry();
+    let scan = reachability_scan(&live, 0, &wanted);
+    drop(pause);
+    drop(live);
+    let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(30)) else { return };
+    let Some(r) = report.as_mut() else { return };
+    for (&(stack, api, _), path) in &scan.held_by {
+        let links = crate::report::held::resolve(path, &mut r.symbolizer);
+        r.held_before_exit.insert((stack, api), links);
+    }
+}
+
+/// Whether a followed stack's bytes rose over the points (most steps up, at least
+/// 64 KiB more at the end than at the start).
+fn grew(bytes: &[u64]) -> bool {
+    let seen: Vec<u64> = bytes.iter().copied().skip_while(|&b| b == 0).collect();
+    let (ups, downs) = seen.windows(2).fold((0, 0), |(u, d), w| (u + (w[1] > w[0]) as u64, d + (w[1] < w[0]) as u64));
+    seen.len() >= 4 && leaktrace_common::growth::mostly_rising(seen.len() as u64 - 1, ups, downs) && seen[seen.len() - 1] >= seen[0] + (64 << 10)
+}
+
+/// Names the paths the scan found for the listed groups and the followed stacks; where
+/// the final scan found none (the interpreter freed the memory at teardown), the
+/// holders found before it.
 fn name_holders(
     scan: &super::verdicts::ScanResult,
+    before_exit: &std::collections::HashMap<(u32, &'static str), Vec<leaktrace_common::report_schema::HeldLink>>,
     groups: &mut [build::Group],
     timeline: &mut build::TimelineOut,
     sym: &mut crate::report::symbolize::Symbolizer,
@@ -356,6 +406,11 @@ fn name_holders(
     for s in timeline.series.iter_mut() {
         if let Some(path) = scan.held_by.get(&(s.stack_id, s.api.as_ref(), None)) {
             s.held_by = crate::report::held::resolve(path, sym);
+        }
+        if s.held_by.is_empty() {
+            if let Some(links) = before_exit.get(&(s.stack_id, s.api.as_ref())) {
+                s.held_by = links.clone();
+            }
         }
     }
 }

@@ -108,12 +108,13 @@ pub(super) fn reachability_scan(input: &ScanInput, names_thread: u32, wanted: &s
             }
         }
     }
-    let held_by = representative
+    let mut held_by: HashMap<GroupKey, crate::report::held::RawPath> = representative
         .into_iter()
         .map(|(key, (_, _, i))| {
             let (steps, left_out) = mark::path(&parent, &via, i, PATH_LINKS);
             (key, crate::report::held::RawPath::new(live, i, &steps, left_out, PATH_LINKS / 2, &labels))
         })
         .collect();
+    crate::report::held::extend_python(&mut held_by, live, &parent, &via, &labels, PATH_LINKS);
     ScanResult { out: info, by_group, totals, indirect_from, held_by }
 }

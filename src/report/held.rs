@@ -13,10 +13,14 @@ use crate::hotpath::event::Api;
 use crate::scan::{mark, RootKind, RootLabel};
 
 /// One link as the scan found it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RawLink {
-    /// A tracked block holds the reference, `offset` bytes into it.
-    Block { stack: u32, api: Api, size: u64, offset: u64 },
+    /// A tracked block holds the reference, `offset` bytes into it (`key`: the dict key
+    /// whose value it is, when the block is a dict's entries).
+    Block { stack: u32, api: Api, size: u64, offset: u64, key: Option<String> },
+    /// A Python object (or a raw pymalloc block: `type_name` `None`) holds it, `offset`
+    /// bytes into it; `module`: the module's name, for a module object.
+    Python { start: u64, offset: u64, type_name: Option<String>, key: Option<String>, module: Option<String> },
     /// Root memory holds it, at `addr`.
     Root { addr: u64, label: Option<RootLabel> },
     /// Links of a long chain left out here.
@@ -49,7 +53,7 @@ impl RawPath {
                 mark::FROM_FREED => RawLink::Unscanned,
                 p => {
                     let holder = &live[p as usize];
-                    RawLink::Block { stack: holder.stack, api: holder.api, size: holder.size, offset: at.wrapping_sub(holder.addr) }
+                    RawLink::Block { stack: holder.stack, api: holder.api, size: holder.size, offset: at.wrapping_sub(holder.addr), key: None }
                 }
             });
         }
@@ -64,19 +68,28 @@ pub fn resolve(path: &RawPath, sym: &mut Symbolizer) -> Vec<HeldLink> {
     let mut stacks = super::build::resolve_stacks(&ids, sym).into_iter();
     path.links
         .iter()
-        .map(|l| match *l {
-            RawLink::Block { stack, api, size, offset } => HeldLink {
+        .map(|l| match l {
+            RawLink::Block { stack, api, size, offset, key } => HeldLink {
                 kind: api.kind().name().into(),
-                offset,
+                offset: *offset,
                 api: Some(api.name().into()),
-                size: Some(size),
-                stack_id: Some(stack),
+                size: Some(*size),
+                stack_id: Some(*stack),
                 stack: Some(stacks.next().unwrap_or_default()),
+                key: key.clone(),
                 ..Default::default()
             },
-            RawLink::Elided(n) => HeldLink { kind: "elided".into(), elided: Some(n), ..Default::default() },
+            RawLink::Python { offset, type_name, key, module, .. } => HeldLink {
+                kind: "python_object".into(),
+                offset: *offset,
+                type_name: type_name.clone(),
+                key: key.clone(),
+                symbol: module.clone(),
+                ..Default::default()
+            },
+            RawLink::Elided(n) => HeldLink { kind: "elided".into(), elided: Some(*n), ..Default::default() },
             RawLink::Unscanned => HeldLink { kind: "unscanned".into(), ..Default::default() },
-            RawLink::Root { addr, label } => root_link(addr, label, sym),
+            RawLink::Root { addr, label } => root_link(*addr, *label, sym),
         })
         .collect()
 }
@@ -101,10 +114,119 @@ fn root_link(addr: u64, label: Option<RootLabel>, sym: &mut Symbolizer) -> HeldL
         RootKind::Region => HeldLink { kind: "root_region".into(), offset, ..Default::default() },
         RootKind::Inherited => HeldLink { kind: "inherited".into(), offset, ..Default::default() },
         RootKind::PythonObject => {
-            let (start, type_name) = crate::scan::arenas::object_at(addr, label.start, label.len).unwrap_or((label.start, None));
-            HeldLink { kind: "python_object".into(), offset: addr - start, type_name, ..Default::default() }
+            let block = crate::scan::roots::copies_allowed().then(|| crate::scan::arenas::block_at(addr, label.start, label.len)).flatten();
+            let named = block.and_then(|(b, size)| crate::scan::referrers::object_in_block(b, size));
+            let start = named.as_ref().map(|n| n.0).or(block.map(|b| b.0)).unwrap_or(addr);
+            HeldLink { kind: "python_object".into(), offset: addr - start, type_name: named.map(|n| n.1), ..Default::default() }
         }
     }
+}
+
+/// Rounds of the search for who holds a Python object: a path goes at most this many
+/// objects further (a list, a dict's entries, the dict, its module: four).
+const PYTHON_ROUNDS: usize = 8;
+/// Links a path grows to at most.
+const MAX_LINKS: usize = 32;
+
+/// Paths that end at a Python object go on through the objects that refer to it (the
+/// scan does not trace through Python objects: they are its roots), until a module
+/// object, a holder no live object or block has, or `PYTHON_ROUNDS` rounds: each
+/// round one pass over the live objects and blocks for every path at once
+/// (`scan::referrers`). A tracked block found holding one continues along its own scan
+/// path. `live`, `parent`, `via` and `labels` are the scan's.
+pub fn extend_python<K: Clone + Eq + std::hash::Hash>(
+    paths: &mut std::collections::HashMap<K, RawPath>,
+    live: &[LiveEntry],
+    parent: &[u32],
+    via: &[u64],
+    labels: &[RootLabel],
+    path_links: usize,
+) {
+    use crate::scan::referrers;
+    let Some(minor) = crate::hotpath::python::minor() else { return };
+    if !crate::scan::roots::copies_allowed() {
+        return;
+    }
+    // Each path ending at a Python object: its last link becomes the object, the object
+    // the first target.
+    let mut frontier: Vec<(K, u64)> = Vec::new();
+    for (k, p) in paths.iter_mut() {
+        if let Some(start) = python_end(p) {
+            frontier.push((k.clone(), start));
+        }
+    }
+    if frontier.is_empty() {
+        return;
+    }
+    let mut arenas = Vec::with_capacity(crate::scan::arenas::capacity());
+    crate::scan::arenas::live_arenas(&mut arenas);
+    arenas.sort_unstable();
+    let heap: Vec<usize> = (0..live.len()).filter(|&i| live[i].api.kind() == crate::hotpath::event::Kind::Host).collect();
+    let blocks: Vec<(u64, u64)> = heap.iter().map(|&i| (live[i].addr, live[i].size)).collect();
+    for _ in 0..PYTHON_ROUNDS {
+        let mut targets: Vec<u64> = frontier.iter().map(|f| f.1).collect();
+        targets.sort_unstable();
+        targets.dedup();
+        let found = referrers::find(&targets, &arenas, &blocks, minor);
+        let mut next = Vec::new();
+        for (k, target) in frontier {
+            let Some(f) = found.get(&target) else { continue };
+            let Some(p) = paths.get_mut(&k) else { continue };
+            if p.links.len() >= MAX_LINKS {
+                continue;
+            }
+            match f.holder {
+                referrers::Holder::Object { start, size } => {
+                    let (object, type_name) = match referrers::object_in_block(start, size) {
+                        Some((o, t)) => (o, Some(t)),
+                        None => (start, None),
+                    };
+                    let module = (type_name.as_deref() == Some("module")).then(|| referrers::module_name(object, minor)).flatten();
+                    let is_module = type_name.as_deref() == Some("module");
+                    if p.links.iter().any(|l| matches!(l, RawLink::Python { start, .. } if *start == object)) {
+                        continue;
+                    }
+                    p.links.push(RawLink::Python { start: object, offset: f.at - object, type_name, key: f.key.clone(), module });
+                    if !is_module {
+                        next.push((k, object));
+                    }
+                }
+                referrers::Holder::Block(j) => {
+                    let i = heap[j];
+                    let b = &live[i];
+                    p.links.push(RawLink::Block { stack: b.stack, api: b.api, size: b.size, offset: f.at - b.addr, key: f.key.clone() });
+                    // On along the block's own path to its root.
+                    let (steps, left_out) = mark::path(parent, via, i, path_links);
+                    let rest = RawPath::new(live, i, &steps, left_out, path_links / 2, labels);
+                    p.links.extend(rest.links);
+                    if let Some(start) = python_end(p) {
+                        next.push((k, start));
+                    }
+                }
+            }
+        }
+        if next.is_empty() {
+            break;
+        }
+        frontier = next;
+    }
+}
+
+/// When `p` ends at a Python object's word (a root in pymalloc's arenas), makes that
+/// link the object and returns its start.
+fn python_end(p: &mut RawPath) -> Option<u64> {
+    let Some(RawLink::Root { addr, label: Some(label) }) = p.links.last().cloned() else { return None };
+    if label.kind != RootKind::PythonObject {
+        return None;
+    }
+    let (block, size) = crate::scan::arenas::block_at(addr, label.start, label.len)?;
+    let (start, type_name) = match crate::scan::referrers::object_in_block(block, size) {
+        Some((o, t)) => (o, Some(t)),
+        None => (block, None),
+    };
+    p.links.pop();
+    p.links.push(RawLink::Python { start, offset: addr - start, type_name, key: None, module: None });
+    Some(start)
 }
 
 /// "function (file:line)" of the frame whose return address is `ip`.

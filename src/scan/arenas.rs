@@ -45,16 +45,15 @@ pub fn open_now() -> bool {
     table().is_some()
 }
 
-/// The Python object at `addr` in the arena `[arena, arena + len)`: its start (from its
-/// pool's size class) and its type's name (`ob_type->tp_name`), read with
-/// `process_vm_readv` (a pool or type that went away reads as nothing).
-pub fn object_at(addr: u64, arena: u64, len: u64) -> Option<(u64, Option<String>)> {
+/// The pymalloc block that holds `addr` in the arena `[arena, arena + len)`: its start
+/// and size (its pool's size class), read with `process_vm_readv` (call only where
+/// `roots::copies_allowed`); `None` where the pool header does not read as one.
+pub fn block_at(addr: u64, arena: u64, len: u64) -> Option<(u64, u64)> {
     const POOL_OVERHEAD: u64 = 48;
     let pool_size = crate::scan::pymalloc::pool_size(len);
     let pool = addr / pool_size * pool_size;
-    let read = |at: u64, buf: &mut [u64]| crate::scan::roots::read_own_memory(at, buf) == buf.len() * 8;
     let mut h = [0u64; 6];
-    if pool < arena || !read(pool, &mut h) {
+    if pool < arena || crate::scan::roots::read_own_memory(pool, &mut h) != 48 {
         return None;
     }
     let szidx = h[4] >> 32;
@@ -62,23 +61,7 @@ pub fn object_at(addr: u64, arena: u64, len: u64) -> Option<(u64, Option<String>
         return None;
     }
     let size = (szidx + 1) * 16;
-    let start = pool + POOL_OVERHEAD + (addr - pool - POOL_OVERHEAD) / size * size;
-    let mut head = [0u64; 2];
-    if !read(start, &mut head) {
-        return Some((start, None));
-    }
-    // PyTypeObject: refcount, type, ob_size, then tp_name.
-    let mut name_ptr = [0u64; 1];
-    if head[1] == 0 || !read(head[1] + 24, &mut name_ptr) || name_ptr[0] == 0 {
-        return Some((start, None));
-    }
-    let mut text = [0u64; 8];
-    let got = crate::scan::roots::read_own_memory(name_ptr[0], &mut text);
-    // SAFETY: plain bytes of the words read.
-    let bytes: &[u8] = unsafe { std::slice::from_raw_parts(text.as_ptr() as *const u8, got.min(64)) };
-    let end = bytes.iter().position(|&b| b == 0)?;
-    let name = std::str::from_utf8(&bytes[..end]).ok().filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_graphic()))?;
-    Some((start, Some(name.to_string())))
+    Some((pool + POOL_OVERHEAD + (addr - pool - POOL_OVERHEAD) / size * size, size))
 }
 
 pub fn set_layouts(int_layout: u64, types: [u64; 5]) {

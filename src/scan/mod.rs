@@ -6,6 +6,7 @@
 pub mod arenas;
 pub mod mark;
 pub mod pymalloc;
+pub mod referrers;
 pub mod roots;
 
 use std::time::Instant;

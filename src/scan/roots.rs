@@ -390,14 +390,16 @@ pub fn vm_readv_safe() -> bool {
     crate::os::procfs::unfiltered(&status)
 }
 
-/// `copy_own_memory` where the system allows `process_vm_readv` (never under a seccomp
-/// filter); 0 bytes otherwise. For reading words the scan named after it ran.
+/// Whether `read_own_memory` may be called now: not under a seccomp filter, which may
+/// answer `process_vm_readv` with SIGSYS. Ask once per report, not per read.
+pub fn copies_allowed() -> bool {
+    crate::os::procfs::unfiltered(&crate::os::procfs::status())
+}
+
+/// `copy_own_memory`, for reading words the scan named after it ran. Only where
+/// `copies_allowed` said yes.
 pub fn read_own_memory(from: u64, buf: &mut [u64]) -> usize {
-    if crate::os::procfs::unfiltered(&crate::os::procfs::status()) {
-        copy_own_memory(from, buf)
-    } else {
-        0
-    }
+    copy_own_memory(from, buf)
 }
 
 /// Copies `buf.len()` words from `from` in this process; returns how many bytes came

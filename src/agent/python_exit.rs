@@ -1,0 +1,139 @@
+//! A scan just before the interpreter tears its modules down. At exit CPython clears
+//! every module's globals (`Py_FinalizeEx`) before the process's exit hooks run, so the
+//! final report's scan finds the memory a module-level list kept already freed, and
+//! cannot say what held it. Python's `atexit` callbacks run first, with every module
+//! intact: the collector asks the interpreter (`Py_AddPendingCall`, which any thread may
+//! call) to register one on its main thread at its next safe point; the callback finds
+//! the holders of the growing stacks (`reports::held_before_exit`), which the final
+//! report then shows for the memory that teardown freed.
+//!
+//! Every call into the interpreter is looked up with `dlsym` and checked; any failure
+//! leaves the program as it was (the exception cleared, nothing registered).
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+type PyObject = c_void;
+
+/// `PyMethodDef`: name, function, flags, doc.
+#[repr(C)]
+struct MethodDef {
+    name: *const c_char,
+    meth: Option<unsafe extern "C" fn(*mut PyObject, *mut PyObject) -> *mut PyObject>,
+    flags: c_int,
+    doc: *const c_char,
+}
+
+// SAFETY: read-only after construction; the interpreter only reads it.
+unsafe impl Sync for MethodDef {}
+
+const METH_NOARGS: c_int = 0x0004;
+
+static DEF: MethodDef = MethodDef { name: c"leaktrace_before_finalize".as_ptr(), meth: Some(before_finalize), flags: METH_NOARGS, doc: std::ptr::null() };
+
+/// Asked once per process image.
+static ASKED: AtomicBool = AtomicBool::new(false);
+
+/// The interpreter's functions this needs, looked up once.
+struct Api {
+    import: unsafe extern "C" fn(*const c_char) -> *mut PyObject,
+    getattr: unsafe extern "C" fn(*mut PyObject, *const c_char) -> *mut PyObject,
+    new_function: unsafe extern "C" fn(*const MethodDef, *mut PyObject, *mut PyObject) -> *mut PyObject,
+    /// `PyObject_CallFunctionObjArgs(callable, ..., NULL)` (every 3.x).
+    call: unsafe extern "C" fn(*mut PyObject, ...) -> *mut PyObject,
+    decref: unsafe extern "C" fn(*mut PyObject),
+    incref: unsafe extern "C" fn(*mut PyObject),
+    clear_error: unsafe extern "C" fn(),
+    none: *mut PyObject,
+}
+
+fn api() -> Option<Api> {
+    let s = crate::os::loader::global_symbol;
+    // SAFETY: each symbol is CPython's exported function of that C signature (3.8 to
+    // 3.13), or its `_Py_NoneStruct` object.
+    unsafe {
+        Some(Api {
+            import: std::mem::transmute::<usize, _>(s(c"PyImport_ImportModule")?),
+            getattr: std::mem::transmute::<usize, _>(s(c"PyObject_GetAttrString")?),
+            new_function: std::mem::transmute::<usize, _>(s(c"PyCFunction_NewEx")?),
+            call: std::mem::transmute::<usize, unsafe extern "C" fn(*mut PyObject, ...) -> *mut PyObject>(s(c"PyObject_CallFunctionObjArgs")?),
+            decref: std::mem::transmute::<usize, _>(s(c"Py_DecRef")?),
+            incref: std::mem::transmute::<usize, _>(s(c"Py_IncRef")?),
+            clear_error: std::mem::transmute::<usize, _>(s(c"PyErr_Clear")?),
+            none: s(c"_Py_NoneStruct")? as *mut PyObject,
+        })
+    }
+}
+
+/// From the collector, between drains: once the interpreter runs, asks it to register
+/// the callback. Python frames must be on (the interpreter is known), and the scan.
+pub(super) fn arm() {
+    if ASKED.load(Ordering::Relaxed) || !crate::hotpath::python::enabled() {
+        return;
+    }
+    let s = crate::os::loader::global_symbol;
+    let (Some(initialized), Some(pending)) = (s(c"Py_IsInitialized"), s(c"Py_AddPendingCall")) else {
+        ASKED.store(true, Ordering::Relaxed);
+        return;
+    };
+    // SAFETY: CPython's `int Py_IsInitialized(void)`, callable from any thread.
+    let initialized: extern "C" fn() -> c_int = unsafe { std::mem::transmute::<usize, _>(initialized) };
+    if initialized() == 0 || ASKED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    // SAFETY: CPython's `int Py_AddPendingCall(int (*)(void *), void *)`, documented as
+    // callable from any thread without the GIL.
+    let pending: extern "C" fn(extern "C" fn(*mut c_void) -> c_int, *mut c_void) -> c_int = unsafe { std::mem::transmute::<usize, _>(pending) };
+    pending(register, std::ptr::null_mut());
+}
+
+/// Runs on the interpreter's main thread, with the GIL, at a safe point: `atexit.register
+/// (leaktrace_before_finalize)`. Always returns 0 (-1 would raise in the program).
+extern "C" fn register(_: *mut c_void) -> c_int {
+    let _ = std::panic::catch_unwind(|| {
+        crate::hotpath::thread::untracked(|| {
+            let Some(a) = api() else { return };
+            // SAFETY: the GIL is held here (a pending call); every object made is
+            // released; a failure clears the exception it set.
+            unsafe {
+                let module = (a.import)(c"atexit".as_ptr());
+                if module.is_null() {
+                    (a.clear_error)();
+                    return;
+                }
+                let reg = (a.getattr)(module, c"register".as_ptr());
+                let func = (a.new_function)(&DEF, std::ptr::null_mut(), std::ptr::null_mut());
+                if !reg.is_null() && !func.is_null() {
+                    let out = (a.call)(reg, func, std::ptr::null_mut::<PyObject>());
+                    if out.is_null() {
+                        (a.clear_error)();
+                    } else {
+                        (a.decref)(out);
+                    }
+                } else {
+                    (a.clear_error)();
+                }
+                for o in [func, reg, module] {
+                    if !o.is_null() {
+                        (a.decref)(o);
+                    }
+                }
+            }
+        })
+    });
+    0
+}
+
+/// The atexit callback: the holders of the growing stacks, while modules still hold
+/// them. Returns `None` (a new reference), or null with no exception set never.
+unsafe extern "C" fn before_finalize(_: *mut PyObject, _: *mut PyObject) -> *mut PyObject {
+    let _errno = crate::os::ErrnoGuard::save();
+    let _ = std::panic::catch_unwind(|| crate::hotpath::thread::untracked(super::reports::held_before_exit));
+    match api() {
+        Some(a) => {
+            // SAFETY: `None` is immortal or counted; the caller takes the reference.
+            unsafe { (a.incref)(a.none) };
+            a.none
+        }
+        None => std::ptr::null_mut(),
+    }
+}

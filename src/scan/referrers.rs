@@ -1,0 +1,264 @@
+//! Who refers to a Python object: the pointer scan treats the interpreter's objects as
+//! roots (it does not trace through them), so a path to a block that a Python object
+//! holds ends at that object. To name the list, the dict entry and the module variable
+//! behind it, the report looks for the live words that hold an object's address, a
+//! round at a time for every path at once: one pass over the live objects of
+//! pymalloc's arenas and the live tracked heap blocks per round.
+//!
+//! Everything is read through copies (`process_vm_readv`, one per arena or per run of
+//! neighbouring blocks) after the threads were let go: a block freed meanwhile reads as
+//! whatever the copy found, and only live objects and blocks are ever read, so no freed
+//! block is named a holder. Not under a seccomp filter (no copies there).
+use std::collections::HashMap;
+
+use super::mark::Memory;
+
+/// Where a word holding a target was found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Holder {
+    /// A live object (or raw pymalloc block: a small dict's keys, a short list's items)
+    /// in pymalloc's arenas, by its start and size class.
+    Object { start: u64, size: u64 },
+    /// A tracked heap block, by its index in the blocks given.
+    Block(usize),
+}
+
+/// One word holding a target: its address, the holder, and, when the word before it
+/// points to a `str` (a dict entry's key before its value), that key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Found {
+    pub at: u64,
+    pub holder: Holder,
+    pub key: Option<String>,
+}
+
+/// The largest copy made at a time.
+const SPAN: u64 = 1 << 20;
+
+/// A copy of `[base, base + 8 * words.len())`, read as memory.
+struct Copied<'b> {
+    base: u64,
+    words: &'b [u64],
+}
+
+impl Memory for Copied<'_> {
+    fn words(&self, start: u64, len: u64, visit: &mut impl FnMut(u64, u64)) -> bool {
+        let from = start.max(self.base).next_multiple_of(8);
+        let end = start.saturating_add(len).min(self.base + 8 * self.words.len() as u64);
+        let mut p = from;
+        while p + 8 <= end {
+            visit(p, self.words[((p - self.base) / 8) as usize]);
+            p += 8;
+        }
+        from < end
+    }
+}
+
+/// Copies `[start, start + 8 * buf.len())` into `buf`; the words that came.
+fn copy<'b>(start: u64, buf: &'b mut [u64]) -> &'b [u64] {
+    let got = super::roots::read_own_memory(start, buf) / 8;
+    &buf[..got]
+}
+
+/// For each of `targets` (object or block starts), one live word that holds it:
+/// preferring a dict entry's value (a key names it), else the first found. `blocks`:
+/// the live tracked heap blocks `(start, size)`, sorted by start.
+pub fn find(targets: &[u64], arenas: &[(u64, u64)], blocks: &[(u64, u64)], minor: u8) -> HashMap<u64, Found> {
+    let mut found: HashMap<u64, Found> = HashMap::new();
+    if targets.is_empty() {
+        return found;
+    }
+    let wanted: std::collections::HashSet<u64> = targets.iter().copied().collect();
+    let (lo, hi) = (*targets.iter().min().unwrap_or(&0), *targets.iter().max().unwrap_or(&0));
+    let mut buf = vec![0u64; (SPAN / 8) as usize];
+    // (target, word address, holder, previous word)
+    let mut hits: Vec<(u64, u64, Holder, u64)> = Vec::new();
+    for &(start, size) in arenas {
+        let mut at = start;
+        while at < start + size {
+            let n = (start + size - at).min(SPAN);
+            let words = copy(at, &mut buf[..(n / 8) as usize]);
+            let mem = Copied { base: at, words };
+            // Whole pools only: an arena is copied in 1 MiB pieces, pools are 16 KiB.
+            super::pymalloc::live_runs(&mem, (at, words.len() as u64 * 8), |run, len, block| {
+                let mut prev = 0;
+                mem.words(run, len, &mut |a, w| {
+                    if w >= lo && w <= hi && wanted.contains(&w) {
+                        let start = run + (a - run) / block * block;
+                        let before = if a > start { prev } else { 0 };
+                        hits.push((w, a, Holder::Object { start, size: block }, before));
+                    }
+                    prev = w;
+                });
+            });
+            at += n;
+        }
+    }
+    let mut i = 0;
+    while i < blocks.len() {
+        // A run of neighbouring blocks, copied at once.
+        let first = i;
+        let start = blocks[i].0;
+        let mut end = blocks[i].0 + blocks[i].1;
+        while i + 1 < blocks.len() && blocks[i + 1].0 + blocks[i + 1].1 <= start + SPAN && blocks[i + 1].0 < end + 4096 {
+            i += 1;
+            end = end.max(blocks[i].0 + blocks[i].1);
+        }
+        i += 1;
+        let len = (end - start).min(SPAN);
+        let words = copy(start & !7, &mut buf[..len.div_ceil(8) as usize]);
+        let mem = Copied { base: start & !7, words };
+        for (k, &(b, size)) in blocks.iter().enumerate().take(i).skip(first) {
+            let mut prev = 0;
+            mem.words(b, size, &mut |a, w| {
+                if w >= lo && w <= hi && wanted.contains(&w) {
+                    hits.push((w, a, Holder::Block(k), if a > b { prev } else { 0 }));
+                }
+                prev = w;
+            });
+        }
+    }
+    // Of several holders, the one a person would change: a dict entry (its key names
+    // it) or a module, then a container (a list's items, a heap block), then another
+    // object; a function's globals, a frame or a cell last (every function of a module
+    // holds the module's dict).
+    let mut best: HashMap<u64, (u8, Found)> = HashMap::new();
+    let mut per_target: HashMap<u64, usize> = HashMap::new();
+    for (target, at, holder, before) in hits {
+        // Never the target itself holding its own address.
+        if matches!(holder, Holder::Object { start, .. } if start == target || start + 16 == target || start + 32 == target) {
+            continue;
+        }
+        let seen = per_target.entry(target).or_default();
+        *seen += 1;
+        if *seen > MAX_CANDIDATES {
+            continue;
+        }
+        let key = (before != 0).then(|| py_str(before, minor)).flatten();
+        let rank = match (&key, &holder) {
+            (Some(_), _) => 0,
+            (None, Holder::Block(_)) => 2,
+            (None, Holder::Object { start, size }) => match object_in_block(*start, *size).map(|(_, t)| t) {
+                Some(t) if t == "module" => 0,
+                Some(t) if matches!(t.as_str(), "function" | "frame" | "cell" | "method" | "code" | "builtin_function_or_method") => 5,
+                Some(_) => 3,
+                None => 2,
+            },
+        };
+        if best.get(&target).is_none_or(|(r, _)| rank < *r) {
+            best.insert(target, (rank, Found { at, holder, key }));
+        }
+    }
+    found.extend(best.into_iter().map(|(t, (_, f))| (t, f)));
+    found
+}
+
+/// Holders looked at per target at most (the first ones met).
+const MAX_CANDIDATES: usize = 256;
+
+/// The words of a Python object's header: `[refcount, type]`, copied.
+fn header(addr: u64) -> Option<[u64; 2]> {
+    let mut h = [0u64; 2];
+    (super::roots::read_own_memory(addr, &mut h) == 16).then_some(h)
+}
+
+/// The name of a type object (`tp_name`).
+pub fn type_name(type_addr: u64) -> Option<String> {
+    let mut p = [0u64; 1];
+    if type_addr == 0 || super::roots::read_own_memory(type_addr + 24, &mut p) != 8 || p[0] == 0 {
+        return None;
+    }
+    c_string(p[0])
+}
+
+/// The type name of the object at `addr`.
+pub fn object_type(addr: u64) -> Option<String> {
+    let [count, ty] = header(addr)?;
+    (1..1 << 32).contains(&count).then(|| type_name(ty)).flatten()
+}
+
+/// The Python object in a pymalloc block that starts at `block`: at its start (no GC
+/// header), after a GC header (two words: lists, dicts, tuples, instances), or after a
+/// GC header and the two words before it that 3.11+ gives objects with a managed dict.
+/// `None` for a raw block (a dict's keys, a list's items, a buffer).
+pub fn object_in_block(block: u64, size: u64) -> Option<(u64, String)> {
+    [0u64, 16, 32].into_iter().filter(|&o| o + 16 <= size).find_map(|o| object_type(block + o).map(|t| (block + o, t)))
+}
+
+fn c_string(addr: u64) -> Option<String> {
+    let mut text = [0u64; 8];
+    let got = super::roots::read_own_memory(addr, &mut text);
+    let bytes: Vec<u8> = text.iter().flat_map(|w| w.to_le_bytes()).take(got).collect();
+    let end = bytes.iter().position(|&b| b == 0)?;
+    let s = std::str::from_utf8(&bytes[..end]).ok()?;
+    (!s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic())).then(|| s.to_string())
+}
+
+/// The text of a compact ASCII `str` at `addr` (at most 64 characters), or `None` for
+/// anything else. `PyASCIIObject`: length at 16, state at 32 (compact and ascii bits),
+/// the characters after the struct (48 bytes before 3.12, 40 since: `wstr` went).
+pub fn py_str(addr: u64, minor: u8) -> Option<String> {
+    if object_type(addr)?.as_str() != "str" {
+        return None;
+    }
+    let mut w = [0u64; 5];
+    if super::roots::read_own_memory(addr, &mut w) != 40 {
+        return None;
+    }
+    let len = w[2];
+    let state = w[4] as u32;
+    // interned: 2 bits, kind: 3, compact: 1, ascii: 1.
+    let (compact, ascii) = (state >> 5 & 1 == 1, state >> 6 & 1 == 1);
+    if !compact || !ascii || len == 0 || len > 64 {
+        return None;
+    }
+    let data = addr + if minor >= 12 { 40 } else { 48 };
+    let mut text = [0u64; 8];
+    let got = super::roots::read_own_memory(data, &mut text[..(len as usize).div_ceil(8)]);
+    let bytes: Vec<u8> = text.iter().flat_map(|w| w.to_le_bytes()).take(got.min(len as usize)).collect();
+    (bytes.len() == len as usize).then(|| String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// A module object's name (`md_name`, after `md_dict`, `md_def`, `md_state` and
+/// `md_weaklist`: the same from 3.8 to 3.13).
+pub fn module_name(addr: u64, minor: u8) -> Option<String> {
+    let mut w = [0u64; 1];
+    if super::roots::read_own_memory(addr + 48, &mut w) != 8 {
+        return None;
+    }
+    py_str(w[0], minor)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_copy_reads_only_what_it_holds() {
+        let words = [1u64, 2, 3, 4];
+        let m = Copied { base: 0x1000, words: &words };
+        let mut seen = Vec::new();
+        assert!(m.words(0x1008, 16, &mut |a, w| seen.push((a, w))));
+        assert_eq!(seen, vec![(0x1008, 2), (0x1010, 3)]);
+        seen.clear();
+        assert!(!m.words(0x2000, 16, &mut |a, w| seen.push((a, w))));
+        assert!(seen.is_empty());
+    }
+
+    #[test]
+    fn the_words_that_hold_an_address_are_found_in_live_blocks_only() {
+        // Three heap blocks of this process; the middle one "freed" (not listed).
+        let a: Box<[u64; 4]> = Box::new([0, 0, 0, 0]);
+        let target = &*a as *const _ as u64;
+        let holder: Box<[u64; 4]> = Box::new([7, target, 9, 0]);
+        let stale: Box<[u64; 4]> = Box::new([target, 0, 0, 0]);
+        let mut blocks = vec![(&*holder as *const _ as u64, 32u64), (target, 32)];
+        blocks.sort_unstable();
+        let found = find(&[target], &[], &blocks, 11);
+        let f = found.get(&target).expect("found in the live holder");
+        assert_eq!(f.at, &*holder as *const _ as u64 + 8);
+        assert_eq!(f.key, None);
+        assert!(matches!(f.holder, Holder::Block(_)));
+        drop(stale);
+    }
+}
