@@ -265,8 +265,8 @@ mod tests {
         assert_eq!(
             p.links,
             vec![
-                RawLink::Block { stack: 8, api: Api::Malloc, size: 32, offset: 8 },
-                RawLink::Block { stack: 7, api: Api::Malloc, size: 64, offset: 16 },
+                RawLink::Block { stack: 8, api: Api::Malloc, size: 32, offset: 8, key: None },
+                RawLink::Block { stack: 7, api: Api::Malloc, size: 64, offset: 16, key: None },
                 RawLink::Root { addr: 0x600010, label: Some(labels[0]) },
             ]
         );
@@ -284,7 +284,7 @@ mod tests {
         let p = RawPath::new(&live, n - 1, &steps, left_out, 6, &[]);
         assert_eq!(p.links.len(), 13);
         assert_eq!(p.links[6], RawLink::Elided(88));
-        assert_eq!(p.links[0], RawLink::Block { stack: 3, api: Api::Malloc, size: 48, offset: 8 });
+        assert_eq!(p.links[0], RawLink::Block { stack: 3, api: Api::Malloc, size: 48, offset: 8, key: None });
         assert_eq!(p.links[12], RawLink::Root { addr: 0x600000, label: None });
         // A block freed meanwhile, or one no reference found, ends the path unnamed.
         let (steps, left_out) = mark::path(&[mark::FROM_FREED], &[0], 0, 12);
