@@ -52,6 +52,7 @@ pub fn link_text(l: &HeldLink) -> String {
         "inherited" => "a block the parent process allocated".into(),
         "python_object" => match (&l.type_name, &l.symbol) {
             (Some(t), Some(name)) if t == "module" => format!("module {name}"),
+            (Some(t), _) if l.attribute => format!("an attribute of a {t} object"),
             (Some(t), _) => format!("{t} (Python object, +{})", l.offset),
             (None, _) => match &l.key {
                 Some(k) => format!("the entry {k:?} of a dict"),
@@ -82,14 +83,34 @@ pub fn phrases(links: &[HeldLink]) -> Vec<String> {
     while i < links.len() {
         let l = &links[i];
         let next = links.get(i + 1);
+        let owner = python_type(links.get(i + 2)).filter(|t| *t != "module");
         if let (Some(key), Some("dict")) = (&l.key, python_type(next)) {
             if let (Some("module"), Some(name)) = (python_type(links.get(i + 2)), links.get(i + 2).and_then(|m| m.symbol.as_deref())) {
                 out.push(format!("global {key} of module {name}"));
+                i += 3;
+            } else if let Some(t) = owner.filter(|_| links[i + 2].offset > 0) {
+                // An instance's `__dict__` (before 3.11).
+                out.push(format!("attribute {key} of a {t} object"));
                 i += 3;
             } else {
                 out.push(format!("dict[{key:?}]"));
                 i += 2;
             }
+            continue;
+        }
+        // An instance's split `__dict__` before 3.11: its values (a raw block), the dict
+        // (`ma_values`), the instance.
+        if l.kind == "python_object" && l.type_name.is_none() && l.key.is_none() && python_type(next) == Some("dict") && next.is_some_and(|n| n.offset == 40) {
+            if let Some(t) = owner {
+                out.push(format!("an attribute of a {t} object"));
+                i += 3;
+                continue;
+            }
+        }
+        // An object's attribute values (a raw block beside it) and the object.
+        if l.kind == "python_object" && l.type_name.is_none() && l.key.is_none() && next.is_some_and(|n| n.kind == "python_object" && n.attribute) {
+            out.push(link_text(next.expect("checked")));
+            i += 2;
             continue;
         }
         // A list's `ob_item` (after the reference count, the type and the length).
@@ -152,6 +173,10 @@ mod tests {
         assert_eq!(held_by_text(&links).unwrap(), "held by: bytearray (Python object, +32) ← list[119] ← global SEEN of module __main__");
         // A dict that is no module's: its entry by key; a short list's items in the arenas.
         let links = vec![py(None, 64), py(Some("list"), 24), entry, py(Some("dict"), 32), py(Some("Cache"), 16)];
-        assert_eq!(held_by_text(&links).unwrap(), "held by: list[8] ← dict[\"SEEN\"] ← Cache (Python object, +16)");
+        assert_eq!(held_by_text(&links).unwrap(), "held by: list[8] ← attribute SEEN of a Cache object");
+        let links = vec![py(None, 0), py(Some("dict"), 40), py(Some("Trainer"), 16)];
+        assert_eq!(held_by_text(&links).unwrap(), "held by: an attribute of a Trainer object");
+        let links = vec![py(None, 64), py(Some("list"), 24), HeldLink { key: Some("k".into()), ..py(None, 8) }, py(Some("dict"), 32)];
+        assert_eq!(held_by_text(&links).unwrap(), "held by: list[8] ← dict[\"k\"]");
     }
 }

@@ -221,6 +221,9 @@ pub struct HeldLink<S = Inline> {
     /// The dict key whose value is the reference (the holder is a dict's entries).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
+    /// The reference is one of a Python object's attributes (kept in values beside it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub attribute: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stack: Option<S>,
 }
@@ -241,6 +244,7 @@ impl<S> HeldLink<S> {
             type_name: self.type_name.clone(),
             elided: self.elided,
             key: self.key.clone(),
+            attribute: self.attribute,
             stack: self.stack.as_ref().map(f),
         }
     }

@@ -20,7 +20,9 @@ pub enum RawLink {
     Block { stack: u32, api: Api, size: u64, offset: u64, key: Option<String> },
     /// A Python object (or a raw pymalloc block: `type_name` `None`) holds it, `offset`
     /// bytes into it; `module`: the module's name, for a module object.
-    Python { start: u64, offset: u64, type_name: Option<String>, key: Option<String>, module: Option<String> },
+    /// `attribute`: the reference is one of the object's attribute values, kept apart
+    /// from it (3.11+: before the object, through its values pointer).
+    Python { start: u64, offset: u64, type_name: Option<String>, key: Option<String>, module: Option<String>, attribute: bool },
     /// Root memory holds it, at `addr`.
     Root { addr: u64, label: Option<RootLabel> },
     /// Links of a long chain left out here.
@@ -79,12 +81,13 @@ pub fn resolve(path: &RawPath, sym: &mut Symbolizer) -> Vec<HeldLink> {
                 key: key.clone(),
                 ..Default::default()
             },
-            RawLink::Python { offset, type_name, key, module, .. } => HeldLink {
+            RawLink::Python { offset, type_name, key, module, attribute, .. } => HeldLink {
                 kind: "python_object".into(),
                 offset: *offset,
                 type_name: type_name.clone(),
                 key: key.clone(),
                 symbol: module.clone(),
+                attribute: *attribute,
                 ..Default::default()
             },
             RawLink::Elided(n) => HeldLink { kind: "elided".into(), elided: Some(*n), ..Default::default() },
@@ -123,17 +126,30 @@ fn root_link(addr: u64, label: Option<RootLabel>, sym: &mut Symbolizer) -> HeldL
 }
 
 /// Rounds of the search for who holds a Python object: a path goes at most this many
-/// objects further (a list, a dict's entries, the dict, its module: four).
+/// objects further (a list's items, the list, a dict's entries, the dict, its module).
 const PYTHON_ROUNDS: usize = 8;
 /// Links a path grows to at most.
-const MAX_LINKS: usize = 32;
+const MAX_LINKS: usize = 40;
+/// Branches followed per path in a round.
+const MAX_BRANCHES: usize = 24;
+
+/// One way out from a path's Python object so far: the links found after the path's
+/// own, and the object to look for holders of next.
+struct Branch<K> {
+    path: K,
+    links: Vec<RawLink>,
+    target: u64,
+    reach: u64,
+    seen: Vec<u64>,
+}
 
 /// Paths that end at a Python object go on through the objects that refer to it (the
-/// scan does not trace through Python objects: they are its roots), until a module
-/// object, a holder no live object or block has, or `PYTHON_ROUNDS` rounds: each
-/// round one pass over the live objects and blocks for every path at once
-/// (`scan::referrers`). A tracked block found holding one continues along its own scan
-/// path. `live`, `parent`, `via` and `labels` are the scan's.
+/// scan does not trace through Python objects: they are its roots), breadth first:
+/// each round one pass over the live objects and blocks for every branch of every path
+/// (`scan::referrers`), a few holders per object; a tracked block found holding one
+/// continues along its own scan path. A path ends at the first branch to reach a module
+/// object; with none in `PYTHON_ROUNDS` rounds, at the first branch that reached another
+/// root (a global, a stack), else at its longest branch through the best holders. `live`, `parent`, `via` and `labels` are the scan's.
 pub fn extend_python<K: Clone + Eq + std::hash::Hash>(
     paths: &mut std::collections::HashMap<K, RawPath>,
     live: &[LiveEntry],
@@ -147,12 +163,10 @@ pub fn extend_python<K: Clone + Eq + std::hash::Hash>(
     if !crate::scan::roots::copies_allowed() {
         return;
     }
-    // Each path ending at a Python object: its last link becomes the object, the object
-    // the first target.
-    let mut frontier: Vec<(K, u64)> = Vec::new();
+    let mut frontier: Vec<Branch<K>> = Vec::new();
     for (k, p) in paths.iter_mut() {
-        if let Some(start) = python_end(p) {
-            frontier.push((k.clone(), start));
+        if let Some((start, reach)) = python_end(p) {
+            frontier.push(Branch { path: k.clone(), links: Vec::new(), target: start, reach, seen: vec![start] });
         }
     }
     if frontier.is_empty() {
@@ -163,58 +177,120 @@ pub fn extend_python<K: Clone + Eq + std::hash::Hash>(
     arenas.sort_unstable();
     let heap: Vec<usize> = (0..live.len()).filter(|&i| live[i].api.kind() == crate::hotpath::event::Kind::Host).collect();
     let blocks: Vec<(u64, u64)> = heap.iter().map(|&i| (live[i].addr, live[i].size)).collect();
+    // Per path: the branch that went furthest through first choices, for a path that
+    // reaches no module.
+    let mut best: std::collections::HashMap<K, Vec<RawLink>> = Default::default();
+    let mut done: std::collections::HashSet<K> = Default::default();
+    // Per path: the first branch that reached a root that is no module.
+    let mut rooted: std::collections::HashMap<K, Vec<RawLink>> = Default::default();
     for _ in 0..PYTHON_ROUNDS {
-        let mut targets: Vec<u64> = frontier.iter().map(|f| f.1).collect();
-        targets.sort_unstable();
-        targets.dedup();
+        let targets: Vec<(u64, u64)> = frontier.iter().map(|b| (b.target, b.reach)).collect();
         let found = referrers::find(&targets, &arenas, &blocks, minor);
-        let mut next = Vec::new();
-        for (k, target) in frontier {
-            let Some(f) = found.get(&target) else { continue };
-            let Some(p) = paths.get_mut(&k) else { continue };
-            if p.links.len() >= MAX_LINKS {
+        let mut next: Vec<Branch<K>> = Vec::new();
+        let mut branches: std::collections::HashMap<K, usize> = Default::default();
+        for b in frontier {
+            if done.contains(&b.path) {
                 continue;
             }
-            match f.holder {
-                referrers::Holder::Object { start, size } => {
-                    let (object, type_name) = match referrers::object_in_block(start, size) {
-                        Some((o, t)) => (o, Some(t)),
-                        None => (start, None),
-                    };
-                    let module = (type_name.as_deref() == Some("module")).then(|| referrers::module_name(object, minor)).flatten();
-                    let is_module = type_name.as_deref() == Some("module");
-                    if p.links.iter().any(|l| matches!(l, RawLink::Python { start, .. } if *start == object)) {
-                        continue;
+            for (choice, f) in found.get(&b.target).into_iter().flatten().enumerate() {
+                let mut links = b.links.clone();
+                let mut seen = b.seen.clone();
+                let end = match f.holder {
+                    referrers::Holder::Object { start, size } => {
+                        let typed = referrers::object_in_block(start, size);
+                        let object = typed.as_ref().map_or(start, |t| t.0);
+                        let type_name = typed.map(|t| t.1);
+                        if seen.contains(&object) {
+                            continue;
+                        }
+                        seen.push(object);
+                        let is_module = type_name.as_deref() == Some("module");
+                        let module = is_module.then(|| referrers::module_name(object, minor)).flatten();
+                        // A word before the object's start is in its pre-header: the
+                        // pointer to its attribute values.
+                        let attribute = f.at < object;
+                        let reach = if type_name.is_some() { 0 } else { (size - 8).min(crate::scan::referrers::INTERIOR) };
+                        links.push(RawLink::Python { start: object, offset: f.at.saturating_sub(object), type_name, key: f.key.clone(), module, attribute });
+                        if is_module {
+                            None
+                        } else {
+                            Some((object, reach))
+                        }
                     }
-                    p.links.push(RawLink::Python { start: object, offset: f.at - object, type_name, key: f.key.clone(), module });
-                    if !is_module {
-                        next.push((k, object));
+                    referrers::Holder::Block(j) => {
+                        let i = heap[j];
+                        let blk = &live[i];
+                        links.push(RawLink::Block { stack: blk.stack, api: blk.api, size: blk.size, offset: f.at - blk.addr, key: f.key.clone() });
+                        // On along the block's own path to its root.
+                        let (steps, left_out) = mark::path(parent, via, i, path_links);
+                        let mut rest = RawPath::new(live, i, &steps, left_out, path_links / 2, labels);
+                        let end = python_end(&mut rest);
+                        links.extend(rest.links);
+                        match end {
+                            Some((o, _)) if seen.contains(&o) => continue,
+                            Some(e) => {
+                                seen.push(e.0);
+                                Some(e)
+                            }
+                            // A root that is no Python object (a global, a stack): done.
+                            None => None,
+                        }
                     }
+                };
+                if choice == 0 && best.get(&b.path).is_none_or(|l| l.len() < links.len()) {
+                    best.insert(b.path.clone(), links.clone());
                 }
-                referrers::Holder::Block(j) => {
-                    let i = heap[j];
-                    let b = &live[i];
-                    p.links.push(RawLink::Block { stack: b.stack, api: b.api, size: b.size, offset: f.at - b.addr, key: f.key.clone() });
-                    // On along the block's own path to its root.
-                    let (steps, left_out) = mark::path(parent, via, i, path_links);
-                    let rest = RawPath::new(live, i, &steps, left_out, path_links / 2, labels);
-                    p.links.extend(rest.links);
-                    if let Some(start) = python_end(p) {
-                        next.push((k, start));
+                let at_module =
+                    matches!(links.last(), Some(RawLink::Python { module: Some(_), .. }) | Some(RawLink::Python { type_name: Some(_), .. }) if end.is_none());
+                match end {
+                    None if at_module => {
+                        // A module: the path takes this branch.
+                        if done.insert(b.path.clone()) {
+                            if let Some(p) = paths.get_mut(&b.path) {
+                                p.links.extend(links);
+                            }
+                        }
+                        break;
+                    }
+                    None => {
+                        // Another root (a global, a stack): kept unless a module is found.
+                        rooted.entry(b.path.clone()).or_insert(links);
+                    }
+                    Some((target, reach)) => {
+                        let n = branches.entry(b.path.clone()).or_default();
+                        if *n < MAX_BRANCHES && links.len() < MAX_LINKS {
+                            *n += 1;
+                            next.push(Branch { path: b.path.clone(), links, target, reach, seen });
+                        }
                     }
                 }
             }
         }
+        next.retain(|b| !done.contains(&b.path));
         if next.is_empty() {
             break;
         }
         frontier = next;
     }
+    for (k, links) in rooted {
+        if done.insert(k.clone()) {
+            if let Some(p) = paths.get_mut(&k) {
+                p.links.extend(links);
+            }
+        }
+    }
+    for (k, links) in best {
+        if !done.contains(&k) {
+            if let Some(p) = paths.get_mut(&k) {
+                p.links.extend(links);
+            }
+        }
+    }
 }
 
 /// When `p` ends at a Python object's word (a root in pymalloc's arenas), makes that
-/// link the object and returns its start.
-fn python_end(p: &mut RawPath) -> Option<u64> {
+/// link the object and returns its start and reach (see `referrers::find`).
+fn python_end(p: &mut RawPath) -> Option<(u64, u64)> {
     let Some(RawLink::Root { addr, label: Some(label) }) = p.links.last().cloned() else { return None };
     if label.kind != RootKind::PythonObject {
         return None;
@@ -224,9 +300,10 @@ fn python_end(p: &mut RawPath) -> Option<u64> {
         Some((o, t)) => (o, Some(t)),
         None => (block, None),
     };
+    let reach = if type_name.is_some() { 0 } else { (size - 8).min(crate::scan::referrers::INTERIOR) };
     p.links.pop();
-    p.links.push(RawLink::Python { start, offset: addr - start, type_name, key: None, module: None });
-    Some(start)
+    p.links.push(RawLink::Python { start, offset: addr.saturating_sub(start), type_name, key: None, module: None, attribute: addr < start });
+    Some((start, reach))
 }
 
 /// "function (file:line)" of the frame whose return address is `ip`.

@@ -154,11 +154,6 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
     crate::hotpath::channel::unapplied_frees(&mut freed);
     // Read while the interpreter's threads are held (arenas come and go under the GIL).
     crate::scan::arenas::live_arenas(&mut python_arenas);
-    for &(start, len) in &python_arenas {
-        if labels.len() < labels.capacity() {
-            labels.push(RootLabel { start, len, kind: RootKind::PythonObject });
-        }
-    }
     // Which pages were written is read while every thread that could write is held.
     if forked_child {
         // What the child never wrote holds only what the parent had at the fork: no
@@ -191,6 +186,8 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
     };
     mark::classify_into(blocks, &all_roots, &memory, &mut scratch);
     roots::resume(stopped.asked);
+    // The arenas read while the threads were held, labelled now that allocating is safe.
+    labels.extend(label(&python_arenas, RootKind::PythonObject));
     let info = ScanInfo {
         ran: true,
         duration_ms: t0.elapsed().as_millis() as u64,

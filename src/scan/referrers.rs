@@ -60,19 +60,42 @@ fn copy<'b>(start: u64, buf: &'b mut [u64]) -> &'b [u64] {
     &buf[..got]
 }
 
-/// For each of `targets` (object or block starts), one live word that holds it:
-/// preferring a dict entry's value (a key names it), else the first found. `blocks`:
-/// the live tracked heap blocks `(start, size)`, sorted by start.
-pub fn find(targets: &[u64], arenas: &[(u64, u64)], blocks: &[(u64, u64)], minor: u8) -> HashMap<u64, Found> {
-    let mut found: HashMap<u64, Found> = HashMap::new();
+/// For each of `targets` (`(start, reach)`: an object's start, and how many bytes into
+/// it a word may point and still be taken for a reference: 0 for a typed object, a few
+/// words for a raw block whose owner keeps a pointer past a small prefix, as 3.11+
+/// keeps an instance's attribute values), up to `MAX_HOLDERS` live words that hold it,
+/// best first: a dict entry's value (its key names it) or a module, then a live object
+/// of a type, then a heap block (a long list's items), then a raw block of the arenas;
+/// a function's globals, a frame or a cell last (every function of a module holds the
+/// module's dict). `blocks`: the live tracked heap blocks `(start, size)`, sorted.
+pub fn find(targets: &[(u64, u64)], arenas: &[(u64, u64)], blocks: &[(u64, u64)], minor: u8) -> HashMap<u64, Vec<Found>> {
+    let mut found: HashMap<u64, Vec<Found>> = HashMap::new();
     if targets.is_empty() {
         return found;
     }
-    let wanted: std::collections::HashSet<u64> = targets.iter().copied().collect();
-    let (lo, hi) = (*targets.iter().min().unwrap_or(&0), *targets.iter().max().unwrap_or(&0));
+    let mut sorted = targets.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup_by_key(|t| t.0);
+    let (lo, hi) = (sorted[0].0, sorted.iter().map(|t| t.0 + t.1).max().unwrap_or(0) + 1);
+    let target_of = |w: u64| -> Option<u64> {
+        if w < lo || w >= hi {
+            return None;
+        }
+        let k = sorted.partition_point(|&(t, _)| t <= w);
+        let (t, reach) = sorted[k.checked_sub(1)?];
+        (w - t <= reach).then_some(t)
+    };
     let mut buf = vec![0u64; (SPAN / 8) as usize];
-    // (target, word address, holder, previous word)
-    let mut hits: Vec<(u64, u64, Holder, u64)> = Vec::new();
+    // (target, word address, holder, previous word, whether it points at the start)
+    let mut hits: Vec<(u64, u64, Holder, u64, bool)> = Vec::new();
+    let mut per_target: HashMap<u64, usize> = HashMap::new();
+    let mut hit = |h: (u64, u64, Holder, u64, bool)| {
+        let n = per_target.entry(h.0).or_default();
+        *n += 1;
+        if *n <= MAX_CANDIDATES {
+            hits.push(h);
+        }
+    };
     for &(start, size) in arenas {
         let mut at = start;
         while at < start + size {
@@ -83,10 +106,13 @@ pub fn find(targets: &[u64], arenas: &[(u64, u64)], blocks: &[(u64, u64)], minor
             super::pymalloc::live_runs(&mem, (at, words.len() as u64 * 8), |run, len, block| {
                 let mut prev = 0;
                 mem.words(run, len, &mut |a, w| {
-                    if w >= lo && w <= hi && wanted.contains(&w) {
+                    if let Some(t) = target_of(w) {
                         let start = run + (a - run) / block * block;
-                        let before = if a > start { prev } else { 0 };
-                        hits.push((w, a, Holder::Object { start, size: block }, before));
+                        let before = if a > start && w == t { prev } else { 0 };
+                        // Never an object's own words.
+                        if !(start..start + block).contains(&t) {
+                            hit((t, a, Holder::Object { start, size: block }, before, w == t));
+                        }
                     }
                     prev = w;
                 });
@@ -111,29 +137,17 @@ pub fn find(targets: &[u64], arenas: &[(u64, u64)], blocks: &[(u64, u64)], minor
         for (k, &(b, size)) in blocks.iter().enumerate().take(i).skip(first) {
             let mut prev = 0;
             mem.words(b, size, &mut |a, w| {
-                if w >= lo && w <= hi && wanted.contains(&w) {
-                    hits.push((w, a, Holder::Block(k), if a > b { prev } else { 0 }));
+                if let Some(t) = target_of(w) {
+                    if !(b..b + size).contains(&t) {
+                        hit((t, a, Holder::Block(k), if a > b && w == t { prev } else { 0 }, w == t));
+                    }
                 }
                 prev = w;
             });
         }
     }
-    // Of several holders, the one a person would change: a dict entry (its key names
-    // it) or a module, then a container (a list's items, a heap block), then another
-    // object; a function's globals, a frame or a cell last (every function of a module
-    // holds the module's dict).
-    let mut best: HashMap<u64, (u8, Found)> = HashMap::new();
-    let mut per_target: HashMap<u64, usize> = HashMap::new();
-    for (target, at, holder, before) in hits {
-        // Never the target itself holding its own address.
-        if matches!(holder, Holder::Object { start, .. } if start == target || start + 16 == target || start + 32 == target) {
-            continue;
-        }
-        let seen = per_target.entry(target).or_default();
-        *seen += 1;
-        if *seen > MAX_CANDIDATES {
-            continue;
-        }
+    let mut ranked: HashMap<u64, Vec<(u8, Found)>> = HashMap::new();
+    for (target, at, holder, before, exact) in hits {
         let key = (before != 0).then(|| py_str(before, minor)).flatten();
         let rank = match (&key, &holder) {
             (Some(_), _) => 0,
@@ -141,17 +155,29 @@ pub fn find(targets: &[u64], arenas: &[(u64, u64)], blocks: &[(u64, u64)], minor
             (None, Holder::Object { start, size }) => match object_in_block(*start, *size).map(|(_, t)| t) {
                 Some(t) if t == "module" => 0,
                 Some(t) if matches!(t.as_str(), "function" | "frame" | "cell" | "method" | "code" | "builtin_function_or_method") => 5,
-                Some(_) => 3,
-                None => 2,
+                Some(_) => 1,
+                // A raw block: a short list's items or a small dict's entries, but also
+                // a dead frame kept for reuse (3.10's zombie frames, count 0), whose
+                // slots hold what its last call left.
+                None => 3,
             },
         };
-        if best.get(&target).is_none_or(|(r, _)| rank < *r) {
-            best.insert(target, (rank, Found { at, holder, key }));
-        }
+        // A pointer into an object is a weaker sign than one to its start.
+        ranked.entry(target).or_default().push((2 * rank + !exact as u8, Found { at, holder, key }));
     }
-    found.extend(best.into_iter().map(|(t, (_, f))| (t, f)));
+    for (t, mut v) in ranked {
+        v.sort_by_key(|(r, f)| (*r, f.at));
+        v.truncate(MAX_HOLDERS);
+        found.insert(t, v.into_iter().map(|(_, f)| f).collect());
+    }
     found
 }
+
+/// Holders returned per target.
+pub const MAX_HOLDERS: usize = 4;
+
+/// How far into a target a word may point and still be taken for a reference to it.
+pub const INTERIOR: u64 = 64;
 
 /// Holders looked at per target at most (the first ones met).
 const MAX_CANDIDATES: usize = 256;
@@ -254,8 +280,8 @@ mod tests {
         let stale: Box<[u64; 4]> = Box::new([target, 0, 0, 0]);
         let mut blocks = vec![(&*holder as *const _ as u64, 32u64), (target, 32)];
         blocks.sort_unstable();
-        let found = find(&[target], &[], &blocks, 11);
-        let f = found.get(&target).expect("found in the live holder");
+        let found = find(&[(target, 0)], &[], &blocks, 11);
+        let f = &found.get(&target).expect("found in the live holder")[0];
         assert_eq!(f.at, &*holder as *const _ as u64 + 8);
         assert_eq!(f.key, None);
         assert!(matches!(f.holder, Holder::Block(_)));

@@ -345,12 +345,15 @@ pub fn own_stack(maps: &[(u64, u64)], roots: &mut Vec<(u64, u64)>, regs: &mut Ve
     let first = roots.len();
     for f in &spans {
         let from = roots.len();
-        if is_system_frame(f.ip) {
+        // The registers a system frame saved are its caller's: no function named.
+        let ip = if is_system_frame(f.ip) {
             roots.extend(f.saved.iter().flatten().map(|&a| (a, 8)));
+            0
         } else {
             roots.push((f.sp, f.cfa - f.sp));
-        }
-        labels.extend(roots[from..].iter().map(|&(start, len)| super::RootLabel { start, len, kind: frame(f.ip) }));
+            f.ip
+        };
+        labels.extend(roots[from..].iter().map(|&(start, len)| super::RootLabel { start, len, kind: frame(ip) }));
     }
     if regs.len() + callee_saved.len() <= regs.capacity() {
         let at = regs.as_ptr() as u64 + 8 * regs.len() as u64;
