@@ -127,12 +127,66 @@ pub fn phrases(links: &[HeldLink]) -> Vec<String> {
     out
 }
 
-/// `held by: a ← b ← root`, or `None` for an empty path.
+/// `held by: a ← b ← root`, or `None` for an empty path. Runs of one holder (the nodes of
+/// a linked list) are said once with their count, across the links a long path left
+/// out between them.
 pub fn held_by_text(links: &[HeldLink]) -> Option<String> {
     if links.is_empty() {
         return None;
     }
-    Some(format!("held by: {}", phrases(links).join(" ← ")))
+    // (phrase, times), with `None` for the links left out (their count).
+    let mut runs: Vec<(Option<String>, u64)> = Vec::new();
+    for p in phrases_with_links(links) {
+        match p {
+            Phrase::Elided(n) => runs.push((None, n)),
+            Phrase::Text(t) => match runs.last_mut() {
+                Some((Some(last), n)) if *last == t => *n += 1,
+                _ => runs.push((Some(t), 1)),
+            },
+        }
+    }
+    // X ×a, (n left out), X ×b: one run of a + n + b.
+    let mut merged: Vec<(Option<String>, u64)> = Vec::new();
+    for r in runs {
+        let n = merged.len();
+        if n >= 2 && merged[n - 1].0.is_none() && merged[n - 2].0.is_some() && merged[n - 2].0 == r.0 {
+            let left_out = merged.pop().expect("checked").1;
+            merged[n - 2].1 += left_out + r.1;
+            continue;
+        }
+        merged.push(r);
+    }
+    let text: Vec<String> = merged
+        .into_iter()
+        .map(|(p, n)| match p {
+            None => format!("… {n} more …"),
+            Some(p) if n > 1 => format!("{p} ×{n}"),
+            Some(p) => p,
+        })
+        .collect();
+    Some(format!("held by: {}", text.join(" ← ")))
+}
+
+enum Phrase {
+    Text(String),
+    Elided(u64),
+}
+
+fn phrases_with_links(links: &[HeldLink]) -> Vec<Phrase> {
+    // The elision marks stay where they are: fold the parts between them.
+    let mut out = Vec::new();
+    let mut part = Vec::new();
+    for l in links {
+        if l.kind == "elided" {
+            out.extend(phrases(&part).into_iter().map(Phrase::Text));
+            part.clear();
+            out.push(Phrase::Elided(l.elided.unwrap_or(0)));
+        } else {
+            part.push(l.clone());
+        }
+    }
+    out.extend(phrases(&part).into_iter().map(Phrase::Text));
+    out
 }
 
 #[cfg(test)]
