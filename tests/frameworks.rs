@@ -162,3 +162,46 @@ fn caffe_train_and_time_run_unchanged_and_get_reports() {
     assert!(run.stderr().contains("*** Benchmark ends ***"), "{}", run.stderr());
     assert_eq!(run.report()["reason"], "exit");
 }
+
+/// `torch_holders.py MODE`: every "held by" line of every report of the run (the
+/// DataLoader's worker has its own).
+fn torch_holders(mode: &str) -> Vec<String> {
+    let mut cmd = Command::new(python());
+    cmd.arg(root().join("tests/fixtures/frameworks/torch_holders.py")).arg(mode);
+    let run = run_traced(cmd, &format!("torch-holders-{mode}"));
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let mut out = Vec::new();
+    for r in run.reports() {
+        for v in r["timeline"]["series"].as_array().unwrap().iter().chain(r["leaks"].as_array().unwrap()) {
+            let links: Vec<leaktrace_common::report_schema::HeldLink> = serde_json::from_value(v["held_by"].clone()).unwrap_or_default();
+            out.extend(leaktrace_common::held::held_by_text(&links));
+        }
+    }
+    out
+}
+
+/// A forward hook registered every step keeps each step's output: the tensor's memory
+/// is held by the Tensor, the hook's closure and the layer's hook registry.
+#[test]
+fn a_forward_hook_registered_every_step_is_named_as_the_holder() {
+    if !require_torch() {
+        return;
+    }
+    let all = torch_holders("hook");
+    assert!(
+        all.iter().any(|t| t.contains("Tensor (Python object") && t.contains("function (Python object") && t.contains("collections.OrderedDict")),
+        "{}",
+        all.join("\n")
+    );
+}
+
+/// A Dataset that keeps what it loads, in a DataLoader worker: the worker's report
+/// names the dataset's attribute.
+#[test]
+fn a_dataloader_workers_own_holder_is_its_dataset_attribute() {
+    if !require_torch() {
+        return;
+    }
+    let all = torch_holders("worker");
+    assert!(all.iter().any(|t| t.contains("Tensor (Python object") && t.contains("an attribute of a Data object")), "{}", all.join("\n"));
+}

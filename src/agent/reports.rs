@@ -324,6 +324,10 @@ fn report_limits() -> (usize, Vec<(u32, crate::hotpath::event::Api)>) {
     }
 }
 
+/// Groups by size whose holders a report names (growing ones come on top): each path
+/// that ends at a Python object costs a pass over the interpreter's objects per round.
+const HELD_TOP: usize = 25;
+
 /// The groups a scan finds a holder for: the `limit` largest (those a report lists when
 /// nothing leaked), the steadily growing ones and the followed stacks. Python groups
 /// are sampled objects, never scanned.
@@ -335,10 +339,11 @@ fn held_wanted(
     use crate::hotpath::event::Kind;
     let mut by_size: Vec<(u64, u32, crate::hotpath::event::Api)> =
         snapshot.groups.iter().filter(|g| g.api.kind() != Kind::Python).map(|g| (g.stats.live_bytes, g.stack, g.api)).collect();
+    let limit = limit.min(HELD_TOP);
     if by_size.len() > limit && limit > 0 {
         by_size.select_nth_unstable_by(limit - 1, |a, b| b.cmp(a));
     }
-    let mut wanted: std::collections::HashSet<_> = by_size.iter().take(limit).map(|&(_, stack, api)| (stack, api)).collect();
+    let mut wanted: std::collections::HashSet<_> = by_size.iter().take(limit.min(HELD_TOP)).map(|&(_, stack, api)| (stack, api)).collect();
     wanted.extend(snapshot.groups.iter().filter(|g| g.stats.trend.steady() && g.api.kind() != Kind::Python).map(|g| (g.stack, g.api)));
     wanted.extend(followed.iter().copied());
     wanted

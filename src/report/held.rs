@@ -126,8 +126,9 @@ fn root_link(addr: u64, label: Option<RootLabel>, sym: &mut Symbolizer) -> HeldL
 }
 
 /// Rounds of the search for who holds a Python object: a path goes at most this many
-/// objects further (a list's items, the list, a dict's entries, the dict, its module).
-const PYTHON_ROUNDS: usize = 8;
+/// objects further (a tensor, a list, a hook's closure, a module's hooks, the layer,
+/// its parent's modules, the parent, a global: a dozen).
+const PYTHON_ROUNDS: usize = 12;
 /// Links a path grows to at most.
 const MAX_LINKS: usize = 40;
 /// Branches followed per path in a round.

@@ -148,6 +148,17 @@ pub fn find(targets: &[(u64, u64)], arenas: &[(u64, u64)], blocks: &[(u64, u64)]
     }
     let mut ranked: HashMap<u64, Vec<(u8, Found)>> = HashMap::new();
     for (target, at, holder, before, exact) in hits {
+        // A word into a target (not at its start) counts only where 3.11+ keeps one: in
+        // an object's pre-header, the pointer to its attribute values.
+        if !exact {
+            let in_pre_header = match holder {
+                Holder::Object { start, size } => object_in_block(start, size).is_some_and(|(o, _)| at < o),
+                Holder::Block(_) => false,
+            };
+            if !in_pre_header {
+                continue;
+            }
+        }
         let key = (before != 0).then(|| py_str(before, minor)).flatten();
         let rank = match (&key, &holder) {
             (Some(_), _) => 0,
