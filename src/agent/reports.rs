@@ -159,10 +159,10 @@ pub(super) fn write_report(reason: Reason) {
     // The final report's names are found on another core while this one gathers the
     // blocks and scans: the largest groups are the ones reported, unless the scan finds
     // smaller ones leaked (named afterwards).
-    let (limit, followed) = report_limits();
+    let (limit, followed, growing) = report_limits();
     // The groups whose holders the scan names: the report's largest and the stacks the
-    // timeline follows (the growing ones are among them).
-    let wanted = if scan_now { held_wanted(&snapshot, limit, &followed) } else { Default::default() };
+    // timeline follows; through Python objects only for those that grew.
+    let (wanted, through_python) = if scan_now { held_wanted(&snapshot, limit, &followed, &growing) } else { Default::default() };
     let presymbolizer = (final_report && scan_now).then(|| Presymbolizer::start(&snapshot, limit)).flatten();
     let live = scan_now.then(|| if final_report { c.model.take_live_blocks() } else { c.model.live_blocks() });
     // The frees published from now until the stop (the program runs on; at exit, its
@@ -173,7 +173,7 @@ pub(super) fn write_report(reason: Reason) {
     // of malloc's that `mallinfo2` takes.
     let mut memory = measure_memory(&snapshot.totals);
     // The scan stops the other threads: it runs holding none of our locks.
-    let scan = live.map(|live| reachability_scan(&live, presymbolizer.as_ref().map_or(0, Presymbolizer::tid), &wanted));
+    let scan = live.map(|live| reachability_scan(&live, presymbolizer.as_ref().map_or(0, Presymbolizer::tid), &wanted, &through_python));
     if final_report {
         LIFECYCLE.final_threads_held();
     }
@@ -314,14 +314,21 @@ pub(super) fn write_report(reason: Reason) {
     }
 }
 
-/// How many groups of each class a report lists, and the stacks the timeline follows
-/// (none when the report side is busy for a second).
-fn report_limits() -> (usize, Vec<(u32, crate::hotpath::event::Api)>) {
-    let Some(r) = lock_bounded(&REPORT, Duration::from_secs(1)) else { return (0, Vec::new()) };
-    match r.as_ref() {
-        Some(r) => (r.config.report_groups, r.timeline.series.iter().map(|s| (s.stack, s.api)).collect()),
-        None => (0, Vec::new()),
-    }
+/// How many groups of each class a report lists, the stacks the timeline follows, and
+/// those of them that grew (`grew`) other than by an import (start-up, never a loop's
+/// growth: `import torch` rises for seconds). None when the report side is busy for a
+/// second.
+type Keys = Vec<(u32, crate::hotpath::event::Api)>;
+
+fn report_limits() -> (usize, Keys, Keys) {
+    let Some(mut r) = lock_bounded(&REPORT, Duration::from_secs(1)) else { return (0, Vec::new(), Vec::new()) };
+    let Some(r) = r.as_mut() else { return (0, Vec::new(), Vec::new()) };
+    let followed: Keys = r.timeline.series.iter().map(|s| (s.stack, s.api)).collect();
+    let rising: Keys = r.timeline.series.iter().filter(|s| grew(&s.bytes)).map(|s| (s.stack, s.api)).collect();
+    let ids: Vec<u32> = rising.iter().map(|k| k.0).collect();
+    let stacks = build::resolve_stacks(&ids, &mut r.symbolizer);
+    let growing = rising.into_iter().zip(stacks).filter(|(_, st)| !st.iter().any(leaktrace_common::frame_text::is_import_frame)).map(|(k, _)| k).collect();
+    (r.config.report_groups, followed, growing)
 }
 
 /// Groups by size whose holders a report names (growing ones come on top): each path
@@ -329,13 +336,16 @@ fn report_limits() -> (usize, Vec<(u32, crate::hotpath::event::Api)>) {
 const HELD_TOP: usize = 25;
 
 /// The groups a scan finds a holder for: the `limit` largest (those a report lists when
-/// nothing leaked), the steadily growing ones and the followed stacks. Python groups
-/// are sampled objects, never scanned.
+/// nothing leaked), the steadily growing ones and the followed stacks; and those whose
+/// path goes on through Python objects (a pass over the interpreter's objects per
+/// round: 0.3 s after `import torch` for its 25 largest): the growing ones. Python
+/// groups are sampled objects, never scanned.
 fn held_wanted(
     snapshot: &crate::collector::state::Snapshot,
     limit: usize,
     followed: &[(u32, crate::hotpath::event::Api)],
-) -> std::collections::HashSet<(u32, crate::hotpath::event::Api)> {
+    growing: &[(u32, crate::hotpath::event::Api)],
+) -> (HeldKeys, HeldKeys) {
     use crate::hotpath::event::Kind;
     let mut by_size: Vec<(u64, u32, crate::hotpath::event::Api)> =
         snapshot.groups.iter().filter(|g| g.api.kind() != Kind::Python).map(|g| (g.stats.live_bytes, g.stack, g.api)).collect();
@@ -343,23 +353,21 @@ fn held_wanted(
     if by_size.len() > limit && limit > 0 {
         by_size.select_nth_unstable_by(limit - 1, |a, b| b.cmp(a));
     }
-    let mut wanted: std::collections::HashSet<_> = by_size.iter().take(limit.min(HELD_TOP)).map(|&(_, stack, api)| (stack, api)).collect();
-    wanted.extend(snapshot.groups.iter().filter(|g| g.stats.trend.steady() && g.api.kind() != Kind::Python).map(|g| (g.stack, g.api)));
+    let mut wanted: HeldKeys = by_size.iter().take(limit).map(|&(_, stack, api)| (stack, api)).collect();
+    let steady: HeldKeys = snapshot.groups.iter().filter(|g| g.stats.trend.steady() && g.api.kind() != Kind::Python).map(|g| (g.stack, g.api)).collect();
+    wanted.extend(steady);
     wanted.extend(followed.iter().copied());
-    wanted
+    (wanted, growing.iter().copied().collect())
 }
+
+type HeldKeys = std::collections::HashSet<(u32, crate::hotpath::event::Api)>;
 
 /// Python's `atexit` (`python_exit`): the holders of the stacks the timeline follows
 /// that grew, found while the modules still hold them, kept for the final report.
 /// Nothing when no followed stack grew (no second scan at exit for nothing).
 pub(super) fn held_before_exit() {
-    let (_, followed) = report_limits();
-    let growing: std::collections::HashSet<(u32, crate::hotpath::event::Api)> = {
-        let Some(r) = lock_bounded(&REPORT, Duration::from_secs(1)) else { return };
-        let Some(r) = r.as_ref() else { return };
-        r.timeline.series.iter().filter(|s| grew(&s.bytes)).map(|s| (s.stack, s.api)).collect()
-    };
-    let wanted: std::collections::HashSet<_> = followed.into_iter().filter(|k| growing.contains(k)).collect();
+    let (_, _, growing) = report_limits();
+    let wanted: HeldKeys = growing.into_iter().collect();
     if wanted.is_empty() || !SCAN_AT_EXIT.load(Ordering::Relaxed) {
         return;
     }
@@ -373,7 +381,7 @@ pub(super) fn held_before_exit() {
     let pause = ScanPause::start();
     // This thread's stack is the program's (the callback runs on its main thread).
     crate::scan::roots::mark_entry();
-    let scan = reachability_scan(&live, 0, &wanted);
+    let scan = reachability_scan(&live, 0, &wanted, &wanted);
     drop(pause);
     drop(live);
     let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(30)) else { return };

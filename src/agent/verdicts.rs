@@ -81,7 +81,12 @@ pub(super) fn classify_live(input: &ScanInput, names_thread: u32) -> crate::scan
 
 /// `wanted`: the groups to find a holder for (`(stack, api)`; the report's largest and
 /// the growing ones).
-pub(super) fn reachability_scan(input: &ScanInput, names_thread: u32, wanted: &std::collections::HashSet<(u32, crate::hotpath::event::Api)>) -> ScanResult {
+pub(super) fn reachability_scan(
+    input: &ScanInput,
+    names_thread: u32,
+    wanted: &std::collections::HashSet<(u32, crate::hotpath::event::Api)>,
+    through_python: &std::collections::HashSet<(u32, crate::hotpath::event::Api)>,
+) -> ScanResult {
     let live = &input.blocks;
     let crate::scan::ScanOut { verdicts, owners, parent, via, labels, info } = classify_live(input, names_thread);
     let mut by_group: HashMap<GroupKey, build::Reachability> = Default::default();
@@ -115,6 +120,10 @@ pub(super) fn reachability_scan(input: &ScanInput, names_thread: u32, wanted: &s
             (key, crate::report::held::RawPath::new(live, i, &steps, left_out, PATH_LINKS / 2, &labels))
         })
         .collect();
-    crate::report::held::extend_python(&mut held_by, live, &parent, &via, &labels, PATH_LINKS);
+    // Through Python objects (a pass over them per round) for the growing ones only.
+    let mut python: HashMap<GroupKey, crate::report::held::RawPath> =
+        held_by.extract_if(|k, _| through_python.iter().any(|t| t.0 == k.0 && t.1.name() == k.1)).collect();
+    crate::report::held::extend_python(&mut python, live, &parent, &via, &labels, PATH_LINKS);
+    held_by.extend(python);
     ScanResult { out: info, by_group, totals, indirect_from, held_by }
 }
