@@ -70,7 +70,7 @@ pub fn link_text(l: &HeldLink) -> String {
     }
 }
 
-fn python_type<'l>(l: Option<&'l HeldLink>) -> Option<&'l str> {
+fn python_type(l: Option<&HeldLink>) -> Option<&str> {
     l.filter(|l| l.kind == "python_object").and_then(|l| l.type_name.as_deref())
 }
 

@@ -33,16 +33,22 @@ static DEF: MethodDef = MethodDef { name: c"leaktrace_before_finalize".as_ptr(),
 /// Asked once per process image.
 static ASKED: AtomicBool = AtomicBool::new(false);
 
+type ImportFn = unsafe extern "C" fn(*const c_char) -> *mut PyObject;
+type GetAttrFn = unsafe extern "C" fn(*mut PyObject, *const c_char) -> *mut PyObject;
+type NewFunctionFn = unsafe extern "C" fn(*const MethodDef, *mut PyObject, *mut PyObject) -> *mut PyObject;
+type RefFn = unsafe extern "C" fn(*mut PyObject);
+type ClearFn = unsafe extern "C" fn();
+
 /// The interpreter's functions this needs, looked up once.
 struct Api {
-    import: unsafe extern "C" fn(*const c_char) -> *mut PyObject,
-    getattr: unsafe extern "C" fn(*mut PyObject, *const c_char) -> *mut PyObject,
-    new_function: unsafe extern "C" fn(*const MethodDef, *mut PyObject, *mut PyObject) -> *mut PyObject,
+    import: ImportFn,
+    getattr: GetAttrFn,
+    new_function: NewFunctionFn,
     /// `PyObject_CallFunctionObjArgs(callable, ..., NULL)` (every 3.x).
     call: unsafe extern "C" fn(*mut PyObject, ...) -> *mut PyObject,
-    decref: unsafe extern "C" fn(*mut PyObject),
-    incref: unsafe extern "C" fn(*mut PyObject),
-    clear_error: unsafe extern "C" fn(),
+    decref: RefFn,
+    incref: RefFn,
+    clear_error: ClearFn,
     none: *mut PyObject,
 }
 
@@ -52,13 +58,13 @@ fn api() -> Option<Api> {
     // 3.13), or its `_Py_NoneStruct` object.
     unsafe {
         Some(Api {
-            import: std::mem::transmute::<usize, _>(s(c"PyImport_ImportModule")?),
-            getattr: std::mem::transmute::<usize, _>(s(c"PyObject_GetAttrString")?),
-            new_function: std::mem::transmute::<usize, _>(s(c"PyCFunction_NewEx")?),
+            import: std::mem::transmute::<usize, ImportFn>(s(c"PyImport_ImportModule")?),
+            getattr: std::mem::transmute::<usize, GetAttrFn>(s(c"PyObject_GetAttrString")?),
+            new_function: std::mem::transmute::<usize, NewFunctionFn>(s(c"PyCFunction_NewEx")?),
             call: std::mem::transmute::<usize, unsafe extern "C" fn(*mut PyObject, ...) -> *mut PyObject>(s(c"PyObject_CallFunctionObjArgs")?),
-            decref: std::mem::transmute::<usize, _>(s(c"Py_DecRef")?),
-            incref: std::mem::transmute::<usize, _>(s(c"Py_IncRef")?),
-            clear_error: std::mem::transmute::<usize, _>(s(c"PyErr_Clear")?),
+            decref: std::mem::transmute::<usize, RefFn>(s(c"Py_DecRef")?),
+            incref: std::mem::transmute::<usize, RefFn>(s(c"Py_IncRef")?),
+            clear_error: std::mem::transmute::<usize, ClearFn>(s(c"PyErr_Clear")?),
             none: s(c"_Py_NoneStruct")? as *mut PyObject,
         })
     }

@@ -55,7 +55,7 @@ impl Memory for Copied<'_> {
 }
 
 /// Copies `[start, start + 8 * buf.len())` into `buf`; the words that came.
-fn copy<'b>(start: u64, buf: &'b mut [u64]) -> &'b [u64] {
+fn copy(start: u64, buf: &mut [u64]) -> &[u64] {
     let got = super::roots::read_own_memory(start, buf) / 8;
     &buf[..got]
 }
