@@ -20,6 +20,26 @@ pub struct Change {
     pub base_blocks: u64,
     pub new_blocks: u64,
     pub stack: Vec<Frame>,
+    /// What holds the group's reachable memory in each run (`held by`), when the two
+    /// differ: the root or the container changed, not only a list index.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holder_changed: Option<(String, String)>,
+}
+
+/// A group's holder as a path reads in words, with its numbers left out (a list's
+/// index, an offset and a size change from run to run; the holder does not).
+fn holder_key(g: &Group) -> Option<String> {
+    let text = leaktrace_common::held::held_by_text(&g.held_by)?;
+    Some(text.chars().map(|c| if c.is_ascii_digit() { '#' } else { c }).collect())
+}
+
+/// `(base, new)` holders in words when both runs named one and they differ.
+fn holder_change(base: &Group, new: &Group) -> Option<(String, String)> {
+    let (b, n) = (holder_key(base)?, holder_key(new)?);
+    (b != n).then(|| {
+        let text = |g: &Group| leaktrace_common::held::held_by_text(&g.held_by).unwrap_or_default().trim_start_matches("held by: ").to_string();
+        (text(base), text(new))
+    })
 }
 
 /// A frame as a group's identity sees it: the function and its line (two leaks in one
@@ -66,10 +86,12 @@ pub fn diff(base: &Analysis, new: &Analysis) -> Vec<Change> {
     let mut out = Vec::new();
     for (key, (g, nb, nk)) in &n {
         let (bb, bk) = b.get(key).map(|(_, bb, bk)| (*bb, *bk)).unwrap_or((0, 0));
+        let holder_changed = b.get(key).and_then(|(base, _, _)| holder_change(base, g));
         let status = match b.get(key) {
             None => "new",
             Some(_) if *nb > bb => "grew",
             Some(_) if *nb < bb => "shrank",
+            Some(_) if holder_changed.is_some() => "held",
             Some(_) => continue,
         };
         out.push(Change {
@@ -81,6 +103,7 @@ pub fn diff(base: &Analysis, new: &Analysis) -> Vec<Change> {
             base_blocks: bk,
             new_blocks: *nk,
             stack: g.stack.clone(),
+            holder_changed,
         });
     }
     for (key, (g, bb, bk)) in &b {
@@ -94,6 +117,7 @@ pub fn diff(base: &Analysis, new: &Analysis) -> Vec<Change> {
                 base_blocks: *bk,
                 new_blocks: 0,
                 stack: g.stack.clone(),
+                holder_changed: None,
             });
         }
     }
@@ -130,6 +154,23 @@ mod tests {
         let d = diff(&base, &new);
         let st: Vec<(&str, &str)> = d.iter().map(|c| (c.status, c.stack[0].function.as_deref().unwrap())).collect();
         assert_eq!(st, vec![("grew", "b"), ("gone", "c"), ("new", "e"), ("shrank", "d")]);
+    }
+
+    #[test]
+    fn a_group_held_by_something_else_is_said_and_a_new_list_index_is_not() {
+        use leaktrace_common::report_schema::HeldLink;
+        let global = |name: &str| HeldLink { kind: "global".into(), symbol: Some(name.into()), module: Some("/bin/server".into()), ..Default::default() };
+        let item = |i: u64| HeldLink { kind: "host".into(), offset: 8 * i, size: Some(1024), ..Default::default() };
+        let held = |links: Vec<HeldLink>| Group { held_by: links, ..group("a", 10, 0x1) };
+        let base = run(vec![held(vec![item(3), global("g_cache")])]);
+        let same = run(vec![held(vec![item(7), global("g_cache")])]);
+        assert!(diff(&base, &same).is_empty(), "another index in the same holder is no change");
+        let moved = run(vec![held(vec![item(3), global("g_sessions")])]);
+        let d = diff(&base, &moved);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].status, "held");
+        let (before, now) = d[0].holder_changed.clone().unwrap();
+        assert!(before.ends_with("global g_cache (server)") && now.ends_with("global g_sessions (server)"), "{before} / {now}");
     }
 
     fn at_line(g: Group, line: u32) -> Group {

@@ -23,6 +23,19 @@ fn held_text(out: &mut String, links: &[leaktrace_common::report_schema::HeldLin
     }
 }
 
+/// A listed group's "held by": the path is its still-reachable part's; a group that also
+/// leaked says which part it names.
+fn group_held_text(out: &mut String, g: &crate::model::Group) {
+    let Some(line) = leaktrace_common::held::held_by_text(&g.held_by) else { return };
+    match g.reachability {
+        Some(r) if r.leaked().bytes > 0 => {
+            let rest = line.trim_start_matches("held by: ");
+            out.push_str(&format!("    (its {} still-reachable byte(s) are held by: {rest})\n", r.reachable.bytes));
+        }
+        _ => out.push_str(&format!("    {line}\n")),
+    }
+}
+
 fn stack_text(out: &mut String, stack: &[Frame]) {
     if stack.is_empty() {
         out.push_str("    <no stack>\n");
@@ -172,7 +185,7 @@ pub fn text(a: &Analysis, top: usize) -> String {
         for g in p.leaks.iter().take(top) {
             out.push_str(&format!("\nLeak of {} byte(s) in {} object(s) allocated from {} ({}):\n", g.bytes, g.blocks, g.api, g.kind_label()));
             stack_text(&mut out, &g.stack);
-            held_text(&mut out, &g.held_by);
+            group_held_text(&mut out, g);
         }
         if p.leaks.len() > top {
             out.push_str(&format!("\n... {} more leak group(s); --top N shows more\n", p.leaks.len() - top));
@@ -403,11 +416,16 @@ pub fn diff_text(changes: &[Change], top: usize, include_reachable: bool) -> Str
             c.kind
         ));
         stack_text(&mut out, &c.stack);
+        if let Some((before, now)) = &c.holder_changed {
+            out.push_str(&format!("    holder changed: {before}\n                 -> {now}\n"));
+        }
     }
     if changes.len() > top {
         out.push_str(&format!("\n... {} more change(s); --top N shows more\n", changes.len() - top));
     }
     let count = |s: &str| changes.iter().filter(|c| c.status == s).count();
-    out.push_str(&format!("\nDIFF: {} new, {} grew, {} shrank, {} gone ({counted}).\n", count("new"), count("grew"), count("shrank"), count("gone")));
+    let held = count("held");
+    let held = if held > 0 { format!(", {held} held by something else") } else { String::new() };
+    out.push_str(&format!("\nDIFF: {} new, {} grew, {} shrank, {} gone{held} ({counted}).\n", count("new"), count("grew"), count("shrank"), count("gone")));
     out
 }
