@@ -58,7 +58,15 @@ fn pytorch_training_with_dataloader_workers_runs_unchanged_and_every_process_rep
     for r in reports.iter() {
         assert_eq!(r["reason"], "exit");
         let h = &r["summary"]["host"];
-        assert_eq!(h["total_allocs"].as_u64().unwrap() - h["total_frees"].as_u64().unwrap(), h["live_blocks"].as_u64().unwrap());
+        assert_eq!(
+            h["total_allocs"].as_u64().unwrap() - h["total_frees"].as_u64().unwrap(),
+            h["live_blocks"].as_u64().unwrap(),
+            "pid {} (forked from {}): {:#} {:#}",
+            r["pid"],
+            r["fork"]["forked_from_pid"],
+            h,
+            r["diagnostics"]
+        );
         // The library's own blocks are never the program's: a worker's collector thread,
         // started in the fork handler, resized the thread-local-storage vector there.
         let ours: Vec<&Value> = r["leaks"].as_array().unwrap().iter().filter(|g| g["stack"].to_string().contains("leaktrace::")).collect();

@@ -52,7 +52,20 @@ struct Api {
     none: *mut PyObject,
 }
 
-fn api() -> Option<Api> {
+// SAFETY: function pointers and the address of an immortal (or counted) object: nothing
+// here is tied to a thread.
+unsafe impl Send for Api {}
+unsafe impl Sync for Api {}
+
+/// Looked up by the collector (`arm`), before the interpreter is asked: the callbacks
+/// run on the program's thread and call only these.
+static API: std::sync::OnceLock<Option<Api>> = std::sync::OnceLock::new();
+
+fn api() -> Option<&'static Api> {
+    API.get().and_then(Option::as_ref)
+}
+
+fn look_up() -> Option<Api> {
     let s = crate::os::loader::global_symbol;
     // SAFETY: each symbol is CPython's exported function of that C signature (3.8 to
     // 3.13), or its `_Py_NoneStruct` object.
@@ -86,6 +99,9 @@ pub(super) fn arm() {
     if initialized() == 0 || ASKED.swap(true, Ordering::AcqRel) {
         return;
     }
+    if API.get_or_init(look_up).is_none() {
+        return;
+    }
     // SAFETY: CPython's `int Py_AddPendingCall(int (*)(void *), void *)`, documented as
     // callable from any thread without the GIL.
     let pending: extern "C" fn(extern "C" fn(*mut c_void) -> c_int, *mut c_void) -> c_int = unsafe { std::mem::transmute::<usize, _>(pending) };
@@ -93,38 +109,39 @@ pub(super) fn arm() {
 }
 
 /// Runs on the interpreter's main thread, with the GIL, at a safe point: `atexit.register
-/// (leaktrace_before_finalize)`. Always returns 0 (-1 would raise in the program).
+/// (leaktrace_before_finalize)`. Always returns 0 (-1 would raise in the program). Not
+/// untracked: the interpreter allocates and reallocates its own blocks here (the list
+/// of callbacks), which must stay in the model as any of the program's (an untracked
+/// `realloc` of a tracked block left a stale entry, and the counts disagreed by one).
 extern "C" fn register(_: *mut c_void) -> c_int {
     let _ = std::panic::catch_unwind(|| {
-        crate::hotpath::thread::untracked(|| {
-            let Some(a) = api() else { return };
-            // SAFETY: the GIL is held here (a pending call); every object made is
-            // released; a failure clears the exception it set.
-            unsafe {
-                let module = (a.import)(c"atexit".as_ptr());
-                if module.is_null() {
+        let Some(a) = api() else { return };
+        // SAFETY: the GIL is held here (a pending call); every object made is released;
+        // a failure clears the exception it set.
+        unsafe {
+            let module = (a.import)(c"atexit".as_ptr());
+            if module.is_null() {
+                (a.clear_error)();
+                return;
+            }
+            let reg = (a.getattr)(module, c"register".as_ptr());
+            let func = (a.new_function)(&DEF, std::ptr::null_mut(), std::ptr::null_mut());
+            if !reg.is_null() && !func.is_null() {
+                let out = (a.call)(reg, func, std::ptr::null_mut::<PyObject>());
+                if out.is_null() {
                     (a.clear_error)();
-                    return;
-                }
-                let reg = (a.getattr)(module, c"register".as_ptr());
-                let func = (a.new_function)(&DEF, std::ptr::null_mut(), std::ptr::null_mut());
-                if !reg.is_null() && !func.is_null() {
-                    let out = (a.call)(reg, func, std::ptr::null_mut::<PyObject>());
-                    if out.is_null() {
-                        (a.clear_error)();
-                    } else {
-                        (a.decref)(out);
-                    }
                 } else {
-                    (a.clear_error)();
+                    (a.decref)(out);
                 }
-                for o in [func, reg, module] {
-                    if !o.is_null() {
-                        (a.decref)(o);
-                    }
+            } else {
+                (a.clear_error)();
+            }
+            for o in [func, reg, module] {
+                if !o.is_null() {
+                    (a.decref)(o);
                 }
             }
-        })
+        }
     });
     0
 }
