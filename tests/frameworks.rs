@@ -180,6 +180,15 @@ fn torch_holders(mode: &str) -> Vec<String> {
     assert!(run.output.status.success(), "{}", run.stderr());
     let mut out = Vec::new();
     for r in run.reports() {
+        // What each process followed, for a failure's message.
+        let series: Vec<String> = r["timeline"]["series"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .take(3)
+            .map(|s| format!("{} {}", s["bytes"], s["held_by"].as_array().map_or(0, Vec::len)))
+            .collect();
+        out.push(format!("pid {} forked from {}: {}", r["pid"], r["fork"]["forked_from_pid"], series.join("; ")));
         for v in r["timeline"]["series"].as_array().unwrap().iter().chain(r["leaks"].as_array().unwrap()) {
             let links: Vec<leaktrace_common::report_schema::HeldLink> = serde_json::from_value(v["held_by"].clone()).unwrap_or_default();
             out.extend(leaktrace_common::held::held_by_text(&links));
