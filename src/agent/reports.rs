@@ -159,9 +159,10 @@ pub(super) fn write_report(reason: Reason) {
     // The final report's names are found on another core while this one gathers the
     // blocks and scans: the largest groups are the ones reported, unless the scan finds
     // smaller ones leaked (named afterwards).
-    let (limit, followed, growing) = report_limits();
     // The groups whose holders the scan names: the report's largest and the stacks the
-    // timeline follows; through Python objects only for those that grew.
+    // timeline follows; through Python objects only for those that grew. Nothing of it
+    // for a report without a scan (a periodic one: no symbolizing here).
+    let (limit, followed, growing) = if scan_now { report_limits() } else { (0, Vec::new(), Vec::new()) };
     let (wanted, through_python) = if scan_now { held_wanted(&snapshot, limit, &followed, &growing) } else { Default::default() };
     let presymbolizer = (final_report && scan_now).then(|| Presymbolizer::start(&snapshot, limit)).flatten();
     let live = scan_now.then(|| if final_report { c.model.take_live_blocks() } else { c.model.live_blocks() });
