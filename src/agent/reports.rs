@@ -128,6 +128,11 @@ pub(super) fn write_report(reason: Reason) {
         // Before taking the collector: the preparation needs it to install its list.
         wait_while(|| PREPARING.load(Ordering::SeqCst), PREPARE_WAIT, Duration::from_micros(200));
     }
+    // The scan runs for the final report and for snapshots asked with the signal.
+    let scan_now = (final_report || reason == Reason::Signal) && SCAN_AT_EXIT.load(Ordering::Relaxed);
+    // What held-by needs of the report side (the followed stacks, named to tell an
+    // import's growth apart), taken before the collector is: no symbolizing under it.
+    let (limit, followed, growing) = if scan_now { report_limits() } else { (0, Vec::new(), Vec::new()) };
     let Some(mut state) = lock_bounded(&STATE, Duration::from_secs(5)) else {
         stderr_line("leaktrace: collector busy for 5 s; report skipped");
         return;
@@ -154,15 +159,11 @@ pub(super) fn write_report(reason: Reason) {
         // Tracking has stopped: nobody waits for the collector.
         snapshot.sort();
     }
-    // The scan runs for the final report and for snapshots asked with the signal.
-    let scan_now = (final_report || reason == Reason::Signal) && SCAN_AT_EXIT.load(Ordering::Relaxed);
     // The final report's names are found on another core while this one gathers the
     // blocks and scans: the largest groups are the ones reported, unless the scan finds
     // smaller ones leaked (named afterwards).
     // The groups whose holders the scan names: the report's largest and the stacks the
-    // timeline follows; through Python objects only for those that grew. Nothing of it
-    // for a report without a scan (a periodic one: no symbolizing here).
-    let (limit, followed, growing) = if scan_now { report_limits() } else { (0, Vec::new(), Vec::new()) };
+    // timeline follows; through Python objects only for those that grew.
     let (wanted, through_python) = if scan_now { held_wanted(&snapshot, limit, &followed, &growing) } else { Default::default() };
     let presymbolizer = (final_report && scan_now).then(|| Presymbolizer::start(&snapshot, limit)).flatten();
     let live = scan_now.then(|| if final_report { c.model.take_live_blocks() } else { c.model.live_blocks() });

@@ -49,18 +49,17 @@ pub fn open_now() -> bool {
 /// and size (its pool's size class), read with `process_vm_readv` (call only where
 /// `roots::copies_allowed`); `None` where the pool header does not read as one.
 pub fn block_at(addr: u64, arena: u64, len: u64) -> Option<(u64, u64)> {
-    const POOL_OVERHEAD: u64 = 48;
+    use crate::scan::pymalloc::POOL_OVERHEAD;
     let pool_size = crate::scan::pymalloc::pool_size(len);
     let pool = addr / pool_size * pool_size;
     let mut h = [0u64; 6];
     if pool < arena || crate::scan::roots::read_own_memory(pool, &mut h) != 48 {
         return None;
     }
-    let szidx = h[4] >> 32;
-    if szidx >= 64 || addr < pool + POOL_OVERHEAD {
+    let size = crate::scan::pymalloc::pool_block_size(h[4])?;
+    if addr < pool + POOL_OVERHEAD {
         return None;
     }
-    let size = (szidx + 1) * 16;
     Some((pool + POOL_OVERHEAD + (addr - pool - POOL_OVERHEAD) / size * size, size))
 }
 

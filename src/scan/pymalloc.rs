@@ -9,7 +9,7 @@
 use super::mark::Memory;
 
 /// `sizeof(struct pool_header)` rounded to the 16-byte alignment.
-const POOL_OVERHEAD: u64 = 48;
+pub const POOL_OVERHEAD: u64 = 48;
 /// pymalloc's alignment and size-class step on 64-bit (3.8+).
 const ALIGNMENT: u64 = 16;
 const MAX_POOL: u64 = 16 << 10;
@@ -93,8 +93,8 @@ pub struct ObjectTypes {
 }
 
 /// `PyASCIIObject.state`'s `compact` and `ascii` bits (3.8 to 3.13).
-const STR_COMPACT: u64 = 1 << 5;
-const STR_ASCII: u64 = 1 << 6;
+pub const STR_COMPACT: u64 = 1 << 5;
+pub const STR_ASCII: u64 = 1 << 6;
 
 /// Where a tuple's items start in its block: the GC header, the reference count, the
 /// type and the length.
@@ -218,6 +218,13 @@ pub fn live_runs(mem: &impl Memory, arena: (u64, u64), mut visit: impl FnMut(u64
     }
 }
 
+/// The block size of a pool whose header's fifth word (`arenaindex`, then `szidx` in its
+/// high half) is `word`; `None` for a size class pymalloc does not have.
+pub fn pool_block_size(word: u64) -> Option<u64> {
+    let szidx = word >> 32;
+    (szidx < 64).then_some((szidx + 1) * ALIGNMENT)
+}
+
 fn pool_runs(mem: &impl Memory, p: u64, pool: u64, visit: &mut impl FnMut(u64, u64, u64)) {
     let mut h = [0u64; 6];
     let mut n = 0;
@@ -232,12 +239,11 @@ fn pool_runs(mem: &impl Memory, p: u64, pool: u64, visit: &mut impl FnMut(u64, u
     }
     let count = h[0] as u32;
     let freeblock = h[1];
-    let szidx = h[4] >> 32;
     let nextoffset = h[5] as u32 as u64;
-    if count == 0 || szidx >= 64 || nextoffset < POOL_OVERHEAD || nextoffset > pool {
+    let Some(bsize) = pool_block_size(h[4]) else { return };
+    if count == 0 || nextoffset < POOL_OVERHEAD || nextoffset > pool {
         return;
     }
-    let bsize = (szidx + 1) * ALIGNMENT;
     let nblocks = ((nextoffset - POOL_OVERHEAD) / bsize) as usize;
     let first = p + POOL_OVERHEAD;
     let mut free = [0u64; BITMAP_WORDS];

@@ -243,9 +243,8 @@ pub fn py_str(addr: u64, minor: u8) -> Option<String> {
         return None;
     }
     let len = w[2];
-    let state = w[4] as u32;
-    // interned: 2 bits, kind: 3, compact: 1, ascii: 1.
-    let (compact, ascii) = (state >> 5 & 1 == 1, state >> 6 & 1 == 1);
+    let state = w[4] & 0xffff_ffff;
+    let (compact, ascii) = (state & super::pymalloc::STR_COMPACT != 0, state & super::pymalloc::STR_ASCII != 0);
     if !compact || !ascii || len == 0 || len > 64 {
         return None;
     }
