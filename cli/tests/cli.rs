@@ -1346,6 +1346,10 @@ fn a_clean_python_loop_has_no_growth_and_nothing_to_say_about_its_memory() {
         let m = &r["memory"];
         assert!(m["rss"].as_u64().unwrap() > 0 && m["rss_anon"].as_u64().unwrap() <= m["rss"].as_u64().unwrap(), "{m}");
         assert!(m["python_objects"].as_u64().is_some() && m["heap_free"].as_u64().is_some() && m["tracer"].as_u64().unwrap() > 0, "{m}");
+        // The tracer's memory by part adds up to it.
+        let parts: u64 = m["tracer_parts"].as_array().unwrap().iter().map(|p| p["bytes"].as_u64().unwrap()).sum();
+        assert_eq!(parts, m["tracer"].as_u64().unwrap(), "{m}");
+        assert!(m["tracer_parts"].as_array().unwrap().iter().any(|p| p["part"] == "stack_table"), "{m}");
         let points = r["timeline"]["points"].as_array().unwrap();
         assert!(points.len() > 10 && points.iter().all(|p| p["memory"]["rss"].as_u64().is_some_and(|v| v > 0)), "{}", points.len());
     }

@@ -65,6 +65,22 @@ pub struct Memory {
     /// and what of it a known caching allocator holds.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<DeviceMemory>,
+    /// `tracer` by what it holds, resident bytes, in reports (in the timeline, only in
+    /// the last point):
+    /// `stack_frames` and `stack_table` (every captured call stack, interned),
+    /// `python` (code objects' names and line tables), `rings` (events on their way to
+    /// the collector), `unwind` (the unwinder's caches), `blocks` (the live blocks by
+    /// address), `buffers` (the collector's per-stack groups, a report's snapshot and
+    /// other large tables), `heap` (small heap blocks), `other`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tracer_parts: Vec<TracerPart>,
+}
+
+/// One part of the tracer's own memory (`Memory::tracer_parts`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TracerPart {
+    pub part: String,
+    pub bytes: u64,
 }
 
 /// One CUDA device's memory as the report's groups count it.
@@ -300,12 +316,31 @@ pub fn explain(points: &[(u64, Memory)], forked_child: bool) -> Vec<Finding> {
             part: "tracer",
             from: from.tracer,
             to: to.tracer,
-            what: format!("leaktrace's own memory is {} ({}% of RSS)", human(to.tracer), percent(to.tracer, rss)),
+            what: format!(
+                "leaktrace's own memory is {} ({}% of RSS){}",
+                human(to.tracer),
+                percent(to.tracer, rss),
+                // The parts as last measured (only the last point keeps them).
+                points.iter().rev().find(|(_, m)| !m.tracer_parts.is_empty()).map_or(String::new(), |(_, m)| largest_tracer_parts(m))
+            ),
             remedy: "not the program's: subtract it from RSS; a lower LEAKTRACE_STACK_DEPTH keeps less".into(),
         });
     }
     out.sort_by_key(|f| std::cmp::Reverse(f.to.max(f.from)));
     out
+}
+
+/// "; its largest parts: buffers 117.9 MiB, stack_table 58.3 MiB, …" — the three largest
+/// parts of the tracer's memory, when the report has them.
+fn largest_tracer_parts(m: &Memory) -> String {
+    let mut parts: Vec<&TracerPart> = m.tracer_parts.iter().filter(|p| p.bytes >= MIB).collect();
+    parts.sort_by_key(|p| std::cmp::Reverse(p.bytes));
+    let named: Vec<String> = parts.iter().take(3).map(|p| format!("{} {}", p.part, human(p.bytes))).collect();
+    if named.is_empty() {
+        String::new()
+    } else {
+        format!("; its largest parts: {}", named.join(", "))
+    }
 }
 
 #[cfg(test)]
@@ -324,6 +359,24 @@ mod tests {
         assert_eq!(f[0].part, "heap_free");
         assert!(f[0].what.contains("740.0 MiB") && f[0].what.contains("96% of RSS"), "{}", f[0].what);
         assert!(f[0].remedy.contains("MALLOC_ARENA_MAX") && f[0].remedy.contains("malloc_trim(0)") && f[0].remedy.contains("jemalloc"));
+    }
+
+    #[test]
+    fn the_tracers_large_share_names_its_largest_parts_as_last_measured() {
+        let part = |part: &str, mib: u64| TracerPart { part: part.into(), bytes: mib * MIB };
+        let m0 = Memory { rss: 900 * MIB, tracer: 300 * MIB, ..Default::default() };
+        let last = Memory {
+            tracer_parts: vec![part("rings", 2), part("buffers", 120), part("stack_table", 58), part("stack_frames", 46), part("other", 0)],
+            ..m0.clone()
+        };
+        // The peak (the point `explain` reads) is not the last point, which alone has the parts.
+        let peak = Memory { rss: 1000 * MIB, tracer: 320 * MIB, ..Default::default() };
+        let f = explain(&[at(0, &m0), at(6_000, &m0), at(8_000, &peak), at(10_000, &last)], false);
+        let t = f.iter().find(|f| f.part == "tracer").unwrap();
+        assert!(t.what.ends_with("(32% of RSS); its largest parts: buffers 120.0 MiB, stack_table 58.0 MiB, stack_frames 46.0 MiB"), "{}", t.what);
+        // Without parts (an older report), the share alone.
+        let f = explain(&[at(0, &m0), at(10_000, &m0)], false);
+        assert!(f[0].what.ends_with("(33% of RSS)"), "{}", f[0].what);
     }
 
     #[test]

@@ -150,7 +150,17 @@ extern "C" fn register(_: *mut c_void) -> c_int {
 /// them. Returns `None` (a new reference), or null with no exception set never.
 unsafe extern "C" fn before_finalize(_: *mut PyObject, _: *mut PyObject) -> *mut PyObject {
     let _errno = crate::os::ErrnoGuard::save();
-    let _ = std::panic::catch_unwind(|| crate::hotpath::thread::untracked(super::reports::held_before_exit));
+    let _ = std::panic::catch_unwind(|| {
+        crate::hotpath::thread::untracked(|| {
+            // The memory as the program left it: the final report's is measured after
+            // the interpreter's teardown freed its modules (malloc then holds ~100 MB
+            // of freed memory after `import torch`), which is no state of the program's
+            // run. This point ends the timeline's memory series instead.
+            super::reports::record_point();
+            super::reports::INTERPRETER_FINALIZING.store(true, Ordering::Release);
+            super::reports::held_before_exit();
+        })
+    });
     match api() {
         Some(a) => {
             // SAFETY: `None` is immortal or counted; the caller takes the reference.

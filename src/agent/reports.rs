@@ -3,7 +3,7 @@
 //! timeline points between reports; the final report exactly once.
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -54,6 +54,7 @@ impl ReportSide {
         host_tracking: String,
         suppressions: leaktrace_common::Suppressions,
     ) -> ReportSide {
+        REPORT_GROUPS.store(config.report_groups, Ordering::Relaxed);
         ReportSide {
             config,
             process,
@@ -72,6 +73,14 @@ impl ReportSide {
         }
     }
 }
+
+/// How many groups of each class a report lists (`Config::report_groups`, fixed at
+/// start), readable without the report side's lock.
+static REPORT_GROUPS: AtomicUsize = AtomicUsize::new(0);
+
+/// Set when the Python interpreter's exit began (`python_exit`, an atexit callback that
+/// took the last memory point before its teardown).
+pub(super) static INTERPRETER_FINALIZING: AtomicBool = AtomicBool::new(false);
 
 /// Whether the program's malloc is glibc's (its `mallinfo2` then describes the heap).
 pub(super) static GLIBC_HEAP: AtomicBool = AtomicBool::new(false);
@@ -92,6 +101,8 @@ pub(super) static REPORT: SpinLock<Option<ReportSide>> = SpinLock::new(None);
 /// The groups of the last report's snapshot, kept for the next one (see
 /// `Collector::snapshot_unsorted_into`); empty while a report holds them.
 static SNAPSHOT_BUFFER: SpinLock<Vec<crate::collector::state::GroupSnapshot>> = SpinLock::new(Vec::new());
+/// The largest snapshot buffer kept from one report to the next.
+const KEEP_SNAPSHOT_BYTES: usize = 4 << 20;
 /// The same for the changed groups of a timeline point (`record_point`).
 static CHANGES_BUFFER: SpinLock<Vec<crate::collector::state::Change>> = SpinLock::new(Vec::new());
 
@@ -181,14 +192,7 @@ pub(super) fn write_report(reason: Reason) {
     }
     drop(pause);
     drop(presymbolizer);
-    let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(30)) else {
-        stderr_line("leaktrace: report writer busy for 30 s; report skipped");
-        return;
-    };
-    let Some(r) = report.as_mut() else { return };
-    if r.final_written {
-        return;
-    }
+    let report_groups = REPORT_GROUPS.load(Ordering::Relaxed);
     if !final_report {
         if scan_now {
             // `select_groups` re-sorts by what the scan found: ties keep this order.
@@ -196,12 +200,9 @@ pub(super) fn write_report(reason: Reason) {
         } else {
             // What a periodic report reads of the order: each class's listed groups and
             // the timeline's largest.
-            snapshot.sort_top(r.config.report_groups.max(crate::report::timeline::JOIN_TOP));
+            snapshot.sort_top(report_groups.max(crate::report::timeline::JOIN_TOP));
         }
     }
-    let now = process::unix_ms();
-    r.timeline.record(now, &snapshot);
-    r.timeline.note_memory(memory.clone());
     // Groups the scan cannot classify (registrations, VMM handles and ranges) keep no
     // breakdown: they count as outstanding.
     let reach = scan.as_ref().map(|s| {
@@ -214,8 +215,29 @@ pub(super) fn write_report(reason: Reason) {
             s.by_group.get(&(g.stack, g.api.name(), g.device)).copied()
         }
     });
-    let (selected, omitted) = build::select_groups(&snapshot.groups, reach, r.config.report_groups);
-    let mut groups = build::resolve_groups(&selected, &mut r.symbolizer);
+    let (selected, omitted) = build::select_groups(&snapshot.groups, reach, report_groups);
+    // The listed groups' other figures, from the collector (not under the report side's
+    // lock: the collector's is taken first everywhere).
+    let details: Vec<_> = match lock_bounded(&STATE, Duration::from_secs(5)) {
+        Some(state) => selected.iter().map(|(g, _)| state.as_ref().map(|c| c.model.details(g.group)).unwrap_or_default()).collect(),
+        None => vec![Default::default(); selected.len()],
+    };
+    let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(30)) else {
+        stderr_line("leaktrace: report writer busy for 30 s; report skipped");
+        return;
+    };
+    let Some(r) = report.as_mut() else { return };
+    if r.final_written {
+        return;
+    }
+    let now = process::unix_ms();
+    r.timeline.record(now, &snapshot);
+    // After the interpreter's teardown the memory is the report's, not a point of the
+    // series (the atexit callback took the last one).
+    if !(final_report && INTERPRETER_FINALIZING.load(Ordering::Acquire)) {
+        r.timeline.note_memory(memory.clone());
+    }
+    let mut groups = build::resolve_groups(&selected, &details, &mut r.symbolizer);
     if let Some(s) = &scan {
         for g in groups.iter_mut() {
             if let Some(from) = s.indirect_from.get(&(g.stack_id, g.api.as_ref(), g.device.and_then(|d| u8::try_from(d).ok()))) {
@@ -305,10 +327,14 @@ pub(super) fn write_report(reason: Reason) {
     drop(selected);
     if let Some(mut b) = SNAPSHOT_BUFFER.try_lock() {
         let mut kept = std::mem::take(&mut snapshot.groups);
-        // Sized for this report's groups, not for the largest report's: after
-        // `import torch` a report had 535k live groups (47 MB), the next ones 57k.
+        // Sized for this report's groups, not for the largest report's; and not kept
+        // at all past `KEEP_SNAPSHOT_BYTES`: between reports it would be memory of
+        // ours that the program's peak pays for (after `import torch` a report had 535k
+        // live groups, 21 MB; the next one's fresh pages cost a few ms of faults).
         let len = kept.len();
-        if kept.capacity() > 2 * len + 1024 {
+        if len * std::mem::size_of::<crate::collector::state::GroupSnapshot>() > KEEP_SNAPSHOT_BYTES {
+            kept = Vec::new();
+        } else if kept.capacity() > 2 * len + 1024 {
             kept.clear();
             kept.shrink_to(len + len / 4);
         }
@@ -356,7 +382,7 @@ fn held_wanted(
         by_size.select_nth_unstable_by(limit - 1, |a, b| b.cmp(a));
     }
     let mut wanted: HeldKeys = by_size.iter().take(limit).map(|&(_, stack, api)| (stack, api)).collect();
-    let steady: HeldKeys = snapshot.groups.iter().filter(|g| g.stats.trend.steady() && g.api.kind() != Kind::Python).map(|g| (g.stack, g.api)).collect();
+    let steady: HeldKeys = snapshot.groups.iter().filter(|g| g.stats.steady() && g.api.kind() != Kind::Python).map(|g| (g.stack, g.api)).collect();
     wanted.extend(steady);
     wanted.extend(followed.iter().copied());
     (wanted, growing.iter().copied().collect())

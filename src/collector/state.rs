@@ -170,10 +170,39 @@ impl Totals {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GroupSnapshot {
     pub stack: u32,
+    /// Its index among the collector's groups: `Collector::details` gives the figures a
+    /// listed group shows besides these.
+    pub group: u32,
     pub api: Api,
     /// CUDA device ordinal, for device-side groups where it is known.
     pub device: Option<u8>,
-    pub stats: GroupStats,
+    pub stats: SnapStats,
+}
+
+/// What a report reads of every live group (40 bytes a group with its identity, against
+/// 88 for the whole `GroupStats`: after `import torch` a report copies 600k of them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SnapStats {
+    pub live_bytes: u64,
+    pub live_blocks: u64,
+    /// Its growth since the timeline first saw it (`Trend::growth`) when it grows
+    /// steadily (`Trend::steady`), else 0.
+    pub steady_growth: u64,
+}
+
+impl SnapStats {
+    pub fn steady(&self) -> bool {
+        self.steady_growth > 0
+    }
+}
+
+/// A listed group's figures besides its live ones, read from the collector for the few
+/// groups a report lists (`Collector::details`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GroupDetails {
+    pub peak_live_bytes: u64,
+    pub total_allocs: u64,
+    pub total_bytes: u64,
 }
 
 /// A group's identity: one per call stack, entry point and device.
@@ -377,7 +406,7 @@ impl Collector {
             return self.group_of_hashed(key);
         }
         if self.group_by_stack.len() <= stack {
-            self.group_by_stack.resize((stack + 1).next_power_of_two(), 0);
+            crate::util::grow_zeroed(&mut self.group_by_stack, (stack + 1).next_power_of_two());
         }
         let slot = self.group_by_stack[stack];
         if slot != 0 && self.groups[slot as usize - 1].0 == key {
@@ -835,20 +864,38 @@ impl Collector {
     }
 
     /// `snapshot_unsorted` into `buf` (emptied first): a buffer kept from the last
-    /// report is reused, where a new one would be ~48 MB of fresh pages after `import
-    /// torch`, zeroed by the kernel at every report.
+    /// report is reused (a small one: `agent::reports` drops large ones between reports).
     pub fn snapshot_unsorted_into(&self, mut buf: Vec<GroupSnapshot>) -> Snapshot {
         buf.clear();
         // The first process's groups all start in its generation, 0, and are never reset.
-        let candidates: Box<dyn Iterator<Item = &(GroupKey, GroupStats)>> =
-            if self.generation == 0 { Box::new(self.groups.iter()) } else { Box::new(self.touched.iter().map(|&g| &self.groups[g as usize])) };
-        buf.extend(candidates.filter(|(_, s)| s.live_blocks > 0 && s.generation == self.generation).map(|&((stack, api, device), stats)| GroupSnapshot {
-            stack,
-            api,
-            device,
-            stats,
+        let candidates: Box<dyn Iterator<Item = u32>> =
+            if self.generation == 0 { Box::new(0..self.groups.len() as u32) } else { Box::new(self.touched.iter().copied()) };
+        buf.extend(candidates.filter_map(|group| {
+            let ((stack, api, device), stats) = self.groups[group as usize];
+            (stats.live_blocks > 0 && stats.generation == self.generation).then_some(GroupSnapshot {
+                stack,
+                group,
+                api,
+                device,
+                stats: SnapStats {
+                    live_bytes: stats.live_bytes,
+                    live_blocks: stats.live_blocks,
+                    steady_growth: if stats.trend.steady() { stats.trend.growth().max(1) } else { 0 },
+                },
+            })
         }));
         Snapshot { totals: self.totals, groups: buf }
+    }
+
+    /// The figures of group `group` (a snapshot's `GroupSnapshot::group`) that a snapshot
+    /// does not copy; zero for a group of an earlier process generation.
+    pub fn details(&self, group: u32) -> GroupDetails {
+        match self.groups.get(group as usize) {
+            Some((_, s)) if s.generation == self.generation => {
+                GroupDetails { peak_live_bytes: s.peak_live_bytes, total_allocs: s.total_allocs, total_bytes: s.total_bytes }
+            }
+            _ => GroupDetails::default(),
+        }
     }
 }
 
@@ -879,10 +926,11 @@ mod tests {
             let groups: Vec<GroupSnapshot> = (0..n)
                 .map(|i| GroupSnapshot {
                     stack: rng.below(50) as u32 + i as u32 * 64,
+                    group: i as u32,
                     api: if rng.below(4) < cuda_share { Api::CudaMalloc } else { Api::Malloc },
                     device: None,
                     // Few distinct sizes: ties are ordered by blocks, then stack.
-                    stats: GroupStats { live_bytes: rng.below(30) * 8, live_blocks: 1 + rng.below(3), ..Default::default() },
+                    stats: SnapStats { live_bytes: rng.below(30) * 8, live_blocks: 1 + rng.below(3), ..Default::default() },
                 })
                 .collect();
             let mut full = Snapshot { totals: Totals::default(), groups: groups.clone() };
@@ -920,10 +968,13 @@ mod tests {
             c.advance_trends();
         }
         let s = c.snapshot();
-        let t = |stack: u32| s.groups.iter().find(|g| g.stack == stack).unwrap().stats.trend;
+        let g = |stack: u32| s.groups.iter().find(|g| g.stack == stack).unwrap().clone();
+        let t = |stack: u32| c.groups[g(stack).group as usize].1.trend;
         assert!(t(1).steady(), "{:?}", t(1));
         assert_eq!((t(1).steps, t(1).ups, t(1).downs, t(1).growth()), (5, 5, 0, 5 * 512));
         assert!(!t(2).steady(), "{:?}", t(2));
+        // A snapshot says the same.
+        assert_eq!((g(1).stats.steady(), g(1).stats.steady_growth, g(2).stats.steady()), (true, 5 * 512, false));
         let mut small = Trend::default();
         for v in [10, 20, 30, 40] {
             small.step(v);
@@ -947,7 +998,7 @@ mod tests {
         assert_eq!(s.totals.host().peak_live_bytes, 157);
         assert_eq!(s.totals.unknown_frees, 1);
         assert_eq!(s.groups.len(), 2);
-        assert_eq!((s.groups[0].stack, s.groups[0].stats.live_bytes, s.groups[0].stats.peak_live_bytes), (1, 100, 150));
+        assert_eq!((s.groups[0].stack, s.groups[0].stats.live_bytes, c.details(s.groups[0].group).peak_live_bytes), (1, 100, 150));
         assert_eq!((s.groups[1].stack, s.groups[1].stats.live_blocks), (2, 1));
         assert_eq!(s.totals.host().total_allocs - s.totals.host().total_frees, s.totals.host().live_blocks);
     }
@@ -1121,7 +1172,7 @@ mod tests {
         c.apply(&free(0x20));
         let s = c.snapshot();
         let g1 = s.groups.iter().find(|g| g.stack == 1).unwrap();
-        assert_eq!((g1.stats.live_bytes, g1.stats.live_blocks, g1.stats.total_allocs), (7, 1, 1));
+        assert_eq!((g1.stats.live_bytes, g1.stats.live_blocks, c.details(g1.group).total_allocs), (7, 1, 1));
         assert_eq!((s.totals.inherited_live_bytes, s.totals.inherited_live_blocks, s.totals.inherited_frees), (0, 0, 2));
         // A grandchild inherits the child's blocks, and nothing of the old statistics.
         c.fork_boundary();
@@ -1136,7 +1187,7 @@ mod tests {
         let s = c.snapshot();
         assert_eq!((s.totals.inherited_live_bytes, s.totals.inherited_frees, s.totals.host().live_bytes), (5, 1, 3));
         assert_eq!(s.groups.len(), 1);
-        assert_eq!((s.groups[0].stats.live_bytes, s.groups[0].stats.total_allocs), (3, 1));
+        assert_eq!((s.groups[0].stats.live_bytes, c.details(s.groups[0].group).total_allocs), (3, 1));
     }
 
     #[test]

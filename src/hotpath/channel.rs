@@ -189,7 +189,7 @@ fn take_ring(capacity: u64) -> Option<&'static ThreadRing> {
         None => {
             let header = std::mem::size_of::<ThreadRing>().next_multiple_of(std::mem::align_of::<Slot>());
             // All-zero bytes are a valid empty ring but for its two fixed fields.
-            let m = super::mapping::map_zeroed(header + capacity as usize * std::mem::size_of::<Slot>())?;
+            let m = super::mapping::map_zeroed(header + capacity as usize * std::mem::size_of::<Slot>(), super::mapping::Part::Rings)?;
             let r = m as *mut ThreadRing;
             // SAFETY: fresh mapping, not yet shared; the slots start `header` bytes in,
             // aligned for `Slot` (the mapping is page-aligned).

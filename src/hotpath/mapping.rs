@@ -2,9 +2,11 @@
 //! the allocator the library interposes.
 use std::sync::atomic::{AtomicBool, Ordering};
 
+pub use crate::os::own::Part;
+
 /// Maps `bytes` of zeroed, private, read-write memory (reserved lazily: untouched pages
 /// cost nothing). Returns `None` when the kernel refuses.
-pub fn map_zeroed(bytes: usize) -> Option<*mut u8> {
+pub fn map_zeroed(bytes: usize, part: Part) -> Option<*mut u8> {
     // SAFETY: an anonymous private mapping has no preconditions; failure is checked.
     let p = unsafe {
         libc::syscall(
@@ -20,8 +22,45 @@ pub fn map_zeroed(bytes: usize) -> Option<*mut u8> {
     if p == libc::MAP_FAILED {
         return None;
     }
-    crate::os::own::mapped(p as usize, bytes);
+    crate::os::own::mapped(p as usize, bytes, part);
     Some(p as *mut u8)
+}
+
+/// A page.
+pub const PAGE: usize = 4096;
+/// The library's own heap allocations from this size on are mappings of their own
+/// (`interpose::malloc::RealAllocator`): glibc's own threshold for mmapped chunks, until
+/// it raises it for the program's frees.
+pub const OWN_MAPPING_MIN: usize = 128 << 10;
+
+/// A buffer of the library's own heap (`RealAllocator`): zeroed pages, page-aligned,
+/// registered as `Part::Buffers`.
+pub fn map_buffer(bytes: usize) -> Option<*mut u8> {
+    map_zeroed(bytes.next_multiple_of(PAGE), Part::Buffers)
+}
+
+/// Frees a buffer of `map_buffer(bytes)`.
+pub fn unmap_buffer(p: *mut u8, bytes: usize) {
+    unmap(p, bytes.next_multiple_of(PAGE));
+}
+
+/// Resizes a buffer of `map_buffer(old)` to `new` bytes, moving it if it must (the
+/// kernel moves the pages, not their contents); `None`, the old one untouched, when the
+/// kernel refuses.
+pub fn remap_buffer(p: *mut u8, old: usize, new: usize) -> Option<*mut u8> {
+    let (old, new) = (old.next_multiple_of(PAGE), new.next_multiple_of(PAGE));
+    if old == new {
+        return Some(p);
+    }
+    // SAFETY: `[p, p + old)` is a private anonymous mapping of ours (`map_buffer`);
+    // MREMAP_MAYMOVE leaves it untouched on failure.
+    let q = unsafe { libc::syscall(libc::SYS_mremap, p as usize, old, new, libc::MREMAP_MAYMOVE) } as *mut libc::c_void;
+    if q == libc::MAP_FAILED {
+        return None;
+    }
+    crate::os::own::unmapped(p as usize, old);
+    crate::os::own::mapped(q as usize, new, Part::Buffers);
+    Some(q as *mut u8)
 }
 
 /// A transparent huge page.
@@ -32,9 +71,9 @@ const MADV_COLLAPSE: libc::c_int = 25;
 /// `map_zeroed`, aligned to 2 MiB so that `promote_to_huge_pages` can later back it with
 /// transparent huge pages. `bytes` must be a multiple of 2 MiB. The result can be
 /// handed to `unmap`.
-pub fn map_zeroed_aligned(bytes: usize) -> Option<*mut u8> {
+pub fn map_zeroed_aligned(bytes: usize, part: Part) -> Option<*mut u8> {
     debug_assert!(bytes.is_multiple_of(HUGE_PAGE));
-    let raw = map_zeroed(bytes + HUGE_PAGE)? as usize;
+    let raw = map_zeroed(bytes + HUGE_PAGE, part)? as usize;
     let start = (raw + HUGE_PAGE - 1) & !(HUGE_PAGE - 1);
     // SAFETY: the head [raw, start) and tail [start + bytes, raw + bytes + HUGE_PAGE)
     // are parts of the fresh mapping above that nothing refers to.
@@ -235,12 +274,12 @@ impl<T: Zeroable> ZeroedArray<T> {
             None
         } else if size >= HUGE_PAGE {
             let bytes = size.next_multiple_of(HUGE_PAGE);
-            map_zeroed_aligned(bytes).map(|p| {
+            map_zeroed_aligned(bytes, Part::Blocks).map(|p| {
                 advise_huge_pages(p, bytes);
                 (p, bytes)
             })
         } else {
-            map_zeroed(size).map(|p| (p, size))
+            map_zeroed(size, Part::Blocks).map(|p| (p, size))
         };
         let backing = match mapped.and_then(|(p, bytes)| Some((std::ptr::NonNull::new(p as *mut T)?, bytes))) {
             Some((ptr, bytes)) => Backing::Mapped { ptr, len, bytes },

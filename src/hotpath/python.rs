@@ -609,9 +609,9 @@ pub mod codes {
     static FULL: AtomicU64 = AtomicU64::new(0);
 
     pub(super) fn init() -> bool {
-        let slots = crate::hotpath::mapping::map_zeroed(SLOTS * 8);
-        let records = crate::hotpath::mapping::map_zeroed(MAX_CODES * 8);
-        let arena = crate::hotpath::mapping::map_zeroed(ARENA_BYTES);
+        let slots = crate::hotpath::mapping::map_zeroed(SLOTS * 8, crate::os::own::Part::Python);
+        let records = crate::hotpath::mapping::map_zeroed(MAX_CODES * 8, crate::os::own::Part::Python);
+        let arena = crate::hotpath::mapping::map_zeroed(ARENA_BYTES, crate::os::own::Part::Python);
         match (slots, records, arena) {
             (Some(s), Some(r), Some(a)) => {
                 SLOT_TABLE.store(s as usize, Ordering::Release);

@@ -466,7 +466,7 @@ fn rule_tables() -> Option<(&'static [RuleEntry], &'static [RuleEntry])> {
     let mut p = RULES.load(Ordering::Acquire);
     if p.is_null() {
         let bytes = RULE_TABLE_ENTRIES * std::mem::size_of::<RuleEntry>();
-        let m = super::mapping::map_zeroed(bytes)?;
+        let m = super::mapping::map_zeroed(bytes, super::mapping::Part::Unwind)?;
         match RULES.compare_exchange(std::ptr::null_mut(), m as *mut RuleEntry, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => p = m as *mut RuleEntry,
             Err(winner) => {
@@ -666,7 +666,7 @@ fn memo_for_thread(state: &ThreadState) -> Option<&'static mut Memo> {
         return None;
     }
     // Zeroed memory is a valid empty Memo (nreads = 0, sp = 0).
-    let m = super::mapping::map_zeroed(std::mem::size_of::<Memo>())? as *mut std::ffi::c_void;
+    let m = super::mapping::map_zeroed(std::mem::size_of::<Memo>(), super::mapping::Part::Unwind)? as *mut std::ffi::c_void;
     // SAFETY: key was created by pthread_key_create; setspecific does not allocate for
     // the first 32 keys and otherwise only through calloc, which our guard forwards.
     unsafe { libc::pthread_setspecific(key as libc::pthread_key_t, m) };
@@ -706,7 +706,7 @@ fn tree_for<'a>(slot: &'a mut Option<&mut usize>) -> Option<&'a mut HitTree> {
     let slot = slot.as_deref_mut()?;
     if *slot == 0 {
         // Zeroed memory is a valid empty tree.
-        *slot = super::mapping::map_zeroed(std::mem::size_of::<HitTree>())? as usize;
+        *slot = super::mapping::map_zeroed(std::mem::size_of::<HitTree>(), super::mapping::Part::Unwind)? as usize;
     }
     // SAFETY: the mapping holds one HitTree, owned by this thread alone (the slot is in
     // its memo); hooks do not nest (guard).

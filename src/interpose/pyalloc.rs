@@ -208,7 +208,7 @@ mod table {
         if TABLE.load(Ordering::Acquire) != 0 {
             return true;
         }
-        let Some(m) = crate::hotpath::mapping::map_zeroed(SLOTS * 8) else { return false };
+        let Some(m) = crate::hotpath::mapping::map_zeroed(SLOTS * 8, crate::os::own::Part::Python) else { return false };
         TABLE.store(m as usize, Ordering::Release);
         true
     }

@@ -2,7 +2,7 @@
 //! report's `memory`): the bytes of its heap blocks (the global allocator counts them)
 //! and the mappings it makes for its tables and rings (registered here; their resident
 //! part is measured with `mincore` at a snapshot, never on the hot path).
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 /// Bytes of the library's own live heap blocks.
 static HEAP: AtomicU64 = AtomicU64::new(0);
@@ -21,18 +21,62 @@ pub fn heap_bytes() -> u64 {
     HEAP.load(Ordering::Relaxed)
 }
 
-/// The library's mappings: start and length, 0 for a free slot. A mapping that finds
-/// no free slot is counted by its length in `UNLISTED` (as if wholly resident).
+/// What a mapping of ours holds, so that a report can say where the tracer's memory
+/// goes (`parts_resident`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Part {
+    /// The stack table's frame arena (`hotpath::stacks`).
+    StackFrames = 0,
+    /// The stack table's per-stack records and its index.
+    StackTable = 1,
+    /// Python code objects and their frames' line tables (`hotpath::python`,
+    /// `interpose::pyalloc`).
+    Python = 2,
+    /// The per-thread event rings (`hotpath::channel`).
+    Rings = 3,
+    /// The unwinder's memos, hit trees and rule tables (`hotpath::unwind`).
+    Unwind = 4,
+    /// The collector's table of live blocks by address.
+    Blocks = 5,
+    /// The library's large heap buffers (`hotpath::mapping::map_buffer`): the
+    /// collector's groups, a report's snapshot, symbol tables.
+    Buffers = 6,
+    /// Anything else.
+    Other = 7,
+}
+
+impl Part {
+    pub const ALL: [Part; 8] = [Part::StackFrames, Part::StackTable, Part::Python, Part::Rings, Part::Unwind, Part::Blocks, Part::Buffers, Part::Other];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Part::StackFrames => "stack_frames",
+            Part::StackTable => "stack_table",
+            Part::Python => "python",
+            Part::Rings => "rings",
+            Part::Unwind => "unwind",
+            Part::Blocks => "blocks",
+            Part::Buffers => "buffers",
+            Part::Other => "other",
+        }
+    }
+}
+
+/// The library's mappings: start, length and part, 0 for a free slot. A mapping that
+/// finds no free slot is counted by its length in `UNLISTED` (as if wholly resident).
 const SLOTS: usize = 1024;
 static STARTS: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
 static LENGTHS: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
+static PARTS: [AtomicU8; SLOTS] = [const { AtomicU8::new(Part::Other as u8) }; SLOTS];
 static UNLISTED: AtomicU64 = AtomicU64::new(0);
 
 /// A mapping of ours was made.
-pub fn mapped(start: usize, len: usize) {
-    for (s, l) in STARTS.iter().zip(LENGTHS.iter()) {
+pub fn mapped(start: usize, len: usize, part: Part) {
+    for ((s, l), p) in STARTS.iter().zip(LENGTHS.iter()).zip(PARTS.iter()) {
         if s.load(Ordering::Relaxed) == 0 && s.compare_exchange(0, usize::MAX, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
             l.store(len, Ordering::Relaxed);
+            p.store(part as u8, Ordering::Relaxed);
             s.store(start, Ordering::Release);
             return;
         }
@@ -64,16 +108,19 @@ pub fn unmapped(start: usize, len: usize) {
     let _ = UNLISTED.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| Some(u.saturating_sub(len as u64)));
 }
 
-/// The resident bytes of the library's mappings now.
-pub fn mapped_resident() -> u64 {
-    let mut total = UNLISTED.load(Ordering::Relaxed);
-    for (s, l) in STARTS.iter().zip(LENGTHS.iter()) {
+/// The resident bytes of the library's mappings now, by `Part` (indexed by its value;
+/// unlisted mappings count as `Other`).
+pub fn parts_resident() -> [u64; Part::ALL.len()] {
+    let mut out = [0u64; Part::ALL.len()];
+    out[Part::Other as usize] = UNLISTED.load(Ordering::Relaxed);
+    for ((s, l), p) in STARTS.iter().zip(LENGTHS.iter()).zip(PARTS.iter()) {
         let a = s.load(Ordering::Acquire);
         if a != 0 && a != usize::MAX {
-            total += resident(a, l.load(Ordering::Relaxed));
+            let part = (p.load(Ordering::Relaxed) as usize).min(Part::Other as usize);
+            out[part] += resident(a, l.load(Ordering::Relaxed));
         }
     }
-    total
+    out
 }
 
 /// The resident bytes of `[start, start + len)` (`mincore`); 0 where it is not mapped.
@@ -109,8 +156,8 @@ mod tests {
         // SAFETY: the first 16 KiB of the mapping above.
         unsafe { std::ptr::write_bytes(p as *mut u8, 1, 16 << 10) };
         assert_eq!(resident(p, len), 16 << 10);
-        mapped(p, len);
-        assert!(mapped_resident() >= 16 << 10);
+        mapped(p, len, Part::Other);
+        assert!(parts_resident()[Part::Other as usize] >= 16 << 10);
         unmapped(p, 4096);
         unmapped(p + 4096, len - 4096);
         // SAFETY: the mapping made above.

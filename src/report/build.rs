@@ -8,7 +8,7 @@ use leaktrace_common::report_schema as schema;
 use super::process::ProcessInfo;
 use super::symbolize::{RawFrame, Symbolizer};
 use super::timeline::Timeline;
-use crate::collector::state::{GroupSnapshot, KindTotals, Totals};
+use crate::collector::state::{GroupDetails, GroupSnapshot, KindTotals, Totals};
 use crate::hotpath::event::Kind;
 
 pub const SCHEMA: &str = "leaktrace-report/3";
@@ -192,12 +192,15 @@ fn take_per_class<'a>(
     (kept, omitted)
 }
 
-pub fn resolve_groups(selected: &[(&GroupSnapshot, Option<Reachability>)], sym: &mut Symbolizer) -> Vec<Group> {
+/// The listed groups with their stacks; `details` holds each one's other figures, in
+/// the same order (`Collector::details`).
+pub fn resolve_groups(selected: &[(&GroupSnapshot, Option<Reachability>)], details: &[GroupDetails], sym: &mut Symbolizer) -> Vec<Group> {
     let ids: Vec<u32> = selected.iter().map(|(g, _)| g.stack).collect();
     selected
         .iter()
+        .zip(details)
         .zip(resolve_stacks(&ids, sym))
-        .map(|(&(g, reachability), stack)| {
+        .map(|((&(g, reachability), details), stack)| {
             let kind = g.api.kind();
             Group {
                 kind: kind.name().into(),
@@ -206,9 +209,10 @@ pub fn resolve_groups(selected: &[(&GroupSnapshot, Option<Reachability>)], sym: 
                 cached_by: super::cached::owner(kind, &stack).map(Into::into),
                 bytes: g.stats.live_bytes,
                 blocks: g.stats.live_blocks,
-                peak_bytes: g.stats.peak_live_bytes,
-                total_allocs: g.stats.total_allocs,
-                total_bytes: g.stats.total_bytes,
+                // A periodic report reads these after the snapshot: never below it.
+                peak_bytes: details.peak_live_bytes.max(g.stats.live_bytes),
+                total_allocs: details.total_allocs.max(g.stats.live_blocks),
+                total_bytes: details.total_bytes.max(g.stats.live_bytes),
                 stack_id: g.stack,
                 reachability,
                 indirect_from: Vec::new(),
@@ -714,13 +718,14 @@ mod tests {
 
     #[test]
     fn a_report_lists_the_leaks_first_and_adds_up_the_rest() {
-        use crate::collector::state::GroupStats;
+        use crate::collector::state::SnapStats;
         use crate::hotpath::event::Api;
         let g = |stack: u32, bytes: u64| GroupSnapshot {
             stack,
             api: Api::Malloc,
             device: None,
-            stats: GroupStats { live_bytes: bytes, live_blocks: 1, ..Default::default() },
+            group: 0,
+            stats: SnapStats { live_bytes: bytes, live_blocks: 1, ..Default::default() },
         };
         // Collector order: largest first. Stack 1 is big but reachable; 3 is a small leak.
         let groups = vec![g(1, 1000), g(2, 500), g(3, 10), g(4, 5)];

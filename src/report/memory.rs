@@ -95,7 +95,16 @@ pub fn measure(known: Known) -> Memory {
         ..Default::default()
     };
     let own_heap = crate::os::own::heap_bytes();
-    m.tracer = own_heap + probe(crate::os::own::mapped_resident);
+    let mapped = if copy_allowed { crate::os::own::parts_resident() } else { Default::default() };
+    m.tracer = own_heap + mapped.iter().sum::<u64>();
+    if copy_allowed {
+        let named = crate::os::own::Part::ALL.iter().map(|p| (p.name(), mapped[*p as usize]));
+        m.tracer_parts = named
+            .chain([("heap", own_heap)])
+            .filter(|&(_, bytes)| bytes > 0)
+            .map(|(part, bytes)| leaktrace_common::memory::TracerPart { part: part.into(), bytes })
+            .collect();
+    }
     if known.glibc_malloc {
         if let Some((in_use, free)) = malloc_heap() {
             m.heap_free = Some(free);

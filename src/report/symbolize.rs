@@ -68,6 +68,7 @@ type Reader = gimli::EndianSlice<'static, gimli::RunTimeEndian>;
 struct ModuleFile {
     file: object::File<'static>,
     dwarf: Option<addr2line::Context<Reader>>,
+    map: &'static memmap2::Mmap,
 }
 
 /// A function symbol: `start`, `end` (`start` when its size is unknown), its index and
@@ -241,7 +242,19 @@ impl ModuleFile {
             });
             dwarf.ok().and_then(|d| addr2line::Context::from_dwarf(d).ok())
         });
-        Some(ModuleFile { file, dwarf: dwarf.flatten() })
+        Some(ModuleFile { file, dwarf: dwarf.flatten(), map })
+    }
+
+    /// Gives back the file's pages that a lookup brought in: they count in the process's
+    /// RSS as long as they stay mapped (libtorch_cpu's symbol tables alone are ~60 MB),
+    /// and the next report's lookup finds them in the page cache. Not under a seccomp
+    /// filter, which may answer `madvise` with SIGSYS.
+    fn release_pages(&self, allowed: bool) {
+        if allowed {
+            // SAFETY: a private read-only file mapping that nothing wrote: dropping its
+            // pages changes no content, the next read faults them in from the file.
+            let _ = unsafe { self.map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+        }
     }
 
     fn frames(&self, probe: u64) -> Vec<SymFrame> {
@@ -365,7 +378,12 @@ impl Symbolizer {
         let idx = self.module_index(m.path, m.base, m.start, m.end);
         let module = self.modules[idx as usize].path.clone();
         let offset = addr.wrapping_sub(self.modules[idx as usize].base);
-        let found = self.file(idx).and_then(|f| f.object_symbol(offset));
+        let allowed = crate::os::procfs::unfiltered(&crate::os::procfs::status());
+        let found = self.file(idx).and_then(|f| {
+            let found = f.object_symbol(offset);
+            f.release_pages(allowed);
+            found
+        });
         Some(match found {
             Some((name, start)) => DataSymbol { module, name: Some(name), offset: offset - start },
             None => DataSymbol { module, name: None, offset },
@@ -414,6 +432,7 @@ impl Symbolizer {
                 by_module.entry(module).or_default().push(offset);
             }
         }
+        let allowed = !by_module.is_empty() && crate::os::procfs::unfiltered(&crate::os::procfs::status());
         for (module, mut offsets) in by_module {
             offsets.sort_unstable();
             offsets.dedup();
@@ -431,6 +450,7 @@ impl Symbolizer {
                             None => frames[i].push(SymFrame { function: Some(name.into()), ..Default::default() }),
                         }
                     }
+                    file.release_pages(allowed);
                     frames
                 }
                 None => vec![Vec::new(); offsets.len()],

@@ -81,6 +81,13 @@ impl Timeline {
     /// changes are dropped: the sums start afresh from here.
     /// The memory measured with the last point.
     pub fn note_memory(&mut self, memory: leaktrace_common::memory::Memory) {
+        // Only the last point keeps the tracer's memory by part (the exit summary names
+        // its largest parts); the points before it drop theirs.
+        let n = self.points.len();
+        if let Some(m) = self.points.iter_mut().rev().nth(1).and_then(|p| p.memory.as_mut()) {
+            m.tracer_parts = Vec::new();
+        }
+        debug_assert!(n == 0 || self.points[..n - 1].iter().all(|p| p.memory.as_ref().is_none_or(|m| m.tracer_parts.is_empty())));
         if let Some(p) = self.points.last_mut() {
             p.memory = Some(memory);
         }
@@ -170,8 +177,8 @@ impl Timeline {
     /// largest first; and the `JOIN_GROWING` that grew most of those growing steadily),
     /// and those of them not followed yet, each once, in that order.
     fn to_join(&self, snapshot: &Snapshot) -> (Vec<Key>, Vec<Key>) {
-        let mut growing: Vec<&crate::collector::state::GroupSnapshot> = snapshot.groups.iter().filter(|g| g.stats.trend.steady()).collect();
-        growing.sort_by_key(|g| std::cmp::Reverse(g.stats.trend.growth()));
+        let mut growing: Vec<&crate::collector::state::GroupSnapshot> = snapshot.groups.iter().filter(|g| g.stats.steady()).collect();
+        growing.sort_by_key(|g| std::cmp::Reverse(g.stats.steady_growth));
         growing.truncate(JOIN_GROWING);
         let keep: Vec<Key> = snapshot.groups.iter().take(JOIN_TOP).chain(growing).map(|g| (g.stack, g.api)).collect();
         let mut newcomers: Vec<Key> = Vec::new();
@@ -211,7 +218,8 @@ impl Timeline {
     fn line_index(&mut self, stack: u32) -> u32 {
         let slot = crate::hotpath::stacks::dense_index(stack);
         if self.line_of.len() <= slot {
-            self.line_of.resize((slot + 1).next_power_of_two(), LINE_UNKNOWN);
+            // LINE_UNKNOWN is 0.
+            crate::util::grow_zeroed(&mut self.line_of, (slot + 1).next_power_of_two());
         }
         if self.line_of[slot] != LINE_UNKNOWN {
             return self.line_of[slot];
@@ -286,7 +294,7 @@ impl Timeline {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collector::state::{GroupSnapshot, GroupStats, Totals};
+    use crate::collector::state::{GroupSnapshot, SnapStats, Totals};
 
     fn snap(groups: &[(u32, u64)]) -> Snapshot {
         let mut gs: Vec<GroupSnapshot> = groups
@@ -295,7 +303,8 @@ mod tests {
                 stack,
                 api: Api::Malloc,
                 device: None,
-                stats: GroupStats { live_bytes: bytes, live_blocks: 1, ..Default::default() },
+                group: 0,
+                stats: SnapStats { live_bytes: bytes, live_blocks: 1, ..Default::default() },
             })
             .collect();
         gs.sort_by_key(|g| std::cmp::Reverse(g.stats.live_bytes));
@@ -394,7 +403,8 @@ mod tests {
             // Stack 7: 2 KiB more at every report, far below the 16 largest.
             let mut g = s.groups[0].clone();
             (g.stack, g.stats.live_bytes) = (7, 2048 * (step + 1));
-            g.stats.trend = crate::collector::state::Trend { seen: true, base: 2048, last: 2048 * (step + 1), steps: step as u16, ups: step as u16, downs: 0 };
+            // Up at every step: steady from the third (`Trend::steady`).
+            g.stats.steady_growth = if step >= 3 { 2048 * step } else { 0 };
             s.groups.push(g);
             t.record(step, &s);
         }

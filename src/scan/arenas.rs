@@ -27,7 +27,7 @@ pub fn prepare() -> bool {
     if PREPARED.load(Ordering::Acquire) != 0 {
         return true;
     }
-    let Some(mem) = crate::hotpath::mapping::map_zeroed(std::mem::size_of::<Table>()) else { return false };
+    let Some(mem) = crate::hotpath::mapping::map_zeroed(std::mem::size_of::<Table>(), crate::os::own::Part::Other) else { return false };
     PREPARED.store(mem as usize, Ordering::Release);
     true
 }
