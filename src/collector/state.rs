@@ -2,6 +2,7 @@
 //! Plain safe Rust, fed one event at a time in ticket order.
 
 use super::address_table::{AddressTable, Packed};
+use super::groups::Groups;
 use crate::hotpath::channel::Sink;
 use crate::hotpath::event::{Api, Event, EventKind, Kind, Space};
 
@@ -206,7 +207,7 @@ pub struct GroupDetails {
 }
 
 /// A group's identity: one per call stack, entry point and device.
-type GroupKey = (u32, Api, Option<u8>);
+pub type GroupKey = (u32, Api, Option<u8>);
 
 /// Pool allocations (`cudaMallocAsync` and friends) belong to a memory pool, not to a
 /// context: a context reset leaves them to the pool.
@@ -331,7 +332,7 @@ pub struct Collector {
     /// Everything CUDA, by key space and address or handle.
     cuda_live: FxMap<(Space, u64), LiveBlock>,
     /// Per group statistics; a free finds its group by index, without hashing.
-    groups: Vec<(GroupKey, GroupStats)>,
+    groups: Groups,
     /// The groups `group_by_stack` does not point to (and some it does): see `group_of`.
     group_index: FxMap<GroupKey, u32>,
     /// Stack id -> its most recent group + 1: a stack is nearly always allocated from
@@ -409,7 +410,7 @@ impl Collector {
             crate::util::grow_zeroed(&mut self.group_by_stack, (stack + 1).next_power_of_two());
         }
         let slot = self.group_by_stack[stack];
-        if slot != 0 && self.groups[slot as usize - 1].0 == key {
+        if slot != 0 && self.groups.key(slot - 1) == key {
             return slot - 1;
         }
         let idx = if slot == 0 {
@@ -417,7 +418,7 @@ impl Collector {
             self.new_group(key)
         } else {
             let displaced = slot - 1;
-            self.group_index.entry(self.groups[displaced as usize].0).or_insert(displaced);
+            self.group_index.entry(self.groups.key(displaced)).or_insert(displaced);
             self.group_of_hashed(key)
         };
         self.group_by_stack[stack] = idx + 1;
@@ -434,31 +435,31 @@ impl Collector {
     }
 
     fn new_group(&mut self, key: GroupKey) -> u32 {
-        self.groups.push((key, GroupStats::default()));
-        (self.groups.len() - 1) as u32
+        self.groups.push(key)
     }
 
     fn inherited(&self, block: &LiveBlock) -> bool {
         block.generation != self.generation
     }
 
-    /// A group's statistics in this process generation.
-    fn group_stats(&mut self, group: u32) -> &mut GroupStats {
+    /// Applies `f` to a group's statistics in this process generation.
+    #[inline]
+    fn update_group(&mut self, group: u32, f: impl FnOnce(&mut GroupStats)) {
         let generation = self.generation;
-        let stats = &mut self.groups[group as usize].1;
-        if stats.generation != generation {
-            *stats = GroupStats { generation, ..GroupStats::default() };
-            self.touched.push(group);
-        }
-        stats
+        let touched = &mut self.touched;
+        self.groups.update(group, |stats| {
+            if stats.generation != generation {
+                *stats = GroupStats { generation, ..GroupStats::default() };
+                touched.push(group);
+            }
+            f(stats)
+        });
     }
 
     /// Puts `group` in the list of changed groups, once.
     #[inline]
     fn note_changed(&mut self, group: u32) {
-        let stats = &mut self.groups[group as usize].1;
-        if !stats.changed {
-            stats.changed = true;
+        if self.groups.mark_changed(group) {
             self.changed.push(group);
         }
     }
@@ -480,18 +481,20 @@ impl Collector {
     /// bytes now are the next call's "before".
     fn drain_changed(&mut self, mut moved: impl FnMut(Change)) {
         for &g in &self.changed {
-            let ((stack, api, _), stats) = &mut self.groups[g as usize];
-            stats.changed = false;
-            if stats.pointed_bytes != stats.live_bytes {
-                moved(Change { stack: *stack, api: *api, before: stats.pointed_bytes, now: stats.live_bytes });
-                stats.pointed_bytes = stats.live_bytes;
-            }
+            let (stack, api, _) = self.groups.key(g);
+            self.groups.update(g, |stats| {
+                stats.changed = false;
+                if stats.pointed_bytes != stats.live_bytes {
+                    moved(Change { stack, api, before: stats.pointed_bytes, now: stats.live_bytes });
+                    stats.pointed_bytes = stats.live_bytes;
+                }
+            });
         }
         self.changed.clear();
     }
 
     fn kind_of(&self, block: &LiveBlock) -> Kind {
-        self.groups[block.group as usize].0 .1.kind()
+        self.groups.key(block.group).1.kind()
     }
 
     /// Whether the exit scan reads a block of `space` when a forked child inherited it:
@@ -503,7 +506,7 @@ impl Collector {
 
     /// The pointer scan's entry for the live block `b` at `addr`.
     fn live_entry(&self, addr: u64, b: &LiveBlock) -> LiveEntry {
-        let ((stack, api, device), _) = self.groups[b.group as usize];
+        let (stack, api, device) = self.groups.key(b.group);
         LiveEntry { addr, size: b.size, mark: b.mark, ignored: b.ignored, stack, api, device }
     }
 
@@ -532,10 +535,13 @@ impl Collector {
             return;
         }
         let kind = self.kind_of(&block);
-        let g = self.group_stats(block.group);
-        g.live_bytes += block.size;
-        g.live_blocks += 1;
-        g.peak_live_bytes = g.peak_live_bytes.max(g.live_bytes);
+        if !self.groups.add_live(block.group, self.generation, block.size) {
+            self.update_group(block.group, |g| {
+                g.live_bytes += block.size;
+                g.live_blocks += 1;
+                g.peak_live_bytes = g.peak_live_bytes.max(g.live_bytes);
+            });
+        }
         self.note_changed(block.group);
         let t = &mut self.totals.kinds[kind.index()];
         t.live_bytes += block.size;
@@ -550,9 +556,12 @@ impl Collector {
             return;
         }
         let kind = self.kind_of(block);
-        let g = self.group_stats(block.group);
-        g.live_bytes -= block.size;
-        g.live_blocks -= 1;
+        if !self.groups.remove_live(block.group, self.generation, block.size) {
+            self.update_group(block.group, |g| {
+                g.live_bytes -= block.size;
+                g.live_blocks -= 1;
+            });
+        }
         self.note_changed(block.group);
         let t = &mut self.totals.kinds[kind.index()];
         t.live_bytes -= block.size;
@@ -650,9 +659,12 @@ impl Collector {
                 let size = ev.bytes();
                 let group = self.group_of((ev.stack, ev.api, ev.device()));
                 let block = LiveBlock { size, group, generation: self.generation, mark: self.mark, ignored: false };
-                let g = self.group_stats(group);
-                g.total_allocs += 1;
-                g.total_bytes += size;
+                if !self.groups.count_alloc(group, self.generation, size) {
+                    self.update_group(group, |g| {
+                        g.total_allocs += 1;
+                        g.total_bytes += size;
+                    });
+                }
                 self.totals.kinds[ev.api.kind().index()].total_allocs += 1;
                 self.add_live(space, ev.addr, block);
             }
@@ -709,7 +721,7 @@ impl Collector {
             .cuda_live
             .iter()
             .filter(|((space, _), b)| {
-                let (_, api, dev) = self.groups[b.group as usize].0;
+                let (_, api, dev) = self.groups.key(b.group);
                 space.bound_to_context() && dev == Some(device) && !is_pool(api)
             })
             .map(|(k, _)| *k)
@@ -839,12 +851,12 @@ impl Collector {
             }
         };
         if generation == 0 {
-            for (_, s) in self.groups.iter_mut() {
-                step(s);
+            for g in 0..self.groups.len() as u32 {
+                self.groups.update(g, step);
             }
         } else {
             for &g in &self.touched {
-                step(&mut self.groups[g as usize].1);
+                self.groups.update(g, step);
             }
         }
     }
@@ -871,7 +883,7 @@ impl Collector {
         let candidates: Box<dyn Iterator<Item = u32>> =
             if self.generation == 0 { Box::new(0..self.groups.len() as u32) } else { Box::new(self.touched.iter().copied()) };
         buf.extend(candidates.filter_map(|group| {
-            let ((stack, api, device), stats) = self.groups[group as usize];
+            let ((stack, api, device), stats) = (self.groups.key(group), self.groups.get(group));
             (stats.live_blocks > 0 && stats.generation == self.generation).then_some(GroupSnapshot {
                 stack,
                 group,
@@ -890,12 +902,11 @@ impl Collector {
     /// The figures of group `group` (a snapshot's `GroupSnapshot::group`) that a snapshot
     /// does not copy; zero for a group of an earlier process generation.
     pub fn details(&self, group: u32) -> GroupDetails {
-        match self.groups.get(group as usize) {
-            Some((_, s)) if s.generation == self.generation => {
-                GroupDetails { peak_live_bytes: s.peak_live_bytes, total_allocs: s.total_allocs, total_bytes: s.total_bytes }
-            }
-            _ => GroupDetails::default(),
+        let s = if (group as usize) < self.groups.len() { self.groups.get(group) } else { GroupStats::default() };
+        if s.generation != self.generation {
+            return GroupDetails::default();
         }
+        GroupDetails { peak_live_bytes: s.peak_live_bytes, total_allocs: s.total_allocs, total_bytes: s.total_bytes }
     }
 }
 
@@ -969,7 +980,7 @@ mod tests {
         }
         let s = c.snapshot();
         let g = |stack: u32| s.groups.iter().find(|g| g.stack == stack).unwrap().clone();
-        let t = |stack: u32| c.groups[g(stack).group as usize].1.trend;
+        let t = |stack: u32| c.groups.get(g(stack).group).trend;
         assert!(t(1).steady(), "{:?}", t(1));
         assert_eq!((t(1).steps, t(1).ups, t(1).downs, t(1).growth()), (5, 5, 0, 5 * 512));
         assert!(!t(2).steady(), "{:?}", t(2));
@@ -1088,7 +1099,7 @@ mod tests {
             let stack = if next(50) == 0 { (1 << 24) + next(4) as u32 } else { next(300) as u32 };
             let key = (stack, apis[next(4) as usize], if next(3) == 0 { Some(next(2) as u8) } else { None });
             let g = c.group_of(key);
-            assert_eq!(c.groups[g as usize].0, key);
+            assert_eq!(c.groups.key(g), key);
             assert_eq!(*reference.entry(key).or_insert(g), g, "{key:?}");
         }
         assert_eq!(c.groups.len(), reference.len(), "one group per key");
@@ -1194,8 +1205,11 @@ mod tests {
     fn a_forked_childs_snapshot_sees_every_group_it_touched() {
         // What a snapshot would list had it looked at every group.
         let every = |c: &Collector| {
-            let mut v: Vec<(u32, u64)> =
-                c.groups.iter().filter(|(_, s)| s.live_blocks > 0 && s.generation == c.generation).map(|((stack, _, _), s)| (*stack, s.live_bytes)).collect();
+            let mut v: Vec<(u32, u64)> = (0..c.groups.len() as u32)
+                .map(|g| (c.groups.key(g), c.groups.get(g)))
+                .filter(|(_, s)| s.live_blocks > 0 && s.generation == c.generation)
+                .map(|((stack, _, _), s)| (stack, s.live_bytes))
+                .collect();
             v.sort();
             v
         };

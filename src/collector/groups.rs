@@ -1,0 +1,326 @@
+//! The collector's groups (one per stack, entry point and device), stored compactly.
+//!
+//! `import torch` makes 1.08M groups, nearly all of one allocation of a few hundred
+//! bytes at import, and few of them hold anything by its end. As a plain `(GroupKey,
+//! GroupStats)` each took 88 bytes (95 MB). Here a group whose figures all fit 32 bits
+//! is 48 bytes; one that outgrows them (a hot loop's stack passes 4 GiB of allocations in
+//! all) moves for good to a full `GroupStats` kept aside, and its entry points there.
+//! Every figure stays exact: the compact form is only used while it holds the values.
+//!
+//! Plain safe Rust; unit tests below.
+use super::state::{GroupKey, GroupStats, Trend};
+
+const CHANGED: u8 = 1;
+const SEEN: u8 = 2;
+const WIDE: u8 = 4;
+
+/// One group: its key, flags, and its figures in 32 bits each, or (`WIDE`) the index of
+/// its full figures in `Groups::wide` (in `live_bytes`).
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    stack: u32,
+    api: crate::hotpath::event::Api,
+    device: Option<u8>,
+    flags: u8,
+    generation: u16,
+    steps: u16,
+    ups: u16,
+    downs: u16,
+    live_bytes: u32,
+    live_blocks: u32,
+    total_allocs: u32,
+    total_bytes: u32,
+    peak_live_bytes: u32,
+    base: u32,
+    last: u32,
+    pointed_bytes: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<Entry>() == 48);
+
+/// The figures of `s` in 32 bits each, if they all fit.
+fn narrow(s: &GroupStats) -> Option<[u32; 8]> {
+    let n = |v: u64| u32::try_from(v).ok();
+    Some([
+        n(s.live_bytes)?,
+        n(s.live_blocks)?,
+        n(s.total_allocs)?,
+        n(s.total_bytes)?,
+        n(s.peak_live_bytes)?,
+        n(s.trend.base)?,
+        n(s.trend.last)?,
+        n(s.pointed_bytes)?,
+    ])
+}
+
+#[derive(Default)]
+pub struct Groups {
+    entries: Vec<Entry>,
+    /// The full figures of the groups that outgrew 32 bits.
+    wide: Vec<GroupStats>,
+}
+
+impl Groups {
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// A new group of `key` with no figures; its index.
+    pub fn push(&mut self, (stack, api, device): GroupKey) -> u32 {
+        self.entries.push(Entry {
+            stack,
+            api,
+            device,
+            flags: 0,
+            generation: 0,
+            steps: 0,
+            ups: 0,
+            downs: 0,
+            live_bytes: 0,
+            live_blocks: 0,
+            total_allocs: 0,
+            total_bytes: 0,
+            peak_live_bytes: 0,
+            base: 0,
+            last: 0,
+            pointed_bytes: 0,
+        });
+        (self.entries.len() - 1) as u32
+    }
+
+    #[inline]
+    pub fn key(&self, g: u32) -> GroupKey {
+        let e = &self.entries[g as usize];
+        (e.stack, e.api, e.device)
+    }
+
+    /// The figures of group `g`.
+    #[inline]
+    pub fn get(&self, g: u32) -> GroupStats {
+        let e = &self.entries[g as usize];
+        if e.flags & WIDE != 0 {
+            return self.wide[e.live_bytes as usize];
+        }
+        GroupStats {
+            live_bytes: e.live_bytes.into(),
+            live_blocks: e.live_blocks.into(),
+            total_allocs: e.total_allocs.into(),
+            total_bytes: e.total_bytes.into(),
+            peak_live_bytes: e.peak_live_bytes.into(),
+            generation: e.generation,
+            trend: Trend { seen: e.flags & SEEN != 0, base: e.base.into(), last: e.last.into(), steps: e.steps, ups: e.ups, downs: e.downs },
+            pointed_bytes: e.pointed_bytes.into(),
+            changed: e.flags & CHANGED != 0,
+        }
+    }
+
+    /// Sets the figures of group `g`.
+    #[inline]
+    pub fn set(&mut self, g: u32, s: GroupStats) {
+        let e = &mut self.entries[g as usize];
+        if e.flags & WIDE != 0 {
+            self.wide[e.live_bytes as usize] = s;
+            return;
+        }
+        let Some([live_bytes, live_blocks, total_allocs, total_bytes, peak_live_bytes, base, last, pointed_bytes]) = narrow(&s) else {
+            // For good: a group this large stays wide (no going back and forth).
+            e.flags |= WIDE;
+            e.live_bytes = self.wide.len() as u32;
+            self.wide.push(s);
+            return;
+        };
+        e.flags = if s.changed { CHANGED } else { 0 } | if s.trend.seen { SEEN } else { 0 };
+        e.generation = s.generation;
+        (e.steps, e.ups, e.downs) = (s.trend.steps, s.trend.ups, s.trend.downs);
+        (e.live_bytes, e.live_blocks, e.total_allocs, e.total_bytes) = (live_bytes, live_blocks, total_allocs, total_bytes);
+        (e.peak_live_bytes, e.base, e.last, e.pointed_bytes) = (peak_live_bytes, base, last, pointed_bytes);
+    }
+
+    /// Applies `f` to group `g`'s figures.
+    #[inline]
+    pub fn update<R>(&mut self, g: u32, f: impl FnOnce(&mut GroupStats) -> R) -> R {
+        let mut s = self.get(g);
+        let r = f(&mut s);
+        self.set(g, s);
+        r
+    }
+
+    /// The collector's per-event steps on a compact group of `generation`, without
+    /// widening it (`get`/`set` copy every figure, a fifth of the collector's time per
+    /// event in `bench/malloc_bench.c`). Each returns false, changing nothing, where the
+    /// caller must take the general path (`update`): a wide group, one of an earlier
+    /// process generation, or a figure about to outgrow 32 bits.
+    #[inline(always)]
+    pub fn add_live(&mut self, g: u32, generation: u16, size: u64) -> bool {
+        let e = &mut self.entries[g as usize];
+        let (Ok(size), true) = (u32::try_from(size), e.flags & WIDE == 0 && e.generation == generation) else { return false };
+        let (Some(bytes), Some(blocks)) = (e.live_bytes.checked_add(size), e.live_blocks.checked_add(1)) else { return false };
+        (e.live_bytes, e.live_blocks) = (bytes, blocks);
+        e.peak_live_bytes = e.peak_live_bytes.max(bytes);
+        true
+    }
+
+    /// See `add_live`.
+    #[inline(always)]
+    pub fn remove_live(&mut self, g: u32, generation: u16, size: u64) -> bool {
+        let e = &mut self.entries[g as usize];
+        let (Ok(size), true) = (u32::try_from(size), e.flags & WIDE == 0 && e.generation == generation) else { return false };
+        let (Some(bytes), Some(blocks)) = (e.live_bytes.checked_sub(size), e.live_blocks.checked_sub(1)) else { return false };
+        (e.live_bytes, e.live_blocks) = (bytes, blocks);
+        true
+    }
+
+    /// See `add_live`.
+    #[inline(always)]
+    pub fn count_alloc(&mut self, g: u32, generation: u16, size: u64) -> bool {
+        let e = &mut self.entries[g as usize];
+        let (Ok(size), true) = (u32::try_from(size), e.flags & WIDE == 0 && e.generation == generation) else { return false };
+        let (Some(bytes), Some(allocs)) = (e.total_bytes.checked_add(size), e.total_allocs.checked_add(1)) else { return false };
+        (e.total_bytes, e.total_allocs) = (bytes, allocs);
+        true
+    }
+
+    /// Marks group `g` changed; whether it was not already (without widening it: this
+    /// runs for every event).
+    #[inline]
+    pub fn mark_changed(&mut self, g: u32) -> bool {
+        let e = &mut self.entries[g as usize];
+        if e.flags & WIDE != 0 {
+            let s = &mut self.wide[e.live_bytes as usize];
+            return !std::mem::replace(&mut s.changed, true);
+        }
+        let was = e.flags & CHANGED != 0;
+        e.flags |= CHANGED;
+        !was
+    }
+
+    /// Groups kept wide (for tests and diagnostics).
+    #[cfg(test)]
+    pub fn wide_count(&self) -> usize {
+        self.wide.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hotpath::event::Api;
+
+    #[test]
+    fn figures_read_back_exactly_narrow_or_wide() {
+        let mut g = Groups::default();
+        let a = g.push((7, Api::Malloc, None));
+        let b = g.push((8, Api::CudaMalloc, Some(3)));
+        assert_eq!((g.key(a), g.key(b)), ((7, Api::Malloc, None), (8, Api::CudaMalloc, Some(3))));
+        let small = GroupStats {
+            live_bytes: 100,
+            live_blocks: 2,
+            total_allocs: 5,
+            total_bytes: 400,
+            peak_live_bytes: 300,
+            generation: 9,
+            trend: Trend { seen: true, base: 10, last: 100, steps: 4, ups: 3, downs: 1 },
+            pointed_bytes: 50,
+            changed: true,
+        };
+        g.set(a, small);
+        assert_eq!(g.get(a), small);
+        assert_eq!(g.wide_count(), 0);
+        // Past 4 GiB of allocations in all: wide, and exact.
+        let big = GroupStats { total_bytes: 5 << 30, ..small };
+        g.set(b, big);
+        assert_eq!((g.get(b), g.get(a), g.wide_count()), (big, small, 1));
+        // It stays wide, small figures or not.
+        g.update(b, |s| *s = GroupStats::default());
+        assert_eq!((g.get(b), g.wide_count()), (GroupStats::default(), 1));
+        // Changed flags without widening.
+        g.update(a, |s| s.changed = false);
+        assert!(g.mark_changed(a) && !g.mark_changed(a) && g.mark_changed(b) && !g.mark_changed(b));
+        assert!(g.get(a).changed && g.get(b).changed);
+    }
+
+    #[test]
+    fn the_per_event_steps_agree_with_the_general_path() {
+        let mut fast = Groups::default();
+        let mut slow = Groups::default();
+        let mut rng = crate::test_rng::TestRng::new(3);
+        for _ in 0..4 {
+            fast.push((1, Api::Malloc, None));
+            slow.push((1, Api::Malloc, None));
+        }
+        for g in 0..4 {
+            fast.update(g, |s| s.generation = 2);
+            slow.update(g, |s| s.generation = 2);
+        }
+        let mut live: Vec<Vec<u64>> = vec![Vec::new(); 4];
+        for _ in 0..20_000 {
+            let g = rng.below(4) as u32;
+            // Sizes up to 3 GiB: some groups outgrow 32 bits on the way.
+            let size = if rng.below(50) == 0 { rng.below(3 << 30) } else { rng.below(4096) };
+            if rng.below(3) > 0 || live[g as usize].is_empty() {
+                if !(fast.count_alloc(g, 2, size) && fast.add_live(g, 2, size)) {
+                    // A refused step changed nothing: the general path does both.
+                    fast.update(g, |s| {
+                        s.total_allocs += 1;
+                        s.total_bytes += size;
+                        s.live_bytes += size;
+                        s.live_blocks += 1;
+                        s.peak_live_bytes = s.peak_live_bytes.max(s.live_bytes);
+                    });
+                }
+                slow.update(g, |s| {
+                    s.total_allocs += 1;
+                    s.total_bytes += size;
+                    s.live_bytes += size;
+                    s.live_blocks += 1;
+                    s.peak_live_bytes = s.peak_live_bytes.max(s.live_bytes);
+                });
+                live[g as usize].push(size);
+            } else {
+                let size = live[g as usize].pop().unwrap();
+                if !fast.remove_live(g, 2, size) {
+                    fast.update(g, |s| {
+                        s.live_bytes -= size;
+                        s.live_blocks -= 1;
+                    });
+                }
+                slow.update(g, |s| {
+                    s.live_bytes -= size;
+                    s.live_blocks -= 1;
+                });
+            }
+        }
+        for g in 0..4 {
+            assert_eq!(fast.get(g), slow.get(g));
+        }
+        assert!(fast.wide_count() > 0, "no group outgrew 32 bits");
+        // Another generation's group is never touched by a step.
+        assert!(!fast.add_live(0, 3, 1) && !fast.count_alloc(0, 3, 1) && !fast.remove_live(0, 3, 1));
+    }
+
+    #[test]
+    fn every_figure_that_outgrows_32_bits_moves_the_group_aside() {
+        for field in 0..8 {
+            let mut g = Groups::default();
+            let id = g.push((1, Api::Malloc, None));
+            let mut s = GroupStats::default();
+            let v = u64::from(u32::MAX) + 1;
+            match field {
+                0 => s.live_bytes = v,
+                1 => s.live_blocks = v,
+                2 => s.total_allocs = v,
+                3 => s.total_bytes = v,
+                4 => s.peak_live_bytes = v,
+                5 => s.trend.base = v,
+                6 => s.trend.last = v,
+                _ => s.pointed_bytes = v,
+            }
+            g.set(id, s);
+            assert_eq!((g.get(id), g.wide_count()), (s, 1), "field {field}");
+        }
+    }
+}
