@@ -59,17 +59,23 @@ const MAX_FRAMES: usize = super::unwind::MAX_DEPTH;
 /// three).
 const MAX_ENCODED: usize = (MAX_FRAMES + 3) * 10;
 
+/// 24 bytes a stack (`import torch` has 1.2M records).
 struct Record {
-    hash: AtomicU64,
+    /// The low half of the stack's hash: with the index slot's tag, it tells stacks
+    /// apart before their frames are compared.
+    hash: AtomicU32,
     epoch: AtomicU32,
     /// The stack whose frames follow this record's own ones (0: none).
     parent: AtomicU32,
-    /// Which of the parent's frames follow: first (16 bits) | count (16 bits) << 16 |
-    /// chain length (8 bits) << 32; and the bytes of its own frames (16 bits) << 40.
-    shared: AtomicU64,
-    /// own frames' byte offset (40 bits) | their number (16 bits) << 40 | ready bit 63
+    /// Which of the parent's frames follow: first (8 bits) | count (8 bits) << 8 |
+    /// chain length (8 bits) << 16.
+    shared: AtomicU32,
+    /// own frames' byte offset (32 bits) | their bytes (16 bits) << 32 | their number
+    /// (8 bits) << 48 | ready bit 63
     location: AtomicU64,
 }
+
+const _: () = assert!(std::mem::size_of::<Record>() == 24 && MAX_FRAMES + 3 <= 255 && FRAME_BYTES <= 1 << 32 && MAX_ENCODED < 1 << 16);
 
 /// A record's own frames as the arena keeps them: each frame's difference from the one
 /// before it (the first one's from 0), zigzag-encoded, in 7-bit groups, low first (the
@@ -350,15 +356,15 @@ impl Tables {
         }
     }
 
-    /// The own frames of a record with `location` and `shared`.
-    fn frames_of(&self, location: u64, shared: u64) -> Decoded {
-        let off = ((location & ((1 << 40) - 1)) as usize).min(FRAME_BYTES);
-        let bytes = (((shared >> 40) & 0xffff) as usize).min(FRAME_BYTES - off);
+    /// The own frames of a record with `location`.
+    fn frames_of(&self, location: u64) -> Decoded {
+        let off = (location as u32 as usize).min(FRAME_BYTES);
+        let bytes = (((location >> 32) & 0xffff) as usize).min(FRAME_BYTES - off);
         // SAFETY: [off, off+bytes) lies in the arena (clamped above); it was reserved by
         // fetch_add and fully written before the record's READY bit was published with
         // Release, and is never written again.
         let bytes = unsafe { std::slice::from_raw_parts(self.frames.add(off), bytes) };
-        Decoded { bytes, at: 0, prev: 0, left: ((location >> 40) & 0xffff) as usize }
+        Decoded { bytes, at: 0, prev: 0, left: ((location >> 48) & 0xff) as usize }
     }
 
     /// A ready record, decoded.
@@ -371,12 +377,12 @@ impl Tables {
         let shared = rec.shared.load(Ordering::Relaxed);
         let parent = rec.parent.load(Ordering::Relaxed);
         Some(Parts {
-            own: self.frames_of(loc, shared),
-            own_len: ((loc >> 40) & 0xffff) as usize,
+            own: self.frames_of(loc),
+            own_len: ((loc >> 48) & 0xff) as usize,
             parent,
-            first: (shared & 0xffff) as usize,
-            count: ((shared >> 16) & 0xffff) as usize,
-            chain: (shared >> 32) & 0xff,
+            first: (shared & 0xff) as usize,
+            count: ((shared >> 8) & 0xff) as usize,
+            chain: u64::from((shared >> 16) & 0xff),
         })
     }
 
@@ -463,7 +469,7 @@ pub fn intern_hashed(epoch: u32, frames: &[u64], tail: Option<SharedTail>, h: u6
                 let id = cur & ID_MASK;
                 if cur & !ID_MASK == tag {
                     let rec = t.record(id);
-                    if rec.hash.load(Ordering::Relaxed) == h && rec.epoch.load(Ordering::Relaxed) == epoch && t.equals(id, frames) {
+                    if rec.hash.load(Ordering::Relaxed) == h as u32 && rec.epoch.load(Ordering::Relaxed) == epoch && t.equals(id, frames) {
                         return id;
                     }
                 }
@@ -578,15 +584,14 @@ fn make_record(t: &Tables, h: u64, epoch: u32, frames: &[u64], tail: Option<Shar
         std::ptr::copy_nonoverlapping(encoded.as_ptr(), t.frames.add(off as usize), bytes);
     }
     let rec = t.record(id);
-    rec.hash.store(h, Ordering::Relaxed);
+    rec.hash.store(h as u32, Ordering::Relaxed);
     rec.epoch.store(epoch, Ordering::Relaxed);
-    let mut shared = (bytes as u64) << 40;
     if let Some((s, chain)) = tail {
         rec.parent.store(s.parent, Ordering::Relaxed);
-        shared |= s.first as u64 | (s.count as u64) << 16 | chain << 32;
+        // All below 256: a stack has at most MAX_FRAMES + 3 frames.
+        rec.shared.store(s.first as u32 | (s.count as u32) << 8 | (chain as u32) << 16, Ordering::Relaxed);
     }
-    rec.shared.store(shared, Ordering::Relaxed);
-    rec.location.store(off | ((own as u64) << 40) | READY, Ordering::Release);
+    rec.location.store(off | (bytes as u64) << 32 | (own as u64) << 48 | READY, Ordering::Release);
     Some(id)
 }
 
