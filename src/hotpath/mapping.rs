@@ -44,23 +44,26 @@ pub fn unmap_buffer(p: *mut u8, bytes: usize) {
     unmap(p, bytes.next_multiple_of(PAGE));
 }
 
-/// Resizes a buffer of `map_buffer(old)` to `new` bytes, moving it if it must (the
-/// kernel moves the pages, not their contents); `None`, the old one untouched, when the
-/// kernel refuses.
-pub fn remap_buffer(p: *mut u8, old: usize, new: usize) -> Option<*mut u8> {
-    let (old, new) = (old.next_multiple_of(PAGE), new.next_multiple_of(PAGE));
-    if old == new {
+/// Resizes a buffer of `map_buffer(old)` to `new` bytes: a new mapping, the contents
+/// copied, the old one unmapped; `None`, the old one untouched, when the kernel refuses.
+/// Not `mremap`, which would move the pages without a copy: Chromium's baseline seccomp
+/// policy (its utility and GPU processes) answers `mremap` with SIGSYS, and a sandbox
+/// may be entered at any time; `mmap` and `munmap` are allowed everywhere the library
+/// runs (its rings are mapped the same way). A growing vector copies what it holds, as
+/// it would in malloc.
+///
+/// # Safety
+/// `p` must be a live buffer of `map_buffer(old)` that nothing else frees.
+pub unsafe fn remap_buffer(p: *mut u8, old: usize, new: usize) -> Option<*mut u8> {
+    if old.next_multiple_of(PAGE) == new.next_multiple_of(PAGE) {
         return Some(p);
     }
-    // SAFETY: `[p, p + old)` is a private anonymous mapping of ours (`map_buffer`);
-    // MREMAP_MAYMOVE leaves it untouched on failure.
-    let q = unsafe { libc::syscall(libc::SYS_mremap, p as usize, old, new, libc::MREMAP_MAYMOVE) } as *mut libc::c_void;
-    if q == libc::MAP_FAILED {
-        return None;
-    }
-    crate::os::own::unmapped(p as usize, old);
-    crate::os::own::mapped(q as usize, new, Part::Buffers);
-    Some(q as *mut u8)
+    let q = map_buffer(new)?;
+    // SAFETY: `p` holds `old` readable bytes (`map_buffer(old)`), `q` at least `new`;
+    // two distinct mappings, so the ranges do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(p, q, old.min(new)) };
+    unmap_buffer(p, old);
+    Some(q)
 }
 
 /// A transparent huge page.
@@ -341,6 +344,34 @@ impl<T: Zeroable> Default for ZeroedArray<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_buffer_keeps_its_contents_as_it_grows_and_shrinks_and_the_heap_goes_through_it() {
+        let n = 200 << 10;
+        let p = map_buffer(n).unwrap();
+        // SAFETY: a fresh mapping of at least n bytes.
+        unsafe { (0..n).for_each(|i| *p.add(i) = (i % 251) as u8) };
+        // SAFETY: p is the buffer just mapped, q and r the buffers these calls return.
+        let q = unsafe { remap_buffer(p, n, 3 * n) }.unwrap();
+        // SAFETY: q holds 3n bytes: the first n copied, the rest zero.
+        let grown = unsafe { std::slice::from_raw_parts(q, 3 * n) };
+        assert!(grown[..n].iter().enumerate().all(|(i, &b)| b == (i % 251) as u8) && grown[n..].iter().all(|&b| b == 0));
+        // SAFETY: as above.
+        let r = unsafe { remap_buffer(q, 3 * n, 130 << 10) }.unwrap();
+        // SAFETY: r holds 130 KiB.
+        let shrunk = unsafe { std::slice::from_raw_parts(r, 130 << 10) };
+        assert!(shrunk.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+        unmap_buffer(r, 130 << 10);
+        // The library's own vectors cross the threshold both ways (`RealAllocator`).
+        let mut v: Vec<u32> = (0..1000).collect();
+        v.extend(1000..200_000);
+        assert!(v.iter().enumerate().all(|(i, &x)| x == i as u32));
+        v.truncate(10);
+        v.shrink_to_fit();
+        assert_eq!(v, (0..10).collect::<Vec<u32>>());
+        let z = vec![0u64; 1 << 20];
+        assert!(z.iter().all(|&x| x == 0));
+    }
 
     /// The CPUID check agrees with the kernel's flag for the instruction, and taking a
     /// line for writing changes none of its bytes (either instruction).

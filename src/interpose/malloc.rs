@@ -284,8 +284,7 @@ fn own_hook(k: usize) -> Option<usize> {
 /// tables and a report's snapshot reach tens of MB each and grow by doubling. In the
 /// program's malloc they left ~100 MB of freed memory in its arenas after `import
 /// torch`'s final report, which the memory summary then blamed on the program ("malloc
-/// keeps 107 MiB of freed memory"); a mapping goes back to the system when freed, and
-/// grows with `mremap`, without a copy.
+/// keeps 107 MiB of freed memory"); a mapping goes back to the system when freed.
 pub struct RealAllocator;
 
 /// Whether an allocation of `layout` is a mapping of its own: decided by the layout
@@ -366,7 +365,9 @@ unsafe impl GlobalAlloc for RealAllocator {
         // rounded up to it, does not overflow (GlobalAlloc contract).
         let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
         if own_mapping(layout) && own_mapping(new_layout) {
-            return crate::hotpath::mapping::remap_buffer(p, layout.size(), new_size).unwrap_or(std::ptr::null_mut());
+            // SAFETY: `p` is a buffer of `map_buffer(layout.size())` (`own_mapping`),
+            // handed back to us by the GlobalAlloc contract.
+            return unsafe { crate::hotpath::mapping::remap_buffer(p, layout.size(), new_size) }.unwrap_or(std::ptr::null_mut());
         }
         if own_mapping(layout) != own_mapping(new_layout) {
             // Between malloc and a mapping: allocate, copy, free (below).
