@@ -61,6 +61,11 @@ pub struct Memory {
     /// Proportional set size, for a forked child.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pss: Option<u64>,
+    /// Measured after the Python interpreter's teardown (a final report): malloc then
+    /// holds the memory of the modules the teardown freed, which is no state of the
+    /// program's run. `explain` reads the points before it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub after_teardown: bool,
     /// Per CUDA device, in reports (not in timeline points): tracked live device memory
     /// and what of it a known caching allocator holds.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -159,8 +164,11 @@ fn span(points: &[(u64, Memory)]) -> Option<(&Memory, &Memory, u64)> {
     span_from(points, 2)
 }
 
-/// `span` from the first point after `1/part` of the run (1: from the start).
+/// `span` from the first point after `1/part` of the run (1: from the start); points
+/// measured after an interpreter's teardown are left out.
 fn span_from(points: &[(u64, Memory)], part: u64) -> Option<(&Memory, &Memory, u64)> {
+    let run = points.iter().position(|p| p.1.after_teardown).unwrap_or(points.len());
+    let points = &points[..run];
     let (first, last) = (points.first()?, points.last()?);
     let skip = if part <= 1 { first.0 } else { first.0 + (last.0.saturating_sub(first.0)) / part };
     // Never the last point itself: a run of two points compares the two.
@@ -377,6 +385,17 @@ mod tests {
         // Without parts (an older report), the share alone.
         let f = explain(&[at(0, &m0), at(10_000, &m0)], false);
         assert!(f[0].what.ends_with("(33% of RSS)"), "{}", f[0].what);
+    }
+
+    #[test]
+    fn memory_measured_after_the_interpreters_teardown_is_no_growth() {
+        let m0 = Memory { rss: 600 * MIB, heap_free: Some(2 * MIB), ..Default::default() };
+        let torn = Memory { rss: 700 * MIB, heap_free: Some(106 * MIB), after_teardown: true, ..m0.clone() };
+        assert!(explain(&[at(0, &m0), at(6_000, &m0), at(12_000, &torn)], false).is_empty());
+        // The same figures during the run are a finding.
+        let f = explain(&[at(0, &m0), at(6_000, &m0), at(12_000, &Memory { after_teardown: false, ..torn.clone() })], false);
+        assert_eq!(f[0].part, "heap_free");
+        assert_eq!(part_growth(&[at(0, &m0), at(6_000, &m0), at(12_000, &torn)], "heap_free"), Some((2 * MIB, 2 * MIB)));
     }
 
     #[test]

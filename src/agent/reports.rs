@@ -232,11 +232,10 @@ pub(super) fn write_report(reason: Reason) {
     }
     let now = process::unix_ms();
     r.timeline.record(now, &snapshot);
-    // After the interpreter's teardown the memory is the report's, not a point of the
-    // series (the atexit callback took the last one).
-    if !(final_report && INTERPRETER_FINALIZING.load(Ordering::Acquire)) {
-        r.timeline.note_memory(memory.clone());
-    }
+    // Measured after the interpreter's teardown: what the program's run left is the
+    // point before (the atexit callback's, when it ran).
+    memory.after_teardown = final_report && (INTERPRETER_FINALIZING.load(Ordering::Acquire) || super::python_exit::torn_down());
+    r.timeline.note_memory(memory.clone());
     let mut groups = build::resolve_groups(&selected, &details, &mut r.symbolizer);
     if let Some(s) = &scan {
         for g in groups.iter_mut() {
