@@ -1367,8 +1367,14 @@ fn a_bare_import_torch_is_told_nothing_about_malloc_and_the_tracers_share_is_bro
     // The interpreter's teardown frees ~100 MB into malloc's arenas, and the tracer's own
     // buffers once did too: neither is the program's memory to trim.
     let found = memory_findings(&a);
-    assert!(found.iter().all(|(part, _)| part != "heap_free"), "{found:?}");
     let r = reports(&dir.join("r")).into_iter().find(|r| r["reason"] == "exit").expect("a final report");
+    let points: Vec<String> = r["timeline"]["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| format!("{} rss {} free {} teardown {}", p["unix_ms"], p["memory"]["rss"], p["memory"]["heap_free"], p["memory"]["after_teardown"]))
+        .collect();
+    assert!(found.iter().all(|(part, _)| part != "heap_free"), "{found:?}\n{}\n{}", points.join("\n"), dir.display());
     let m = &r["memory"];
     let parts = m["tracer_parts"].as_array().unwrap();
     let sum: u64 = parts.iter().map(|p| p["bytes"].as_u64().unwrap()).sum();

@@ -122,13 +122,31 @@ fn is_initialized_fn() -> Option<extern "C" fn() -> c_int> {
     Some(unsafe { std::mem::transmute::<usize, extern "C" fn() -> c_int>(f) })
 }
 
-/// Whether the interpreter of this process has been finalized: its teardown freed the
-/// modules' memory into malloc's arenas, and memory measured now is no state of the
-/// program's run. Deterministic where the atexit callback (which needs the collector
-/// to have armed it in time) is not: a short `import torch` on a loaded machine ended
-/// before its callback was registered, and its summary said "malloc keeps 106 MiB".
-pub(super) fn torn_down() -> bool {
-    crate::hotpath::python::enabled() && is_initialized_fn().is_some_and(|f| f() == 0)
+/// `Py_IsFinalizing` (3.13) or `_Py_IsFinalizing` (3.8–3.12), once looked up (0: not
+/// yet; 1: defined by neither).
+static IS_FINALIZING: AtomicUsize = AtomicUsize::new(0);
+
+fn is_finalizing_fn() -> Option<extern "C" fn() -> c_int> {
+    let mut f = IS_FINALIZING.load(Ordering::Acquire);
+    if f == 0 {
+        let s = crate::os::loader::global_symbol;
+        f = s(c"Py_IsFinalizing").or_else(|| s(c"_Py_IsFinalizing")).unwrap_or(1);
+        IS_FINALIZING.store(f, Ordering::Release);
+    }
+    // SAFETY: CPython's `int Py_IsFinalizing(void)` / `int _Py_IsFinalizing(void)`,
+    // callable from any thread (they read the runtime's state).
+    (f != 1).then(|| unsafe { std::mem::transmute::<usize, extern "C" fn() -> c_int>(f) })
+}
+
+/// Whether the interpreter of this process began its teardown (`Py_FinalizeEx` past
+/// its atexit callbacks: the modules' memory goes back into malloc's arenas) or ended
+/// it: memory measured from then on is no state of the program's run. Asked of the
+/// interpreter at each measure, where the atexit callback (which needs the collector to
+/// have armed it in time) is not always there: a short `import torch` on a loaded
+/// machine ended before its callback was registered, and its summary said "malloc keeps
+/// 106 MiB"; and a timeline point can fall inside the teardown.
+pub(super) fn teardown_began() -> bool {
+    crate::hotpath::python::enabled() && (is_finalizing_fn().is_some_and(|f| f() != 0) || is_initialized_fn().is_some_and(|f| f() == 0))
 }
 
 /// Runs on the interpreter's main thread, with the GIL, at a safe point: `atexit.register

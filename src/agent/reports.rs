@@ -90,11 +90,17 @@ pub(super) static FORKED: AtomicBool = AtomicBool::new(false);
 /// The process's memory now (`report::memory`), with the live tracked bytes of
 /// `totals`. Never while the scan holds the threads.
 fn measure_memory(totals: &crate::collector::state::Totals) -> leaktrace_common::memory::Memory {
-    crate::report::memory::measure(crate::report::memory::Known {
-        heap_live: totals.kind(crate::hotpath::event::Kind::Host).live_bytes,
-        glibc_malloc: GLIBC_HEAP.load(Ordering::Relaxed),
-        forked_child: FORKED.load(Ordering::Relaxed),
-    })
+    // During or after the Python interpreter's teardown, not a state of the program's
+    // run (the atexit callback's point, when it ran, is the last before it).
+    let after_teardown = INTERPRETER_FINALIZING.load(Ordering::Acquire) || super::python_exit::teardown_began();
+    leaktrace_common::memory::Memory {
+        after_teardown,
+        ..crate::report::memory::measure(crate::report::memory::Known {
+            heap_live: totals.kind(crate::hotpath::event::Kind::Host).live_bytes,
+            glibc_malloc: GLIBC_HEAP.load(Ordering::Relaxed),
+            forked_child: FORKED.load(Ordering::Relaxed),
+        })
+    }
 }
 
 pub(super) static REPORT: SpinLock<Option<ReportSide>> = SpinLock::new(None);
@@ -232,9 +238,6 @@ pub(super) fn write_report(reason: Reason) {
     }
     let now = process::unix_ms();
     r.timeline.record(now, &snapshot);
-    // Measured after the interpreter's teardown: what the program's run left is the
-    // point before (the atexit callback's, when it ran).
-    memory.after_teardown = final_report && (INTERPRETER_FINALIZING.load(Ordering::Acquire) || super::python_exit::torn_down());
     r.timeline.note_memory(memory.clone());
     let mut groups = build::resolve_groups(&selected, &details, &mut r.symbolizer);
     if let Some(s) = &scan {
