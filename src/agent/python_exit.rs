@@ -106,36 +106,32 @@ pub(super) fn arm() {
     pending(register, std::ptr::null_mut());
 }
 
-/// `Py_IsInitialized`'s address once looked up (0: not yet, or not defined).
+/// `Py_IsInitialized`, and `Py_IsFinalizing` (3.13) or `_Py_IsFinalizing` (3.8–3.12):
+/// their addresses once looked up (`no_arg_fn`).
 static IS_INITIALIZED: AtomicUsize = AtomicUsize::new(0);
-
-/// CPython's `int Py_IsInitialized(void)`, looked up once (the collector does it at its
-/// first timeline point, `arm`).
-fn is_initialized_fn() -> Option<extern "C" fn() -> c_int> {
-    let mut f = IS_INITIALIZED.load(Ordering::Acquire);
-    if f == 0 {
-        f = crate::os::loader::global_symbol(c"Py_IsInitialized")?;
-        IS_INITIALIZED.store(f, Ordering::Release);
-    }
-    // SAFETY: CPython's `int Py_IsInitialized(void)`, callable from any thread, also
-    // after `Py_FinalizeEx` (it reads the runtime's flag).
-    Some(unsafe { std::mem::transmute::<usize, extern "C" fn() -> c_int>(f) })
-}
-
-/// `Py_IsFinalizing` (3.13) or `_Py_IsFinalizing` (3.8–3.12), once looked up (0: not
-/// yet; 1: defined by neither).
 static IS_FINALIZING: AtomicUsize = AtomicUsize::new(0);
 
-fn is_finalizing_fn() -> Option<extern "C" fn() -> c_int> {
-    let mut f = IS_FINALIZING.load(Ordering::Acquire);
+/// An interpreter function `int f(void)` by the first of `names` the program defines,
+/// looked up once into `slot` (0: not yet; 1: none defined). Only asked once the
+/// interpreter runs (`python::enabled`), when its symbols are there to find.
+fn no_arg_fn(slot: &AtomicUsize, names: &[&std::ffi::CStr]) -> Option<extern "C" fn() -> c_int> {
+    let mut f = slot.load(Ordering::Acquire);
     if f == 0 {
-        let s = crate::os::loader::global_symbol;
-        f = s(c"Py_IsFinalizing").or_else(|| s(c"_Py_IsFinalizing")).unwrap_or(1);
-        IS_FINALIZING.store(f, Ordering::Release);
+        f = names.iter().find_map(|n| crate::os::loader::global_symbol(n)).unwrap_or(1);
+        slot.store(f, Ordering::Release);
     }
-    // SAFETY: CPython's `int Py_IsFinalizing(void)` / `int _Py_IsFinalizing(void)`,
-    // callable from any thread (they read the runtime's state).
+    // SAFETY: CPython's `int Py_IsInitialized(void)`, `int Py_IsFinalizing(void)` and
+    // `int _Py_IsFinalizing(void)`, callable from any thread, also after `Py_FinalizeEx`
+    // (they read the runtime's state).
     (f != 1).then(|| unsafe { std::mem::transmute::<usize, extern "C" fn() -> c_int>(f) })
+}
+
+fn is_initialized_fn() -> Option<extern "C" fn() -> c_int> {
+    no_arg_fn(&IS_INITIALIZED, &[c"Py_IsInitialized"])
+}
+
+fn is_finalizing_fn() -> Option<extern "C" fn() -> c_int> {
+    no_arg_fn(&IS_FINALIZING, &[c"Py_IsFinalizing", c"_Py_IsFinalizing"])
 }
 
 /// Whether the interpreter of this process began its teardown (`Py_FinalizeEx` past

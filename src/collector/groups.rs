@@ -156,8 +156,7 @@ impl Groups {
     /// process generation, or a figure about to outgrow 32 bits.
     #[inline(always)]
     pub fn add_live(&mut self, g: u32, generation: u16, size: u64) -> bool {
-        let e = &mut self.entries[g as usize];
-        let (Ok(size), true) = (u32::try_from(size), e.flags & WIDE == 0 && e.generation == generation) else { return false };
+        let Some((e, size)) = self.compact_entry(g, generation, size) else { return false };
         let (Some(bytes), Some(blocks)) = (e.live_bytes.checked_add(size), e.live_blocks.checked_add(1)) else { return false };
         (e.live_bytes, e.live_blocks) = (bytes, blocks);
         e.peak_live_bytes = e.peak_live_bytes.max(bytes);
@@ -167,8 +166,7 @@ impl Groups {
     /// See `add_live`.
     #[inline(always)]
     pub fn remove_live(&mut self, g: u32, generation: u16, size: u64) -> bool {
-        let e = &mut self.entries[g as usize];
-        let (Ok(size), true) = (u32::try_from(size), e.flags & WIDE == 0 && e.generation == generation) else { return false };
+        let Some((e, size)) = self.compact_entry(g, generation, size) else { return false };
         let (Some(bytes), Some(blocks)) = (e.live_bytes.checked_sub(size), e.live_blocks.checked_sub(1)) else { return false };
         (e.live_bytes, e.live_blocks) = (bytes, blocks);
         true
@@ -177,11 +175,19 @@ impl Groups {
     /// See `add_live`.
     #[inline(always)]
     pub fn count_alloc(&mut self, g: u32, generation: u16, size: u64) -> bool {
-        let e = &mut self.entries[g as usize];
-        let (Ok(size), true) = (u32::try_from(size), e.flags & WIDE == 0 && e.generation == generation) else { return false };
+        let Some((e, size)) = self.compact_entry(g, generation, size) else { return false };
         let (Some(bytes), Some(allocs)) = (e.total_bytes.checked_add(size), e.total_allocs.checked_add(1)) else { return false };
         (e.total_bytes, e.total_allocs) = (bytes, allocs);
         true
+    }
+
+    /// Group `g`'s compact entry and `size` in 32 bits, where a per-event step may work
+    /// on them in place: the group is compact and of `generation`, the size fits.
+    #[inline(always)]
+    fn compact_entry(&mut self, g: u32, generation: u16, size: u64) -> Option<(&mut Entry, u32)> {
+        let e = &mut self.entries[g as usize];
+        let size = u32::try_from(size).ok()?;
+        (e.flags & WIDE == 0 && e.generation == generation).then_some((e, size))
     }
 
     /// Marks group `g` changed; whether it was not already (without widening it: this

@@ -88,6 +88,13 @@ pub fn unfiltered(status: &str) -> bool {
     status.lines().find_map(|l| l.strip_prefix("Seccomp:")).is_some_and(|m| m.trim() == "0")
 }
 
+/// Whether no seccomp filter is in place now (`unfiltered` of `status()`): what may be
+/// answered with SIGSYS under one (`process_vm_readv`, `mincore`, most `madvise`) is
+/// asked for once per report or lookup, not per call.
+pub fn unfiltered_now() -> bool {
+    unfiltered(&status())
+}
+
 /// `/proc/self/status` now, or "" when it could not be opened.
 pub fn status() -> String {
     read(&STATUS)

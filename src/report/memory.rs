@@ -95,9 +95,10 @@ pub fn measure(known: Known) -> Memory {
         ..Default::default()
     };
     let own_heap = crate::os::own::heap_bytes();
-    let mapped = if copy_allowed { crate::os::own::parts_resident() } else { Default::default() };
-    m.tracer = own_heap + mapped.iter().sum::<u64>();
+    m.tracer = own_heap;
     if copy_allowed {
+        let mapped = crate::os::own::parts_resident();
+        m.tracer += mapped.iter().sum::<u64>();
         let named = crate::os::own::Part::ALL.iter().map(|p| (p.name(), mapped[*p as usize]));
         m.tracer_parts = named
             .chain([("heap", own_heap)])

@@ -378,7 +378,7 @@ impl Symbolizer {
         let idx = self.module_index(m.path, m.base, m.start, m.end);
         let module = self.modules[idx as usize].path.clone();
         let offset = addr.wrapping_sub(self.modules[idx as usize].base);
-        let allowed = crate::os::procfs::unfiltered(&crate::os::procfs::status());
+        let allowed = crate::os::procfs::unfiltered_now();
         let found = self.file(idx).and_then(|f| {
             let found = f.object_symbol(offset);
             f.release_pages(allowed);
@@ -432,7 +432,7 @@ impl Symbolizer {
                 by_module.entry(module).or_default().push(offset);
             }
         }
-        let allowed = !by_module.is_empty() && crate::os::procfs::unfiltered(&crate::os::procfs::status());
+        let allowed = !by_module.is_empty() && crate::os::procfs::unfiltered_now();
         for (module, mut offsets) in by_module {
             offsets.sort_unstable();
             offsets.dedup();

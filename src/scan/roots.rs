@@ -396,7 +396,7 @@ pub fn vm_readv_safe() -> bool {
 /// Whether `read_own_memory` may be called now: not under a seccomp filter, which may
 /// answer `process_vm_readv` with SIGSYS. Ask once per report, not per read.
 pub fn copies_allowed() -> bool {
-    crate::os::procfs::unfiltered(&crate::os::procfs::status())
+    crate::os::procfs::unfiltered_now()
 }
 
 /// `copy_own_memory`, for reading words the scan named after it ran. Only where
