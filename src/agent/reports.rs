@@ -144,6 +144,8 @@ pub(super) fn write_report(reason: Reason) {
     if final_report {
         // Before taking the collector: the preparation needs it to install its list.
         wait_while(|| PREPARING.load(Ordering::SeqCst), PREPARE_WAIT, Duration::from_micros(200));
+        // What the teardown's stacks read of the unwind tables: the report measures RSS.
+        super::collector_thread::release_unwind_tables();
     }
     // The scan runs for the final report and for snapshots asked with the signal.
     let scan_now = (final_report || reason == Reason::Signal) && SCAN_AT_EXIT.load(Ordering::Relaxed);

@@ -183,9 +183,18 @@ fn compute_rule(lookup_ip: u64) -> u64 {
 
 type Section = gimli::EndianSlice<'static, NativeEndian>;
 
+/// Reads of the modules' unwind tables so far (`with_fde`): the collector gives their
+/// pages back after a point at which this moved (`os::unwind_tables`).
+static CFI_READS: AtomicU64 = AtomicU64::new(0);
+
+pub fn cfi_reads() -> u64 {
+    CFI_READS.load(Ordering::Relaxed)
+}
+
 /// Runs `f` on the FDE (the CFI of one function) that covers `lookup_ip`, found through
 /// the module's `.eh_frame_hdr` search table, with the FDE's address as its identity.
 fn with_fde<R>(lookup_ip: u64, f: impl FnOnce(&EhFrame<Section>, &BaseAddresses, &gimli::FrameDescriptionEntry<Section>, u64) -> Option<R>) -> Option<R> {
+    CFI_READS.fetch_add(1, Ordering::Relaxed);
     let obj = find_object(lookup_ip)?;
     if obj.eh_frame_hdr == 0 || obj.eh_frame_hdr >= obj.map_end {
         return None;

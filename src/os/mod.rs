@@ -2,7 +2,7 @@
 //! library's own threads (started with every signal blocked), signal dispositions, the
 //! loader's module list and the modules' own symbol tables, a spin lock, and the files
 //! the program may move under us (standard error, `/proc` and the report directory
-//! across `chroot`). Nothing here imports from the stages.
+//! across `chroot`), the program's unwind tables' pages. Nothing here imports from the stages.
 pub mod anchor;
 pub mod elf;
 pub mod fds;
@@ -15,6 +15,7 @@ pub mod procfs;
 pub mod signals;
 pub mod stack;
 pub mod threads;
+pub mod unwind_tables;
 
 /// Saves errno and puts it back when dropped: the program sees exactly what it (or the
 /// real function a hook forwarded to) left there, whatever our bookkeeping did to it.
