@@ -8,34 +8,49 @@
 //! - The slot of an address is known before the event is applied, so the drain loop can
 //!   `prefetch` the slots of the events it will apply next and their misses overlap
 //!   instead of coming one after another.
-//! - Keys and values live in separate arrays: a probe walks 8 keys per cache line.
+//! - A slot is 16 bytes, the address and its value in one word side by side: a probe
+//!   that finds its key has the value in the same cache line. A value that does not fit
+//!   a word (`Packed::pack` says so: a block of 64 GiB, a program's 16-millionth group,
+//!   a checkpoint region past the first) lives in a hash map aside, and its slot says so.
+//!   `import torch`'s peak of live blocks took 48 MiB as 24-byte slots at most half
+//!   full; now 16 MiB, at most three quarters full.
 //! - Linear probing with backward-shift deletion: no tombstones, so a long run of
 //!   allocations and frees never degrades the probe lengths.
 
 use crate::hotpath::mapping::{prefetch_line, ZeroedArray};
+use crate::util::FxMap;
 
 /// Key of an empty slot. Address 0 is never a live block; it gets its own slot anyway
 /// so that the table is total.
 const EMPTY: u64 = 0;
+/// The value word of a slot whose value is in `AddressTable::wide`.
+const WIDE: u64 = u64::MAX;
 const MIN_CAPACITY: usize = 1024;
-/// Growing to this many slots (6 MiB of new arrays) takes longer than a producer's
+/// Growing to this many slots (4 MiB of new arrays) takes longer than a producer's
 /// large ring lasts at full speed.
 const STALLING_CAPACITY: usize = 1 << 18;
-/// Tables of at most this many slots (1.5 MiB) are never shrunk.
+/// Tables of at most this many slots (1 MiB) are never shrunk.
 const SHRINK_FROM: usize = 1 << 16;
+/// The most entries per 8 slots: the table grows past three quarters full. Probe runs
+/// stay short enough (the windows' granules fill consecutive slots, and a slot's value
+/// is in the line its key is), and a peak just past a power of two (`import torch`'s
+/// ~700k) does not double the table as "at most half full" did: 3M live blocks were
+/// 7.9 s and 728 MB of a C program's run with 24-byte slots at most half full, 6.7 s
+/// and 531 MB so.
+const MAX_EIGHTHS: usize = 6;
 
-/// A value the table stores, as two words: the arrays then start as zero pages the
-/// kernel hands out as they are touched (`ZeroedArray`), where `Option<V>` slots had to
-/// be written one by one each time the table grew. An empty slot's value is never read.
+/// A value the table stores in one word (`None`: it does not fit, and is kept aside).
+/// `pack` never returns `Some(u64::MAX)`.
 pub trait Packed: Copy {
-    fn pack(self) -> [u64; 2];
-    fn unpack(words: [u64; 2]) -> Self;
+    fn pack(self) -> Option<u64>;
+    fn unpack(word: u64) -> Self;
 }
 
 pub struct AddressTable<V: Packed> {
-    keys: ZeroedArray<u64>,
-    /// `values[i]` is meaningful where `keys[i]` is not `EMPTY`.
-    values: ZeroedArray<[u64; 2]>,
+    /// `[address, value word]`; the value is meaningful where the address is not `EMPTY`.
+    slots: ZeroedArray<[u64; 2]>,
+    /// The values that did not fit a word, by address.
+    pub(super) wide: FxMap<u64, V>,
     /// The value stored under address 0.
     zero: Option<V>,
     len: usize,
@@ -44,7 +59,7 @@ pub struct AddressTable<V: Packed> {
 
 impl<V: Packed> Default for AddressTable<V> {
     fn default() -> Self {
-        AddressTable { keys: ZeroedArray::default(), values: ZeroedArray::default(), zero: None, len: 0, mask: 0 }
+        AddressTable { slots: ZeroedArray::default(), wide: FxMap::default(), zero: None, len: 0, mask: 0 }
     }
 }
 
@@ -74,23 +89,21 @@ impl<V: Packed> AddressTable<V> {
     /// Asks the CPU to start loading the slots `addr` would be found in.
     #[inline(always)]
     pub fn prefetch(&self, addr: u64) {
-        if self.keys.is_empty() {
+        if self.slots.is_empty() {
             return;
         }
-        let i = home(addr, self.mask);
-        prefetch_line(&self.keys[i]);
-        prefetch_line(&self.values[i]);
+        prefetch_line(&self.slots[home(addr, self.mask)]);
     }
 
     /// The slot holding `addr`, if present.
     #[inline]
     fn find(&self, addr: u64) -> Option<usize> {
-        if self.keys.is_empty() {
+        if self.slots.is_empty() {
             return None;
         }
         let mut i = home(addr, self.mask);
         loop {
-            let k = self.keys[i];
+            let k = self.slots[i][0];
             if k == addr {
                 return Some(i);
             }
@@ -101,11 +114,43 @@ impl<V: Packed> AddressTable<V> {
         }
     }
 
+    /// The value of a slot's word (`addr`'s).
+    #[inline(always)]
+    fn value(&self, addr: u64, word: u64) -> Option<V> {
+        if word == WIDE {
+            self.wide.get(&addr).copied()
+        } else {
+            Some(V::unpack(word))
+        }
+    }
+
+    /// The word to store for `value` under `addr` (kept aside if it does not fit).
+    #[inline(always)]
+    fn word(&mut self, addr: u64, value: V) -> u64 {
+        match value.pack() {
+            Some(w) => w,
+            None => {
+                self.wide.insert(addr, value);
+                WIDE
+            }
+        }
+    }
+
+    /// Forgets what a replaced or removed slot of `addr` kept aside.
+    #[inline(always)]
+    fn take(&mut self, addr: u64, word: u64) -> Option<V> {
+        if word == WIDE {
+            self.wide.remove(&addr)
+        } else {
+            Some(V::unpack(word))
+        }
+    }
+
     pub fn get(&self, addr: u64) -> Option<V> {
         if addr == EMPTY {
             return self.zero;
         }
-        self.find(addr).map(|i| V::unpack(self.values[i]))
+        self.find(addr).and_then(|i| self.value(addr, self.slots[i][1]))
     }
 
     /// Stores `value` under `addr`; returns the value it replaces.
@@ -118,19 +163,19 @@ impl<V: Packed> AddressTable<V> {
             }
             return old;
         }
-        // At most half full: probe runs stay short even where windows crowd together.
-        if (self.len + 1) * 2 > self.keys.len() {
+        if (self.len + 1) * 8 > self.slots.len() * MAX_EIGHTHS {
             self.grow();
         }
         let mut i = home(addr, self.mask);
         loop {
-            let k = self.keys[i];
+            let [k, old] = self.slots[i];
             if k == addr {
-                return Some(V::unpack(std::mem::replace(&mut self.values[i], value.pack())));
+                let old = self.take(addr, old);
+                self.slots[i][1] = self.word(addr, value);
+                return old;
             }
             if k == EMPTY {
-                self.keys[i] = addr;
-                self.values[i] = value.pack();
+                self.slots[i] = [addr, self.word(addr, value)];
                 self.len += 1;
                 return None;
             }
@@ -149,7 +194,7 @@ impl<V: Packed> AddressTable<V> {
             return old;
         }
         let mut hole = self.find(addr)?;
-        let value = V::unpack(self.values[hole]);
+        let value = self.take(addr, self.slots[hole][1]);
         self.len -= 1;
         // Backward shift: pull later members of the probe run into the hole when their
         // home slot is not after the hole (cyclically), so every key stays reachable
@@ -157,35 +202,33 @@ impl<V: Packed> AddressTable<V> {
         let mut j = hole;
         loop {
             j = (j + 1) & self.mask;
-            let k = self.keys[j];
+            let k = self.slots[j][0];
             if k == EMPTY {
                 break;
             }
             let h = home(k, self.mask);
             let wraps_past_hole = if hole <= j { h <= hole || h > j } else { h <= hole && h > j };
             if wraps_past_hole {
-                self.keys[hole] = k;
-                self.values[hole] = self.values[j];
+                self.slots[hole] = self.slots[j];
                 hole = j;
             }
         }
-        self.keys[hole] = EMPTY;
-        Some(value)
+        self.slots[hole] = [EMPTY, 0];
+        value
     }
 
     #[cold]
     fn grow(&mut self) {
-        self.rebuild((self.keys.len() * 2).max(MIN_CAPACITY));
+        self.rebuild((self.slots.len() * 2).max(MIN_CAPACITY));
     }
 
     /// Gives back what a peak left: a table at most an eighth full moves to one a
-    /// quarter of its size (at most half full, as after a growth). Called between
-    /// drains (reports and timeline points), never per event, so that a program whose
-    /// live blocks rise and fall every step does not rebuild the table every step.
-    /// `import torch` leaves 89k live blocks in the 2M slots (48 MiB) its peak of 633k
-    /// needed. Returns whether it moved.
+    /// quarter of its size (at most half full). Called between drains (reports and
+    /// timeline points), never per event, so that a program whose live blocks rise and
+    /// fall every step does not rebuild the table every step. `import torch` leaves 89k
+    /// live blocks in the 1M slots its peak of 633k needed. Returns whether it moved.
     pub fn shrink_if_sparse(&mut self) -> bool {
-        let capacity = self.keys.len();
+        let capacity = self.slots.len();
         if capacity <= SHRINK_FROM || self.len * 8 >= capacity {
             return false;
         }
@@ -193,42 +236,38 @@ impl<V: Packed> AddressTable<V> {
         true
     }
 
-    /// Moves every entry to new arrays of `capacity` slots (a power of two, more than
-    /// twice `len`).
+    /// Moves every entry to a new array of `capacity` slots (a power of two, room for
+    /// `len` within the load limit).
     fn rebuild(&mut self, capacity: usize) {
-        debug_assert!(capacity.is_power_of_two() && capacity >= 2 * self.len);
+        debug_assert!(capacity.is_power_of_two() && capacity * MAX_EIGHTHS >= 8 * self.len);
         // Producers whose rings fill meanwhile move to larger ones instead of waiting.
         let _stall = (capacity >= STALLING_CAPACITY).then(crate::hotpath::channel::ConsumerStall::begin);
-        let old_keys = std::mem::replace(&mut self.keys, ZeroedArray::populated(capacity));
-        let old_values = std::mem::replace(&mut self.values, ZeroedArray::populated(capacity));
+        let old = std::mem::replace(&mut self.slots, ZeroedArray::populated(capacity));
         self.mask = capacity - 1;
-        // Each move is a miss in the new arrays: start loading the home slots of the
-        // keys a little ahead, so that the misses overlap (the collector stops taking
-        // events while it grows, and producers fill their rings meanwhile).
+        // Each move is a miss in the new array: start loading the home slots of the keys
+        // a little ahead, so that the misses overlap (the collector stops taking events
+        // while it grows, and producers fill their rings meanwhile).
         const AHEAD: usize = 16;
-        for (n, (&k, &v)) in old_keys.iter().zip(old_values.iter()).enumerate() {
-            if let Some(&ahead) = old_keys.get(n + AHEAD) {
+        for (n, &slot) in old.iter().enumerate() {
+            if let Some(&[ahead, _]) = old.get(n + AHEAD) {
                 if ahead != EMPTY {
-                    let h = home(ahead, self.mask);
-                    prefetch_line(&self.keys[h]);
-                    prefetch_line(&self.values[h]);
+                    prefetch_line(&self.slots[home(ahead, self.mask)]);
                 }
             }
-            if k == EMPTY {
+            if slot[0] == EMPTY {
                 continue;
             }
-            let mut i = home(k, self.mask);
-            while self.keys[i] != EMPTY {
+            let mut i = home(slot[0], self.mask);
+            while self.slots[i][0] != EMPTY {
                 i = (i + 1) & self.mask;
             }
-            self.keys[i] = k;
-            self.values[i] = v;
+            self.slots[i] = slot;
         }
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (u64, V)> + '_ {
         let zero = self.zero.map(|v| (EMPTY, v));
-        zero.into_iter().chain(self.keys.iter().zip(self.values.iter()).filter(|(k, _)| **k != EMPTY).map(|(&k, &v)| (k, V::unpack(v))))
+        zero.into_iter().chain(self.slots.iter().filter(|s| s[0] != EMPTY).filter_map(|&[k, w]| Some((k, self.value(k, w)?))))
     }
 }
 
@@ -237,24 +276,26 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
+    /// Values past 2^31 do not fit (to test the values kept aside); a check word above
+    /// each one catches a slot read that was never written.
     impl Packed for u32 {
-        fn pack(self) -> [u64; 2] {
-            [self as u64, !(self as u64)]
+        fn pack(self) -> Option<u64> {
+            (self < 1 << 31).then_some(self as u64 | (!(self as u64) & 0xffff_ffff) << 32)
         }
 
-        fn unpack([v, check]: [u64; 2]) -> u32 {
-            assert_eq!(check, !v, "a value read from a slot never written");
-            v as u32
+        fn unpack(w: u64) -> u32 {
+            assert_eq!(w >> 32, !w & 0xffff_ffff, "a value read from a slot never written");
+            w as u32
         }
     }
 
     impl Packed for usize {
-        fn pack(self) -> [u64; 2] {
+        fn pack(self) -> Option<u64> {
             (self as u32).pack()
         }
 
-        fn unpack(words: [u64; 2]) -> usize {
-            u32::unpack(words) as usize
+        fn unpack(word: u64) -> usize {
+            u32::unpack(word) as usize
         }
     }
 
@@ -304,8 +345,10 @@ mod tests {
             let window = (x >> 8) % 6;
             let granule = (x >> 16) % 256;
             let addr = (window << 24) | (granule << 4) | if step > 150_000 { 0 } else { ((x >> 32) % 64) << 12 };
+            // One value in seven does not fit a word and is kept aside.
+            let value = if x.is_multiple_of(7) { step | 1 << 31 } else { step };
             if x % 5 < 3 {
-                assert_eq!(t.insert(addr, step), m.insert(addr, step));
+                assert_eq!(t.insert(addr, value), m.insert(addr, value));
             } else {
                 assert_eq!(t.remove(addr), m.remove(&addr));
             }
@@ -314,8 +357,10 @@ mod tests {
         for (k, v) in &m {
             assert_eq!(t.get(*k), Some(*v));
         }
+        // Nothing is kept aside for a slot that no longer holds it.
+        assert_eq!(t.wide.len(), m.values().filter(|&&v| v >= 1 << 31).count());
         // It never stalled the consumer: the channel's tests count on their rings filling.
-        assert!(t.keys.len() < STALLING_CAPACITY);
+        assert!(t.slots.len() < STALLING_CAPACITY);
         let mut seen: Vec<(u64, u32)> = t.iter().collect();
         seen.sort_unstable();
         let mut want: Vec<(u64, u32)> = m.into_iter().collect();
@@ -331,14 +376,14 @@ mod tests {
         for i in 0..n {
             t.insert(0x7f00_0000_0000 + i * 48, i as u32);
         }
-        let big = t.keys.len();
-        assert!(big >= 2 * n as usize);
+        let big = t.slots.len();
+        assert!(big * MAX_EIGHTHS >= 8 * n as usize);
         assert!(!t.shrink_if_sparse(), "a full table stays");
         for i in (0..n).filter(|i| i % 16 != 0) {
             assert_eq!(t.remove(0x7f00_0000_0000 + i * 48), Some(i as u32));
         }
         assert!(t.shrink_if_sparse());
-        assert_eq!(t.keys.len(), big / 4);
+        assert_eq!(t.slots.len(), big / 4);
         assert_eq!(t.len(), (n / 16) as usize);
         for i in 0..n {
             let want = (i % 16 == 0).then_some(i as u32);

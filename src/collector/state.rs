@@ -36,27 +36,29 @@ pub struct LiveBlock {
     pub ignored: bool,
 }
 
-/// Heap block sizes fit in 48 bits (the address space is 47); the top 16 bits of the
-/// size word carry the low half of the mark.
-const SIZE_BITS: u32 = 48;
 pub const MARK_MASK: u32 = (1 << 31) - 1;
 
+/// A live block in one word, as nearly all are: size below 64 GiB (36 bits), group
+/// index below 2^24 - 1 (24 bits), process generation below 4 (2 bits), checkpoint
+/// region 0 or 1, ignored. Any other block is kept aside by the table
+/// (`AddressTable::wide`), in full.
+const SIZE_BITS: u32 = 36;
+const GROUP_BITS: u32 = 24;
+
 impl Packed for LiveBlock {
-    fn pack(self) -> [u64; 2] {
-        let mark = (self.mark & MARK_MASK) as u64;
-        [
-            (self.size & ((1 << SIZE_BITS) - 1)) | (mark & 0xffff) << SIZE_BITS,
-            self.group as u64 | (self.generation as u64) << 32 | (mark >> 16) << 48 | (self.ignored as u64) << 63,
-        ]
+    fn pack(self) -> Option<u64> {
+        let fits = self.size < 1 << SIZE_BITS && self.group < (1 << GROUP_BITS) - 1 && self.generation < 4 && self.mark < 2;
+        // The group's bound keeps the word from being all ones (the table's mark).
+        fits.then_some(self.size | (self.group as u64) << SIZE_BITS | (self.generation as u64) << 60 | (self.mark as u64) << 62 | (self.ignored as u64) << 63)
     }
 
-    fn unpack([size, rest]: [u64; 2]) -> LiveBlock {
+    fn unpack(w: u64) -> LiveBlock {
         LiveBlock {
-            size: size & ((1 << SIZE_BITS) - 1),
-            group: rest as u32,
-            generation: (rest >> 32) as u16,
-            mark: (size >> SIZE_BITS) as u32 | (((rest >> 48) & 0x7fff) as u32) << 16,
-            ignored: rest >> 63 != 0,
+            size: w & ((1 << SIZE_BITS) - 1),
+            group: ((w >> SIZE_BITS) & ((1 << GROUP_BITS) - 1)) as u32,
+            generation: ((w >> 60) & 3) as u16,
+            mark: ((w >> 62) & 1) as u32,
+            ignored: w >> 63 != 0,
         }
     }
 }
@@ -925,6 +927,42 @@ mod tests {
     }
     fn free(addr: u64) -> Event {
         ev(EventKind::Free, Api::Malloc, 1, 0, addr, 0)
+    }
+
+    #[test]
+    fn a_live_block_fits_a_word_unless_a_field_is_out_of_its_range() {
+        let b = LiveBlock { size: (1 << 36) - 1, group: (1 << 24) - 2, generation: 3, mark: 1, ignored: true };
+        assert_eq!(LiveBlock::unpack(b.pack().unwrap()), b);
+        assert_ne!(b.pack(), Some(u64::MAX));
+        let plain = LiveBlock { size: 24, group: 7, generation: 0, mark: 0, ignored: false };
+        assert_eq!(LiveBlock::unpack(plain.pack().unwrap()), plain);
+        for wide in [
+            LiveBlock { size: 1 << 36, ..plain },
+            LiveBlock { group: (1 << 24) - 1, ..plain },
+            LiveBlock { generation: 4, ..plain },
+            LiveBlock { mark: 2, ..plain },
+        ] {
+            assert_eq!(wide.pack(), None, "{wide:?}");
+        }
+    }
+
+    /// Blocks that do not fit a word (a huge one, one past a second checkpoint, one of a
+    /// forked grandchild's grandchild) are kept, freed and counted as any other.
+    #[test]
+    fn blocks_kept_aside_count_as_any_other() {
+        let mut c = Collector::new();
+        c.apply(&alloc(0x1000, 1 << 40, 1));
+        c.apply(&ev(EventKind::Mark, Api::Malloc, 1, 0, 0, 0));
+        c.apply(&ev(EventKind::Mark, Api::Malloc, 1, 0, 0, 0));
+        c.apply(&alloc(0x2000, 32, 2));
+        c.apply(&alloc(0x3000, 48, 2));
+        assert_eq!(c.live.get(0x2000).map(|b| b.mark), Some(2));
+        assert_eq!(c.totals().kind(Kind::Host).live_bytes, (1 << 40) + 80);
+        c.apply(&free(0x1000));
+        c.apply(&free(0x2000));
+        assert_eq!(c.totals().kind(Kind::Host).live_bytes, 48);
+        assert_eq!(c.live.len(), 1);
+        assert_eq!(c.live.wide.len(), 1);
     }
 
     #[test]
