@@ -49,6 +49,38 @@ fn forked_child_gets_its_own_report_without_the_parents_leaks() {
     assert!(groups_with(parent, "inherited_then_freed").is_empty());
 }
 
+/// Past 16 MiB of frames the stack table's written head moves to an unnamed file
+/// (`os::spill`), mapped at the same addresses; a forked child that goes on interning
+/// new stacks moves its own to a file of its own. The leaks of both processes, made
+/// before and after, are named by their functions with whole stacks all the same.
+#[test]
+fn stacks_moved_to_the_spill_file_are_named_in_the_parent_and_its_forked_child() {
+    let bin = build_fixture("spill_fork.c", &[]);
+    let run = run_traced(Command::new(&bin), "spill-fork");
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let out = run.stdout();
+    assert!(out.contains("child status 0"), "{out}");
+    if !out.contains("parent spilled") {
+        skip::not_here(
+            "no directory on a disk takes an unnamed file ($TMPDIR, /var/tmp and /tmp are in memory or refuse O_TMPFILE): the stack table stays in memory",
+        );
+        return;
+    }
+    assert!(out.contains("child spilled"), "the child spills into a file of its own: {out}");
+    let reports = run.reports();
+    assert_eq!(reports.len(), 2, "{reports:#?}");
+    let (parent, child): (Vec<_>, Vec<_>) = reports.iter().partition(|r| r["fork"]["forked_from_pid"].is_null());
+    let (parent, child) = (parent[0], child[0]);
+    let whole = |g: &serde_json::Value| g["stack"].as_array().unwrap().iter().any(|f| f["function"] == "main");
+    for (report, function, bytes) in [(parent, "early_leak", 1111), (parent, "late_leak", 2222), (child, "child_leak", 3333)] {
+        let groups = groups_with(report, function);
+        assert_eq!(sum(&groups, "bytes"), bytes, "{function}: {:#?}", report["leaks"]);
+        assert!(groups.iter().all(|g| whole(g)), "{function}'s stack reaches main: {groups:#?}");
+    }
+    assert!(groups_with(parent, "child_leak").is_empty());
+    assert!(groups_with(child, "early_leak").is_empty() && groups_with(child, "late_leak").is_empty(), "inherited, not the child's");
+}
+
 /// A worker's exit scan reads the inherited blocks from a list the collector thread
 /// gathered while the child ran (5 ms after the fork), less what the child freed since; a child
 /// that exits at once walks the tables instead. Both give the same verdicts.

@@ -109,6 +109,11 @@ fn collector_main() {
             g.as_mut().map(|c| drain_into(c, 1 << 16, false)).unwrap_or(0)
         };
         stacks::promote_tables_if_large();
+        // Between points too, when the unwinder read much of the tables: a program's
+        // teardown (destructors, finalizers) reads them anew in a fraction of a second.
+        if crate::hotpath::unwind::cfi_reads().wrapping_sub(UNWIND_TABLES_RELEASED_AT.load(Ordering::Relaxed)) >= RELEASE_AFTER_READS {
+            release_unwind_tables();
+        }
         // The flag first: reading the clock on every turn was ~3% of the collector's
         // samples under two allocating threads.
         if PREPARE_INHERITED.load(Ordering::Relaxed) && born.elapsed() >= PREPARE_AFTER && PREPARE_INHERITED.swap(false, Ordering::AcqRel) {
@@ -140,19 +145,24 @@ fn collector_main() {
     }
 }
 
+/// Reads of the unwind tables after which the collector gives their pages back without
+/// waiting for the next timeline point.
+const RELEASE_AFTER_READS: u64 = 4096;
+
 /// The unwinder's reads of the modules' unwind tables when their pages were last given
 /// back.
 static UNWIND_TABLES_RELEASED_AT: AtomicU64 = AtomicU64::new(0);
 
 /// Gives back the pages of the program's unwind tables (`os::unwind_tables`) if the
-/// unwinder read them since the last time: ~45 MB of RSS after `import torch`, file pages
-/// the program itself does not touch. After timeline points and reports, and before the
-/// final report.
+/// unwinder read them since the last time (~45 MB of RSS after `import torch`, file pages
+/// the program itself does not touch), and those of the spilled stack frames that
+/// lookups mapped again. After timeline points and reports, and before the final report.
 pub(super) fn release_unwind_tables() {
     let reads = crate::hotpath::unwind::cfi_reads();
     if UNWIND_TABLES_RELEASED_AT.swap(reads, Ordering::Relaxed) != reads {
         crate::os::unwind_tables::release_all();
     }
+    stacks::release_spilled();
 }
 
 /// The longest periodic interval of a process that gets no final report.

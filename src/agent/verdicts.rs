@@ -69,12 +69,17 @@ pub(super) fn classify_live(input: &ScanInput, names_thread: u32) -> crate::scan
     if let Some((lo, hi)) = crate::scan::roots::loader_range() {
         // Only leaked blocks can change (most are reachable): each lookup reads the
         // stack table, a cache miss or two, 120k of them after `import torch`.
-        for (b, v) in live.iter().zip(verdicts.iter_mut()).filter(|(_, v)| **v != Verdict::Reachable) {
+        for (n, (b, v)) in live.iter().zip(verdicts.iter_mut()).filter(|(_, v)| **v != Verdict::Reachable).enumerate() {
             let innermost = stacks::innermost(b.stack);
             if innermost.is_some_and(|ip| ip >= lo && ip < hi) {
                 *v = Verdict::Reachable;
             }
+            // The records read map their pages of the spilled table again.
+            if n % 16384 == 16383 {
+                stacks::release_spilled();
+            }
         }
+        stacks::release_spilled();
     }
     out
 }

@@ -179,6 +179,12 @@ struct Tables {
     frames: *mut u8,
     next_id: AtomicU32,
     next_frame: AtomicU64,
+    /// Bytes of the frame arena written so far (reserved ones count once written, or
+    /// once given up): equal to `next_frame`, every reserved byte below it is written.
+    frames_written: AtomicU64,
+    /// Records written so far (id 0, never written, counts): as `frames_written`, for
+    /// `next_id`.
+    records_written: AtomicU32,
     overflows: AtomicU64,
     /// Stacks whose slot is in the large index.
     in_large_index: AtomicU32,
@@ -224,6 +230,8 @@ fn init_tables() -> Option<&'static Tables> {
             // id 0 is reserved for "no stack".
             next_id: AtomicU32::new(1),
             next_frame: AtomicU64::new(0),
+            frames_written: AtomicU64::new(0),
+            records_written: AtomicU32::new(1),
             overflows: AtomicU64::new(0),
             in_large_index: AtomicU32::new(0),
         });
@@ -278,6 +286,98 @@ fn populate_range(used: usize, populated: usize, capacity: usize) -> Option<(usi
     (end > start).then_some((start, end))
 }
 
+/// An arena's head moves to a file once this much of it is written (`os::spill`): a
+/// program with fewer stacks keeps them in memory.
+const SPILL_FROM: usize = 16 << 20;
+/// And again each time this much more is (a huge page; the file's copies are merged
+/// into one mapping by the kernel).
+const SPILL_CHUNK: usize = HUGE_PAGE;
+
+/// One of the two arenas written in order and never again (the frames, the records),
+/// with its head in a spill file: `import torch` leaves 44 MB of frames and 29 MB of
+/// records, most of them never read again, which the kernel can now keep out of RSS.
+struct SpilledArena {
+    spill: crate::os::spill::Spill,
+    /// Bytes of the arena in the file so far (whole 2 MiB pages from its start);
+    /// `usize::MAX` once spilling failed or was refused (a seccomp filter).
+    spilled: AtomicUsize,
+}
+
+static FRAMES_SPILL: SpilledArena = SpilledArena::new();
+static RECORDS_SPILL: SpilledArena = SpilledArena::new();
+
+impl SpilledArena {
+    const fn new() -> SpilledArena {
+        SpilledArena { spill: crate::os::spill::Spill::new(), spilled: AtomicUsize::new(0) }
+    }
+
+    /// Moves the arena's written head (at `base`, `capacity` bytes) to the file when
+    /// enough more was written since the last time: `written` bytes of it are, and
+    /// `reserved` (read after `written`) are handed out; equal, no write is pending
+    /// below them. The collector's, between drains.
+    fn advance(&self, base: *mut u8, written: usize, reserved: usize, capacity: usize, part: Part) {
+        let spilled = self.spilled.load(Ordering::Relaxed);
+        if spilled == usize::MAX || written < SPILL_FROM || written < spilled + SPILL_CHUNK || written != reserved {
+            return;
+        }
+        let to = (written / HUGE_PAGE * HUGE_PAGE).min(capacity);
+        // SAFETY: `base` is one of our arenas, written in order: `[spilled, to)` is
+        // written (`written == reserved`) and never written again.
+        if !crate::os::procfs::unfiltered_now() || !unsafe { self.spill.spill(base, spilled, to) } {
+            self.spilled.store(usize::MAX, Ordering::Relaxed);
+            return;
+        }
+        let at = base as usize;
+        crate::os::own::unmapped(at + spilled, to - spilled);
+        if spilled > 0 {
+            crate::os::own::unmapped(at, spilled);
+        }
+        crate::os::own::mapped_file(at, to, part);
+        self.spilled.store(to, Ordering::Relaxed);
+    }
+
+    /// Gives back the spilled pages that reads mapped again since (they stay in the
+    /// page cache). Not under a seccomp filter (the caller checks).
+    fn release(&self, base: *mut u8) {
+        let spilled = self.spilled.load(Ordering::Relaxed);
+        if spilled != 0 && spilled != usize::MAX {
+            // SAFETY: the spilled head of our own arena, a shared file mapping: dropping
+            // its pages loses nothing, the next read maps them again from the file.
+            unsafe { libc::madvise(base as *mut libc::c_void, spilled, libc::MADV_DONTNEED) };
+        }
+    }
+
+    fn active(&self) -> bool {
+        let spilled = self.spilled.load(Ordering::Relaxed);
+        spilled != 0 && spilled != usize::MAX
+    }
+}
+
+/// Moves the written heads of the frame arena and the record array to their spill
+/// files (`SpilledArena::advance`).
+fn spill_arenas(t: &Tables) {
+    let record = std::mem::size_of::<Record>();
+    // Written first: equal to the reservations read after it, nothing below is pending.
+    let written = t.frames_written.load(Ordering::Acquire) as usize;
+    FRAMES_SPILL.advance(t.frames, written, t.next_frame.load(Ordering::Acquire) as usize, FRAME_BYTES, Part::StackFrames);
+    let written = (t.records_written.load(Ordering::Acquire) as usize).min(MAX_STACKS) * record;
+    let reserved = (t.next_id.load(Ordering::Acquire) as usize).min(MAX_STACKS) * record;
+    RECORDS_SPILL.advance(t.records as *mut u8, written, reserved, MAX_STACKS * record, Part::StackTable);
+}
+
+/// Gives back the pages of the spilled frames and records that lookups mapped again
+/// since (they stay in the page cache). The collector's, after timeline points.
+pub fn release_spilled() {
+    let Some(t) = published_tables() else { return };
+    // Not under a seccomp filter, which may answer `madvise` with SIGSYS.
+    if !(FRAMES_SPILL.active() || RECORDS_SPILL.active()) || !crate::os::procfs::unfiltered_now() {
+        return;
+    }
+    let _errno = crate::os::ErrnoGuard::save();
+    FRAMES_SPILL.release(t.frames);
+    RECORDS_SPILL.release(t.records as *mut u8);
+}
+
 /// Called by the collector between drains (never on the hot path: the collapse copies
 /// the touched pages and takes a few milliseconds). A forked child inherits the tables,
 /// huge pages and all, and the flags.
@@ -299,6 +399,7 @@ pub fn promote_tables_if_large() {
     arena(&RECORDS_ADVISED, &RECORDS_POPULATED, records, t.records as *mut u8, MAX_STACKS * std::mem::size_of::<Record>());
     let frames = (t.next_frame.load(Ordering::Relaxed) as usize).min(FRAME_BYTES);
     arena(&FRAMES_ADVISED, &FRAMES_POPULATED, frames, t.frames, FRAME_BYTES);
+    spill_arenas(t);
     if INDEX_PROMOTED.load(Ordering::Relaxed) {
         return;
     }
@@ -558,6 +659,7 @@ fn child_frames(t: &Tables, id: u32) -> Option<(Vec<u64>, u32)> {
 fn make_record(t: &Tables, h: u64, epoch: u32, frames: &[u64], tail: Option<SharedTail>) -> Option<u32> {
     let id = t.next_id.fetch_add(1, Ordering::Relaxed);
     if id as usize >= MAX_STACKS {
+        t.records_written.fetch_add(1, Ordering::Release);
         return None;
     }
     // Share the tail only if it is what it claims to be, and the parent's chain leaves
@@ -575,14 +677,17 @@ fn make_record(t: &Tables, h: u64, epoch: u32, frames: &[u64], tail: Option<Shar
     let bytes = encode_frames(&frames[..own], &mut encoded);
     let off = t.next_frame.fetch_add(bytes as u64, Ordering::Relaxed);
     if off as usize + bytes > FRAME_BYTES {
+        t.frames_written.fetch_add(bytes as u64, Ordering::Release);
         // Mark the id as an empty, ready record so readers do not wait for it.
         t.record(id).location.store(READY, Ordering::Release);
+        t.records_written.fetch_add(1, Ordering::Release);
         return None;
     }
     // SAFETY: [off, off+bytes) is ours alone (fetch_add) and inside the mapping.
     unsafe {
         std::ptr::copy_nonoverlapping(encoded.as_ptr(), t.frames.add(off as usize), bytes);
     }
+    t.frames_written.fetch_add(bytes as u64, Ordering::Release);
     let rec = t.record(id);
     rec.hash.store(h as u32, Ordering::Relaxed);
     rec.epoch.store(epoch, Ordering::Relaxed);
@@ -592,6 +697,7 @@ fn make_record(t: &Tables, h: u64, epoch: u32, frames: &[u64], tail: Option<Shar
         rec.shared.store(s.first as u32 | (s.count as u32) << 8 | (chain as u32) << 16, Ordering::Relaxed);
     }
     rec.location.store(off | (bytes as u64) << 32 | (own as u64) << 48 | READY, Ordering::Release);
+    t.records_written.fetch_add(1, Ordering::Release);
     Some(id)
 }
 

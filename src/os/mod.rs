@@ -2,7 +2,7 @@
 //! library's own threads (started with every signal blocked), signal dispositions, the
 //! loader's module list and the modules' own symbol tables, a spin lock, and the files
 //! the program may move under us (standard error, `/proc` and the report directory
-//! across `chroot`), the program's unwind tables' pages. Nothing here imports from the stages.
+//! across `chroot`), the program's unwind tables' pages, a file for an arena's written head. Nothing here imports from the stages.
 pub mod anchor;
 pub mod elf;
 pub mod fds;
@@ -13,6 +13,7 @@ pub mod mapped;
 pub mod own;
 pub mod procfs;
 pub mod signals;
+pub mod spill;
 pub mod stack;
 pub mod threads;
 pub mod unwind_tables;

@@ -71,12 +71,25 @@ static LENGTHS: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
 static PARTS: [AtomicU8; SLOTS] = [const { AtomicU8::new(Part::Other as u8) }; SLOTS];
 static UNLISTED: AtomicU64 = AtomicU64::new(0);
 
+/// In `PARTS`: the mapping is of a file (`spill`), whose pages `mincore` reports as
+/// resident while they are in the page cache, mapped or not: counted by pagemap instead.
+const FILE: u8 = 0x80;
+
 /// A mapping of ours was made.
 pub fn mapped(start: usize, len: usize, part: Part) {
+    register(start, len, part as u8);
+}
+
+/// A file mapping of ours was made (`spill`): it counts by its pages mapped now.
+pub fn mapped_file(start: usize, len: usize, part: Part) {
+    register(start, len, part as u8 | FILE);
+}
+
+fn register(start: usize, len: usize, part: u8) {
     for ((s, l), p) in STARTS.iter().zip(LENGTHS.iter()).zip(PARTS.iter()) {
         if s.load(Ordering::Relaxed) == 0 && s.compare_exchange(0, usize::MAX, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
             l.store(len, Ordering::Relaxed);
-            p.store(part as u8, Ordering::Relaxed);
+            p.store(part, Ordering::Relaxed);
             s.store(start, Ordering::Release);
             return;
         }
@@ -113,14 +126,52 @@ pub fn unmapped(start: usize, len: usize) {
 pub fn parts_resident() -> [u64; Part::ALL.len()] {
     let mut out = [0u64; Part::ALL.len()];
     out[Part::Other as usize] = UNLISTED.load(Ordering::Relaxed);
+    let mut pagemap = -1;
     for ((s, l), p) in STARTS.iter().zip(LENGTHS.iter()).zip(PARTS.iter()) {
         let a = s.load(Ordering::Acquire);
         if a != 0 && a != usize::MAX {
-            let part = (p.load(Ordering::Relaxed) as usize).min(Part::Other as usize);
-            out[part] += resident(a, l.load(Ordering::Relaxed));
+            let p = p.load(Ordering::Relaxed);
+            let part = ((p & !FILE) as usize).min(Part::Other as usize);
+            let len = l.load(Ordering::Relaxed);
+            out[part] += if p & FILE == 0 {
+                resident(a, len)
+            } else {
+                if pagemap < 0 {
+                    pagemap = super::anchor::open_proc("self/pagemap", libc::O_RDONLY).unwrap_or(-1);
+                }
+                mapped_pages(pagemap, a, len)
+            };
         }
     }
+    if pagemap >= 0 {
+        // SAFETY: the descriptor opened above.
+        unsafe { libc::close(pagemap) };
+    }
     out
+}
+
+/// The bytes of `[start, start + len)` mapped in this process now, by
+/// `/proc/self/pagemap` (`pagemap`: its descriptor; 0 without one).
+pub fn mapped_pages(pagemap: i32, start: usize, len: usize) -> u64 {
+    const PAGE: usize = 4096;
+    const PRESENT: u64 = 1 << 63;
+    if pagemap < 0 {
+        return 0;
+    }
+    let mut entries = [0u64; 512];
+    let (mut at, end) = (start & !(PAGE - 1), start + len);
+    let mut total = 0u64;
+    while at < end {
+        let pages = (end - at).div_ceil(PAGE).min(entries.len());
+        // SAFETY: reads at most `pages` entries into `entries`.
+        let n = unsafe { libc::pread(pagemap, entries.as_mut_ptr() as *mut libc::c_void, pages * 8, ((at / PAGE) * 8) as libc::off_t) };
+        if n <= 0 {
+            break;
+        }
+        total += entries[..n as usize / 8].iter().filter(|&&e| e & PRESENT != 0).count() as u64 * PAGE as u64;
+        at += pages * PAGE;
+    }
+    total
 }
 
 /// The resident bytes of `[start, start + len)` (`mincore`); 0 where it is not mapped.

@@ -71,12 +71,28 @@ pub struct RunFacts {
 /// Names every frame of the stacks `ids` into `sym`'s cache: what `resolve_stacks` of
 /// those stacks will then find done.
 pub fn presymbolize(ids: &[u32], sym: &mut Symbolizer) {
-    let raws: Vec<RawFrame> = ids.iter().flat_map(|&id| sym.raw_stack(id)).collect();
+    let mut raws: Vec<RawFrame> = Vec::new();
+    for chunk in ids.chunks(RELEASE_EVERY) {
+        raws.extend(chunk.iter().flat_map(|&id| sym.raw_stack(id)));
+        crate::hotpath::stacks::release_spilled();
+    }
     sym.symbolize_all(raws.iter().filter_map(|rf| rf.module));
 }
 
+/// Stacks read back between two releases of the spilled stack table's pages
+/// (`stacks::release_spilled`): reading a stack maps a page or two of each record of
+/// its chain and of their frames, and the 2000 stacks of a report read after `import
+/// torch` had mapped 36 MB of them again.
+const RELEASE_EVERY: usize = 256;
+
 pub fn resolve_stacks(ids: &[u32], sym: &mut Symbolizer) -> Vec<Vec<Frame>> {
-    let raws: Vec<Vec<RawFrame>> = ids.iter().map(|&id| sym.raw_stack(id)).collect();
+    let mut raws: Vec<Vec<RawFrame>> = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(RELEASE_EVERY) {
+        raws.extend(chunk.iter().map(|&id| sym.raw_stack(id)));
+        if ids.len() > RELEASE_EVERY {
+            crate::hotpath::stacks::release_spilled();
+        }
+    }
     sym.symbolize_all(raws.iter().flatten().filter_map(|rf| rf.module));
     raws.into_iter().map(|raw| symbolized(raw, sym)).collect()
 }
