@@ -3,7 +3,10 @@
 //! not 64 addresses. Id 0 means "no stack" (capture impossible or table full).
 //!
 //! Storage is three anonymous `MAP_NORESERVE` mappings made once: the frame arena, the
-//! per-id records, and the open-addressing index. Nothing is ever removed.
+//! per-id records, and the open-addressing index. Nothing is ever removed. The frame
+//! arena and the records are written in order and never again: past 16 MiB their
+//! written heads move to a file mapped at the same addresses (`SpilledArena`,
+//! `os::spill`), out of RSS but for the pages read again.
 //!
 //! **Shared outer frames.** A new stack usually differs from the thread's previous one
 //! only in its innermost frames (a Python program: 5 new frames out of 47 on average,
