@@ -179,6 +179,16 @@ fn span_from(points: &[(u64, Memory)], part: u64) -> Option<(&Memory, &Memory, u
     Some((&from.1, &to.1, to.0.saturating_sub(from.0)))
 }
 
+/// A forked worker's whole life before any teardown: its first point and the later
+/// point of its largest private memory (`uss`), with the milliseconds between.
+fn worker_span(points: &[(u64, Memory)]) -> Option<(&Memory, &Memory, u64)> {
+    let run = points.iter().position(|p| p.1.after_teardown).unwrap_or(points.len());
+    let points = &points[..run];
+    let (first, rest) = points.split_first()?;
+    let to = rest.iter().rev().max_by_key(|p| p.1.uss.unwrap_or(0)).unwrap_or(first);
+    Some((&first.1, &to.1, to.0.saturating_sub(first.0)))
+}
+
 /// One part's bytes at the start and at the peak of the span `explain` looks at
 /// (`None` when there are no points, or the part is not measured).
 pub fn part_growth(points: &[(u64, Memory)], part: &str) -> Option<(u64, u64)> {
@@ -258,8 +268,11 @@ pub fn explain(points: &[(u64, Memory)], forked_child: bool) -> Vec<Finding> {
         });
     }
     // Copy-on-write in a forked worker: private memory grows, its own heap does not.
-    // A worker starts where its parent was (no start-up of its own): its whole life.
-    let (wfrom, wto, wms) = span_from(points, 1).unwrap_or((from, to, ms));
+    // A worker starts where its parent was (no start-up of its own): its whole life, to
+    // the point of its largest private memory. Not to its RSS peak, as the other parts:
+    // copying a shared page on write moves it from shared to private and leaves RSS as
+    // it was, so the RSS peak can be any point (one near the start hid the growth).
+    let (wfrom, wto, wms) = worker_span(points).unwrap_or((from, to, ms));
     if forked_child && wms >= MIN_GROWTH_SPAN_MS {
         let (from, to) = (wfrom, wto);
         let grew = |f: fn(&Memory) -> u64| f(to).saturating_sub(f(from));
@@ -410,6 +423,12 @@ mod tests {
         assert!(f[0].what.contains("copy-on-write"));
         // The same numbers in the parent say nothing of the kind.
         assert!(explain(&[at(0, &m0), at(10_000, &m1)], false).is_empty());
+        // RSS at its peak near the start (the tracer gave file pages back since):
+        // the private growth to the end is measured all the same.
+        let early = Memory { rss: 510 * MIB, uss: Some(25 * MIB), heap_live: MIB, ..Default::default() };
+        let late = Memory { rss: 490 * MIB, ..m1 };
+        let f = explain(&[at(0, &m0), at(500, &early), at(10_000, &late)], true);
+        assert!(f.iter().any(|f| f.part == "uss" && f.from == 20 * MIB && f.to == 220 * MIB), "{f:?}");
     }
 
     #[test]
