@@ -22,6 +22,9 @@ extern "C" fn on_load() {
         // An internal error is one line on the program's stderr, never a backtrace.
         std::panic::set_hook(Box::new(|info| crate::os::fds::stderr_line(&format!("leaktrace: internal error: {info}"))));
         let config = Config::from_lookup(|k| std::env::var(k).ok(), |w| crate::os::fds::stderr_line(&w));
+        // Read here, in the constructor: the collector thread must not read the
+        // environment while the program's threads may `setenv`.
+        crate::os::spill::note_tmpdir();
         if config.disabled {
             super::threads::pass_through();
             return;

@@ -139,6 +139,16 @@ impl Default for Spill {
     }
 }
 
+/// `$TMPDIR` as the library's constructor found it (`note_tmpdir`).
+static TMPDIR: std::sync::OnceLock<Option<std::ffi::OsString>> = std::sync::OnceLock::new();
+
+/// Notes `$TMPDIR` for the spill files: called from the library's constructor, as the
+/// configuration is read; the collector thread, which makes the files, never reads the
+/// environment (the program may `setenv` meanwhile).
+pub fn note_tmpdir() {
+    let _ = TMPDIR.set(std::env::var_os("TMPDIR").filter(|d| !d.is_empty()));
+}
+
 /// An unnamed file on a disk, its descriptor high and close-on-exec; None where no
 /// candidate directory takes one or a file size limit is set.
 fn make_file() -> Option<i32> {
@@ -147,7 +157,7 @@ fn make_file() -> Option<i32> {
     if unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut limit) } != 0 || limit.rlim_cur != libc::RLIM_INFINITY {
         return None;
     }
-    let tmpdir = std::env::var_os("TMPDIR").filter(|d| !d.is_empty());
+    let tmpdir = TMPDIR.get().cloned().flatten();
     let dirs = tmpdir.iter().map(std::path::PathBuf::from).chain(["/var/tmp", "/tmp"].map(std::path::PathBuf::from));
     for dir in dirs {
         let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else { continue };

@@ -54,10 +54,12 @@ pub fn module_range(base: usize, phdrs: &[libc::Elf64_Phdr], textrel: bool, hdr_
     // `.eh_frame` usually follows its header; where a linker put it before, the range
     // starts there (in the same segment only).
     let mut start = hdr;
-    if let Some(word) = hdr_word(hdr) {
+    // The header's first two words, when the segment holds them.
+    let read = |at: usize| if at + 4 <= seg_end { hdr_word(at) } else { None };
+    if let Some(word) = read(hdr).filter(|_| hdr + 8 <= seg_end) {
         let (version, enc) = (word & 0xff, (word >> 8) & 0xff);
         if version == 1 && enc as u8 == DW_EH_PE_PCREL_SDATA4 {
-            if let Some(rel) = hdr_word(hdr + 4) {
+            if let Some(rel) = read(hdr + 4) {
                 let eh_frame = (hdr + 4).wrapping_add(rel as i32 as isize as usize);
                 if seg_start <= eh_frame && eh_frame < start {
                     start = eh_frame;
