@@ -193,6 +193,20 @@ fn make_file() -> Option<i32> {
 mod tests {
     use super::*;
 
+    /// A skip that says so (as tests/common/skip.rs `not_here`): libtest has no skipped
+    /// state, so the line goes to `LEAKTRACE_SKIP_LOG`, which scripts/test.sh reads.
+    fn skip_not_here(reason: &str) {
+        use std::io::Write;
+        let name = std::thread::current().name().unwrap_or("?").to_string();
+        let exe = std::env::current_exe().ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())).unwrap_or_default();
+        eprintln!("SKIPPED {name}: {reason}");
+        if let Some(log) = std::env::var_os("LEAKTRACE_SKIP_LOG") {
+            if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(log) {
+                let _ = f.write_all(format!("{exe}\t{name}\t{reason}\n").as_bytes());
+            }
+        }
+    }
+
     /// A spilled range reads the same, is a file mapping afterwards (not resident once
     /// given back), and the arena past it is still anonymous and writable.
     #[test]
@@ -206,7 +220,7 @@ mod tests {
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), base, len) };
         let spill = Spill::new();
         if spill.file().is_none() {
-            eprintln!("skipped: no disk directory takes an O_TMPFILE here");
+            skip_not_here("no directory on a disk takes an unnamed file (O_TMPFILE) here");
             return;
         }
         // SAFETY: the head of the mapping above, written, never written again.
@@ -233,7 +247,7 @@ mod tests {
     fn a_forked_child_makes_its_own_file() {
         let spill = Spill::new();
         let Some(fd) = spill.file() else {
-            eprintln!("skipped: no disk directory takes an O_TMPFILE here");
+            skip_not_here("no directory on a disk takes an unnamed file (O_TMPFILE) here");
             return;
         };
         let parents = super::super::fds::identity(fd).unwrap();
