@@ -11,6 +11,7 @@ pub mod loader;
 pub mod lock;
 pub mod mapped;
 pub mod own;
+pub mod pagemap;
 pub mod procfs;
 pub mod signals;
 pub mod spill;

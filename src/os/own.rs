@@ -154,21 +154,15 @@ pub fn parts_resident() -> [u64; Part::ALL.len()] {
 /// `/proc/self/pagemap` (`pagemap`: its descriptor; 0 without one).
 pub fn mapped_pages(pagemap: i32, start: usize, len: usize) -> u64 {
     const PAGE: usize = 4096;
-    const PRESENT: u64 = 1 << 63;
-    if pagemap < 0 {
-        return 0;
-    }
     let mut entries = [0u64; 512];
     let (mut at, end) = (start & !(PAGE - 1), start + len);
     let mut total = 0u64;
     while at < end {
         let pages = (end - at).div_ceil(PAGE).min(entries.len());
-        // SAFETY: reads at most `pages` entries into `entries`.
-        let n = unsafe { libc::pread(pagemap, entries.as_mut_ptr() as *mut libc::c_void, pages * 8, ((at / PAGE) * 8) as libc::off_t) };
-        if n <= 0 {
+        if !super::pagemap::read(pagemap, (at / PAGE) as u64, &mut entries[..pages]) {
             break;
         }
-        total += entries[..n as usize / 8].iter().filter(|&&e| e & PRESENT != 0).count() as u64 * PAGE as u64;
+        total += entries[..pages].iter().filter(|&&e| e & super::pagemap::PRESENT != 0).count() as u64 * PAGE as u64;
         at += pages * PAGE;
     }
     total

@@ -130,18 +130,12 @@ pub fn ranges() -> Vec<Range> {
     out
 }
 
-/// Pagemap bits: present, swapped, file page (or shared anonymous).
-const PM_PRESENT: u64 = 1 << 63;
-const PM_SWAP: u64 = 1 << 62;
-const PM_FILE: u64 = 1 << 61;
+use super::pagemap::PRESENT;
 
-/// Whether a page with pagemap entry `e` may be dropped: a file page, or nothing.
+/// Whether a page with pagemap entry `e` may be dropped: one the program did not write
+/// (a file page, or nothing).
 fn droppable(e: u64) -> bool {
-    if e & PM_PRESENT != 0 {
-        e & PM_FILE != 0
-    } else {
-        e & PM_SWAP == 0
-    }
+    !super::pagemap::page_written(e)
 }
 
 /// The runs `[first, last)` of droppable pages among `entries` (page `k` at `k`) that
@@ -151,8 +145,8 @@ pub fn droppable_runs(entries: &[u64]) -> Vec<(usize, usize)> {
     let mut run: Option<(usize, bool)> = None;
     for (k, &e) in entries.iter().enumerate() {
         match (droppable(e), run) {
-            (true, None) => run = Some((k, e & PM_PRESENT != 0)),
-            (true, Some((s, present))) => run = Some((s, present || e & PM_PRESENT != 0)),
+            (true, None) => run = Some((k, e & PRESENT != 0)),
+            (true, Some((s, present))) => run = Some((s, present || e & PRESENT != 0)),
             (false, Some((s, present))) => {
                 if present {
                     out.push((s, k));
@@ -179,10 +173,7 @@ pub fn release(ranges: &[Range], pagemap: i32) -> u64 {
         let mut at = r.start;
         while at < r.end {
             let pages = ((r.end - at) / PAGE).min(CHUNK);
-            let want = pages * 8;
-            // SAFETY: reads at most `want` bytes into `entries`, which holds `CHUNK` words.
-            let n = unsafe { libc::pread(pagemap, entries.as_mut_ptr() as *mut libc::c_void, want, ((at / PAGE) * 8) as libc::off_t) };
-            if n != want as isize {
+            if !super::pagemap::read(pagemap, (at / PAGE) as u64, &mut entries[..pages]) {
                 return released;
             }
             for (s, e) in droppable_runs(&entries[..pages]) {
@@ -273,7 +264,8 @@ mod tests {
 
     #[test]
     fn runs_skip_anonymous_and_swapped_pages_and_need_a_present_page() {
-        let (file, anon, none, swap) = (PM_PRESENT | PM_FILE, PM_PRESENT, 0, PM_SWAP);
+        use super::super::pagemap::{FILE_OR_SHARED, SWAPPED};
+        let (file, anon, none, swap) = (PRESENT | FILE_OR_SHARED, PRESENT, 0, SWAPPED);
         assert_eq!(droppable_runs(&[file, file, anon, none, file, swap, none, none]), vec![(0, 2), (3, 5)]);
         assert_eq!(droppable_runs(&[none, none]), vec![]);
         assert_eq!(droppable_runs(&[none, file, none]), vec![(0, 3)]);
@@ -306,10 +298,8 @@ mod tests {
         let pagemap = std::fs::File::open("/proc/self/pagemap").unwrap();
         let present = || {
             let mut e = [0u64; 16];
-            // SAFETY: reads 16 entries into `e`.
-            let n = unsafe { libc::pread(pagemap.as_raw_fd(), e.as_mut_ptr() as *mut libc::c_void, 128, ((p / PAGE) * 8) as libc::off_t) };
-            assert_eq!(n, 128);
-            e.iter().filter(|&&e| e & PM_PRESENT != 0).count()
+            assert!(super::super::pagemap::read(pagemap.as_raw_fd(), (p / PAGE) as u64, &mut e));
+            e.iter().filter(|&&e| e & PRESENT != 0).count()
         };
         assert_eq!(present(), 16);
         let released = release(&[Range { start: p, end: p + len }], pagemap.as_raw_fd());

@@ -66,17 +66,11 @@ pub struct RunFacts {
     pub cuda_untracked_copies: u64,
 }
 
-/// The symbolized frames of interned stacks (innermost first, inlined frames expanded),
-/// every address among them symbolized in one batch (see `Symbolizer::symbolize_all`).
 /// Names every frame of the stacks `ids` into `sym`'s cache: what `resolve_stacks` of
 /// those stacks will then find done.
 pub fn presymbolize(ids: &[u32], sym: &mut Symbolizer) {
-    let mut raws: Vec<RawFrame> = Vec::new();
-    for chunk in ids.chunks(RELEASE_EVERY) {
-        raws.extend(chunk.iter().flat_map(|&id| sym.raw_stack(id)));
-        crate::hotpath::stacks::release_spilled();
-    }
-    sym.symbolize_all(raws.iter().filter_map(|rf| rf.module));
+    let raws = raw_stacks(ids, sym);
+    sym.symbolize_all(raws.iter().flatten().filter_map(|rf| rf.module));
 }
 
 /// Stacks read back between two releases of the spilled stack table's pages
@@ -85,7 +79,9 @@ pub fn presymbolize(ids: &[u32], sym: &mut Symbolizer) {
 /// torch` had mapped 36 MB of them again.
 const RELEASE_EVERY: usize = 256;
 
-pub fn resolve_stacks(ids: &[u32], sym: &mut Symbolizer) -> Vec<Vec<Frame>> {
+/// The raw frames of the stacks `ids`; more than `RELEASE_EVERY` of them are read in
+/// chunks, the spilled table's pages given back after each.
+fn raw_stacks(ids: &[u32], sym: &mut Symbolizer) -> Vec<Vec<RawFrame>> {
     let mut raws: Vec<Vec<RawFrame>> = Vec::with_capacity(ids.len());
     for chunk in ids.chunks(RELEASE_EVERY) {
         raws.extend(chunk.iter().map(|&id| sym.raw_stack(id)));
@@ -93,6 +89,13 @@ pub fn resolve_stacks(ids: &[u32], sym: &mut Symbolizer) -> Vec<Vec<Frame>> {
             crate::hotpath::stacks::release_spilled();
         }
     }
+    raws
+}
+
+/// The symbolized frames of interned stacks (innermost first, inlined frames expanded),
+/// every address among them symbolized in one batch (see `Symbolizer::symbolize_all`).
+pub fn resolve_stacks(ids: &[u32], sym: &mut Symbolizer) -> Vec<Vec<Frame>> {
+    let raws = raw_stacks(ids, sym);
     sym.symbolize_all(raws.iter().flatten().filter_map(|rf| rf.module));
     raws.into_iter().map(|raw| symbolized(raw, sym)).collect()
 }

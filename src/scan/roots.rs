@@ -636,10 +636,9 @@ pub struct WrittenPages {
 }
 
 const PAGEMAP_CHUNK: usize = 4096;
-const PM_PRESENT: u64 = 1 << 63;
-const PM_SWAPPED: u64 = 1 << 62;
-const PM_FILE_OR_SHARED: u64 = 1 << 61;
-const PM_EXCLUSIVE: u64 = 1 << 56;
+#[cfg(test)]
+use crate::os::pagemap::FILE_OR_SHARED as PM_FILE_OR_SHARED;
+use crate::os::pagemap::{page_written, EXCLUSIVE as PM_EXCLUSIVE, PRESENT as PM_PRESENT, SWAPPED as PM_SWAPPED};
 
 fn page_size() -> u64 {
     // SAFETY: sysconf has no preconditions.
@@ -703,12 +702,7 @@ impl WrittenPages {
             while done < pages {
                 let n = (pages - done).min(PAGEMAP_CHUNK as u64) as usize;
                 let chunk_addr = (first_page + done) * page;
-                let read_ok = self.fd >= 0 && {
-                    let buf = &mut self.entries[..n];
-                    // SAFETY: buf is n writable u64s; the offset is the first page's entry.
-                    let got = unsafe { libc::pread(self.fd, buf.as_mut_ptr() as *mut c_void, n * 8, ((first_page + done) * 8) as libc::off_t) };
-                    got == (n * 8) as isize
-                };
+                let read_ok = crate::os::pagemap::read(self.fd, first_page + done, &mut self.entries[..n]);
                 if !read_ok {
                     push_part(out, run_start.unwrap_or(chunk_addr), end, start, end);
                     continue 'ranges;
@@ -724,12 +718,6 @@ impl WrittenPages {
             }
         }
     }
-}
-
-/// Whether a page map entry is a page the process wrote: present and anonymous (a
-/// private file page copied on write, or anonymous memory), or swapped out.
-fn page_written(entry: u64) -> bool {
-    (entry & PM_PRESENT != 0 && entry & PM_FILE_OR_SHARED == 0) || entry & PM_SWAPPED != 0
 }
 
 /// Whether a page of inherited heap may hold something written since the fork: mapped
