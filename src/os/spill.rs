@@ -19,6 +19,8 @@
 
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
+/// The unit of the file's writes (see `spill`).
+const PAGE: usize = 4096;
 const TMPFS_MAGIC: i64 = 0x0102_1994;
 const RAMFS_MAGIC: i64 = 0x8584_58f6;
 
@@ -85,7 +87,7 @@ impl Spill {
     /// written and never written again.
     pub unsafe fn spill(&self, base: *mut u8, from: usize, to: usize) -> bool {
         let _errno = super::ErrnoGuard::save();
-        debug_assert!(from.is_multiple_of(4096) && to.is_multiple_of(4096) && from <= to);
+        debug_assert!(from.is_multiple_of(PAGE) && to.is_multiple_of(PAGE) && from <= to);
         if from >= to {
             return true;
         }
@@ -99,10 +101,16 @@ impl Spill {
         if unsafe { libc::fallocate(fd, 0, from as libc::off_t, len as libc::off_t) } != 0 {
             return fail();
         }
+        // Page by page: a write makes page-cache folios as large as itself (ext4 and xfs
+        // since Linux 6.x), and a read fault of a shared file mapping maps the whole
+        // folio: one stack read after a 16 MB write had mapped 2 MB. From pages of one,
+        // a read fault maps its page and the 15 around it that are cached.
         let mut done = 0;
         while done < len {
-            // SAFETY: reads [from + done, to) of the arena (written, see above) into the file.
-            let n = unsafe { libc::pwrite(fd, base.add(from + done) as *const libc::c_void, len - done, (from + done) as libc::off_t) };
+            let chunk = (len - done).min(PAGE);
+            // SAFETY: reads [from + done, from + done + chunk) of the arena (written, see
+            // above) into the file.
+            let n = unsafe { libc::pwrite(fd, base.add(from + done) as *const libc::c_void, chunk, (from + done) as libc::off_t) };
             if n <= 0 {
                 return fail();
             }
@@ -125,8 +133,7 @@ impl Spill {
             // the mapping): the anonymous pages are still there.
             return fail();
         }
-        // Reads of it are scattered (a record, a stack's frames): a read fault maps
-        // that page alone, not the 16 around it that are in the page cache.
+        // Reads of it are scattered (a record, a stack's frames): no read-ahead.
         // SAFETY: advice on the mapping just made.
         unsafe { libc::madvise(p, len, libc::MADV_RANDOM) };
         true
@@ -241,6 +248,45 @@ mod tests {
             *base.add(60 << 12) = 1;
             libc::munmap(base as *mut libc::c_void, len);
         }
+    }
+
+    /// A read of one spilled page maps that page and at most the 15 around it (the
+    /// kernel's fault-around), not the whole of a large page-cache folio: written in one
+    /// call, 8 MiB had become 2 MiB folios, and one read mapped 2 MiB.
+    #[test]
+    fn a_read_of_a_spilled_page_maps_no_more_than_its_neighbours() {
+        const HUGE: usize = 2 << 20;
+        let len = 8 << 20;
+        // SAFETY: a fresh private anonymous mapping, unmapped below.
+        let raw = unsafe { libc::mmap(std::ptr::null_mut(), len + HUGE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) }
+            as usize;
+        // Aligned as the stack table's arenas are (a folio maps whole only where aligned).
+        let base = ((raw + HUGE - 1) & !(HUGE - 1)) as *mut u8;
+        // SAFETY: writes inside the mapping.
+        unsafe { std::ptr::write_bytes(base, 0x5a, len) };
+        let spill = Spill::new();
+        if spill.file().is_none() {
+            skip_not_here("no directory on a disk takes an unnamed file (O_TMPFILE) here");
+            return;
+        }
+        let pagemap = super::super::anchor::open_proc("self/pagemap", libc::O_RDONLY).expect("/proc/self/pagemap");
+        let mut entries = vec![0u64; len / PAGE];
+        // SAFETY: the range above, written, never written again; then advice on it and
+        // one read inside it.
+        let value = unsafe {
+            assert!(spill.spill(base, 0, len));
+            assert_eq!(libc::madvise(base as *mut libc::c_void, len, libc::MADV_DONTNEED), 0);
+            std::ptr::read_volatile(base.add(len / 2 + 100))
+        };
+        assert_eq!(value, 0x5a);
+        assert!(super::super::pagemap::read(pagemap, base as u64 / PAGE as u64, &mut entries));
+        let mapped = entries.iter().filter(|&&e| e & super::super::pagemap::PRESENT != 0).count();
+        // SAFETY: our descriptor and mapping.
+        unsafe {
+            libc::close(pagemap);
+            libc::munmap(raw as *mut libc::c_void, len + HUGE);
+        }
+        assert!((1..=16).contains(&mapped), "one read mapped {mapped} pages");
     }
 
     #[test]
