@@ -368,9 +368,6 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
             }
         }
     }
-    for &(start, len) in roots.program {
-        mark_root(start, len, &mut marks, true);
-    }
     // Python objects (at most 512 bytes each) in pymalloc's arenas: a word pointing deep
     // inside a block is taken for stale data, not a reference (see `PYTHON_INTERIOR`).
     for &arena in roots.python_arenas {
@@ -416,6 +413,14 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
                 Some(changed) => for_each_within(changed, start, len, &mut read_ints),
             }
         });
+    }
+    // The program's globals, stacks and TLS after the Python objects: a block that both
+    // hold directly is held by the object (its path names the module variable, the
+    // list, the dict entry), not by whatever interpreter static keeps a copy of its
+    // address (a cache slot, a free list's stale word); which of the two came first
+    // had depended on the heap's layout.
+    for &(start, len) in roots.program {
+        mark_root(start, len, &mut marks, true);
     }
     trace(&mut marks, true);
     for &(start, len) in roots.runtime {
@@ -789,5 +794,36 @@ mod tests {
         assert_eq!(classify(Some(&[(base + 0x1000, 0x1000)])), vec![Definite, Reachable]);
         assert_eq!(classify(Some(&[(base + 40, 16), (base + 0x3000, 0x1000)])), vec![Reachable, Definite]);
         assert_eq!(classify(Some(&[])), vec![Definite, Definite]);
+    }
+
+    /// A block that a Python object and a global both point to is held by the object:
+    /// its path names the module variable behind it, not the interpreter static that
+    /// keeps a copy of the address (the first path had depended on the heap's layout).
+    #[test]
+    fn a_block_that_a_python_object_and_a_global_hold_is_held_by_the_object() {
+        let b: Vec<Block> = [(0x20_0000, 0x100), (0x40_0000, 0x100)]
+            .iter()
+            .map(|&(start, size)| Block { start, size, opaque: false, cuda: false, not_a_reference: 0 })
+            .collect();
+        // A pool with one live 32-byte object holding block 0; block 0 holds block 1.
+        let base = 0x10_0000u64;
+        let mut m = BTreeMap::new();
+        for (i, w) in [1u64, 0, 0, 0, 1 << 32, 48 + 32].into_iter().enumerate() {
+            m.insert(base + 8 * i as u64, w);
+        }
+        m.insert(base + 48, 0x20_0000);
+        m.insert(0x20_0000 + 8, 0x40_0000);
+        // A global holding block 0 too, and one holding block 1.
+        m.insert(0x9000, 0x20_0000);
+        m.insert(0x9008, 0x40_0000);
+        let arenas = [(base, 256 << 10)];
+        let globals = [(0x9000, 16)];
+        let mut s = Scratch::new(&b);
+        classify_into(&b, &Roots { program: &globals, python_arenas: &arenas, ..Default::default() }, &Fake(m), &mut s);
+        assert_eq!(s.verdicts, vec![Verdict::Reachable, Verdict::Reachable]);
+        // Block 0 from the object's word; block 1 from the global (a root comes before
+        // a path through a block).
+        assert_eq!((s.parent[0], s.via[0]), (FROM_ROOT, base + 48));
+        assert_eq!((s.parent[1], s.via[1]), (FROM_ROOT, 0x9008));
     }
 }
