@@ -227,7 +227,7 @@ pub(super) fn write_report(reason: Reason) {
     // The listed groups' other figures, from the collector (not under the report side's
     // lock: the collector's is taken first everywhere).
     let details: Vec<_> = match lock_bounded(&STATE, Duration::from_secs(5)) {
-        Some(state) => selected.iter().map(|(g, _)| state.as_ref().map(|c| c.model.details(g.group)).unwrap_or_default()).collect(),
+        Some(state) => selected.iter().map(|(g, _)| state.as_ref().map(|c| c.model.details(g)).unwrap_or_default()).collect(),
         None => vec![Default::default(); selected.len()],
     };
     let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(30)) else {

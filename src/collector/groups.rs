@@ -7,6 +7,13 @@
 //! all) moves for good to a full `GroupStats` kept aside, and its entry points there.
 //! Every figure stays exact: the compact form is only used while it holds the values.
 //!
+//! Most of those groups hold nothing for the rest of the run. A group that holds
+//! nothing, never held anything at a report (no trend) and is in no list of changes can
+//! be retired (`retire`): what is left of it, its key and its totals, goes into a
+//! 20-byte record, and its index is reused by the next new group. The collector asks
+//! at timeline points, for the groups that changed; `revive` gives a retired group an
+//! index again, with its totals, when its stack allocates once more.
+//!
 //! Plain safe Rust; unit tests below.
 use super::state::{GroupKey, GroupStats, Trend};
 
@@ -38,6 +45,9 @@ struct Entry {
 
 const _: () = assert!(std::mem::size_of::<Entry>() == 48);
 
+/// Retired records at most: their index is 31 bits (see `Groups::retire`).
+pub const RETIRED_MAX: usize = (1 << 31) - 1;
+
 /// The figures of `s` in 32 bits each, if they all fit.
 fn narrow(s: &GroupStats) -> Option<[u32; 8]> {
     let n = |v: u64| u32::try_from(v).ok();
@@ -53,11 +63,32 @@ fn narrow(s: &GroupStats) -> Option<[u32; 8]> {
     ])
 }
 
+/// What a retired group keeps: its key and its totals (see `Groups::retire`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Retired {
+    stack: u32,
+    total_allocs: u32,
+    total_bytes: u32,
+    peak_live_bytes: u32,
+    api: crate::hotpath::event::Api,
+    device: Option<u8>,
+}
+
+const _: () = assert!(std::mem::size_of::<Retired>() == 20);
+
+/// The key of an entry that is free for reuse (no stack has this id).
+const FREE_STACK: u32 = u32::MAX;
+
 #[derive(Default)]
 pub struct Groups {
     entries: Vec<Entry>,
     /// The full figures of the groups that outgrew 32 bits.
     wide: Vec<GroupStats>,
+    /// Indices of retired groups, reused by `push`.
+    free: Vec<u32>,
+    /// Retired groups (by the index `retire` returned), and the free places among them.
+    retired: Vec<Retired>,
+    retired_free: Vec<u32>,
 }
 
 impl Groups {
@@ -69,9 +100,23 @@ impl Groups {
         self.entries.is_empty()
     }
 
-    /// A new group of `key` with no figures; its index.
-    pub fn push(&mut self, (stack, api, device): GroupKey) -> u32 {
-        self.entries.push(Entry {
+    /// A new group of `key` with no figures; its index (a retired group's, if any).
+    pub fn push(&mut self, key: GroupKey) -> u32 {
+        let e = Self::fresh(key);
+        match self.free.pop() {
+            Some(g) => {
+                self.entries[g as usize] = e;
+                g
+            }
+            None => {
+                self.entries.push(e);
+                (self.entries.len() - 1) as u32
+            }
+        }
+    }
+
+    fn fresh((stack, api, device): GroupKey) -> Entry {
+        Entry {
             stack,
             api,
             device,
@@ -88,8 +133,73 @@ impl Groups {
             base: 0,
             last: 0,
             pointed_bytes: 0,
-        });
-        (self.entries.len() - 1) as u32
+        }
+    }
+
+    /// Retires group `g` if it holds nothing and keeps nothing but its totals: compact,
+    /// of `generation`, no live blocks, no trend (never seen holding anything at a
+    /// report), not changed since the timeline last took the changes. Its index is
+    /// free for the next new group from now on, so the caller must know that nothing
+    /// else refers to it (no block, no list, no index). Returns the retired record's
+    /// index, for `revive`.
+    pub fn retire(&mut self, g: u32, generation: u16) -> Option<u32> {
+        let e = self.entries[g as usize];
+        let idle = e.flags == 0 && e.generation == generation && e.live_blocks == 0 && e.live_bytes == 0 && e.pointed_bytes == 0 && e.steps == 0;
+        // The retired record's index shares a word with a flag in the collector's table
+        // by stack (`Collector::group_of`).
+        if !idle || e.stack == FREE_STACK || self.retired.len() >= RETIRED_MAX {
+            return None;
+        }
+        let r = Retired {
+            stack: e.stack,
+            total_allocs: e.total_allocs,
+            total_bytes: e.total_bytes,
+            peak_live_bytes: e.peak_live_bytes,
+            api: e.api,
+            device: e.device,
+        };
+        let idx = match self.retired_free.pop() {
+            Some(i) => {
+                self.retired[i as usize] = r;
+                i
+            }
+            None => {
+                self.retired.push(r);
+                (self.retired.len() - 1) as u32
+            }
+        };
+        self.entries[g as usize] = Self::fresh((FREE_STACK, e.api, None));
+        self.free.push(g);
+        Some(idx)
+    }
+
+    /// The key of retired record `r`.
+    pub fn retired_key(&self, r: u32) -> GroupKey {
+        let r = &self.retired[r as usize];
+        (r.stack, r.api, r.device)
+    }
+
+    /// The totals of retired record `r` (as `GroupDetails`' figures: peak, allocations,
+    /// bytes).
+    pub fn retired_totals(&self, r: u32) -> (u64, u64, u64) {
+        let r = &self.retired[r as usize];
+        (r.peak_live_bytes.into(), r.total_allocs.into(), r.total_bytes.into())
+    }
+
+    /// Group `r` of the retired ones back as a group, with its totals, in
+    /// `generation` 0 (only the first process retires groups); its index.
+    pub fn revive(&mut self, r: u32) -> u32 {
+        let rec = self.retired[r as usize];
+        self.retired_free.push(r);
+        let g = self.push((rec.stack, rec.api, rec.device));
+        let e = &mut self.entries[g as usize];
+        (e.total_allocs, e.total_bytes, e.peak_live_bytes) = (rec.total_allocs, rec.total_bytes, rec.peak_live_bytes);
+        g
+    }
+
+    /// Groups retired now (for tests and diagnostics).
+    pub fn retired_count(&self) -> usize {
+        self.retired.len() - self.retired_free.len()
     }
 
     #[inline]

@@ -208,6 +208,10 @@ pub struct GroupDetails {
     pub total_bytes: u64,
 }
 
+/// In `Collector::group_by_stack`: the stack's group is retired; the rest of the word is
+/// its record's index (`Groups::retire`).
+const RETIRED: u32 = 1 << 31;
+
 /// A group's identity: one per call stack, entry point and device.
 pub type GroupKey = (u32, Api, Option<u8>);
 
@@ -338,7 +342,8 @@ pub struct Collector {
     /// The groups `group_by_stack` does not point to (and some it does): see `group_of`.
     group_index: FxMap<GroupKey, u32>,
     /// Stack id -> its most recent group + 1: a stack is nearly always allocated from
-    /// with one API on one device, so this answers most lookups without hashing.
+    /// with one API on one device, so this answers most lookups without hashing. Or
+    /// `RETIRED` and the index of its group's retired record (`retire_if_idle`).
     group_by_stack: Vec<u32>,
     /// Blocks between a release (realloc, or a CUDA free that may fail) and its
     /// outcome, by thread and key space.
@@ -361,7 +366,14 @@ pub struct Collector {
     /// In a forked child, once `gather_inherited` ran: what the exit scan needs without
     /// walking the whole heap table (`live_blocks`).
     prepared: Option<Prepared>,
+    /// The length of `changed` at which `retire_idle_changed` runs next (at least
+    /// `RETIRE_PASS_MIN`).
+    retire_at: usize,
 }
+
+/// `Collector::retire_idle_changed` runs once this many groups changed, at least (in
+/// the unit tests, soon, so that every test of the collector goes through it).
+const RETIRE_PASS_MIN: usize = if cfg!(test) { 8 } else { 1 << 16 };
 
 /// A forked child's blocks, kept apart from the moment the collector thread gathered the
 /// inherited ones (a DataLoader worker inherits 700k blocks and allocates a hundred; the
@@ -411,7 +423,13 @@ impl Collector {
         if self.group_by_stack.len() <= stack {
             crate::util::grow_zeroed(&mut self.group_by_stack, (stack + 1).next_power_of_two());
         }
-        let slot = self.group_by_stack[stack];
+        let mut slot = self.group_by_stack[stack];
+        if slot & RETIRED != 0 {
+            // The stack's group was retired: back, with its totals, whichever key comes.
+            let g = self.groups.revive(slot & !RETIRED);
+            slot = g + 1;
+            self.group_by_stack[stack] = slot;
+        }
         if slot != 0 && self.groups.key(slot - 1) == key {
             return slot - 1;
         }
@@ -428,11 +446,12 @@ impl Collector {
     }
 
     fn group_of_hashed(&mut self, key: GroupKey) -> u32 {
-        let next = self.groups.len() as u32;
-        let idx = *self.group_index.entry(key).or_insert(next);
-        if idx == next {
-            self.new_group(key);
+        if let Some(&idx) = self.group_index.get(&key) {
+            return idx;
         }
+        // A new group may take a retired one's index: not necessarily the next.
+        let idx = self.new_group(key);
+        self.group_index.insert(key, idx);
         idx
     }
 
@@ -463,7 +482,37 @@ impl Collector {
     fn note_changed(&mut self, group: u32) {
         if self.groups.mark_changed(group) {
             self.changed.push(group);
+            if self.changed.len() >= self.retire_at.max(RETIRE_PASS_MIN) {
+                self.retire_idle_changed();
+            }
         }
+    }
+
+    /// Between timeline points, when the list of changed groups grew long: retires the
+    /// groups in it that were made and emptied since the last point (nothing to tell
+    /// the timeline: no bytes then, none now) and drops them from the list. While
+    /// `import torch` runs, points are seconds apart and ~700k groups come and go
+    /// between two of them. The next pass waits for the list to double.
+    #[cold]
+    fn retire_idle_changed(&mut self) {
+        let mut changed = std::mem::take(&mut self.changed);
+        if self.generation == 0 {
+            let in_flight: Vec<u32> = self.realloc_in_flight.values().map(|(_, b)| b.group).collect();
+            changed.retain(|&g| {
+                let s = self.groups.get(g);
+                if s.live_blocks != 0 || s.pointed_bytes != 0 || s.trend.seen || in_flight.contains(&g) {
+                    return true;
+                }
+                self.groups.update(g, |s| s.changed = false);
+                if self.retire_if_idle(g) {
+                    return false;
+                }
+                self.groups.mark_changed(g);
+                true
+            });
+        }
+        self.retire_at = (2 * changed.len()).max(RETIRE_PASS_MIN);
+        self.changed = changed;
     }
 
     /// The groups whose live bytes moved since the last call, with their live bytes then
@@ -482,7 +531,10 @@ impl Collector {
     /// Empties the list of changed groups, giving each that moved to `moved`; their
     /// bytes now are the next call's "before".
     fn drain_changed(&mut self, mut moved: impl FnMut(Change)) {
-        for &g in &self.changed {
+        let changed = std::mem::take(&mut self.changed);
+        // Blocks between a realloc's release and its outcome name their groups.
+        let in_flight: Vec<u32> = self.realloc_in_flight.values().map(|(_, b)| b.group).collect();
+        for &g in &changed {
             let (stack, api, _) = self.groups.key(g);
             self.groups.update(g, |stats| {
                 stats.changed = false;
@@ -491,8 +543,34 @@ impl Collector {
                     stats.pointed_bytes = stats.live_bytes;
                 }
             });
+            if !in_flight.contains(&g) {
+                self.retire_if_idle(g);
+            }
         }
+        self.changed = changed;
         self.changed.clear();
+        self.retire_at = RETIRE_PASS_MIN;
+    }
+
+    /// Retires group `g` (`Groups::retire`) if it holds nothing and only its stack's
+    /// slot refers to it. Only in the first process: a forked child's inherited blocks
+    /// name the parent's groups, whatever their figures here.
+    fn retire_if_idle(&mut self, g: u32) -> bool {
+        if self.generation != 0 {
+            return false;
+        }
+        let key = self.groups.key(g);
+        let stack = crate::hotpath::stacks::dense_index(key.0);
+        if self.group_by_stack.get(stack) != Some(&(g + 1)) || (!self.group_index.is_empty() && self.group_index.get(&key) == Some(&g)) {
+            return false;
+        }
+        match self.groups.retire(g, self.generation) {
+            Some(r) => {
+                self.group_by_stack[stack] = RETIRED | r;
+                true
+            }
+            None => false,
+        }
     }
 
     fn kind_of(&self, block: &LiveBlock) -> Kind {
@@ -901,14 +979,36 @@ impl Collector {
         Snapshot { totals: self.totals, groups: buf }
     }
 
-    /// The figures of group `group` (a snapshot's `GroupSnapshot::group`) that a snapshot
-    /// does not copy; zero for a group of an earlier process generation.
-    pub fn details(&self, group: u32) -> GroupDetails {
-        let s = if (group as usize) < self.groups.len() { self.groups.get(group) } else { GroupStats::default() };
-        if s.generation != self.generation {
-            return GroupDetails::default();
+    /// The figures of a snapshot's group that a snapshot does not copy; zero for a group
+    /// of an earlier process generation. Found by its index, or, if the group was
+    /// retired since the snapshot (its index may be another group's now), by its key.
+    pub fn details(&self, g: &GroupSnapshot) -> GroupDetails {
+        let key = (g.stack, g.api, g.device);
+        if (g.group as usize) < self.groups.len() && self.groups.key(g.group) == key {
+            let s = self.groups.get(g.group);
+            if s.generation != self.generation {
+                return GroupDetails::default();
+            }
+            return GroupDetails { peak_live_bytes: s.peak_live_bytes, total_allocs: s.total_allocs, total_bytes: s.total_bytes };
         }
-        GroupDetails { peak_live_bytes: s.peak_live_bytes, total_allocs: s.total_allocs, total_bytes: s.total_bytes }
+        let stack = crate::hotpath::stacks::dense_index(g.stack);
+        match self.group_by_stack.get(stack) {
+            Some(&slot) if slot & RETIRED != 0 && self.groups.retired_key(slot & !RETIRED) == key && self.generation == 0 => {
+                let (peak_live_bytes, total_allocs, total_bytes) = self.groups.retired_totals(slot & !RETIRED);
+                GroupDetails { peak_live_bytes, total_allocs, total_bytes }
+            }
+            // Retired and back under another index: that group's figures.
+            Some(&slot) if slot != 0 && slot & RETIRED == 0 && self.groups.key(slot - 1) == key => {
+                let s = self.groups.get(slot - 1);
+                if s.generation != self.generation {
+                    return GroupDetails::default();
+                }
+                GroupDetails { peak_live_bytes: s.peak_live_bytes, total_allocs: s.total_allocs, total_bytes: s.total_bytes }
+            }
+            _ => self.group_index.get(&key).map(|&i| self.groups.get(i)).filter(|s| s.generation == self.generation).map_or_else(GroupDetails::default, |s| {
+                GroupDetails { peak_live_bytes: s.peak_live_bytes, total_allocs: s.total_allocs, total_bytes: s.total_bytes }
+            }),
+        }
     }
 }
 
@@ -1047,7 +1147,7 @@ mod tests {
         assert_eq!(s.totals.host().peak_live_bytes, 157);
         assert_eq!(s.totals.unknown_frees, 1);
         assert_eq!(s.groups.len(), 2);
-        assert_eq!((s.groups[0].stack, s.groups[0].stats.live_bytes, c.details(s.groups[0].group).peak_live_bytes), (1, 100, 150));
+        assert_eq!((s.groups[0].stack, s.groups[0].stats.live_bytes, c.details(&s.groups[0]).peak_live_bytes), (1, 100, 150));
         assert_eq!((s.groups[1].stack, s.groups[1].stats.live_blocks), (2, 1));
         assert_eq!(s.totals.host().total_allocs - s.totals.host().total_frees, s.totals.host().live_blocks);
     }
@@ -1143,6 +1243,118 @@ mod tests {
         assert_eq!(c.groups.len(), reference.len(), "one group per key");
     }
 
+    /// A group that holds nothing at a timeline point is retired, its index goes to the
+    /// next new group, and it comes back with its totals when its stack allocates again;
+    /// a snapshot taken before still finds its figures. Groups a report saw holding
+    /// memory, or in a realloc's flight, stay.
+    #[test]
+    fn idle_groups_are_retired_at_a_point_and_come_back_with_their_totals() {
+        let mut c = Collector::new();
+        let mut changes = Vec::new();
+        c.apply(&alloc(0x10, 8, 1));
+        let before = c.snapshot();
+        c.apply(&free(0x10));
+        c.apply(&alloc(0x20, 24, 1));
+        c.apply(&free(0x20));
+        c.take_changes(&mut changes);
+        assert_eq!((c.groups.retired_count(), c.groups.len()), (1, 1));
+        // The snapshot's group, retired since: found by its key.
+        let d = c.details(&before.groups[0]);
+        assert_eq!((d.total_allocs, d.total_bytes, d.peak_live_bytes), (2, 32, 24));
+        // Its index, reused.
+        c.apply(&alloc(0x30, 4, 2));
+        assert_eq!((c.groups.len(), c.groups.retired_count()), (1, 1));
+        assert_eq!(c.details(&before.groups[0]).total_allocs, 2, "a retired group's figures, not the index's new owner's");
+        // Back, with its totals.
+        c.apply(&alloc(0x40, 16, 1));
+        assert_eq!((c.groups.len(), c.groups.retired_count()), (2, 0));
+        let s = c.snapshot();
+        let g1 = s.groups.iter().find(|g| g.stack == 1).unwrap();
+        let d = c.details(g1);
+        assert_eq!((g1.stats.live_bytes, d.total_allocs, d.total_bytes, d.peak_live_bytes), (16, 3, 48, 24));
+        assert_eq!(c.details(&before.groups[0]), d);
+        // Seen holding memory at a report: kept (its trend is history).
+        c.advance_trends();
+        c.apply(&free(0x40));
+        c.take_changes(&mut changes);
+        assert_eq!(c.groups.retired_count(), 0, "seen at a report: kept");
+        // A realloc in flight names its group: kept until the outcome.
+        let mut c = Collector::new();
+        c.apply(&alloc(0x10, 8, 5));
+        c.apply(&ev(EventKind::ReallocRelease, Api::Realloc, 1, 0, 0x10, 0));
+        c.take_changes(&mut changes);
+        assert_eq!(c.groups.retired_count(), 0);
+        c.apply(&ev(EventKind::ReallocRestore, Api::Realloc, 1, 0, 0x10, 0));
+        assert_eq!(c.snapshot().groups[0].stats.live_bytes, 8);
+    }
+
+    /// With groups retired and revived at random points, every key's figures and the
+    /// timeline's sums of changes stay what a plain count gives.
+    #[test]
+    fn retiring_groups_changes_no_figure() {
+        let mut c = Collector::new();
+        let mut rng = crate::test_rng::TestRng::new(0x9e37_79b9_7f4a_7c15);
+        let apis = [Api::Malloc, Api::Calloc];
+        // key -> (live bytes, live blocks, allocations, bytes, peak)
+        let mut want: std::collections::HashMap<GroupKey, [u64; 5]> = std::collections::HashMap::new();
+        let mut live: Vec<(u64, GroupKey, u64)> = Vec::new();
+        let mut summed: std::collections::HashMap<(u32, Api), i64> = std::collections::HashMap::new();
+        let mut changes = Vec::new();
+        let mut next_addr = 0x1000u64;
+        let mut retired_seen = 0;
+        for step in 0..40_000 {
+            // A few dozen blocks live at a time, over ~450 keys.
+            if live.is_empty() || (live.len() < 40 && rng.below(2) == 0) {
+                // A stack allocates through one API, now and then through the other too
+                // (its slot changes hands; those groups go through the hash map).
+                let stack = 1 + rng.below(400) as u32;
+                let api = apis[usize::from(stack % 10 == 0) ^ usize::from(rng.below(2000) == 0)];
+                let key = (stack, api, None);
+                let size = 1 + rng.below(300);
+                c.apply(&ev(EventKind::Alloc, key.1, 1, key.0, next_addr, size));
+                let w = want.entry(key).or_default();
+                w[0] += size;
+                w[1] += 1;
+                w[2] += 1;
+                w[3] += size;
+                w[4] = w[4].max(w[0]);
+                live.push((next_addr, key, size));
+                next_addr += 0x1000;
+            } else {
+                let (addr, key, size) = live.swap_remove(rng.below(live.len() as u64) as usize);
+                c.apply(&free(addr));
+                let w = want.get_mut(&key).unwrap();
+                w[0] -= size;
+                w[1] -= 1;
+            }
+            if step % 97 == 0 {
+                c.take_changes(&mut changes);
+                for ch in &changes {
+                    *summed.entry((ch.stack, ch.api)).or_default() += ch.now as i64 - ch.before as i64;
+                }
+                retired_seen = retired_seen.max(c.groups.retired_count());
+            }
+        }
+        assert!(retired_seen > 0, "no group was retired");
+        c.take_changes(&mut changes);
+        for ch in &changes {
+            *summed.entry((ch.stack, ch.api)).or_default() += ch.now as i64 - ch.before as i64;
+        }
+        let s = c.snapshot();
+        for (key, w) in &want {
+            assert_eq!(summed.get(&(key.0, key.1)).copied().unwrap_or(0), w[0] as i64, "{key:?}: changes sum to its live bytes");
+            match s.groups.iter().find(|g| (g.stack, g.api, g.device) == *key) {
+                Some(g) => {
+                    let d = c.details(g);
+                    assert_eq!([g.stats.live_bytes, g.stats.live_blocks, d.total_allocs, d.total_bytes, d.peak_live_bytes], *w, "{key:?}");
+                }
+                None => assert_eq!(w[1], 0, "{key:?} holds blocks but is not in the snapshot"),
+            }
+        }
+        // The table holds about as many groups as keys live at a time, not every key.
+        assert!(c.groups.len() < want.len() / 2, "{} groups for {} keys", c.groups.len(), want.len());
+    }
+
     #[test]
     fn address_reuse_after_free_is_a_new_block() {
         let mut c = Collector::new();
@@ -1221,7 +1433,7 @@ mod tests {
         c.apply(&free(0x20));
         let s = c.snapshot();
         let g1 = s.groups.iter().find(|g| g.stack == 1).unwrap();
-        assert_eq!((g1.stats.live_bytes, g1.stats.live_blocks, c.details(g1.group).total_allocs), (7, 1, 1));
+        assert_eq!((g1.stats.live_bytes, g1.stats.live_blocks, c.details(g1).total_allocs), (7, 1, 1));
         assert_eq!((s.totals.inherited_live_bytes, s.totals.inherited_live_blocks, s.totals.inherited_frees), (0, 0, 2));
         // A grandchild inherits the child's blocks, and nothing of the old statistics.
         c.fork_boundary();
@@ -1236,7 +1448,7 @@ mod tests {
         let s = c.snapshot();
         assert_eq!((s.totals.inherited_live_bytes, s.totals.inherited_frees, s.totals.host().live_bytes), (5, 1, 3));
         assert_eq!(s.groups.len(), 1);
-        assert_eq!((s.groups[0].stats.live_bytes, c.details(s.groups[0].group).total_allocs), (3, 1));
+        assert_eq!((s.groups[0].stats.live_bytes, c.details(&s.groups[0]).total_allocs), (3, 1));
     }
 
     #[test]
