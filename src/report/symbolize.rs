@@ -65,6 +65,9 @@ type Reader = gimli::EndianSlice<'static, gimli::RunTimeEndian>;
 /// ELF symbol tables, whose names are decoded only for the symbols a report asks for.
 /// addr2line's `Loader` decodes every symbol name when it opens a file: libtorch_cpu has
 /// 546k symbols and 78 MB of names, ~120 ms of each forked worker's final report.
+/// Symbols read between two releases of a module file's pages (~0.8 MB of `.symtab`).
+const RELEASE_EVERY_SYMBOLS: usize = 1 << 15;
+
 struct ModuleFile {
     file: object::File<'static>,
     dwarf: Option<addr2line::Context<Reader>>,
@@ -211,7 +214,7 @@ pub struct DataSymbol {
 impl ModuleFile {
     /// The data object (variable) symbol covering `offset` (file terms): its name and
     /// start. `.symtab` first (static variables are there only), then `.dynsym`.
-    fn object_symbol(&self, offset: u64) -> Option<(String, u64)> {
+    fn object_symbol(&self, offset: u64, allowed: bool) -> Option<(String, u64)> {
         use object::{Object, ObjectSymbol, SymbolKind};
         let covers = |s: &object::Symbol| {
             let (start, size) = (s.address(), s.size());
@@ -221,7 +224,10 @@ impl ModuleFile {
                 && offset >= start
                 && offset - start < size
         };
-        let found = self.file.symbols().find(|s| covers(s)).or_else(|| self.file.dynamic_symbols().find(|s| covers(s)))?;
+        let found = self
+            .releasing(allowed, self.file.symbols())
+            .find(|s| covers(s))
+            .or_else(|| self.releasing(allowed, self.file.dynamic_symbols()).find(|s| covers(s)))?;
         Some((demangle_symbol(found.name().ok()?), found.address()))
     }
 
@@ -276,14 +282,26 @@ impl ModuleFile {
         out
     }
 
+    /// `items` (read from the file's mapping), giving the file's pages back every
+    /// `RELEASE_EVERY_SYMBOLS` of them (`allowed`: see `release_pages`): a pass over
+    /// libtorch_cpu's symbol table had mapped its 13 MB while the exit scan ran beside it.
+    fn releasing<'s, T>(&'s self, allowed: bool, items: impl Iterator<Item = T> + 's) -> impl Iterator<Item = T> + 's {
+        items.enumerate().map(move |(i, item)| {
+            if i > 0 && i % RELEASE_EVERY_SYMBOLS == 0 {
+                self.release_pages(allowed);
+            }
+            item
+        })
+    }
+
     /// The names of the functions that hold `probes` (ascending; addresses in the
     /// file's terms), from `.symtab` and `.dynsym`.
-    fn symbol_names(&self, probes: &[u64]) -> Vec<Option<String>> {
+    fn symbol_names(&self, probes: &[u64], allowed: bool) -> Vec<Option<String>> {
         use object::{Object, ObjectSymbol, ObjectSymbolTable, SymbolIndex};
         let file = &self.file;
         let found = match file {
-            object::File::Elf64(elf) => nearest_symbols(probes, elf_function_symbols(elf)),
-            object::File::Elf32(elf) => nearest_symbols(probes, elf_function_symbols(elf)),
+            object::File::Elf64(elf) => nearest_symbols(probes, self.releasing(allowed, elf_function_symbols(elf))),
+            object::File::Elf32(elf) => nearest_symbols(probes, self.releasing(allowed, elf_function_symbols(elf))),
             // Only ELF modules are ever loaded here.
             _ => vec![None; probes.len()],
         };
@@ -380,7 +398,7 @@ impl Symbolizer {
         let offset = addr.wrapping_sub(self.modules[idx as usize].base);
         let allowed = crate::os::procfs::unfiltered_now();
         let found = self.file(idx).and_then(|f| {
-            let found = f.object_symbol(offset);
+            let found = f.object_symbol(offset, allowed);
             f.release_pages(allowed);
             found
         });
@@ -443,7 +461,7 @@ impl Symbolizer {
                     let mut frames: Vec<Vec<SymFrame>> = calls.iter().map(|&c| file.frames(c)).collect();
                     let unnamed: Vec<usize> = (0..frames.len()).filter(|&i| frames[i].iter().all(|f| f.function.is_none())).collect();
                     let probes: Vec<u64> = unnamed.iter().map(|&i| calls[i]).collect();
-                    for (i, name) in unnamed.into_iter().zip(file.symbol_names(&probes)) {
+                    for (i, name) in unnamed.into_iter().zip(file.symbol_names(&probes, allowed)) {
                         let Some(name) = name else { continue };
                         match frames[i].last_mut() {
                             Some(last) => last.function = Some(name.into()),
