@@ -1308,7 +1308,7 @@ mod tests {
                 // A stack allocates through one API, now and then through the other too
                 // (its slot changes hands; those groups go through the hash map).
                 let stack = 1 + rng.below(400) as u32;
-                let api = apis[usize::from(stack % 10 == 0) ^ usize::from(rng.below(2000) == 0)];
+                let api = apis[usize::from(stack.is_multiple_of(10)) ^ usize::from(rng.below(2000) == 0)];
                 let key = (stack, api, None);
                 let size = 1 + rng.below(300);
                 c.apply(&ev(EventKind::Alloc, key.1, 1, key.0, next_addr, size));
