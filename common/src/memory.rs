@@ -161,21 +161,23 @@ impl Finding {
 /// what meets a memory limit; the last point may be after the program released
 /// everything at its exit).
 fn span(points: &[(u64, Memory)]) -> Option<(&Memory, &Memory, u64)> {
-    span_from(points, 2)
+    span_to_peak_of(points, |m| Some(m.rss))
 }
 
-/// `span` from the first point after `1/part` of the run (1: from the start); points
-/// measured after an interpreter's teardown are left out.
-fn span_from(points: &[(u64, Memory)], part: u64) -> Option<(&Memory, &Memory, u64)> {
+/// `span`, to the point after its start where `key` is highest instead of RSS (a part
+/// can peak before RSS does: malloc's free memory falls when threads end and their
+/// arenas are trimmed while RSS still rises). Points measured after an interpreter's
+/// teardown are left out.
+fn span_to_peak_of(points: &[(u64, Memory)], key: impl Fn(&Memory) -> Option<u64>) -> Option<(&Memory, &Memory, u64)> {
     let run = points.iter().position(|p| p.1.after_teardown).unwrap_or(points.len());
     let points = &points[..run];
     let (first, last) = (points.first()?, points.last()?);
-    let skip = if part <= 1 { first.0 } else { first.0 + (last.0.saturating_sub(first.0)) / part };
+    let skip = first.0 + (last.0.saturating_sub(first.0)) / 2;
     // Never the last point itself: a run of two points compares the two.
     let earlier = &points[..points.len() - 1];
     let from_at = earlier.iter().position(|p| p.0 >= skip).unwrap_or(earlier.len().saturating_sub(1));
     let from = &points[from_at];
-    let to = points[from_at + 1..].iter().rev().max_by_key(|p| p.1.rss).unwrap_or(last);
+    let to = points[from_at + 1..].iter().rev().max_by_key(|p| key(&p.1).unwrap_or(0)).unwrap_or(last);
     Some((&from.1, &to.1, to.0.saturating_sub(from.0)))
 }
 
@@ -189,10 +191,11 @@ fn worker_span(points: &[(u64, Memory)]) -> Option<(&Memory, &Memory, u64)> {
     Some((&first.1, &to.1, to.0.saturating_sub(first.0)))
 }
 
-/// One part's bytes at the start and at the peak of the span `explain` looks at
-/// (`None` when there are no points, or the part is not measured).
+/// One part's bytes at the start of the span `explain` looks at and at the part's own
+/// peak after it (for `rss`, the span's end; `None` when there are no points, or the
+/// part is not measured).
 pub fn part_growth(points: &[(u64, Memory)], part: &str) -> Option<(u64, u64)> {
-    let (from, to, _) = span(points)?;
+    let (from, to, _) = span_to_peak_of(points, |m| m.part(part))?;
     Some((from.part(part)?, to.part(part)?))
 }
 
@@ -248,9 +251,11 @@ pub fn explain(points: &[(u64, Memory)], forked_child: bool) -> Vec<Finding> {
     // Growth over a few seconds is start-up (imports, a model loading), not a trend.
     let long_enough = ms >= MIN_GROWTH_SPAN_MS;
     let rss = to.rss;
-    // malloc keeping freed memory: much free in its arenas at the end, or its growth.
-    let (free_from, free_to) = (from.heap_free.unwrap_or(0), to.heap_free.unwrap_or(0));
-    if to.heap_free.is_some() && free_to >= 64 * MIB && (free_to * 4 >= rss || free_to.saturating_sub(free_from) >= 64 * MIB) {
+    // malloc keeping freed memory: much free in its arenas at its peak, or its growth to
+    // it.
+    let free_at = span_to_peak_of(points, |m| m.heap_free).map_or(to, |s| s.1);
+    let (free_from, free_to, free_rss) = (from.heap_free.unwrap_or(0), free_at.heap_free.unwrap_or(0), free_at.rss);
+    if free_at.heap_free.is_some() && free_to >= 64 * MIB && (free_to * 4 >= free_rss || free_to.saturating_sub(free_from) >= 64 * MIB) {
         out.push(Finding {
             part: "heap_free",
             from: free_from,
@@ -258,7 +263,7 @@ pub fn explain(points: &[(u64, Memory)], forked_child: bool) -> Vec<Finding> {
             what: format!(
                 "malloc keeps {} of freed memory in its arenas ({}% of RSS{}): memory the program freed but the process still holds (fragmentation, one arena per thread)",
                 human(free_to),
-                percent(free_to, rss),
+                percent(free_to, free_rss),
                 if free_to > free_from + 16 * MIB { format!(", up {} in the second half of the run", human(free_to - free_from)) } else { String::new() }
             ),
             remedy: format!(
@@ -380,6 +385,21 @@ mod tests {
         assert_eq!(f[0].part, "heap_free");
         assert!(f[0].what.contains("740.0 MiB") && f[0].what.contains("96% of RSS"), "{}", f[0].what);
         assert!(f[0].remedy.contains("MALLOC_ARENA_MAX") && f[0].remedy.contains("malloc_trim(0)") && f[0].remedy.contains("jemalloc"));
+    }
+
+    /// malloc's free memory at its own peak, not at RSS's: threads that end trim their
+    /// arenas while RSS still rises (four PyTorch threads, a point after the first ended:
+    /// the finding had come and gone with the timing).
+    #[test]
+    fn malloc_keeping_freed_memory_is_measured_at_its_own_peak() {
+        let m = |rss: u64, free: u64| Memory { rss: rss * MIB, heap_live: 10 * MIB, heap_free: Some(free * MIB), ..Default::default() };
+        let points = [at(0, &m(300, 20)), at(5_000, &m(800, 140)), at(6_000, &m(900, 250)), at(7_000, &m(985, 106))];
+        let f = explain(&points, false);
+        let free = f.iter().find(|f| f.part == "heap_free").expect("the heap_free finding");
+        assert!(free.what.contains("250.0 MiB") && free.what.contains("27% of RSS"), "{}", free.what);
+        assert_eq!(part_growth(&points, "heap_free"), Some((140 * MIB, 250 * MIB)));
+        // RSS's own span is unchanged: to its peak.
+        assert_eq!(part_growth(&points, "rss"), Some((800 * MIB, 985 * MIB)));
     }
 
     #[test]

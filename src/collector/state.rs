@@ -482,13 +482,11 @@ impl Collector {
     fn note_changed(&mut self, group: u32) {
         if self.groups.mark_changed(group) {
             self.changed.push(group);
-            if self.changed.len() >= self.retire_at.max(RETIRE_PASS_MIN) {
-                self.retire_idle_changed();
-            }
         }
     }
 
-    /// Between timeline points, when the list of changed groups grew long: retires the
+    /// Between timeline points, when the list of changed groups grew long (between
+    /// events: see `apply`): retires the
     /// groups in it that were made and emptied since the last point (nothing to tell
     /// the timeline: no bytes then, none now) and drops them from the list. While
     /// `import torch` runs, points are seconds apart and ~700k groups come and go
@@ -771,6 +769,12 @@ impl Collector {
             EventKind::Mark => self.mark = (self.mark + 1) & MARK_MASK,
             EventKind::Ignore => self.ignore(ev.addr),
         }
+        // After the event, never inside it: a realloc's release takes the block's
+        // accounting before the block enters `realloc_in_flight`, and a group retired in
+        // between would be named by a block in flight.
+        if self.changed.len() >= self.retire_at.max(RETIRE_PASS_MIN) {
+            self.retire_idle_changed();
+        }
     }
 
     /// The current checkpoint region (see `LiveBlock::mark`).
@@ -984,30 +988,24 @@ impl Collector {
     /// retired since the snapshot (its index may be another group's now), by its key.
     pub fn details(&self, g: &GroupSnapshot) -> GroupDetails {
         let key = (g.stack, g.api, g.device);
-        if (g.group as usize) < self.groups.len() && self.groups.key(g.group) == key {
-            let s = self.groups.get(g.group);
-            if s.generation != self.generation {
-                return GroupDetails::default();
+        let of = |s: GroupStats| {
+            if s.generation == self.generation {
+                GroupDetails { peak_live_bytes: s.peak_live_bytes, total_allocs: s.total_allocs, total_bytes: s.total_bytes }
+            } else {
+                GroupDetails::default()
             }
-            return GroupDetails { peak_live_bytes: s.peak_live_bytes, total_allocs: s.total_allocs, total_bytes: s.total_bytes };
+        };
+        if (g.group as usize) < self.groups.len() && self.groups.key(g.group) == key {
+            return of(self.groups.get(g.group));
         }
-        let stack = crate::hotpath::stacks::dense_index(g.stack);
-        match self.group_by_stack.get(stack) {
+        match self.group_by_stack.get(crate::hotpath::stacks::dense_index(g.stack)) {
             Some(&slot) if slot & RETIRED != 0 && self.groups.retired_key(slot & !RETIRED) == key && self.generation == 0 => {
                 let (peak_live_bytes, total_allocs, total_bytes) = self.groups.retired_totals(slot & !RETIRED);
                 GroupDetails { peak_live_bytes, total_allocs, total_bytes }
             }
             // Retired and back under another index: that group's figures.
-            Some(&slot) if slot != 0 && slot & RETIRED == 0 && self.groups.key(slot - 1) == key => {
-                let s = self.groups.get(slot - 1);
-                if s.generation != self.generation {
-                    return GroupDetails::default();
-                }
-                GroupDetails { peak_live_bytes: s.peak_live_bytes, total_allocs: s.total_allocs, total_bytes: s.total_bytes }
-            }
-            _ => self.group_index.get(&key).map(|&i| self.groups.get(i)).filter(|s| s.generation == self.generation).map_or_else(GroupDetails::default, |s| {
-                GroupDetails { peak_live_bytes: s.peak_live_bytes, total_allocs: s.total_allocs, total_bytes: s.total_bytes }
-            }),
+            Some(&slot) if slot != 0 && slot & RETIRED == 0 && self.groups.key(slot - 1) == key => of(self.groups.get(slot - 1)),
+            _ => self.group_index.get(&key).map_or_else(GroupDetails::default, |&i| of(self.groups.get(i))),
         }
     }
 }
@@ -1286,6 +1284,30 @@ mod tests {
         assert_eq!(c.groups.retired_count(), 0);
         c.apply(&ev(EventKind::ReallocRestore, Api::Realloc, 1, 0, 0x10, 0));
         assert_eq!(c.snapshot().groups[0].stats.live_bytes, 8);
+    }
+
+    /// A pass that runs while a realloc's block is between its release and its outcome
+    /// leaves that block's group alone: the block comes back to its own group, whatever
+    /// the event at which the list of changes reached the pass's length.
+    #[test]
+    fn a_block_in_a_reallocs_flight_keeps_its_group_through_retiring_passes() {
+        let mut c = Collector::new();
+        for k in 0..200u32 {
+            let (stack, addr) = (10 + k, 0x10_0000 + u64::from(k) * 0x100);
+            // Groups made and emptied (retired by the next pass), around the realloc.
+            c.apply(&alloc(0x90_0000, 4, 5_000 + k));
+            c.apply(&free(0x90_0000));
+            c.apply(&alloc(addr, 8, stack));
+            c.apply(&ev(EventKind::ReallocRelease, Api::Realloc, 1, 0, addr, 0));
+            c.apply(&alloc(0x91_0000, 4, 6_000 + k));
+            c.apply(&free(0x91_0000));
+            c.apply(&ev(EventKind::ReallocRestore, Api::Realloc, 1, 0, addr, 0));
+            let s = c.snapshot();
+            let g = s.groups.iter().find(|g| g.stack == stack).unwrap_or_else(|| panic!("stack {stack} lost its block at {k}"));
+            assert_eq!((g.api, g.stats.live_bytes, g.stats.live_blocks), (Api::Malloc, 8, 1));
+            c.apply(&free(addr));
+        }
+        assert!(c.groups.retired_count() > 100, "{} retired", c.groups.retired_count());
     }
 
     /// With groups retired and revived at random points, every key's figures and the
