@@ -278,7 +278,18 @@ fn an_unusable_output_directory_still_gets_its_reports_found_and_checked() {
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(23), "{err}");
     assert!(err.contains("notadir/r was not usable; the reports were written to"), "{err}");
-    assert!(err.contains("2176 byte(s) leaked"), "{err}");
+    // The leaks are found and checked; their exact sum is other tests' subject. Here it
+    // may be 2016 or 2176 bytes: stdout's 4 KiB buffer can keep, past the 18 bytes
+    // `puts` wrote, a heap address glibc's free list left there (a large free chunk's
+    // `fd_nextsize` at +16) with its low bytes overwritten by the text, and that word
+    // can point into a chain of leaked `Layer`s (each one's freed `weights` reused by
+    // the next) — a conservative scan's answer, LeakSanitizer's too. Seen 1-3 runs in
+    // 20 on a loaded machine, with the heap's layout as the tracer's own blocks leave it.
+    let leaked: u64 = err
+        .lines()
+        .find_map(|l| l.strip_prefix("TOTAL: ").and_then(|t| t.split(' ').next()).and_then(|n| n.parse().ok()))
+        .unwrap_or_else(|| panic!("no TOTAL line: {err}"));
+    assert!(leaked == 2016 || leaked == 2176, "{err}");
 }
 
 /// `diff` counts as `check` does: a run against an empty run lists as new exactly the
