@@ -60,14 +60,14 @@ pub struct Symbolizer {
 
 type Reader = gimli::EndianSlice<'static, gimli::RunTimeEndian>;
 
+/// Symbols read between two releases of a module file's pages (~0.8 MB of `.symtab`).
+const RELEASE_EVERY_SYMBOLS: usize = 1 << 15;
+
 /// A module file, mapped for the rest of the process (the symbolizer keeps every module
 /// it met; unloaded ones are still named from their files): its DWARF, if any, and its
 /// ELF symbol tables, whose names are decoded only for the symbols a report asks for.
 /// addr2line's `Loader` decodes every symbol name when it opens a file: libtorch_cpu has
 /// 546k symbols and 78 MB of names, ~120 ms of each forked worker's final report.
-/// Symbols read between two releases of a module file's pages (~0.8 MB of `.symtab`).
-const RELEASE_EVERY_SYMBOLS: usize = 1 << 15;
-
 struct ModuleFile {
     file: object::File<'static>,
     dwarf: Option<addr2line::Context<Reader>>,
