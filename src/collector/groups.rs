@@ -10,7 +10,7 @@
 //! Most of those groups hold nothing for the rest of the run. A group that holds
 //! nothing, never held anything at a report (no trend) and is in no list of changes can
 //! be retired (`retire`): what is left of it, its key and its totals, goes into a
-//! 16-byte record, and its index is reused by the next new group. The collector asks
+//! 20-byte record, and its index is reused by the next new group. The collector asks
 //! at timeline points, for the groups that changed; `revive` gives a retired group an
 //! index again, with its totals, when its stack allocates once more.
 //!
@@ -63,10 +63,10 @@ fn narrow(s: &GroupStats) -> Option<[u32; 8]> {
     ])
 }
 
-/// What a retired group keeps: its key and its totals (see `Groups::retire`). Not its
-/// stack: a record is only ever reached from its stack's slot.
+/// What a retired group keeps: its key and its totals (see `Groups::retire`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Retired {
+    stack: u32,
     total_allocs: u32,
     total_bytes: u32,
     peak_live_bytes: u32,
@@ -74,7 +74,7 @@ struct Retired {
     device: Option<u8>,
 }
 
-const _: () = assert!(std::mem::size_of::<Retired>() == 16);
+const _: () = assert!(std::mem::size_of::<Retired>() == 20);
 
 /// The key of an entry that is free for reuse (no stack has this id).
 const FREE_STACK: u32 = u32::MAX;
@@ -150,7 +150,14 @@ impl Groups {
         if !idle || e.stack == FREE_STACK || self.retired.len() >= RETIRED_MAX {
             return None;
         }
-        let r = Retired { total_allocs: e.total_allocs, total_bytes: e.total_bytes, peak_live_bytes: e.peak_live_bytes, api: e.api, device: e.device };
+        let r = Retired {
+            stack: e.stack,
+            total_allocs: e.total_allocs,
+            total_bytes: e.total_bytes,
+            peak_live_bytes: e.peak_live_bytes,
+            api: e.api,
+            device: e.device,
+        };
         let idx = match self.retired_free.pop() {
             Some(i) => {
                 self.retired[i as usize] = r;
@@ -166,10 +173,10 @@ impl Groups {
         Some(idx)
     }
 
-    /// The key of retired record `r`, the record of `stack`'s slot.
-    pub fn retired_key(&self, r: u32, stack: u32) -> GroupKey {
+    /// The key of retired record `r`.
+    pub fn retired_key(&self, r: u32) -> GroupKey {
         let r = &self.retired[r as usize];
-        (stack, r.api, r.device)
+        (r.stack, r.api, r.device)
     }
 
     /// The totals of retired record `r` (as `GroupDetails`' figures: peak, allocations,
@@ -179,13 +186,12 @@ impl Groups {
         (r.peak_live_bytes.into(), r.total_allocs.into(), r.total_bytes.into())
     }
 
-    /// Group `r` of the retired ones (the record of `stack`'s slot) back as a group,
-    /// with its totals, in `generation` 0 (only the first process retires groups); its
-    /// index.
-    pub fn revive(&mut self, r: u32, stack: u32) -> u32 {
+    /// Group `r` of the retired ones back as a group, with its totals, in
+    /// `generation` 0 (only the first process retires groups); its index.
+    pub fn revive(&mut self, r: u32) -> u32 {
         let rec = self.retired[r as usize];
         self.retired_free.push(r);
-        let g = self.push((stack, rec.api, rec.device));
+        let g = self.push((rec.stack, rec.api, rec.device));
         let e = &mut self.entries[g as usize];
         (e.total_allocs, e.total_bytes, e.peak_live_bytes) = (rec.total_allocs, rec.total_bytes, rec.peak_live_bytes);
         g

@@ -426,7 +426,7 @@ impl Collector {
         let mut slot = self.group_by_stack[stack];
         if slot & RETIRED != 0 {
             // The stack's group was retired: back, with its totals, whichever key comes.
-            let g = self.groups.revive(slot & !RETIRED, key.0);
+            let g = self.groups.revive(slot & !RETIRED);
             slot = g + 1;
             self.group_by_stack[stack] = slot;
         }
@@ -999,7 +999,7 @@ impl Collector {
             return of(self.groups.get(g.group));
         }
         match self.group_by_stack.get(crate::hotpath::stacks::dense_index(g.stack)) {
-            Some(&slot) if slot & RETIRED != 0 && self.groups.retired_key(slot & !RETIRED, g.stack) == key && self.generation == 0 => {
+            Some(&slot) if slot & RETIRED != 0 && self.groups.retired_key(slot & !RETIRED) == key && self.generation == 0 => {
                 let (peak_live_bytes, total_allocs, total_bytes) = self.groups.retired_totals(slot & !RETIRED);
                 GroupDetails { peak_live_bytes, total_allocs, total_bytes }
             }
