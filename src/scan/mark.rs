@@ -508,6 +508,19 @@ mod tests {
         (0..8).map(|i| Block { start: 0x1000 + i * 0x100, size: 0x40, opaque: false, cuda: false, not_a_reference: 0 }).collect()
     }
 
+    /// Plain blocks at `(start, size)`.
+    fn blocks_at(spans: &[(u64, u64)]) -> Vec<Block> {
+        spans.iter().map(|&(start, size)| Block { start, size, opaque: false, cuda: false, not_a_reference: 0 }).collect()
+    }
+
+    /// A pymalloc pool header at `pool` (size class 1, 32-byte objects): `count` as its
+    /// count word, `objects` blocks handed out before its next offset.
+    fn pool_header(m: &mut BTreeMap<u64, u64>, pool: u64, count: u64, objects: u64) {
+        for (i, w) in [count, 0, 0, 0, 1 << 32, 48 + objects * 32].into_iter().enumerate() {
+            m.insert(pool + 8 * i as u64, w);
+        }
+    }
+
     #[test]
     fn roots_lists_interior_pointers_cycles_and_orphans() {
         let b = blocks();
@@ -682,16 +695,11 @@ mod tests {
 
     #[test]
     fn a_python_object_keeps_a_block_by_its_start_not_by_a_word_deep_inside_it() {
-        let b: Vec<Block> = [(0x20_0000, 0x8000), (0x30_0000, 0x8000), (0x40_0000, 0x100)]
-            .iter()
-            .map(|&(start, size)| Block { start, size, opaque: false, cuda: false, not_a_reference: 0 })
-            .collect();
+        let b = blocks_at(&[(0x20_0000, 0x8000), (0x30_0000, 0x8000), (0x40_0000, 0x100)]);
         // One pymalloc pool at the start of a 256 KiB arena: three live 32-byte objects.
         let base = 0x10_0000u64;
         let mut m = BTreeMap::new();
-        for (i, w) in [1u64, 0, 0, 0, 1 << 32, 48 + 3 * 32].into_iter().enumerate() {
-            m.insert(base + 8 * i as u64, w);
-        }
+        pool_header(&mut m, base, 1, 3);
         m.insert(base + 48, 0x20_0000 + 0x10); // near the start: a reference
         m.insert(base + 80, 0x30_0000 + 0x5000); // 20 KiB inside: stale data
         m.insert(base + 112, 0x40_0000 + 0x80); // inside a small block: a reference
@@ -715,10 +723,7 @@ mod tests {
     /// unknown keep nothing.
     #[test]
     fn an_address_kept_as_a_python_int_keeps_its_block() {
-        let b: Vec<Block> = [(0x55d2_3a4b_9c60, 0x60), (0x55d2_3a4c_0000, 0x60), (0x55d2_3a4d_0000, 0x60)]
-            .iter()
-            .map(|&(start, size)| Block { start, size, opaque: false, cuda: false, not_a_reference: 0 })
-            .collect();
+        let b = blocks_at(&[(0x55d2_3a4b_9c60, 0x60), (0x55d2_3a4c_0000, 0x60), (0x55d2_3a4d_0000, 0x60)]);
         let long_type = 0x7f00_0000_1000u64;
         let digits = |a: u64| (a & 0x3fff_ffff) | (a >> 30) << 32;
         for tagged in [false, true] {
@@ -734,9 +739,7 @@ mod tests {
             let base = 0x10_0000u64;
             let mut m = BTreeMap::new();
             // A pool of 32-byte blocks (szidx 1) with three live objects.
-            for (i, w) in [3u64, 0, 0, 0, 1 << 32, 48 + 3 * 32].into_iter().enumerate() {
-                m.insert(base + 8 * i as u64, w);
-            }
+            pool_header(&mut m, base, 3, 3);
             let int_at = |m: &mut BTreeMap<u64, u64>, at: u64, ty: u64, size: u64, value: u64| {
                 for (k, w) in [1, ty, size, digits(value)].into_iter().enumerate() {
                     m.insert(at + 8 * k as u64, w);
@@ -746,9 +749,7 @@ mod tests {
             int_at(&mut m, base + 80, long_type, size_word(2, true), b[1].start);
             int_at(&mut m, base + 112, long_type + 64, size_word(2, false), b[2].start);
             // An int 16 bytes into block 2 (a number, as far as anyone knows).
-            for (i, w) in [4u64, 0, 0, 0, 1 << 32, 48 + 4 * 32].into_iter().enumerate() {
-                m.insert(base + 8 * i as u64, w);
-            }
+            pool_header(&mut m, base, 4, 4);
             int_at(&mut m, base + 144, long_type, size_word(2, false), b[2].start + 16);
             let arenas = [(base, 256 << 10)];
             let verdicts = |ints: Option<super::super::pymalloc::IntLayout>| {
@@ -768,17 +769,12 @@ mod tests {
     /// object elsewhere holds what the parent wrote, no address of the child's blocks.
     #[test]
     fn a_forked_childs_python_objects_count_only_on_pages_changed_since_the_fork() {
-        let b: Vec<Block> = [(0x20_0000, 0x100), (0x40_0000, 0x100)]
-            .iter()
-            .map(|&(start, size)| Block { start, size, opaque: false, cuda: false, not_a_reference: 0 })
-            .collect();
+        let b = blocks_at(&[(0x20_0000, 0x100), (0x40_0000, 0x100)]);
         // Two pools of a 256 KiB arena, each with one live 32-byte object.
         let base = 0x10_0000u64;
         let mut m = BTreeMap::new();
         for pool in [base, base + 0x1000] {
-            for (i, w) in [1u64, 0, 0, 0, 1 << 32, 48 + 32].into_iter().enumerate() {
-                m.insert(pool + 8 * i as u64, w);
-            }
+            pool_header(&mut m, pool, 1, 1);
         }
         m.insert(base + 48, 0x20_0000);
         m.insert(base + 0x1000 + 48, 0x40_0000);
@@ -801,16 +797,11 @@ mod tests {
     /// keeps a copy of the address (the first path had depended on the heap's layout).
     #[test]
     fn a_block_that_a_python_object_and_a_global_hold_is_held_by_the_object() {
-        let b: Vec<Block> = [(0x20_0000, 0x100), (0x40_0000, 0x100)]
-            .iter()
-            .map(|&(start, size)| Block { start, size, opaque: false, cuda: false, not_a_reference: 0 })
-            .collect();
+        let b = blocks_at(&[(0x20_0000, 0x100), (0x40_0000, 0x100)]);
         // A pool with one live 32-byte object holding block 0; block 0 holds block 1.
         let base = 0x10_0000u64;
         let mut m = BTreeMap::new();
-        for (i, w) in [1u64, 0, 0, 0, 1 << 32, 48 + 32].into_iter().enumerate() {
-            m.insert(base + 8 * i as u64, w);
-        }
+        pool_header(&mut m, base, 1, 1);
         m.insert(base + 48, 0x20_0000);
         m.insert(0x20_0000 + 8, 0x40_0000);
         // A global holding block 0 too, and one holding block 1.
