@@ -138,13 +138,13 @@ impl Groups {
 
     /// Retires group `g` if it holds nothing and keeps nothing but its totals: compact,
     /// of `generation`, no live blocks, no trend (never seen holding anything at a
-    /// report), not changed since the timeline last took the changes. Its index is
-    /// free for the next new group from now on, so the caller must know that nothing
-    /// else refers to it (no block, no list, no index). Returns the retired record's
-    /// index, for `revive`.
+    /// report), nothing to tell the timeline (no bytes when it last took the changes).
+    /// Its index is free for the next new group from now on, so the caller must know
+    /// that nothing else refers to it (no block, no index) and drop it from the list of
+    /// changes if it is there. Returns the retired record's index, for `revive`.
     pub fn retire(&mut self, g: u32, generation: u16) -> Option<u32> {
         let e = self.entries[g as usize];
-        let idle = e.flags == 0 && e.generation == generation && e.live_blocks == 0 && e.live_bytes == 0 && e.pointed_bytes == 0 && e.steps == 0;
+        let idle = e.flags & !CHANGED == 0 && e.generation == generation && e.live_blocks == 0 && e.live_bytes == 0 && e.pointed_bytes == 0;
         // The retired record's index shares a word with a flag in the collector's table
         // by stack (`Collector::group_of`).
         if !idle || e.stack == FREE_STACK || self.retired.len() >= RETIRED_MAX {

@@ -496,18 +496,7 @@ impl Collector {
         let mut changed = std::mem::take(&mut self.changed);
         if self.generation == 0 {
             let in_flight: Vec<u32> = self.realloc_in_flight.values().map(|(_, b)| b.group).collect();
-            changed.retain(|&g| {
-                let s = self.groups.get(g);
-                if s.live_blocks != 0 || s.pointed_bytes != 0 || s.trend.seen || in_flight.contains(&g) {
-                    return true;
-                }
-                self.groups.update(g, |s| s.changed = false);
-                if self.retire_if_idle(g) {
-                    return false;
-                }
-                self.groups.mark_changed(g);
-                true
-            });
+            changed.retain(|&g| in_flight.contains(&g) || !self.retire_if_idle(g));
         }
         self.retire_at = (2 * changed.len()).max(RETIRE_PASS_MIN);
         self.changed = changed;

@@ -270,7 +270,6 @@ mod tests {
             return;
         }
         let pagemap = super::super::anchor::open_proc("self/pagemap", libc::O_RDONLY).expect("/proc/self/pagemap");
-        let mut entries = vec![0u64; len / PAGE];
         // SAFETY: the range above, written, never written again; then advice on it and
         // one read inside it.
         let value = unsafe {
@@ -279,8 +278,7 @@ mod tests {
             std::ptr::read_volatile(base.add(len / 2 + 100))
         };
         assert_eq!(value, 0x5a);
-        assert!(super::super::pagemap::read(pagemap, base as u64 / PAGE as u64, &mut entries));
-        let mapped = entries.iter().filter(|&&e| e & super::super::pagemap::PRESENT != 0).count();
+        let mapped = super::super::own::mapped_pages(pagemap, base as usize, len) as usize / PAGE;
         // SAFETY: our descriptor and mapping.
         unsafe {
             libc::close(pagemap);
