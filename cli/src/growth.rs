@@ -2,7 +2,8 @@
 //! snapshots after a warm-up — the training-loop leak that is freed at exit and so
 //! never shows in the exit report.
 //!
-//! Rule, on one stack's series of live bytes (the final exit point is left out, since
+//! Rule, on one stack's series of live bytes (the final exit point and the points
+//! measured during or after the Python interpreter's teardown are left out, since
 //! teardown frees what the run accumulated):
 //! * at least `MIN_POINTS` points; the first quarter is warm-up and ignored;
 //! * after warm-up, at least 70% of the steps go up and at most 15% go down;
@@ -137,12 +138,12 @@ fn line_holder(report: &Report, line: &Frame) -> Vec<leaktrace_common::report_sc
 }
 
 pub fn detect(report: &Report, min_bytes: u64) -> Vec<Growth> {
-    let mut points = report.timeline.points.as_slice();
-    let mut cut = 0;
-    if report.reason == "exit" && !points.is_empty() {
-        points = &points[..points.len() - 1];
-        cut = 1;
+    let all = report.timeline.points.as_slice();
+    let mut run = leaktrace_common::memory::before_teardown(all, |p| p.memory.as_ref().is_some_and(|m| m.after_teardown));
+    if report.reason == "exit" {
+        run = run.min(all.len().saturating_sub(1));
     }
+    let (points, cut) = (&all[..run], all.len() - run);
     let growth = |kind: &str, api: &str, stack_id: u32, (first, last, n, per_minute): (u64, u64, usize, u64), stack: Vec<Frame>| Growth {
         kind: kind.into(),
         api: api.into(),
@@ -303,6 +304,25 @@ mod tests {
         let note = cached_note("PyTorch CUDACachingAllocator");
         assert!(note.contains("whichever allocation finds the cache empty") && note.contains("backend:cudaMallocAsync"), "{note}");
         assert!(!cached_note("TensorFlow BFC").contains("PYTORCH"));
+    }
+
+    #[test]
+    fn points_measured_after_the_interpreters_teardown_began_are_not_the_runs() {
+        use crate::model::Series;
+        // 16 points of a growing loop; the loop's memory freed as its function returns
+        // (two points), then five points of a slow teardown on a loaded machine, exit.
+        let mut bytes: Vec<u64> = (1..=16).map(|i| i * 10_000_000).collect();
+        bytes.extend([90_000_000, 120_000, 120_000, 120_000, 120_000, 120_000, 115_000, 115_000]);
+        let mut r = Report { reason: "exit".into(), ..Default::default() };
+        r.timeline.points = (0..bytes.len() as u64).map(|i| Point { unix_ms: i * 300, ..Default::default() }).collect();
+        r.timeline.series = vec![Series { kind: "host".into(), api: "malloc".into(), stack_id: 1, stack: None, bytes, held_by: Vec::new() }];
+        assert!(detect(&r, 1024).is_empty(), "unmarked, a decline over a third of the points is no growth");
+        for p in &mut r.timeline.points[18..] {
+            p.memory = Some(leaktrace_common::memory::Memory { after_teardown: true, ..Default::default() });
+        }
+        let found = detect(&r, 1024);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].last_bytes, 160_000_000);
     }
 
     #[test]

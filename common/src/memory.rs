@@ -164,12 +164,19 @@ fn span(points: &[(u64, Memory)]) -> Option<(&Memory, &Memory, u64)> {
     span_to_peak_of(points, |m| Some(m.rss))
 }
 
+/// How many of `points` come before the interpreter's teardown: all but the trailing
+/// run of points that `torn` says were measured during or after it (a teardown is the
+/// end of a process; a marked point before unmarked ones is no teardown).
+pub fn before_teardown<T>(points: &[T], torn: impl Fn(&T) -> bool) -> usize {
+    points.iter().rposition(|p| !torn(p)).map_or(0, |i| i + 1)
+}
+
 /// `span`, to the point after its start where `key` is highest instead of RSS (a part
 /// can peak before RSS does: malloc's free memory falls when threads end and their
 /// arenas are trimmed while RSS still rises). Points measured after an interpreter's
 /// teardown are left out.
 fn span_to_peak_of(points: &[(u64, Memory)], key: impl Fn(&Memory) -> Option<u64>) -> Option<(&Memory, &Memory, u64)> {
-    let run = points.iter().position(|p| p.1.after_teardown).unwrap_or(points.len());
+    let run = before_teardown(points, |p| p.1.after_teardown);
     let points = &points[..run];
     let (first, last) = (points.first()?, points.last()?);
     let skip = first.0 + (last.0.saturating_sub(first.0)) / 2;
@@ -184,7 +191,7 @@ fn span_to_peak_of(points: &[(u64, Memory)], key: impl Fn(&Memory) -> Option<u64
 /// A forked worker's whole life before any teardown: its first point and the later
 /// point of its largest private memory (`uss`), with the milliseconds between.
 fn worker_span(points: &[(u64, Memory)]) -> Option<(&Memory, &Memory, u64)> {
-    let run = points.iter().position(|p| p.1.after_teardown).unwrap_or(points.len());
+    let run = before_teardown(points, |p| p.1.after_teardown);
     let points = &points[..run];
     let (first, rest) = points.split_first()?;
     let to = rest.iter().rev().max_by_key(|p| p.1.uss.unwrap_or(0)).unwrap_or(first);
@@ -429,6 +436,13 @@ mod tests {
         let f = explain(&[at(0, &m0), at(6_000, &m0), at(12_000, &Memory { after_teardown: false, ..torn.clone() })], false);
         assert_eq!(f[0].part, "heap_free");
         assert_eq!(part_growth(&[at(0, &m0), at(6_000, &m0), at(12_000, &torn)], "heap_free"), Some((2 * MIB, 2 * MIB)));
+        // Only the trailing marked points are the teardown: one marked at the start
+        // (measured before the interpreter was up, by an older library) is not.
+        let torn_at = |v: &[bool]| before_teardown(v, |t| *t);
+        assert_eq!(torn_at(&[true, false, false, true, true]), 3);
+        assert_eq!(torn_at(&[false, false]), 2);
+        assert_eq!(torn_at(&[true, true]), 0);
+        assert_eq!(torn_at(&[]), 0);
     }
 
     #[test]

@@ -141,9 +141,23 @@ fn is_finalizing_fn() -> Option<extern "C" fn() -> c_int> {
 /// have armed it in time) is not always there: a short `import torch` on a loaded
 /// machine ended before its callback was registered, and its summary said "malloc keeps
 /// 106 MiB"; and a timeline point can fall inside the teardown.
+/// An interpreter that is not initialized ended only if it was initialized once:
+/// before `Py_Initialize` ends (a point at start-up, or a program that links libpython
+/// and never starts it) it is no teardown.
 pub(super) fn teardown_began() -> bool {
-    crate::hotpath::python::enabled() && (is_finalizing_fn().is_some_and(|f| f() != 0) || is_initialized_fn().is_some_and(|f| f() == 0))
+    if !crate::hotpath::python::enabled() || is_finalizing_fn().is_some_and(|f| f() != 0) {
+        return crate::hotpath::python::enabled();
+    }
+    let Some(initialized) = is_initialized_fn() else { return false };
+    if initialized() != 0 {
+        WAS_INITIALIZED.store(true, Ordering::Relaxed);
+        return false;
+    }
+    WAS_INITIALIZED.load(Ordering::Relaxed)
 }
+
+/// Set once `Py_IsInitialized` said 1 (`teardown_began`), or the atexit callback ran.
+static WAS_INITIALIZED: AtomicBool = AtomicBool::new(false);
 
 /// Runs on the interpreter's main thread, with the GIL, at a safe point: `atexit.register
 /// (leaktrace_before_finalize)`. Always returns 0 (-1 would raise in the program). Not
@@ -194,6 +208,7 @@ unsafe extern "C" fn before_finalize(_: *mut PyObject, _: *mut PyObject) -> *mut
             // of freed memory after `import torch`), which is no state of the program's
             // run. This point ends the timeline's memory series instead.
             super::reports::record_point();
+            WAS_INITIALIZED.store(true, Ordering::Relaxed);
             super::reports::INTERPRETER_FINALIZING.store(true, Ordering::Release);
             super::reports::held_before_exit();
         })
