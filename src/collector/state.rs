@@ -341,8 +341,9 @@ pub struct Collector {
     groups: Groups,
     /// The groups `group_by_stack` does not point to (and some it does): see `group_of`.
     group_index: FxMap<GroupKey, u32>,
-    /// Stack id -> its most recent group + 1: a stack is nearly always allocated from
-    /// with one API on one device, so this answers most lookups without hashing. Or
+    /// Stack id (its `shared_index`, which a native stack shares with its first Python
+    /// child) -> its most recent group + 1: a stack is nearly always allocated from with
+    /// one API on one device, so this answers most lookups without hashing. Or
     /// `RETIRED` and the index of its group's retired record (`retire_if_idle`).
     group_by_stack: Vec<u32>,
     /// Blocks between a release (realloc, or a CUDA free that may fail) and its
@@ -413,10 +414,11 @@ impl Collector {
     /// groups, nearly all of a stack never seen before; a hash map entry for each was a
     /// cache miss or two on the collector thread, a fifth of its time there.
     fn group_of(&mut self, key: GroupKey) -> u32 {
-        let stack = crate::hotpath::stacks::dense_index(key.0);
-        // Stack ids are dense (handed out in order, `dense_index`): the vector stays
-        // proportional to the stack table. Larger ones (never in practice) go through the
-        // hash map only.
+        // Stack ids are dense (handed out in order, `shared_index`): the vector stays
+        // proportional to the stack table. A native stack and its first Python child
+        // share a slot, told apart by the group's key. Larger ones (never in practice)
+        // go through the hash map only.
+        let stack = crate::hotpath::stacks::shared_index(key.0);
         if stack >= 1 << 24 {
             return self.group_of_hashed(key);
         }
@@ -547,7 +549,7 @@ impl Collector {
             return false;
         }
         let key = self.groups.key(g);
-        let stack = crate::hotpath::stacks::dense_index(key.0);
+        let stack = crate::hotpath::stacks::shared_index(key.0);
         if self.group_by_stack.get(stack) != Some(&(g + 1)) || (!self.group_index.is_empty() && self.group_index.get(&key) == Some(&g)) {
             return false;
         }
@@ -987,7 +989,7 @@ impl Collector {
         if (g.group as usize) < self.groups.len() && self.groups.key(g.group) == key {
             return of(self.groups.get(g.group));
         }
-        match self.group_by_stack.get(crate::hotpath::stacks::dense_index(g.stack)) {
+        match self.group_by_stack.get(crate::hotpath::stacks::shared_index(g.stack)) {
             Some(&slot) if slot & RETIRED != 0 && self.groups.retired_key(slot & !RETIRED) == key && self.generation == 0 => {
                 let (peak_live_bytes, total_allocs, total_bytes) = self.groups.retired_totals(slot & !RETIRED);
                 GroupDetails { peak_live_bytes, total_allocs, total_bytes }
@@ -1221,7 +1223,9 @@ mod tests {
         let mut next = |n: u64| rng.below(n);
         let apis = [Api::Malloc, Api::Calloc, Api::Realloc, Api::CudaMalloc];
         for _ in 0..50_000 {
-            let stack = if next(50) == 0 { (1 << 24) + next(4) as u32 } else { next(300) as u32 };
+            // Natives and their first Python children share slots (`shared_index`).
+            let child = if next(3) == 0 { crate::hotpath::stacks::CHILD_BASE } else { 0 };
+            let stack = if next(50) == 0 { (1 << 24) + next(4) as u32 } else { child + next(300) as u32 };
             let key = (stack, apis[next(4) as usize], if next(3) == 0 { Some(next(2) as u8) } else { None });
             let g = c.group_of(key);
             assert_eq!(c.groups.key(g), key);
@@ -1318,7 +1322,12 @@ mod tests {
             if live.is_empty() || (live.len() < 40 && rng.below(2) == 0) {
                 // A stack allocates through one API, now and then through the other too
                 // (its slot changes hands; those groups go through the hash map).
-                let stack = 1 + rng.below(400) as u32;
+                // Natives and their first Python children share slots (`shared_index`):
+                // half the stacks are first children, and now and then their native
+                // stack allocates too.
+                let native = 1 + rng.below(400) as u32;
+                let child = native.is_multiple_of(2) ^ (rng.below(500) == 0);
+                let stack = native + if child { crate::hotpath::stacks::CHILD_BASE } else { 0 };
                 let api = apis[usize::from(stack.is_multiple_of(10)) ^ usize::from(rng.below(2000) == 0)];
                 let key = (stack, api, None);
                 let size = 1 + rng.below(300);

@@ -55,11 +55,15 @@ pub struct Timeline {
     pub points: Vec<Point>,
     pub series: Vec<Series>,
     pub lines: Vec<LineSeries>,
-    /// Each stack's user line, by stack id, worked out once: `LINE_UNKNOWN`, `NO_LINE`
-    /// (no Python frame of the user's) or an index into `known_lines`. A vector, not a
+    /// Each stack's user line, by stack id (`shared_index`), worked out once:
+    /// `LINE_UNKNOWN`, `NO_LINE` (no Python frame of the user's) or an index into
+    /// `known_lines`, with `FIRST_CHILD` set for a first Python child. A vector, not a
     /// map: after `import torch` every snapshot looks up ~600k groups among 2M stacks,
-    /// and a hash map's probes were most of the collector's time then.
+    /// and a hash map's probes were most of the collector's time then. A native stack
+    /// and its first child share a place: the first of them to be looked up keeps it,
+    /// the other goes to `line_of_other`.
     line_of: Vec<u32>,
+    line_of_other: crate::collector::state::FxMap<u32, u32>,
     /// The same by Python part (`python::python_part`): decoded once per part.
     line_of_part: crate::collector::state::FxMap<u32, u32>,
     /// The distinct user lines met, and their indices.
@@ -73,7 +77,9 @@ pub struct Timeline {
 type Key = (u32, Api);
 
 const LINE_UNKNOWN: u32 = 0;
-const NO_LINE: u32 = u32::MAX;
+const NO_LINE: u32 = u32::MAX >> 1;
+/// In `line_of`: the place is its first Python child's.
+const FIRST_CHILD: u32 = 1 << 31;
 
 impl Timeline {
     /// A point from every live group (`snapshot`, sorted at least as `sort_top(JOIN_TOP)`
@@ -216,15 +222,39 @@ impl Timeline {
 
     /// The user line of `stack` as `line_of` holds it (see there), worked out if new.
     fn line_index(&mut self, stack: u32) -> u32 {
-        let slot = crate::hotpath::stacks::dense_index(stack);
+        self.memo_line(stack, Self::work_out_line)
+    }
+
+    /// `line_of`'s answer for `stack`, or `work_out`'s, kept.
+    #[inline]
+    fn memo_line(&mut self, stack: u32, work_out: impl FnOnce(&mut Self, u32) -> u32) -> u32 {
+        let slot = crate::hotpath::stacks::shared_index(stack);
+        let tag = if crate::hotpath::stacks::is_first_child(stack) { FIRST_CHILD } else { 0 };
         if self.line_of.len() <= slot {
             // LINE_UNKNOWN is 0.
             crate::util::grow_zeroed(&mut self.line_of, (slot + 1).next_power_of_two());
         }
-        if self.line_of[slot] != LINE_UNKNOWN {
-            return self.line_of[slot];
+        let memo = self.line_of[slot];
+        if memo != LINE_UNKNOWN {
+            if memo & FIRST_CHILD == tag {
+                return memo & !FIRST_CHILD;
+            }
+            if let Some(&found) = self.line_of_other.get(&stack) {
+                return found;
+            }
         }
-        let found = match super::python::python_part(stack) {
+        let found = work_out(self, stack);
+        if memo == LINE_UNKNOWN {
+            self.line_of[slot] = found | tag;
+        } else {
+            self.line_of_other.insert(stack, found);
+        }
+        found
+    }
+
+    /// The user line of `stack` (as `line_index` answers), by its Python part.
+    fn work_out_line(&mut self, stack: u32) -> u32 {
+        match super::python::python_part(stack) {
             None => NO_LINE,
             Some(part) => match self.line_of_part.get(&part) {
                 Some(&i) => i,
@@ -240,9 +270,7 @@ impl Timeline {
                     i
                 }
             },
-        };
-        self.line_of[slot] = found;
-        found
+        }
     }
 
     /// Adds each followed line's bytes now as its point, and follows the lines that
@@ -313,6 +341,22 @@ mod tests {
         totals.kinds[0].live_bytes = total;
         totals.kinds[0].live_blocks = groups.len() as u64;
         Snapshot { totals, groups: gs }
+    }
+
+    #[test]
+    fn a_native_stack_and_its_first_python_child_keep_their_own_lines() {
+        use crate::hotpath::stacks::CHILD_BASE;
+        let mut t = Timeline::default();
+        let never = |_: &mut Timeline, s: u32| panic!("stack {s:#x} worked out twice");
+        // Either may come first; both answers stay, whatever they are.
+        assert_eq!(t.memo_line(7, |_, _| NO_LINE), NO_LINE);
+        assert_eq!(t.memo_line(CHILD_BASE + 7, |_, _| 3), 3);
+        assert_eq!(t.memo_line(CHILD_BASE + 9, |_, _| 4), 4);
+        assert_eq!(t.memo_line(9, |_, _| 5), 5);
+        for _ in 0..2 {
+            assert_eq!([7, CHILD_BASE + 7, CHILD_BASE + 9, 9].map(|s| t.memo_line(s, never)), [NO_LINE, 3, 4, 5]);
+        }
+        assert_eq!(t.line_of_other.len(), 2);
     }
 
     #[test]
