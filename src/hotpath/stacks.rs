@@ -16,14 +16,18 @@
 //! reading a stack back stays cheap; identity is still the whole frame list (hash, then
 //! frame by frame).
 //!
-//! **Two indexes, one probe sequence.** A stack's probes go first to a window of
-//! `FIRST_PROBES` slots in a small index (256 KiB), then to the large one (16 MiB). A
-//! program with a few thousand stacks (a Python interpreter starting up: 14k) never
-//! touches the large index: spread over it, its stacks had faulted in 3,300 pages of
-//! it, two page faults each. The large index has one slot per stack id (`ID_BITS`):
-//! once on huge pages it is all resident, and `import torch`'s 1.2M records fill 29%
-//! of it (its 8M slots before, 32 MiB resident, were 14% full). Both indexes together are one linear-probing sequence whose
-//! slots only ever go from empty to filled, so concurrent interning still agrees on ids.
+//! **Three indexes, one probe sequence.** A stack's probes go first to a window of
+//! `FIRST_PROBES` slots in a small index (256 KiB), then to a window of `MAX_PROBES` in
+//! the large one (8 MiB), then, only where that window is full, to the overflow index
+//! (16 MiB, untouched until then). A program with a few thousand stacks (a Python
+//! interpreter starting up: 14k) never touches the large index: spread over it, its
+//! stacks had faulted in 3,300 pages of it, two page faults each. Once on huge pages the
+//! large index is all resident: `import torch`'s 1.2M records fill 57% of its 2M slots
+//! (a 4M-slot index, 16 MiB resident, was 29% full; an 8M-slot one 14%), and a window
+//! of 64 slots is full only past ~85%, so a program with more stacks than fit grows into
+//! the overflow instead of losing them. The three together are one linear-probing
+//! sequence whose slots only ever go from empty to filled, so concurrent interning still
+//! agrees on ids.
 //!
 //! **Python children.** A stack with Python frames is `[PY_STACK, native, python]`
 //! (`unwind::with_python_frames`). The first such stack of each native stack has no
@@ -49,7 +53,9 @@ const MAX_STACKS: usize = 1 << ID_BITS;
 const FIRST_INDEX_SLOTS: usize = 1 << 16;
 /// Probes in the small index before the large one: one or two cache lines.
 const FIRST_PROBES: usize = 16;
-const INDEX_SLOTS: usize = 1 << 22;
+const INDEX_SLOTS: usize = 1 << 21;
+/// Slots of the overflow index, probed only past a full window of the large one.
+const OVERFLOW_SLOTS: usize = 1 << 22;
 /// Bytes of the frame arena (frames take 1 to 10 bytes each: `encode_frames`).
 const FRAME_BYTES: usize = 1 << 30;
 /// Probes in the large index.
@@ -191,6 +197,9 @@ struct Tables {
     overflows: AtomicU64,
     /// Stacks whose slot is in the large index.
     in_large_index: AtomicU32,
+    /// Stacks past a full window of the large index, in the overflow index.
+    overflow: *const AtomicU32,
+    in_overflow: AtomicU32,
 }
 
 // SAFETY: every shared field is atomic or points into mappings that live forever and
@@ -219,6 +228,7 @@ fn init_tables() -> Option<&'static Tables> {
     let children = map_anonymous(MAX_STACKS * 4, Part::StackTable)?;
     let first_index = map_anonymous(FIRST_INDEX_SLOTS * 4, Part::StackTable)?;
     let index = super::mapping::map_zeroed_aligned(INDEX_SLOTS * 4, Part::StackTable)?;
+    let overflow = super::mapping::map_zeroed_aligned(OVERFLOW_SLOTS * 4, Part::StackTable)?;
     let frames = map_anonymous(FRAME_BYTES, Part::StackFrames)?;
     let header = map_anonymous(std::mem::size_of::<Tables>(), Part::StackTable)? as *mut Tables;
     // SAFETY: `header` is a fresh, writable, suitably aligned (page) mapping.
@@ -237,6 +247,8 @@ fn init_tables() -> Option<&'static Tables> {
             records_written: AtomicU32::new(1),
             overflows: AtomicU64::new(0),
             in_large_index: AtomicU32::new(0),
+            overflow: overflow as *const AtomicU32,
+            in_overflow: AtomicU32::new(0),
         });
     }
     match TABLES.compare_exchange(std::ptr::null_mut(), header, Ordering::AcqRel, Ordering::Acquire) {
@@ -259,6 +271,9 @@ static INDEX_PROMOTIONS: AtomicU32 = AtomicU32::new(0);
 const MAX_PROMOTIONS: u32 = 8;
 /// Set once a collapse succeeded (or the tries ran out).
 static INDEX_PROMOTED: AtomicBool = AtomicBool::new(false);
+/// The same for the overflow index.
+static OVERFLOW_PROMOTIONS: AtomicU32 = AtomicU32::new(0);
+static OVERFLOW_PROMOTED: AtomicBool = AtomicBool::new(false);
 
 /// The record array and the frame arena are written in order: once either holds this
 /// much, the rest of it comes in 2 MiB pages, one fault each instead of 512 (`import
@@ -403,16 +418,17 @@ pub fn promote_tables_if_large() {
     let frames = (t.next_frame.load(Ordering::Relaxed) as usize).min(FRAME_BYTES);
     arena(&FRAMES_ADVISED, &FRAMES_POPULATED, frames, t.frames, FRAME_BYTES);
     spill_arenas(t);
-    if INDEX_PROMOTED.load(Ordering::Relaxed) {
-        return;
-    }
-    if t.in_large_index.load(Ordering::Relaxed) < HUGE_INDEX_AT {
-        return;
-    }
-    let tries = INDEX_PROMOTIONS.fetch_add(1, Ordering::Relaxed) + 1;
-    if super::mapping::promote_to_huge_pages(t.index as *mut u8, INDEX_SLOTS * 4) || tries >= MAX_PROMOTIONS {
-        INDEX_PROMOTED.store(true, Ordering::Relaxed);
-    }
+    let index = |promoted: &AtomicBool, promotions: &AtomicU32, stacks: &AtomicU32, base: *const AtomicU32, slots: usize| {
+        if promoted.load(Ordering::Relaxed) || stacks.load(Ordering::Relaxed) < HUGE_INDEX_AT {
+            return;
+        }
+        let tries = promotions.fetch_add(1, Ordering::Relaxed) + 1;
+        if super::mapping::promote_to_huge_pages(base as *mut u8, slots * 4) || tries >= MAX_PROMOTIONS {
+            promoted.store(true, Ordering::Relaxed);
+        }
+    };
+    index(&INDEX_PROMOTED, &INDEX_PROMOTIONS, &t.in_large_index, t.index, INDEX_SLOTS);
+    index(&OVERFLOW_PROMOTED, &OVERFLOW_PROMOTIONS, &t.in_overflow, t.overflow, OVERFLOW_SLOTS);
 }
 
 /// A stack's hash folds its frames from the outermost in: the state after each frame is
@@ -447,16 +463,21 @@ impl Tables {
     }
 
     /// Probe `k` of the sequence of hash `h`: the small index's window, then the large
-    /// index.
+    /// index's, then the overflow index's (from other bits of the hash: the stacks that
+    /// come there share a window of the large index).
     fn probe(&self, h: u64, k: usize) -> &AtomicU32 {
         if k < FIRST_PROBES {
             let i = (h as usize).wrapping_add(k) & (FIRST_INDEX_SLOTS - 1);
             // SAFETY: i < FIRST_INDEX_SLOTS, the small index's length.
             unsafe { &*self.first_index.add(i) }
-        } else {
+        } else if k < FIRST_PROBES + MAX_PROBES {
             let i = (h as usize).wrapping_add(k - FIRST_PROBES) & (INDEX_SLOTS - 1);
             // SAFETY: i < INDEX_SLOTS, the large index's length.
             unsafe { &*self.index.add(i) }
+        } else {
+            let i = ((h >> 24) as usize).wrapping_add(k - FIRST_PROBES - MAX_PROBES) & (OVERFLOW_SLOTS - 1);
+            // SAFETY: i < OVERFLOW_SLOTS, the overflow index's length.
+            unsafe { &*self.overflow.add(i) }
         }
     }
 
@@ -564,7 +585,7 @@ pub fn intern_hashed(epoch: u32, frames: &[u64], tail: Option<SharedTail>, h: u6
     let Some(t) = tables() else { return 0 };
     let tag = tag_of(h);
     let mut new_id = 0u32;
-    for k in 0..FIRST_PROBES + MAX_PROBES {
+    for k in 0..FIRST_PROBES + 2 * MAX_PROBES {
         let slot = t.probe(h, k);
         // A slot goes from empty to filled once: a failed claim reads it again.
         loop {
@@ -589,7 +610,9 @@ pub fn intern_hashed(epoch: u32, frames: &[u64], tail: Option<SharedTail>, h: u6
                 }
             }
             if slot.compare_exchange(0, new_id | tag, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-                if k >= FIRST_PROBES {
+                if k >= FIRST_PROBES + MAX_PROBES {
+                    t.in_overflow.fetch_add(1, Ordering::Relaxed);
+                } else if k >= FIRST_PROBES {
                     t.in_large_index.fetch_add(1, Ordering::Relaxed);
                 }
                 return new_id;
@@ -815,6 +838,28 @@ mod tests {
         assert!(INDEX_PROMOTED.load(Ordering::Relaxed), "a collapse succeeded or the tries ran out");
         for (i, &id) in ids.iter().enumerate() {
             assert_eq!(intern(7, &stack(i as u64)), id, "stack {i} after the move");
+        }
+    }
+
+    #[test]
+    fn stacks_past_a_full_window_of_the_large_index_go_to_the_overflow_and_are_found_again() {
+        // Hashes equal in their low 24 bits: one window of the small and of the large
+        // index for all of them; the overflow's slot comes from the bits above.
+        let h = hash_frames(11, &[0xdef]) & !((1u64 << 54) - 1);
+        let n = (FIRST_PROBES + MAX_PROBES + 40) as u64;
+        let stacks: Vec<[u64; 2]> = (0..n).map(|i| [0x5151_0000, i]).collect();
+        let hash = |i: u64| h | 0x00ab_cdef | (i << 24);
+        let before = tables().map_or(0, |t| t.in_overflow.load(Ordering::Relaxed));
+        let ids: Vec<u32> = stacks.iter().enumerate().map(|(i, f)| intern_hashed(11, f, None, hash(i as u64))).collect();
+        assert!(ids.iter().all(|&id| id != 0), "no stack lost");
+        let mut distinct = ids.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), ids.len());
+        assert!(tables().unwrap().in_overflow.load(Ordering::Relaxed) >= before + 40);
+        for (i, f) in stacks.iter().enumerate() {
+            assert_eq!(intern_hashed(11, f, None, hash(i as u64)), ids[i], "stack {i} found again");
+            assert_eq!(frames(ids[i]).unwrap(), f.to_vec());
         }
     }
 
