@@ -45,8 +45,19 @@ struct Entry {
 
 const _: () = assert!(std::mem::size_of::<Entry>() == 48);
 
-/// Retired records at most: their index is 31 bits (see `Groups::retire`).
-pub const RETIRED_MAX: usize = (1 << 31) - 1;
+/// Retired records at most: a token holds their index in 30 bits (see `Groups::retire`).
+pub const RETIRED_MAX: usize = (1 << 30) - 1;
+
+/// In a retired group's token (31 bits): the group made one allocation and the token is
+/// all there is of it: `ONCE_CHILD` (its stack is a first Python child), its entry point
+/// (`Api` below 8) and its size (below `ONCE_SIZE_LIMIT`); its stack is the place the
+/// token is kept at (`stacks::shared_index`). Without `ONCE`, the token is a record's
+/// index. `import torch` retires ~530k groups, nearly all of one block of a few hundred
+/// bytes: 10 MB of records, which tokens hold in the table by stack itself.
+const ONCE: u32 = 1 << 30;
+const ONCE_CHILD: u32 = 1 << 29;
+const ONCE_API_SHIFT: u32 = 26;
+const ONCE_SIZE_LIMIT: u32 = 1 << ONCE_API_SHIFT;
 
 /// The figures of `s` in 32 bits each, if they all fit.
 fn narrow(s: &GroupStats) -> Option<[u32; 8]> {
@@ -89,6 +100,8 @@ pub struct Groups {
     /// Retired groups (by the index `retire` returned), and the free places among them.
     retired: Vec<Retired>,
     retired_free: Vec<u32>,
+    /// Groups retired into a token alone (`ONCE`).
+    retired_once: usize,
 }
 
 impl Groups {
@@ -141,7 +154,9 @@ impl Groups {
     /// report), nothing to tell the timeline (no bytes when it last took the changes).
     /// Its index is free for the next new group from now on, so the caller must know
     /// that nothing else refers to it (no block, no index) and drop it from the list of
-    /// changes if it is there. Returns the retired record's index, for `revive`.
+    /// changes if it is there. Returns a token for `revive` (31 bits): a record's index,
+    /// or (`ONCE`) the group's figures themselves, which need the place the token is
+    /// kept at (its stack's `shared_index`) to name its stack again.
     pub fn retire(&mut self, g: u32, generation: u16) -> Option<u32> {
         let e = self.entries[g as usize];
         let idle = e.flags & !CHANGED == 0 && e.generation == generation && e.live_blocks == 0 && e.live_bytes == 0 && e.pointed_bytes == 0;
@@ -149,6 +164,16 @@ impl Groups {
         // by stack (`Collector::group_of`).
         if !idle || e.stack == FREE_STACK || self.retired.len() >= RETIRED_MAX {
             return None;
+        }
+        let child = crate::hotpath::stacks::is_first_child(e.stack);
+        let once = e.total_allocs == 1 && e.total_bytes == e.peak_live_bytes && e.total_bytes < ONCE_SIZE_LIMIT && e.device.is_none() && (e.api as u32) < 8;
+        // Only a stack whose place names it again (`stacks::shared_index`).
+        let placed = (crate::hotpath::stacks::shared_index(e.stack) as u32 | if child { crate::hotpath::stacks::CHILD_BASE } else { 0 }) == e.stack;
+        if once && placed {
+            self.entries[g as usize] = Self::fresh((FREE_STACK, e.api, None));
+            self.free.push(g);
+            self.retired_once += 1;
+            return Some(ONCE | if child { ONCE_CHILD } else { 0 } | (e.api as u32) << ONCE_API_SHIFT | e.total_bytes);
         }
         let r = Retired {
             stack: e.stack,
@@ -173,24 +198,45 @@ impl Groups {
         Some(idx)
     }
 
-    /// The key of retired record `r`.
-    pub fn retired_key(&self, r: u32) -> GroupKey {
-        let r = &self.retired[r as usize];
+    /// What retired token `r`, kept at `place` (its stack's `shared_index`), holds.
+    fn retired(&self, r: u32, place: usize) -> Retired {
+        if r & ONCE == 0 {
+            return self.retired[r as usize];
+        }
+        let child = if r & ONCE_CHILD != 0 { crate::hotpath::stacks::CHILD_BASE } else { 0 };
+        let bytes = r & (ONCE_SIZE_LIMIT - 1);
+        Retired {
+            stack: place as u32 | child,
+            total_allocs: 1,
+            total_bytes: bytes,
+            peak_live_bytes: bytes,
+            api: crate::hotpath::event::Api::from_bits(((r & !(ONCE | ONCE_CHILD)) >> ONCE_API_SHIFT) as u8),
+            device: None,
+        }
+    }
+
+    /// The key of retired token `r` kept at `place` (see `retire`).
+    pub fn retired_key(&self, r: u32, place: usize) -> GroupKey {
+        let r = self.retired(r, place);
         (r.stack, r.api, r.device)
     }
 
-    /// The totals of retired record `r` (as `GroupDetails`' figures: peak, allocations,
-    /// bytes).
-    pub fn retired_totals(&self, r: u32) -> (u64, u64, u64) {
-        let r = &self.retired[r as usize];
+    /// The totals of retired token `r` kept at `place` (as `GroupDetails`' figures:
+    /// peak, allocations, bytes).
+    pub fn retired_totals(&self, r: u32, place: usize) -> (u64, u64, u64) {
+        let r = self.retired(r, place);
         (r.peak_live_bytes.into(), r.total_allocs.into(), r.total_bytes.into())
     }
 
-    /// Group `r` of the retired ones back as a group, with its totals, in
-    /// `generation` 0 (only the first process retires groups); its index.
-    pub fn revive(&mut self, r: u32) -> u32 {
-        let rec = self.retired[r as usize];
-        self.retired_free.push(r);
+    /// Group `r` of the retired ones (kept at `place`) back as a group, with its totals,
+    /// in `generation` 0 (only the first process retires groups); its index.
+    pub fn revive(&mut self, r: u32, place: usize) -> u32 {
+        let rec = self.retired(r, place);
+        if r & ONCE == 0 {
+            self.retired_free.push(r);
+        } else {
+            self.retired_once -= 1;
+        }
         let g = self.push((rec.stack, rec.api, rec.device));
         let e = &mut self.entries[g as usize];
         (e.total_allocs, e.total_bytes, e.peak_live_bytes) = (rec.total_allocs, rec.total_bytes, rec.peak_live_bytes);
@@ -199,7 +245,7 @@ impl Groups {
 
     /// Groups retired now (for tests and diagnostics).
     pub fn retired_count(&self) -> usize {
-        self.retired.len() - self.retired_free.len()
+        self.retired.len() - self.retired_free.len() + self.retired_once
     }
 
     #[inline]
@@ -357,6 +403,45 @@ mod tests {
         g.update(a, |s| s.changed = false);
         assert!(g.mark_changed(a) && !g.mark_changed(a) && g.mark_changed(b) && !g.mark_changed(b));
         assert!(g.get(a).changed && g.get(b).changed);
+    }
+
+    /// A group of one allocation retires into its token alone, any other into a record;
+    /// both come back with their key and totals.
+    #[test]
+    fn a_group_of_one_allocation_retires_into_its_token_and_comes_back_whole() {
+        use crate::hotpath::stacks::{shared_index, CHILD_BASE};
+        let once = |bytes: u64| GroupStats { total_allocs: 1, total_bytes: bytes, peak_live_bytes: bytes, ..Default::default() };
+        let cases = [
+            ((7, Api::Calloc, None), once(40), true),
+            ((CHILD_BASE + 7, Api::Malloc, None), once(ONCE_SIZE_LIMIT as u64 - 1), true),
+            ((CHILD_BASE + 9, Api::Valloc, None), once(4096), true),
+            ((11, Api::Pvalloc, None), once(4096), false),
+            ((12, Api::CudaMalloc, Some(1)), once(512), false),
+            ((13, Api::Malloc, None), once(ONCE_SIZE_LIMIT as u64), false),
+            ((14, Api::Malloc, None), GroupStats { total_allocs: 2, total_bytes: 80, peak_live_bytes: 40, ..Default::default() }, false),
+        ];
+        let mut g = Groups::default();
+        let mut tokens = Vec::new();
+        for (key, stats, inline) in cases {
+            let i = g.push(key);
+            g.set(i, stats);
+            let t = g.retire(i, 0).expect("idle");
+            assert_eq!(t & ONCE != 0, inline, "{key:?}");
+            assert!(t < 1 << 31);
+            tokens.push((t, shared_index(key.0)));
+        }
+        assert_eq!((g.retired_count(), g.retired.len()), (cases.len(), 4), "three tokens hold their groups");
+        for ((key, stats, _), &(t, place)) in cases.iter().zip(&tokens) {
+            assert_eq!(g.retired_key(t, place), *key);
+            assert_eq!(g.retired_totals(t, place), (stats.peak_live_bytes, stats.total_allocs, stats.total_bytes));
+            let back = g.revive(t, place);
+            assert_eq!(g.key(back), *key);
+            assert_eq!(
+                (g.get(back).total_allocs, g.get(back).total_bytes, g.get(back).peak_live_bytes),
+                (stats.total_allocs, stats.total_bytes, stats.peak_live_bytes)
+            );
+        }
+        assert_eq!(g.retired_count(), 0);
     }
 
     #[test]

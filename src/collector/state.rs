@@ -209,7 +209,7 @@ pub struct GroupDetails {
 }
 
 /// In `Collector::group_by_stack`: the stack's group is retired; the rest of the word is
-/// its record's index (`Groups::retire`).
+/// its token (`Groups::retire`: a record's index, or the group itself).
 const RETIRED: u32 = 1 << 31;
 
 /// A group's identity: one per call stack, entry point and device.
@@ -428,7 +428,7 @@ impl Collector {
         let mut slot = self.group_by_stack[stack];
         if slot & RETIRED != 0 {
             // The stack's group was retired: back, with its totals, whichever key comes.
-            let g = self.groups.revive(slot & !RETIRED);
+            let g = self.groups.revive(slot & !RETIRED, stack);
             slot = g + 1;
             self.group_by_stack[stack] = slot;
         }
@@ -989,9 +989,10 @@ impl Collector {
         if (g.group as usize) < self.groups.len() && self.groups.key(g.group) == key {
             return of(self.groups.get(g.group));
         }
-        match self.group_by_stack.get(crate::hotpath::stacks::shared_index(g.stack)) {
-            Some(&slot) if slot & RETIRED != 0 && self.groups.retired_key(slot & !RETIRED) == key && self.generation == 0 => {
-                let (peak_live_bytes, total_allocs, total_bytes) = self.groups.retired_totals(slot & !RETIRED);
+        let place = crate::hotpath::stacks::shared_index(g.stack);
+        match self.group_by_stack.get(place) {
+            Some(&slot) if slot & RETIRED != 0 && self.groups.retired_key(slot & !RETIRED, place) == key && self.generation == 0 => {
+                let (peak_live_bytes, total_allocs, total_bytes) = self.groups.retired_totals(slot & !RETIRED, place);
                 GroupDetails { peak_live_bytes, total_allocs, total_bytes }
             }
             // Retired and back under another index: that group's figures.
