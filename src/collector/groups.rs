@@ -10,9 +10,11 @@
 //! Most of those groups hold nothing for the rest of the run. A group that holds
 //! nothing, never held anything at a report (no trend) and is in no list of changes can
 //! be retired (`retire`): what is left of it, its key and its totals, goes into a
-//! 20-byte record, and its index is reused by the next new group. The collector asks
-//! at timeline points, for the groups that changed; `revive` gives a retired group an
-//! index again, with its totals, when its stack allocates once more.
+//! 20-byte record, or, for a group of one allocation (nearly all of them), into a token
+//! of 31 bits that the collector keeps in its table by stack; its index is reused by
+//! the next new group. The collector asks at timeline points, for the groups that
+//! changed; `revive` gives a retired group an index again, with its totals, when its
+//! stack allocates once more.
 //!
 //! Plain safe Rust; unit tests below.
 use super::state::{GroupKey, GroupStats, Trend};
