@@ -211,6 +211,13 @@ unsafe extern "C" fn before_finalize(_: *mut PyObject, _: *mut PyObject) -> *mut
             WAS_INITIALIZED.store(true, Ordering::Relaxed);
             super::reports::INTERPRETER_FINALIZING.store(true, Ordering::Release);
             super::reports::held_before_exit();
+            // The teardown ahead frees more than it allocates: the main thread's hit
+            // tree, grown to 8 MiB by the run's paths, is only taking room at the
+            // process's peak, which is at its end. Not under a seccomp filter, which may
+            // answer `madvise` with SIGSYS.
+            if crate::os::procfs::unfiltered_now() {
+                crate::hotpath::unwind::shrink_this_threads_tree();
+            }
         })
     });
     match api() {

@@ -311,6 +311,32 @@ impl HitTree {
         self.roots.fill(Root::default());
     }
 
+    /// Starts the tree empty again at its first limit and gives back its nodes past it:
+    /// their share of the budget, and their pages (`import torch`'s main thread doubles
+    /// its tree to 8 MiB filing paths that the teardown will not take again). Returns
+    /// the bytes given back.
+    pub fn shrink(&mut self) -> usize {
+        let limit = self.limit as usize;
+        if limit <= FIRST_LIMIT {
+            return 0;
+        }
+        self.reset(self.epoch_tag);
+        self.skip = 0;
+        BUDGET.fetch_add(limit - FIRST_LIMIT, Ordering::AcqRel);
+        self.limit = FIRST_LIMIT as u32;
+        let page = super::mapping::PAGE;
+        let from = (self.nodes.as_ptr() as usize + FIRST_LIMIT * std::mem::size_of::<Node>()).next_multiple_of(page);
+        let to = (self.nodes.as_ptr() as usize + limit * std::mem::size_of::<Node>()) / page * page;
+        if to <= from {
+            return 0;
+        }
+        // SAFETY: [from, to) lies inside this tree's `nodes` (whole pages of the private
+        // anonymous mapping that holds the tree), past `used` and the limit: no node
+        // there is read before it is written again, and the pages read back as zeros.
+        unsafe { libc::madvise(from as *mut libc::c_void, to - from, libc::MADV_DONTNEED) };
+        to - from
+    }
+
     /// Gives the tree's nodes back to the shared budget (its thread is ending).
     pub fn release(&mut self) {
         BUDGET.fetch_add(self.limit as usize, Ordering::AcqRel);
@@ -447,6 +473,29 @@ mod tests {
         assert_eq!(t.nodes_used(), 3, "an insert in a new epoch empties the tree first");
         let mem: HashMap<u64, u64> = reads.into_iter().collect();
         assert_eq!(t.lookup(0x5000, 0, 3, reader(&mem), usize::MAX, |_, _| {}), Some(99));
+        t.release();
+    }
+
+    #[test]
+    fn a_shrunk_tree_starts_empty_at_its_first_limit_and_files_again() {
+        let mut t = empty();
+        let per_path = 64;
+        let path = |p: u64| -> Vec<(u64, u64)> { (0..per_path as u64).map(|k| (0x30_0000 + k * 8, p * 1000 + k)).collect() };
+        let mut p = 0u64;
+        while (t.limit as usize) < 4 * FIRST_LIMIT {
+            t.insert(0x30_0000 - 8, None, &path(p), 1, p as u32 + 1);
+            p += 1;
+        }
+        let given = t.shrink();
+        assert!(given >= 2 * FIRST_LIMIT * std::mem::size_of::<Node>(), "{given} bytes given back");
+        assert_eq!((t.limit as usize, t.nodes_used()), (FIRST_LIMIT, 1));
+        assert!(t.nodes[FIRST_LIMIT * 2..FIRST_LIMIT * 3].iter().all(|n| n.val == 0 && n.off == 0), "pages given back read as zeros");
+        let old: HashMap<u64, u64> = path(0).into_iter().collect();
+        assert_eq!(t.lookup(0x30_0000 - 8, 0, 1, reader(&old), usize::MAX, |_, _| {}), None, "empty again");
+        t.insert(0x30_0000 - 8, None, &path(p), 1, 77);
+        let new: HashMap<u64, u64> = path(p).into_iter().collect();
+        assert_eq!(t.lookup(0x30_0000 - 8, 0, 1, reader(&new), usize::MAX, |_, _| {}), Some(77));
+        assert_eq!(t.shrink(), 0, "at its first limit: nothing to give back");
         t.release();
     }
 

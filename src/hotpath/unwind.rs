@@ -707,6 +707,27 @@ extern "C" fn memo_destructor(p: *mut c_void) {
     }
 }
 
+/// Gives back the pages of the calling thread's hit tree past its first limit
+/// (`HitTree::shrink`); the bytes given back. For the end of a program's run (the
+/// Python interpreter's atexit callback), never from a hook: the tree is the thread's
+/// own, and no hook of the thread runs meanwhile (the caller holds the guard).
+pub fn shrink_this_threads_tree() -> usize {
+    thread::with(|s| {
+        let m = s.memo.get();
+        if m == 0 || m == usize::MAX || s.exiting.get() {
+            return 0;
+        }
+        // SAFETY: the memo is owned by this thread alone, which is here, outside any
+        // hook (see above).
+        let tree = unsafe { (*(m as *const Memo)).tree };
+        if tree == 0 {
+            return 0;
+        }
+        // SAFETY: the tree is this thread's mapping (`tree_for`), not in use now.
+        unsafe { (*(tree as *mut HitTree)).shrink() }
+    })
+}
+
 fn memo_for_thread(state: &ThreadState) -> Option<&'static mut Memo> {
     let existing = if state.exiting.get() { usize::MAX } else { state.memo.get() };
     if existing == usize::MAX {
