@@ -141,12 +141,16 @@ fn is_finalizing_fn() -> Option<extern "C" fn() -> c_int> {
 /// have armed it in time) is not always there: a short `import torch` on a loaded
 /// machine ended before its callback was registered, and its summary said "malloc keeps
 /// 106 MiB"; and a timeline point can fall inside the teardown.
+///
 /// An interpreter that is not initialized ended only if it was initialized once:
 /// before `Py_Initialize` ends (a point at start-up, or a program that links libpython
 /// and never starts it) it is no teardown.
 pub(super) fn teardown_began() -> bool {
-    if !crate::hotpath::python::enabled() || is_finalizing_fn().is_some_and(|f| f() != 0) {
-        return crate::hotpath::python::enabled();
+    if !crate::hotpath::python::enabled() {
+        return false;
+    }
+    if is_finalizing_fn().is_some_and(|f| f() != 0) {
+        return true;
     }
     let Some(initialized) = is_initialized_fn() else { return false };
     if initialized() != 0 {
