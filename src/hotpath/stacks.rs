@@ -23,9 +23,10 @@
 //! interpreter starting up: 14k) never touches the large index: spread over it, its
 //! stacks had faulted in 3,300 pages of it, two page faults each. Once on huge pages the
 //! large index is all resident: `import torch`'s 1.2M records fill 57% of its 2M slots
-//! (a 4M-slot index, 16 MiB resident, was 29% full; an 8M-slot one 14%), and a window
-//! of 64 slots is full only past ~85%, so a program with more stacks than fit grows into
-//! the overflow instead of losing them. The three together are one linear-probing
+//! (a 4M-slot index, 16 MiB resident, was 29% full; an 8M-slot one 14%). A window of
+//! 64 slots is full for no stack at that load, and for 1 in 1,000 at 80% (a simulation
+//! of random hashes): a program with more stacks than fit grows into the overflow
+//! instead of losing them. The three together are one linear-probing
 //! sequence whose slots only ever go from empty to filled, so concurrent interning still
 //! agrees on ids.
 //!
