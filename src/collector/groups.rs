@@ -167,10 +167,11 @@ impl Groups {
         if !idle || e.stack == FREE_STACK || self.retired.len() >= RETIRED_MAX {
             return None;
         }
-        let child = crate::hotpath::stacks::is_first_child(e.stack);
+        use crate::hotpath::stacks::{at_place, is_first_child, shared_index};
+        let child = is_first_child(e.stack);
         let once = e.total_allocs == 1 && e.total_bytes == e.peak_live_bytes && e.total_bytes < ONCE_SIZE_LIMIT && e.device.is_none() && (e.api as u32) < 8;
-        // Only a stack whose place names it again (`stacks::shared_index`).
-        let placed = (crate::hotpath::stacks::shared_index(e.stack) as u32 | if child { crate::hotpath::stacks::CHILD_BASE } else { 0 }) == e.stack;
+        // Only a stack whose place names it again.
+        let placed = at_place(shared_index(e.stack), child) == e.stack;
         if once && placed {
             self.entries[g as usize] = Self::fresh((FREE_STACK, e.api, None));
             self.free.push(g);
@@ -205,10 +206,9 @@ impl Groups {
         if r & ONCE == 0 {
             return self.retired[r as usize];
         }
-        let child = if r & ONCE_CHILD != 0 { crate::hotpath::stacks::CHILD_BASE } else { 0 };
         let bytes = r & (ONCE_SIZE_LIMIT - 1);
         Retired {
-            stack: place as u32 | child,
+            stack: crate::hotpath::stacks::at_place(place, r & ONCE_CHILD != 0),
             total_allocs: 1,
             total_bytes: bytes,
             peak_live_bytes: bytes,

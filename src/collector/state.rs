@@ -344,7 +344,7 @@ pub struct Collector {
     /// Stack id (its `shared_index`, which a native stack shares with its first Python
     /// child) -> its most recent group + 1: a stack is nearly always allocated from with
     /// one API on one device, so this answers most lookups without hashing. Or
-    /// `RETIRED` and the index of its group's retired record (`retire_if_idle`).
+    /// `RETIRED` and its retired group's token (`retire_if_idle`, `Groups::retire`).
     group_by_stack: Vec<u32>,
     /// Blocks between a release (realloc, or a CUDA free that may fail) and its
     /// outcome, by thread and key space.

@@ -681,6 +681,13 @@ pub fn is_first_child(id: u32) -> bool {
     id >= CHILD_BASE
 }
 
+/// The stack at `place` (`shared_index`'s inverse): its first Python child, or the stack
+/// with a record.
+#[inline]
+pub fn at_place(place: usize, first_child: bool) -> u32 {
+    place as u32 | if first_child { CHILD_BASE } else { 0 }
+}
+
 /// `[PY_STACK, native, python]` of a first Python child, and `native`'s epoch; `None`
 /// while `native`'s record is still being written.
 fn child_frames(t: &Tables, id: u32) -> Option<(Vec<u64>, u32)> {
@@ -999,6 +1006,7 @@ mod tests {
         assert_eq!(places.len(), 1200, "places with their tags never collide");
         for &n in &natives {
             assert_eq!((shared_index(CHILD_BASE + n), shared_index(n)), (n as usize, n as usize));
+            assert_eq!((at_place(n as usize, true), at_place(n as usize, false)), (CHILD_BASE + n, n));
         }
         for (&(n, p), &id) in &first {
             assert_eq!(frames(id).unwrap(), [MARK, n as u64, p as u64]);
