@@ -359,6 +359,22 @@ mod tests {
         unsafe { Box::<HitTree>::new_zeroed().assume_init() }
     }
 
+    /// Path `p` of `len` reads of the stack words from `base` up, its values its own.
+    fn distinct_path(base: u64, p: u64, len: usize) -> Vec<(u64, u64)> {
+        (0..len as u64).map(|k| (base + k * 8, p * 1000 + k)).collect()
+    }
+
+    /// Files distinct paths (`distinct_path`) of `per_path` reads under the stack pointer
+    /// just below `base`, path p as stack p + 1, until `done`; the paths filed.
+    fn file_until(t: &mut HitTree, base: u64, epoch: u32, per_path: usize, done: impl Fn(&HitTree) -> bool) -> u64 {
+        let mut p = 0u64;
+        while !done(t) {
+            t.insert(base - 8, None, &distinct_path(base, p, per_path), epoch, p as u32 + 1);
+            p += 1;
+        }
+        p
+    }
+
     fn reader(mem: &HashMap<u64, u64>) -> impl Fn(u64) -> u64 + '_ {
         move |a| mem.get(&a).copied().unwrap_or(0xdead)
     }
@@ -457,7 +473,7 @@ mod tests {
         let paths = MAX_NODES / (per_path + 1) + 3;
         let mut limits = Vec::new();
         for p in 0..paths as u64 {
-            let reads: Vec<(u64, u64)> = (0..per_path as u64).map(|k| (0x10_0000 + k * 8, p * 1000 + k)).collect();
+            let reads = distinct_path(0x10_0000, p, per_path);
             t.insert(0x10_0000 - 8, None, &reads, 2, p as u32 + 1);
             assert!(t.nodes_used() <= t.limit as usize && t.limit as usize <= MAX_NODES);
             if limits.last() != Some(&t.limit) {
@@ -480,12 +496,8 @@ mod tests {
     fn a_shrunk_tree_starts_empty_at_its_first_limit_and_files_again() {
         let mut t = empty();
         let per_path = 64;
-        let path = |p: u64| -> Vec<(u64, u64)> { (0..per_path as u64).map(|k| (0x30_0000 + k * 8, p * 1000 + k)).collect() };
-        let mut p = 0u64;
-        while (t.limit as usize) < 4 * FIRST_LIMIT {
-            t.insert(0x30_0000 - 8, None, &path(p), 1, p as u32 + 1);
-            p += 1;
-        }
+        let path = |p: u64| distinct_path(0x30_0000, p, per_path);
+        let p = file_until(&mut t, 0x30_0000, 1, per_path, |t| t.limit as usize >= 4 * FIRST_LIMIT);
         let given = t.shrink();
         assert!(given >= 2 * FIRST_LIMIT * std::mem::size_of::<Node>(), "{given} bytes given back");
         assert_eq!((t.limit as usize, t.nodes_used()), (FIRST_LIMIT, 1));
@@ -503,14 +515,10 @@ mod tests {
     fn a_tree_that_filled_to_no_purpose_stops_filing_for_a_while() {
         let mut t = empty();
         let per_path = 64;
-        let path = |p: u64| -> Vec<(u64, u64)> { (0..per_path as u64).map(|k| (0x20_0000 + k * 8, p * 1000 + k)).collect() };
+        let path = |p: u64| distinct_path(0x20_0000, p, per_path);
         // Paths filed once and never asked for again, until the tree is full at its
         // largest and starts again.
-        let mut p = 0u64;
-        while t.limit as usize != MAX_NODES || t.nodes_used() > 2 * per_path {
-            t.insert(0x20_0000 - 8, None, &path(p), 0, p as u32 + 1);
-            p += 1;
-        }
+        let p = file_until(&mut t, 0x20_0000, 0, per_path, |t| t.limit as usize == MAX_NODES && t.nodes_used() <= 2 * per_path);
         let filed_before_reset = p as usize - 1;
         assert!(t.skip as usize >= filed_before_reset - 1, "skip {}", t.skip);
         // The next filings are skipped: nothing new is found.
