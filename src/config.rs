@@ -9,10 +9,11 @@ pub const DEFAULT_INTERVAL_MS: u64 = 10_000;
 /// Python objects are sampled once per this many bytes on average when sampling is
 /// asked for (`LEAKTRACE_PYTHON_SAMPLE=1` means this mean).
 pub const PYTHON_SAMPLE_MEAN: u64 = 64 << 10;
-/// Off by default: with it on, a per-test check's verdict on a block whose address a
-/// discarded Python int held varied from run to run (pytest fixture `test_leaks`), a
-/// verdict that depends on chance. Until that is understood it is asked for.
-pub const DEFAULT_PYTHON_SAMPLE: u64 = 0;
+/// On by default. (It was off while a per-test check's verdict varied with it on: the
+/// cause was stale words in memory handed out again, which the sampling's changes to
+/// the heap's layout made likelier; the malloc hooks now hand out blocks cleared,
+/// `interpose::malloc::fresh`.)
+pub const DEFAULT_PYTHON_SAMPLE: u64 = PYTHON_SAMPLE_MEAN;
 pub const DEFAULT_DEPTH: usize = 64;
 pub const DEFAULT_SUMMARY_TOP: usize = 10;
 pub const DEFAULT_REPORT_GROUPS: usize = 2000;
@@ -56,6 +57,10 @@ pub struct Config {
     pub python_frames: bool,
     /// Mean bytes between sampled Python objects (`LEAKTRACE_PYTHON_SAMPLE`); 0: off.
     pub python_sample: u64,
+    /// LEAKTRACE_WHY_REACHABLE: a LeakSanitizer-style template; the reachable blocks of
+    /// the groups whose stack it matches are listed, each with the path that keeps it,
+    /// in every report the scan runs for and in every check.
+    pub why_reachable: Option<String>,
 }
 
 /// When the library's collector thread starts.
@@ -151,6 +156,7 @@ impl Default for Config {
             exit_code: None,
             python_frames: true,
             python_sample: DEFAULT_PYTHON_SAMPLE,
+            why_reachable: None,
         }
     }
 }
@@ -170,7 +176,9 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("LEAKTRACE_REPORT_GROUPS", "leak groups listed with their stacks per report, the rest added up (default 2000)"),
     ("LEAKTRACE_COLLECTOR", "thread, lazy or auto: start the collector thread at once, or only with the program's second thread (default auto: lazy in a Chromium zygote, which must stay single-threaded)"),
     ("LEAKTRACE_EXIT_CODE", "1..255: a process that leaks (after suppressions) and would have exited with 0 exits with this status, as LeakSanitizer's exitcode (default: off, the program's own status)"),
+    ("LEAKTRACE_PYTHON_SAMPLE", "1/0: sample Python's small objects (one per 64 KiB allocated), so that a pure-Python growth is found at its line; or the mean bytes between samples, 1024..1073741824 (default 1)"),
     ("LEAKTRACE_PYTHON", "1/0: Python frames (function, file, line) in the stacks of a CPython 3.9-3.13 process (default 1)"),
+    ("LEAKTRACE_WHY_REACHABLE", "a template (leak:PATTERN's PATTERN) naming groups by a function, file or module of their stack: each of their reachable blocks is listed with the path of references that keeps it (default: none)"),
     ("LEAKTRACE_SCAN", "0: no pointer scan at exit; every outstanding block counts (default 1: definite/indirect/reachable as LeakSanitizer)"),
 ];
 
@@ -293,9 +301,13 @@ impl Config {
                     "LEAKTRACE_PYTHON_SAMPLE",
                     &v,
                     "1 (one sampled Python object per 64 KiB), or the mean bytes between them, 1024 to 1073741824 (0: off)",
-                    DEFAULT_PYTHON_SAMPLE.to_string(),
+                    "1".into(),
                 ),
             }
+        }
+        if let Some(v) = get("LEAKTRACE_WHY_REACHABLE") {
+            let v = v.trim();
+            c.why_reachable = (!v.is_empty()).then(|| v.to_string());
         }
         if let Some(v) = get("LEAKTRACE_SCAN") {
             match parse_bool(&v) {

@@ -47,6 +47,9 @@ pub struct ProcessAnalysis {
     pub growth: Vec<Growth>,
     /// The leak checks the process asked for, in order.
     pub checks: Vec<crate::model::Check>,
+    /// `LEAKTRACE_WHY_REACHABLE`: the reachable blocks it named and their paths.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub why_reachable: Vec<leaktrace_common::report_schema::WhyReachable>,
     /// The process's memory by part when its report was written.
     pub memory: Option<leaktrace_common::memory::Memory>,
     /// What its memory says (`leaktrace_common::memory::explain`), largest first.
@@ -201,6 +204,7 @@ pub fn analyze(reports: &[Report], filters: &Filters) -> Analysis {
                 leaks,
                 growth,
                 checks: r.checks.clone(),
+                why_reachable: r.why_reachable.clone(),
             }
         })
         .collect();

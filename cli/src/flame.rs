@@ -105,6 +105,7 @@ mod tests {
                 leaks: vec![g],
                 growth: vec![],
                 checks: vec![],
+                why_reachable: vec![],
             }],
         }
     }

@@ -114,6 +114,12 @@ struct RunArgs {
     /// Leak groups shown per process.
     #[arg(long, value_name = "N", default_value_t = 10)]
     top: usize,
+    /// For the groups whose stack has a function, file or module matching TEMPLATE (as
+    /// in a suppression, `leak:TEMPLATE`): list each block the scan finds reachable,
+    /// with the path of references that keeps it (at exit, on the snapshot signal, and
+    /// in every check; at most 256 blocks each).
+    #[arg(long, value_name = "TEMPLATE")]
+    why_reachable: Option<String>,
     #[command(flatten)]
     filters: FilterArgs,
     /// The program and its arguments.
@@ -333,6 +339,7 @@ fn cmd_run(args: &RunArgs) -> Result<u8, Fail> {
         scan: !args.no_scan,
         suppressions: args.filters.suppressions.clone(),
         default_suppressions: !args.filters.no_default_suppressions,
+        why_reachable: args.why_reachable.clone(),
     };
     let started_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
     let (code, pid) = match run::run(&lib, &args.cmd, &settings) {

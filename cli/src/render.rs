@@ -50,6 +50,30 @@ fn stack_text(out: &mut String, stack: &[Frame]) {
     }
 }
 
+/// `LEAKTRACE_WHY_REACHABLE`'s blocks: each with its size, address, allocation site and
+/// the path that keeps it.
+fn why_text(out: &mut String, place: &str, blocks: &[leaktrace_common::report_schema::WhyReachable]) {
+    if blocks.is_empty() {
+        return;
+    }
+    out.push_str(&format!(
+        "
+Why reachable{place}: {} block(s)
+",
+        blocks.len()
+    ));
+    for b in blocks {
+        let site = leaktrace_common::held::site(&b.stack).map(|s| format!(" from {s}")).unwrap_or_default();
+        let held = leaktrace_common::held::held_by_text(&b.held_by).unwrap_or_else(|| "held by: (no path)".into());
+        out.push_str(&format!(
+            "  {} B at {:#x} ({}){site}
+    {held}
+",
+            b.size, b.address, b.api
+        ));
+    }
+}
+
 /// The leak checks of a process (the C API, the pytest plugin): how many leaked, and
 /// for each that did a line with the largest leak's stack under it (the clean ones are
 /// only counted; `report --format json` lists every check).
@@ -215,6 +239,10 @@ pub fn text(a: &Analysis, top: usize) -> String {
             }
         }
         checks_text(&mut out, &p.checks);
+        why_text(&mut out, "", &p.why_reachable);
+        for c in p.checks.iter().filter(|c| !c.why_reachable.is_empty()) {
+            why_text(&mut out, &format!(" in check {}", c.label), &c.why_reachable);
+        }
         memory_text(&mut out, p);
         let mut notes = Vec::new();
         if p.suppressed_groups > 0 {

@@ -131,6 +131,8 @@ pub struct RunSettings {
     pub suppressions: Option<PathBuf>,
     /// The library's built-in suppressions on (its default) or off.
     pub default_suppressions: bool,
+    /// `--why-reachable TEMPLATE` (LEAKTRACE_WHY_REACHABLE).
+    pub why_reachable: Option<String>,
 }
 
 pub enum Outcome {
@@ -208,6 +210,9 @@ pub fn run(lib: &Path, cmd: &[String], s: &RunSettings) -> Outcome {
     }
     if !s.default_suppressions {
         c.env("LEAKTRACE_DEFAULT_SUPPRESSIONS", "0");
+    }
+    if let Some(t) = &s.why_reachable {
+        c.env("LEAKTRACE_WHY_REACHABLE", t);
     }
     install_forwarding();
     // Orphaned descendants (daemonized helpers, Python's resource tracker) are

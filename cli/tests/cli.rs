@@ -1287,7 +1287,8 @@ fn run_memory_script(python: &str, mode: &str, seconds: &str) -> (PathBuf, Outpu
     let out = Command::new(bin())
         .args(["run", "--output", "r", "--interval-ms", "300", "--", python, script.to_str().unwrap(), mode])
         .env_remove("PYTHONMALLOC")
-        .env("LEAKTRACE_PYTHON_SAMPLE", "1")
+        // Python objects are sampled by default: no option set, as a user runs it.
+        .env_remove("LEAKTRACE_PYTHON_SAMPLE")
         .env("LOOP_SECONDS", seconds)
         .current_dir(&dir)
         .bounded_output()

@@ -330,7 +330,7 @@ pub fn explain(points: &[(u64, Memory)], forked_child: bool) -> Vec<Finding> {
         |m| m.python_objects.unwrap_or(0),
         16 * MIB,
         "Python objects",
-        "something keeps the objects (a list, a dict, a cache); with LEAKTRACE_PYTHON_SAMPLE=1 the growing lines are listed under growth",
+        "something keeps the objects (a list, a dict, a cache): the growing lines are listed under growth, with what holds them",
     );
     grows("heap_live", |m| m.heap_live, 16 * MIB, "live heap blocks", "the growing stacks are listed under growth: something keeps the blocks allocated there");
     grows("mmap", |m| m.mmap, 16 * MIB, "direct mappings (mmap outside malloc)", "the growing mappings are listed under growth: unmap them when done");

@@ -514,6 +514,48 @@ pub struct Check<S = Inline> {
     /// The largest of them.
     #[serde(default = "Vec::new")]
     pub leaks: Vec<CheckLeak<S>>,
+    /// With `LEAKTRACE_WHY_REACHABLE`: the checked blocks of the groups it names that
+    /// the scan found reachable, each with the path that keeps it.
+    #[serde(default = "Vec::new", skip_serializing_if = "Vec::is_empty")]
+    pub why_reachable: Vec<WhyReachable<S>>,
+}
+
+/// One reachable block and the path of references the scan followed to it
+/// (`LEAKTRACE_WHY_REACHABLE=PATTERN`, `leaktrace run --why-reachable PATTERN`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(bound(serialize = "S: Serialize", deserialize = "S: Deserialize<'de> + Default"))]
+pub struct WhyReachable<S = Inline> {
+    #[serde(default)]
+    pub kind: Name,
+    #[serde(default)]
+    pub api: Name,
+    #[serde(default)]
+    pub address: u64,
+    #[serde(default)]
+    pub size: u64,
+    /// The block's allocation stack (its group's).
+    #[serde(default)]
+    pub stack_id: u32,
+    #[serde(default)]
+    pub stack: S,
+    /// From the word that holds the block out to its root, as `Group::held_by`.
+    #[serde(default)]
+    pub held_by: Vec<HeldLink<S>>,
+}
+
+impl<S> WhyReachable<S> {
+    /// The same block with its stacks held as `stack` gives them.
+    pub fn map_stacks<T>(&self, mut stack: impl FnMut(&S) -> T) -> WhyReachable<T> {
+        WhyReachable {
+            kind: self.kind.clone(),
+            api: self.api.clone(),
+            address: self.address,
+            size: self.size,
+            stack_id: self.stack_id,
+            stack: stack(&self.stack),
+            held_by: self.held_by.iter().map(|l| l.map_stack(&mut stack)).collect(),
+        }
+    }
 }
 
 impl<S> Check<S> {
@@ -538,6 +580,7 @@ impl<S> Check<S> {
                     stack: stack(l),
                 })
                 .collect(),
+            why_reachable: Vec::new(),
         }
     }
 
@@ -622,6 +665,10 @@ pub struct Report<S = Inline> {
     /// Checks over the kept number, counted only.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub checks_dropped: u64,
+    /// With `LEAKTRACE_WHY_REACHABLE`: the reachable blocks of the groups it names
+    /// (in a report the scan ran for), each with the path that keeps it.
+    #[serde(default = "Vec::new", skip_serializing_if = "Vec::is_empty")]
+    pub why_reachable: Vec<WhyReachable<S>>,
     /// Where a reader found it (not part of the file).
     #[serde(skip)]
     pub path: std::path::PathBuf,
@@ -711,6 +758,17 @@ pub fn inline_frames(report: &mut Value) -> Result<(), String> {
             expand_links(s, &format!("timeline series {i}"))?;
         }
     }
+    let expand_why = |owner: &mut Value, what: &str| -> Result<(), String> {
+        if let Some(Value::Array(blocks)) = owner.get_mut("why_reachable") {
+            for (k, b) in blocks.iter_mut().enumerate() {
+                if let Some(stack) = b.get_mut("stack") {
+                    expand(stack, &format!("{what} why_reachable block {k}"))?;
+                }
+                expand_links(b, &format!("{what} why_reachable block {k}"))?;
+            }
+        }
+        Ok(())
+    };
     if let Some(Value::Array(checks)) = report.get_mut("checks") {
         for (i, c) in checks.iter_mut().enumerate() {
             if let Some(Value::Array(leaks)) = c.get_mut("leaks") {
@@ -720,8 +778,10 @@ pub fn inline_frames(report: &mut Value) -> Result<(), String> {
                     }
                 }
             }
+            expand_why(c, &format!("check {i}"))?;
         }
     }
+    expand_why(report, "the report")?;
     report["frames"] = Value::Array(table);
     Ok(())
 }

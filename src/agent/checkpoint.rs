@@ -11,6 +11,7 @@ use crate::lifecycle::LIFECYCLE;
 use crate::report::build::{self, Tally};
 use crate::report::checks;
 use crate::report::process;
+use crate::scan::mark::Verdict;
 
 use super::consumer::{drain_into, lock_bounded, ScanPause, SCAN_AT_EXIT, STATE};
 use super::reports::REPORT;
@@ -42,14 +43,15 @@ fn checkpoint_inner(label: &str, scope: checks::Scope) -> Option<checks::Check> 
         drain_into(c, backlog, false);
         (c.model.live_blocks(), c.model.mark(), ScanPause::start())
     };
-    let verdicts = classify_live(&input, 0).verdicts;
+    let out = classify_live(&input, 0);
     drop(pause);
+    let verdicts = &out.verdicts;
     let mut by_group: HashMap<(u32, Api, Option<u8>), build::Reachability> = Default::default();
-    for (b, v) in input.blocks.iter().zip(verdicts) {
-        if scope == checks::Scope::Region && b.mark != mark {
-            continue;
+    let in_scope = |b: &crate::collector::state::LiveEntry| scope != checks::Scope::Region || b.mark == mark;
+    for (b, &v) in input.blocks.iter().zip(verdicts) {
+        if in_scope(b) {
+            by_group.entry((b.stack, b.api, b.device)).or_default().add(v, b.size);
         }
-        by_group.entry((b.stack, b.api, b.device)).or_default().add(v, b.size);
     }
     let mut keys: Vec<_> = by_group.into_iter().collect();
     // Leaked groups first, largest first: those are the ones named.
@@ -80,7 +82,20 @@ fn checkpoint_inner(label: &str, scope: checks::Scope) -> Option<checks::Check> 
         })
         .collect();
     let (shown, _, _) = build::apply_suppressions(&groups, &r.suppressions);
-    let check = checks::make(label, process::unix_ms(), scope, &groups, &shown);
+    let mut check = checks::make(label, process::unix_ms(), scope, &groups, &shown);
+    if let Some(template) = r.config.why_reachable.clone() {
+        // The checked blocks the scan found reachable, of the groups the template names.
+        let reachable = |(b, v): (&crate::collector::state::LiveEntry, &Verdict)| *v == Verdict::Reachable && in_scope(b);
+        let mut ids: Vec<u32> = input.blocks.iter().zip(verdicts).filter(|&e| reachable(e)).map(|(b, _)| b.stack).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let named = build::resolve_stacks(&ids, &mut r.symbolizer);
+        let stacks: HashMap<u32, Vec<leaktrace_common::report_schema::Frame>> =
+            ids.into_iter().zip(named).filter(|(_, s)| super::verdicts::stack_matches(&template, s)).collect();
+        let blocks: Vec<usize> =
+            (0..input.blocks.len()).filter(|&i| reachable((&input.blocks[i], &verdicts[i])) && stacks.contains_key(&input.blocks[i].stack)).collect();
+        check.why_reachable = super::verdicts::why_reachable(&input.blocks, &blocks, (&out.parent, &out.via, &out.labels), &stacks, &mut r.symbolizer);
+    }
     if r.checks.len() < checks::KEPT_CHECKS {
         r.checks.push(check.clone());
     } else {

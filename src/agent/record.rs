@@ -20,6 +20,14 @@ pub fn active() -> bool {
     LIFECYCLE.tracking()
 }
 
+/// Whether the pointer scan will read the heap (`LEAKTRACE_SCAN`): the hooks then hand
+/// out blocks without the words of their memory's earlier owners
+/// (`interpose::malloc::fresh`).
+#[inline(always)]
+pub fn scanning() -> bool {
+    super::consumer::SCAN_AT_EXIT.load(Ordering::Relaxed)
+}
+
 /// Called by a producer that found its ring full.
 fn help_drain() {
     adopt_if_cloned();

@@ -1,6 +1,7 @@
 //! Report assembly: a snapshot of the collector's model, the reachability scan when
 //! one is due, symbolization, the JSON report written atomically, the exit summary; the
 //! timeline points between reports; the final report exactly once.
+use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
@@ -194,7 +195,8 @@ pub(super) fn write_report(reason: Reason) {
     // of malloc's that `mallinfo2` takes.
     let mut memory = measure_memory(&snapshot.totals);
     // The scan stops the other threads: it runs holding none of our locks.
-    let scan = live.map(|live| reachability_scan(&live, presymbolizer.as_ref().map_or(0, Presymbolizer::tid), &wanted, &through_python));
+    let why = REPORT.try_lock().and_then(|r| r.as_ref().and_then(|r| r.config.why_reachable.clone()));
+    let scan = live.as_ref().map(|live| reachability_scan(live, presymbolizer.as_ref().map_or(0, Presymbolizer::tid), &wanted, &through_python, why.is_some()));
     if final_report {
         LIFECYCLE.final_threads_held();
     }
@@ -254,6 +256,10 @@ pub(super) fn write_report(reason: Reason) {
         name_holders(s, &r.held_before_exit, &mut groups, &mut timeline, &mut r.symbolizer);
     }
     memory.devices = device_memory(&snapshot.groups, &groups);
+    let why_reachable = match (&why, &live, scan.as_ref().and_then(|s| s.kept.as_ref())) {
+        (Some(template), Some(live), Some(kept)) => why_reachable_of(template, &live.blocks, kept, &groups, &mut r.symbolizer),
+        _ => Vec::new(),
+    };
     let facts = RunFacts {
         stack_depth: r.config.stack_depth,
         interval_ms: r.config.interval_ms,
@@ -281,6 +287,7 @@ pub(super) fn write_report(reason: Reason) {
             checks: &r.checks,
             checks_dropped: r.checks_dropped,
             memory: Some(&memory),
+            why_reachable: &why_reachable,
         };
         writer::write_atomic_with(path, |w| build::write_report_json(w, &parts))
     };
@@ -367,6 +374,24 @@ fn report_limits() -> (usize, Keys, Keys) {
 /// that ends at a Python object costs a pass over the interpreter's objects per round.
 const HELD_TOP: usize = 25;
 
+/// `LEAKTRACE_WHY_REACHABLE` in a report the scan ran for: the reachable blocks of the
+/// listed groups whose stack `template` matches, with their paths.
+fn why_reachable_of(
+    template: &str,
+    live: &[crate::collector::state::LiveEntry],
+    kept: &super::verdicts::KeptScan,
+    groups: &[build::Group],
+    sym: &mut crate::report::symbolize::Symbolizer,
+) -> Vec<leaktrace_common::report_schema::WhyReachable> {
+    let chosen: HashMap<(u32, &str), &build::Group> =
+        groups.iter().filter(|g| super::verdicts::stack_matches(template, &g.stack)).map(|g| ((g.stack_id, g.api.as_ref()), g)).collect();
+    let stacks: HashMap<u32, Vec<leaktrace_common::report_schema::Frame>> = chosen.values().map(|g| (g.stack_id, g.stack.clone())).collect();
+    let blocks: Vec<usize> = (0..live.len())
+        .filter(|&i| kept.verdicts[i] == crate::scan::mark::Verdict::Reachable && chosen.contains_key(&(live[i].stack, live[i].api.name())))
+        .collect();
+    super::verdicts::why_reachable(live, &blocks, (&kept.parent, &kept.via, &kept.labels), &stacks, sym)
+}
+
 /// The groups a scan finds a holder for: the `limit` largest (those a report lists when
 /// nothing leaked), the steadily growing ones and the followed stacks; and those whose
 /// path goes on through Python objects (a pass over the interpreter's objects per
@@ -413,7 +438,7 @@ pub(super) fn held_before_exit() {
     let pause = ScanPause::start();
     // This thread's stack is the program's (the callback runs on its main thread).
     crate::scan::roots::mark_entry();
-    let scan = reachability_scan(&live, 0, &wanted, &wanted);
+    let scan = reachability_scan(&live, 0, &wanted, &wanted, false);
     drop(pause);
     drop(live);
     let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(30)) else { return };

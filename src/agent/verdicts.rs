@@ -22,6 +22,16 @@ pub(super) struct ScanResult {
     /// For the groups asked for that hold reachable memory, one path from their largest
     /// reachable block out to a root.
     pub(super) held_by: HashMap<GroupKey, crate::report::held::RawPath>,
+    /// The scan's verdicts and paths, kept for `LEAKTRACE_WHY_REACHABLE`.
+    pub(super) kept: Option<KeptScan>,
+}
+
+/// What `why_reachable` needs of a scan, block by block.
+pub(super) struct KeptScan {
+    pub(super) verdicts: Vec<Verdict>,
+    pub(super) parent: Vec<u32>,
+    pub(super) via: Vec<u64>,
+    pub(super) labels: Vec<crate::scan::RootLabel>,
 }
 
 /// Links kept of a longer path: the first half near the block, the rest near the root.
@@ -91,6 +101,7 @@ pub(super) fn reachability_scan(
     names_thread: u32,
     wanted: &std::collections::HashSet<(u32, crate::hotpath::event::Api)>,
     through_python: &std::collections::HashSet<(u32, crate::hotpath::event::Api)>,
+    keep: bool,
 ) -> ScanResult {
     let live = &input.blocks;
     let crate::scan::ScanOut { verdicts, owners, parent, via, labels, info } = classify_live(input, names_thread);
@@ -130,5 +141,57 @@ pub(super) fn reachability_scan(
         held_by.extract_if(|k, _| through_python.iter().any(|t| t.0 == k.0 && t.1.name() == k.1)).collect();
     crate::report::held::extend_python(&mut python, live, &parent, &via, &labels, PATH_LINKS);
     held_by.extend(python);
-    ScanResult { out: info, by_group, totals, indirect_from, held_by }
+    let kept = keep.then_some(KeptScan { verdicts, parent, via, labels });
+    ScanResult { out: info, by_group, totals, indirect_from, held_by, kept }
+}
+
+/// Blocks listed per report or check for `LEAKTRACE_WHY_REACHABLE`.
+pub(super) const WHY_BLOCKS: usize = 256;
+
+/// For `LEAKTRACE_WHY_REACHABLE`: the path that keeps each of `blocks` (indices into
+/// `live`, reachable by the scan whose `parent`, `via` and `labels` these are), through
+/// Python objects as the growing groups' holders go, named. `stacks`: each block's
+/// allocation stack by stack id.
+pub(super) fn why_reachable(
+    live: &[crate::collector::state::LiveEntry],
+    blocks: &[usize],
+    scan: (&[u32], &[u64], &[crate::scan::RootLabel]),
+    stacks: &HashMap<u32, Vec<leaktrace_common::report_schema::Frame>>,
+    sym: &mut crate::report::symbolize::Symbolizer,
+) -> Vec<leaktrace_common::report_schema::WhyReachable> {
+    let (parent, via, labels) = scan;
+    let mut paths: HashMap<usize, crate::report::held::RawPath> = blocks
+        .iter()
+        .take(WHY_BLOCKS)
+        .map(|&i| {
+            let (steps, left_out) = mark::path(parent, via, i, PATH_LINKS);
+            (i, crate::report::held::RawPath::new(live, i, &steps, left_out, PATH_LINKS / 2, labels))
+        })
+        .collect();
+    crate::report::held::extend_python(&mut paths, live, parent, via, labels, PATH_LINKS);
+    blocks
+        .iter()
+        .take(WHY_BLOCKS)
+        .filter_map(|i| {
+            let b = &live[*i];
+            let path = paths.get(i)?;
+            Some(leaktrace_common::report_schema::WhyReachable {
+                kind: b.api.kind().name().into(),
+                api: b.api.name().into(),
+                address: b.addr,
+                size: b.size,
+                stack_id: b.stack,
+                stack: stacks.get(&b.stack).cloned().unwrap_or_default(),
+                held_by: crate::report::held::resolve(path, sym),
+            })
+        })
+        .collect()
+}
+
+/// Whether a stack's frames match `template` (a suppression's pattern).
+pub(super) fn stack_matches(template: &str, stack: &[leaktrace_common::report_schema::Frame]) -> bool {
+    stack
+        .iter()
+        .flat_map(|f| [f.function.as_deref(), f.file.as_deref(), f.module.as_deref()].into_iter().flatten())
+        .any(|n| leaktrace_common::suppressions::template_match(template, n))
 }

@@ -186,10 +186,17 @@ pub fn py_countdown(bytes: usize) -> bool {
     })
 }
 
-/// Starts this thread's next sampling interval, of `mean` bytes on average
-/// (exponentially distributed, so that every byte is equally likely to be sampled);
-/// returns false when the thread had none yet (its first interval starts now and
-/// nothing is sampled).
+/// Starts this thread's next sampling interval, carrying over the bytes by which the
+/// last one was overrun, so that the sample points form a renewal process over the
+/// thread's bytes with one point per `mean` bytes on average. An interval is uniform in
+/// [mean/2, 3 mean/2): random enough that no allocation pattern lines up with it, and
+/// never shorter than a sampled object (at most `mean/2` bytes), so that an object of
+/// `size` bytes is sampled with probability `size/mean` exactly and stands for `mean`
+/// bytes. The count of samples over a span of a line's bytes then varies about a
+/// twelfth as much as with exponential intervals (variance μ²/12 against μ²): a rate
+/// measured from ~100 samples is within ±6% instead of ±20% (two standard deviations).
+/// Returns false when the thread had no interval yet: its first one starts now at a
+/// uniform phase in [0, mean) and nothing is sampled.
 pub fn py_next_interval(mean: u64) -> bool {
     with(|s| {
         let mut x = s.py_rng.get();
@@ -203,9 +210,11 @@ pub fn py_next_interval(mean: u64) -> bool {
         x ^= x << 25;
         x ^= x >> 27;
         s.py_rng.set(x);
-        let u = ((x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
-        let interval = (-u.ln() * mean as f64).clamp(1.0, (mean * 64) as f64);
-        s.py_countdown.set(interval as i64);
+        let u = (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64;
+        let mean = mean.max(2) as f64;
+        let interval = if seeded { mean * (0.5 + u) } else { mean * u };
+        let left = if seeded { s.py_countdown.get().min(0) } else { 0 };
+        s.py_countdown.set((interval as i64 + left).max(1));
         seeded
     })
 }

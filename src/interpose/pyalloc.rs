@@ -2,8 +2,9 @@
 //! (the `PyMem_*` and `PyObject_*` domains, pymalloc underneath) are wrapped with
 //! `PyMem_SetAllocator`, as tracemalloc wraps them, and a sample of the small objects
 //! they hand out is tracked by bytes, as heap profilers sample (tcmalloc, Go's pprof):
-//! each byte is sampled with probability 1/`mean`, so a sampled object of `size` bytes
-//! stands for `size / (1 - e^(-size/mean))` bytes. A sampled object is published with
+//! each byte is sampled with probability 1/`mean`, through intervals between samples
+//! that vary less than tcmalloc's exponential ones (`thread::py_next_interval`), so a
+//! sampled object stands for `mean` bytes. A sampled object is published with
 //! its stack (native and Python frames) as a block of kind `python`, and its free as a
 //! free, so growth by line works as for native memory. Requests above pymalloc's
 //! 512-byte limit go to `malloc`, which the malloc hooks already track exactly: they are
@@ -151,10 +152,10 @@ fn sample(addr: u64, size: usize) {
     if !thread::py_next_interval(mean) {
         return;
     }
-    // Every byte sampled with probability 1/mean: an object of `size` bytes was
-    // sampled with probability 1 - e^(-size/mean), and stands for size / that.
-    let size = size.max(1) as f64;
-    let weight = (size / (1.0 - (-size / mean as f64).exp())).round() as u64;
+    // An object of at most mean/2 bytes was sampled with probability size/mean (see
+    // `thread::py_next_interval`): it stands for `mean` bytes.
+    debug_assert!(size as u64 <= mean / 2);
+    let weight = mean;
     if table::insert(addr) && !crate::agent::record_python_sample(addr, weight) {
         table::remove(addr);
     }
@@ -323,20 +324,44 @@ mod table {
 mod tests {
     use super::*;
 
+    /// Sampled estimates of the bytes of two lines whose objects interleave (64-byte
+    /// and 200-byte ones, as a loop making a record and its strings), over `reps`
+    /// spans of `total` bytes each.
+    fn estimates(mean: u64, total: u64, reps: usize) -> Vec<(f64, f64)> {
+        thread::py_next_interval(mean);
+        (0..reps)
+            .map(|_| {
+                let (mut est, mut made) = ([0f64; 2], [0f64; 2]);
+                while made[0] + made[1] < total as f64 {
+                    for (size, line) in [(64usize, 0), (200, 1), (64, 0)] {
+                        made[line] += size as f64;
+                        if thread::py_countdown(size) && thread::py_next_interval(mean) {
+                            est[line] += mean as f64;
+                        }
+                    }
+                }
+                (est[0] / made[0], est[1] / made[1])
+            })
+            .collect()
+    }
+
     #[test]
     fn intervals_average_the_mean_and_weights_stand_for_the_bytes() {
-        // Sampling 10 M bytes of 64-byte objects at a mean of 64 KiB samples about
-        // 153 objects, each standing for ~64 KiB: the estimate is within 25%.
-        let mean = 65536u64;
-        thread::py_next_interval(mean);
-        let (mut estimate, total) = (0f64, 10_000_000u64);
-        let size = 64usize;
-        for _ in 0..total / size as u64 {
-            if thread::py_countdown(size) && thread::py_next_interval(mean) {
-                estimate += size as f64 / (1.0 - (-(size as f64) / mean as f64).exp());
-            }
+        // Each line's estimate over many spans averages its bytes (no bias).
+        let runs = estimates(65536, 10_000_000, 40);
+        for (k, pick) in [|e: &(f64, f64)| e.0, |e: &(f64, f64)| e.1].into_iter().enumerate() {
+            let mean = runs.iter().map(pick).sum::<f64>() / runs.len() as f64;
+            assert!((0.97..1.03).contains(&mean), "line {k}: {mean}");
         }
-        let ratio = estimate / total as f64;
-        assert!((0.75..1.25).contains(&ratio), "{ratio}");
+    }
+
+    #[test]
+    fn a_rate_from_a_hundred_samples_is_within_a_tenth() {
+        // ~100 samples over a span (6.4 MB at 64 KiB, as a 10 s test's growing line):
+        // exponential intervals put one span in twenty 20% off; these stay within 10%.
+        for (a, b) in estimates(65536, 6_400_000, 200) {
+            let both = (a * 128.0 + b * 200.0) / 328.0;
+            assert!((0.9..1.1).contains(&both), "{a} {b}");
+        }
     }
 }

@@ -347,6 +347,8 @@ pub struct ReportParts<'a> {
     pub checks: &'a [super::checks::Check],
     pub checks_dropped: u64,
     pub memory: Option<&'a leaktrace_common::memory::Memory>,
+    /// `LEAKTRACE_WHY_REACHABLE`'s blocks and their paths.
+    pub why_reachable: &'a [schema::WhyReachable],
 }
 
 /// `write_report_json` into memory (tests).
@@ -360,7 +362,8 @@ pub fn report_bytes(parts: &ReportParts) -> Vec<u8> {
 /// The report as JSON (`leaktrace_common::report_schema::Report`, stacks as indices
 /// into its frame table), written into `w` as it is serialized.
 pub fn write_report_json(w: impl std::io::Write, parts: &ReportParts) -> std::io::Result<()> {
-    let &ReportParts { process, reason, written_unix_ms, totals, groups, facts, timeline, scan, omitted, checks, checks_dropped, memory } = parts;
+    let &ReportParts { process, reason, written_unix_ms, totals, groups, facts, timeline, scan, omitted, checks, checks_dropped, memory, why_reachable } =
+        parts;
     let kind = |k: Kind| kind_totals(totals.kind(k), scan.map(|s| s.1[k.index()]));
     let mut cached = Amount::default();
     for g in groups.iter().filter(|g| g.cached_by.is_some()) {
@@ -389,7 +392,15 @@ pub fn write_report_json(w: impl std::io::Write, parts: &ReportParts) -> std::io
         })
         .collect();
     let timeline = schema::Timeline { points: timeline.points.clone(), series, lines: timeline.lines.clone() };
-    let checks = checks.iter().map(|c| c.with_stacks(|l| table.indices(&l.stack))).collect();
+    let checks = checks
+        .iter()
+        .map(|c| {
+            let mut out = c.with_stacks(|l| table.indices(&l.stack));
+            out.why_reachable = c.why_reachable.iter().map(|w| w.map_stacks(|st| table.indices(st))).collect();
+            out
+        })
+        .collect();
+    let why_reachable = why_reachable.iter().map(|w| w.map_stacks(|st| table.indices(st))).collect();
     let report = schema::Report::<schema::Indexed> {
         schema: SCHEMA.into(),
         tool: schema::Tool { name: "leaktrace".into(), version: env!("CARGO_PKG_VERSION").into() },
@@ -439,6 +450,7 @@ pub fn write_report_json(w: impl std::io::Write, parts: &ReportParts) -> std::io
         leaks,
         checks,
         checks_dropped,
+        why_reachable,
         path: Default::default(),
     };
     serde_json::to_writer(w, &report).map_err(std::io::Error::from)
@@ -649,6 +661,7 @@ mod tests {
             checks: &[],
             checks_dropped: 0,
             memory: None,
+            why_reachable: &[],
         });
         let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
         let keys: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();

@@ -52,6 +52,7 @@ pub fn make(label: &str, unix_ms: u64, scope: Scope, all: &[Group], shown: &[Cow
                 stack: g.stack.clone(),
             })
             .collect(),
+        why_reachable: Vec::new(),
     }
 }
 
