@@ -126,6 +126,10 @@ fn made_by_an_import(stack: &[Frame]) -> bool {
 /// The holder path of the largest followed stack (or listed group) whose innermost
 /// Python frame of the user's is `line`: a line's growth is the sum of its stacks.
 fn line_holder(report: &Report, line: &Frame) -> Vec<leaktrace_common::report_schema::HeldLink> {
+    let own = report.timeline.lines.iter().find(|l| Some(l.line) == line.line && line.file.as_deref() == Some(l.file.as_str()) && !l.held_by.is_empty());
+    if let Some(l) = own {
+        return l.held_by.clone();
+    }
     let at_line = |stack: &[Frame]| stack.iter().any(|f| f.python && f.line == line.line && f.file == line.file && f.function == line.function);
     let series = report.timeline.series.iter().map(|s| (s.bytes.last().copied().unwrap_or(0), report.series_stack(s), &s.held_by));
     let groups = report.leaks.iter().map(|g| (g.bytes, g.stack.as_slice(), &g.held_by));
@@ -244,8 +248,8 @@ mod tests {
             held_by: Vec::new(),
         }];
         r.timeline.lines = vec![
-            LineSeries { function: "main".into(), file: "/w/train.py".into(), line: 41, bytes: (0..20).map(|i| i * 100_000).collect() },
-            LineSeries { function: "setup".into(), file: "/w/train.py".into(), line: 9, bytes: vec![5_000_000; 20] },
+            LineSeries { function: "main".into(), file: "/w/train.py".into(), line: 41, bytes: (0..20).map(|i| i * 100_000).collect(), held_by: vec![] },
+            LineSeries { function: "setup".into(), file: "/w/train.py".into(), line: 9, bytes: vec![5_000_000; 20], held_by: vec![] },
         ];
         let found = detect(&r, 1024);
         assert_eq!(found.len(), 2);

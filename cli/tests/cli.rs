@@ -1316,7 +1316,7 @@ fn memory_script_line(marker: &str) -> u32 {
 
 /// A pure-Python growth (only small objects in pymalloc's arenas grow) is flagged at the
 /// line that makes the objects, at a rate within 25% of tracemalloc's for that line.
-fn pure_python_growth_at_its_line(mode: &str) {
+fn pure_python_growth_at_its_line(mode: &str, global: &str) {
     let python = python();
     let script = memory_script();
     let tm = Command::new(&python).args([script.to_str().unwrap(), mode, "--tracemalloc"]).env("LOOP_SECONDS", "10").bounded_output().unwrap();
@@ -1344,16 +1344,21 @@ fn pure_python_growth_at_its_line(mode: &str) {
     );
     // Still no leak: the interpreter holds these objects.
     assert_eq!(a["leaked_bytes"], 0, "{}", text(&check.stdout));
+    // And what holds them is named: the module-level container, looked up before the
+    // interpreter's teardown freed it.
+    let shown = text(&leaktrace(&["report", "r"], &dir).stdout);
+    let held = shown.lines().skip_while(|l| !l.contains(&format!("memory_growth.py:{line}"))).nth(1).unwrap_or_default();
+    assert!(held.contains("held by:") && held.ends_with(&format!("global {global} of module __main__")), "{mode}: {shown}");
 }
 
 #[test]
 fn a_training_loop_keeping_dicts_of_floats_and_strings_grows_at_its_line_as_tracemalloc_says() {
-    pure_python_growth_at_its_line("records");
+    pure_python_growth_at_its_line("records", "HISTORY");
 }
 
 #[test]
 fn a_service_keeping_a_record_per_request_grows_at_its_line_as_tracemalloc_says() {
-    pure_python_growth_at_its_line("service");
+    pure_python_growth_at_its_line("service", "SESSIONS");
 }
 
 #[test]

@@ -53,6 +53,8 @@ pub fn link_text(l: &HeldLink) -> String {
         "python_object" => match (&l.type_name, &l.symbol) {
             (Some(t), Some(name)) if t == "module" => format!("module {name}"),
             (Some(t), _) if l.attribute => format!("an attribute of a {t} object"),
+            // A list's item array (`ob_item`) or a dict's entries (`ma_keys`): the container.
+            (Some(t), _) if (t == "list" && l.offset == 24) || (t == "dict" && l.offset == 32) => t.clone(),
             (Some(t), _) => format!("{t} (Python object, +{})", l.offset),
             (None, _) => match &l.key {
                 Some(k) => format!("the entry {k:?} of a dict"),
@@ -110,6 +112,13 @@ pub fn phrases(links: &[HeldLink]) -> Vec<String> {
         // An object's attribute values (a raw block beside it) and the object.
         if l.kind == "python_object" && l.type_name.is_none() && l.key.is_none() && next.is_some_and(|n| n.kind == "python_object" && n.attribute) {
             out.push(link_text(next.expect("checked")));
+            i += 2;
+            continue;
+        }
+        // A dict's entries (its keys object, at `ma_keys`) and the dict, the key not named
+        // (not a string).
+        if l.kind != "python_object" && l.key.is_none() && python_type(next) == Some("dict") && next.is_some_and(|n| n.offset == 32) {
+            out.push("a value of a dict".into());
             i += 2;
             continue;
         }

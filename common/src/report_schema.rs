@@ -459,7 +459,8 @@ pub struct Series<S = Inline> {
 
 /// Live bytes by a line of the user's own Python code (Python processes).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LineSeries {
+#[serde(bound(serialize = "S: Serialize", deserialize = "S: Deserialize<'de> + Default"))]
+pub struct LineSeries<S = Inline> {
     #[serde(default)]
     pub function: String,
     #[serde(default)]
@@ -467,6 +468,23 @@ pub struct LineSeries {
     #[serde(default)]
     pub line: u32,
     pub bytes: Vec<u64>,
+    /// For a line whose memory grew: what holds the largest part of it, found while the
+    /// program still held it (as `Group::held_by`).
+    #[serde(default = "Vec::new", skip_serializing_if = "Vec::is_empty")]
+    pub held_by: Vec<HeldLink<S>>,
+}
+
+impl<S> LineSeries<S> {
+    /// The same line with its holders' stacks held as `stack` gives them.
+    pub fn map_stacks<T>(&self, mut stack: impl FnMut(&S) -> T) -> LineSeries<T> {
+        LineSeries {
+            function: self.function.clone(),
+            file: self.file.clone(),
+            line: self.line,
+            bytes: self.bytes.clone(),
+            held_by: self.held_by.iter().map(|l| l.map_stack(&mut stack)).collect(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -476,8 +494,8 @@ pub struct Timeline<S = Inline> {
     pub points: Vec<Point>,
     #[serde(default = "Vec::new")]
     pub series: Vec<Series<S>>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub lines: Vec<LineSeries>,
+    #[serde(default = "Vec::new", skip_serializing_if = "Vec::is_empty")]
+    pub lines: Vec<LineSeries<S>>,
 }
 
 /// What a leak check looked at.
@@ -756,6 +774,11 @@ pub fn inline_frames(report: &mut Value) -> Result<(), String> {
                 expand(stack, &format!("timeline series {i}"))?;
             }
             expand_links(s, &format!("timeline series {i}"))?;
+        }
+    }
+    if let Some(Value::Array(lines)) = report.get_mut("timeline").and_then(|t| t.get_mut("lines")) {
+        for (i, l) in lines.iter_mut().enumerate() {
+            expand_links(l, &format!("timeline line {i}"))?;
         }
     }
     let expand_why = |owner: &mut Value, what: &str| -> Result<(), String> {

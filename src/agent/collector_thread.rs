@@ -127,6 +127,9 @@ fn collector_main() {
         }
         if report_due.is_some_and(|due| Instant::now() >= due) {
             write_report(Reason::Periodic);
+            // With the period set, points come with reports only: the callback that finds
+            // the holders before the teardown is asked for here too.
+            super::python_exit::arm();
             release_unwind_tables();
             let now = Instant::now();
             (report_due, point_due) = (next_due(now), next_point(now));

@@ -41,6 +41,8 @@ pub(super) struct ReportSide {
     /// The holders found before the interpreter's teardown (`held_before_exit`), by
     /// stack and api: shown where the final scan finds the memory freed.
     pub(super) held_before_exit: std::collections::HashMap<(u32, &'static str), Vec<leaktrace_common::report_schema::HeldLink>>,
+    /// The same for the growing lines of the user's Python code.
+    pub(super) held_lines_before_exit: HashMap<crate::report::python::UserLine, Vec<leaktrace_common::report_schema::HeldLink>>,
     /// The checks the program asked for (`checkpoint`), and how many more were not kept.
     pub(super) checks: Vec<checks::Check>,
     pub(super) checks_dropped: u64,
@@ -69,6 +71,7 @@ impl ReportSide {
             exit_signal: None,
             no_final_report: None,
             held_before_exit: Default::default(),
+            held_lines_before_exit: Default::default(),
             checks: Vec::new(),
             checks_dropped: 0,
         }
@@ -255,6 +258,12 @@ pub(super) fn write_report(reason: Reason) {
     if let Some(s) = &scan {
         name_holders(s, &r.held_before_exit, &mut groups, &mut timeline, &mut r.symbolizer);
     }
+    // Growing lines: their holders, found while the program still held the memory.
+    for (out, l) in timeline.lines.iter_mut().zip(&r.timeline.lines) {
+        if let Some(links) = r.held_lines_before_exit.get(&l.line) {
+            out.held_by = links.clone();
+        }
+    }
     memory.devices = device_memory(&snapshot.groups, &groups);
     let why_reachable = match (&why, &live, scan.as_ref().and_then(|s| s.kept.as_ref())) {
         (Some(template), Some(live), Some(kept)) => why_reachable_of(template, &live.blocks, kept, &groups, &mut r.symbolizer),
@@ -424,29 +433,118 @@ type HeldKeys = std::collections::HashSet<(u32, crate::hotpath::event::Api)>;
 /// Nothing when no followed stack grew (no second scan at exit for nothing).
 pub(super) fn held_before_exit() {
     let (_, _, growing) = report_limits();
-    let wanted: HeldKeys = growing.into_iter().collect();
-    if wanted.is_empty() || !SCAN_AT_EXIT.load(Ordering::Relaxed) {
+    let mut wanted: HeldKeys = growing.into_iter().collect();
+    let lines = growing_lines();
+    if (wanted.is_empty() && lines.is_empty()) || !SCAN_AT_EXIT.load(Ordering::Relaxed) {
         return;
     }
-    let live = {
+    let (live, samples) = {
         let Some(mut state) = lock_bounded(&STATE, Duration::from_secs(5)) else { return };
         let Some(c) = state.as_mut() else { return };
         let backlog = c.order.backlog();
         drain_into(c, backlog, false);
-        c.model.live_blocks()
+        (c.model.live_blocks(), if lines.is_empty() { Vec::new() } else { c.model.python_samples() })
     };
+    // The groups under each growing line, its largest few: a line's holder is the path of
+    // the largest of them that has one.
+    let by_line = groups_of_lines(&live.blocks, &lines);
+    wanted.extend(by_line.values().flatten().map(|&(key, _)| key));
     let pause = ScanPause::start();
     // This thread's stack is the program's (the callback runs on its main thread).
     crate::scan::roots::mark_entry();
     let scan = reachability_scan(&live, 0, &wanted, &wanted, false);
     drop(pause);
-    drop(live);
     let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(30)) else { return };
     let Some(r) = report.as_mut() else { return };
     for (&(stack, api, _), path) in &scan.held_by {
         let links = crate::report::held::resolve(path, &mut r.symbolizer);
         r.held_before_exit.insert((stack, api), links);
     }
+    // Per line, the bytes of the largest group that has a holder.
+    let mut named_bytes: HashMap<crate::report::python::UserLine, u64> = HashMap::new();
+    for (line, keys) in by_line {
+        let held = keys.iter().find_map(|(k, n)| Some((r.held_before_exit.get(&(k.0, k.1.name())).filter(|l| !l.is_empty())?, *n)));
+        if let Some((links, n)) = held {
+            r.held_lines_before_exit.insert(line, links.clone());
+            named_bytes.insert(line, n);
+        }
+    }
+    // A line whose growth is Python objects (sampled, never scanned): its holder is found
+    // from the objects themselves, through the objects that refer to them.
+    // One object of each of the line's largest groups of samples, where the samples
+    // stand for more than the heap group that named the line's holder.
+    let mut by_group: HashMap<(crate::report::python::UserLine, u32), (u64, u64)> = HashMap::new();
+    for s in &samples {
+        if let Some(line) = r.timeline.line_of_stack(s.stack).filter(|l| lines.contains(l)) {
+            let e = by_group.entry((line, s.stack)).or_insert((0, s.addr));
+            e.0 += s.size;
+            e.1 = e.1.max(s.addr);
+        }
+    }
+    let mut pending: HashMap<crate::report::python::UserLine, Vec<(u64, u64)>> = HashMap::new();
+    for ((line, _), (bytes, addr)) in by_group {
+        pending.entry(line).or_default().push((bytes, addr));
+    }
+    pending.retain(|line, groups| groups.iter().map(|g| g.0).sum::<u64>() > named_bytes.get(line).copied().unwrap_or(0));
+    let pending: Vec<(crate::report::python::UserLine, Vec<u64>)> = pending
+        .into_iter()
+        .map(|(line, mut groups)| {
+            groups.sort_unstable_by_key(|&(bytes, addr)| (std::cmp::Reverse(bytes), addr));
+            (line, groups.into_iter().take(OBJECTS_PER_LINE).map(|g| g.1).collect())
+        })
+        .collect();
+    drop(report);
+    let found: Vec<(crate::report::python::UserLine, crate::report::held::RawPath)> =
+        pending.into_iter().filter_map(|(line, objects)| Some((line, crate::report::held::python_holder(&live.blocks, &objects)?))).collect();
+    drop(live);
+    let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(30)) else { return };
+    let Some(r) = report.as_mut() else { return };
+    for (line, path) in found {
+        let links = crate::report::held::resolve(&path, &mut r.symbolizer);
+        r.held_lines_before_exit.insert(line, links);
+    }
+}
+
+/// Sampled objects of a growing line whose holders are looked for (the first to reach a
+/// module names the line's holder).
+const OBJECTS_PER_LINE: usize = 4;
+
+/// The user lines whose live bytes rose over the timeline's points.
+fn growing_lines() -> Vec<crate::report::python::UserLine> {
+    let Some(r) = lock_bounded(&REPORT, Duration::from_secs(1)) else { return Vec::new() };
+    let Some(r) = r.as_ref() else { return Vec::new() };
+    r.timeline.lines.iter().filter(|l| grew(&l.bytes)).map(|l| l.line).collect()
+}
+
+/// Groups whose holders a line's holder is chosen from, per line.
+const GROUPS_PER_LINE: usize = 4;
+
+/// Per line of `lines`: the groups of `blocks` under it (their user line), largest first
+/// (at most `GROUPS_PER_LINE`), with their live bytes.
+fn groups_of_lines(
+    blocks: &[crate::collector::state::LiveEntry],
+    lines: &[crate::report::python::UserLine],
+) -> HashMap<crate::report::python::UserLine, Vec<((u32, crate::hotpath::event::Api), u64)>> {
+    let mut out: HashMap<crate::report::python::UserLine, Vec<((u32, crate::hotpath::event::Api), u64)>> = HashMap::new();
+    if lines.is_empty() {
+        return out;
+    }
+    let mut bytes: HashMap<(u32, crate::hotpath::event::Api), u64> = HashMap::new();
+    for b in blocks.iter().filter(|b| b.api.kind() == crate::hotpath::event::Kind::Host) {
+        *bytes.entry((b.stack, b.api)).or_default() += b.size;
+    }
+    let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(5)) else { return out };
+    let Some(r) = report.as_mut() else { return out };
+    for (key, n) in bytes {
+        if let Some(line) = r.timeline.line_of_stack(key.0).filter(|l| lines.contains(l)) {
+            out.entry(line).or_default().push((key, n));
+        }
+    }
+    for keys in out.values_mut() {
+        keys.sort_by_key(|&(k, n)| (std::cmp::Reverse(n), k.0));
+        keys.truncate(GROUPS_PER_LINE);
+    }
+    out
 }
 
 /// Whether a followed stack's bytes rose over the points (three at least, most steps

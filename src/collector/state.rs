@@ -574,6 +574,12 @@ impl Collector {
     }
 
     /// The pointer scan's entry for the live block `b` at `addr`.
+    /// The live sampled Python objects (`Space::Python`), as entries (`size` is the
+    /// bytes each stands for, not the object's).
+    pub fn python_samples(&self) -> Vec<LiveEntry> {
+        self.cuda_live.iter().filter(|((space, _), _)| *space == Space::Python).map(|(&(_, addr), b)| self.live_entry(addr, b)).collect()
+    }
+
     fn live_entry(&self, addr: u64, b: &LiveBlock) -> LiveEntry {
         let (stack, api, device) = self.groups.key(b.group);
         LiveEntry { addr, size: b.size, mark: b.mark, ignored: b.ignored, stack, api, device }

@@ -288,7 +288,7 @@ pub fn timeline_out(timeline: &Timeline, groups: &[Group], sym: &mut Symbolizer)
             .iter()
             .map(|l| {
                 let (function, file, line) = super::python::describe(l.line);
-                schema::LineSeries { function, file, line, bytes: l.bytes.clone() }
+                schema::LineSeries { function, file, line, bytes: l.bytes.clone(), held_by: Vec::new() }
             })
             .collect(),
     }
@@ -391,7 +391,8 @@ pub fn write_report_json(w: impl std::io::Write, parts: &ReportParts) -> std::io
             held_by: s.held_by.iter().map(|l| l.map_stack(|st| table.indices(st))).collect(),
         })
         .collect();
-    let timeline = schema::Timeline { points: timeline.points.clone(), series, lines: timeline.lines.clone() };
+    let lines = timeline.lines.iter().map(|l| l.map_stacks(|st| table.indices(st))).collect();
+    let timeline = schema::Timeline { points: timeline.points.clone(), series, lines };
     let checks = checks
         .iter()
         .map(|c| {

@@ -218,6 +218,17 @@ pub fn extend_python<K: Clone + Eq + std::hash::Hash>(
                             Some((object, reach))
                         }
                     }
+                    referrers::Holder::Block(j) if parent.is_empty() => {
+                        // No scan to follow: on through what refers to the block.
+                        let i = heap[j];
+                        let blk = &live[i];
+                        if seen.contains(&blk.addr) {
+                            continue;
+                        }
+                        seen.push(blk.addr);
+                        links.push(RawLink::Block { stack: blk.stack, api: blk.api, size: blk.size, offset: f.at - blk.addr, key: f.key.clone() });
+                        Some((blk.addr, 0))
+                    }
                     referrers::Holder::Block(j) => {
                         let i = heap[j];
                         let blk = &live[i];
@@ -287,6 +298,34 @@ pub fn extend_python<K: Clone + Eq + std::hash::Hash>(
             }
         }
     }
+}
+
+/// What holds the Python objects at `objects` (sampled ones, which the scan never
+/// reaches): from each object out through the objects and heap blocks that refer to it
+/// (`extend_python` without a scan's paths), up to a module's global where one is
+/// found. The path of the first object that reached a module, else the longest, from
+/// the object's holder out. `live`: the heap blocks, sorted by address.
+pub fn python_holder(live: &[LiveEntry], objects: &[u64]) -> Option<RawPath> {
+    let mut arenas = Vec::with_capacity(crate::scan::arenas::capacity());
+    crate::scan::arenas::live_arenas(&mut arenas);
+    let mut paths: std::collections::HashMap<usize, RawPath> = objects
+        .iter()
+        .enumerate()
+        .filter_map(|(k, &addr)| {
+            let &(start, len) = arenas.iter().find(|a| addr >= a.0 && addr < a.0 + a.1)?;
+            let label = RootLabel { start, len, kind: RootKind::PythonObject };
+            Some((k, RawPath { block_size: 0, links: vec![RawLink::Root { addr, label: Some(label) }] }))
+        })
+        .collect();
+    extend_python(&mut paths, live, &[], &[], &[], 0);
+    let at_module = |p: &RawPath| matches!(p.links.last(), Some(RawLink::Python { module: Some(_), .. }));
+    let mut found: Vec<(usize, RawPath)> = paths.into_iter().filter(|(_, p)| p.links.len() > 1).collect();
+    // The first object (the largest group's) that reached a module, else the longest way.
+    found.sort_by_key(|(k, p)| (!at_module(p), if at_module(p) { 0 } else { usize::MAX - p.links.len() }, *k));
+    let (_, mut path) = found.into_iter().next()?;
+    // Its first link is the object itself: the path starts at what holds it.
+    path.links.remove(0);
+    Some(path)
 }
 
 /// When `p` ends at a Python object's word (a root in pymalloc's arenas), makes that

@@ -220,6 +220,14 @@ impl Timeline {
         }
     }
 
+    /// The user line of `stack` (its innermost frame in the user's own Python code).
+    pub fn line_of_stack(&mut self, stack: u32) -> Option<super::python::UserLine> {
+        match self.line_index(stack) {
+            NO_LINE | LINE_UNKNOWN => None,
+            i => self.known_lines.get(i as usize - 1).copied(),
+        }
+    }
+
     /// The user line of `stack` as `line_of` holds it (see there), worked out if new.
     fn line_index(&mut self, stack: u32) -> u32 {
         self.memo_line(stack, Self::work_out_line)
