@@ -516,16 +516,16 @@ fn growing_lines() -> Vec<crate::report::python::UserLine> {
     r.timeline.lines.iter().filter(|l| grew(&l.bytes)).map(|l| l.line).collect()
 }
 
+/// Per user line: groups under it (stack and entry point) with their live bytes.
+type LineGroups = HashMap<crate::report::python::UserLine, Vec<((u32, crate::hotpath::event::Api), u64)>>;
+
 /// Groups whose holders a line's holder is chosen from, per line.
 const GROUPS_PER_LINE: usize = 4;
 
 /// Per line of `lines`: the groups of `blocks` under it (their user line), largest first
 /// (at most `GROUPS_PER_LINE`), with their live bytes.
-fn groups_of_lines(
-    blocks: &[crate::collector::state::LiveEntry],
-    lines: &[crate::report::python::UserLine],
-) -> HashMap<crate::report::python::UserLine, Vec<((u32, crate::hotpath::event::Api), u64)>> {
-    let mut out: HashMap<crate::report::python::UserLine, Vec<((u32, crate::hotpath::event::Api), u64)>> = HashMap::new();
+fn groups_of_lines(blocks: &[crate::collector::state::LiveEntry], lines: &[crate::report::python::UserLine]) -> LineGroups {
+    let mut out: LineGroups = HashMap::new();
     if lines.is_empty() {
         return out;
     }
