@@ -1146,11 +1146,14 @@ fn pytest_leaktrace_fails_the_test_that_leaks_at_its_line() {
         .args(["-m", "pytest", "-p", "leaktrace.pytest_plugin", "--leaktrace", "-q", "-p", "no:cacheprovider", "--rootdir", ".", "test_user_suite.py"])
         .current_dir(&work)
         .env("PYTHONPATH", &pythonpath)
+        // Should the leaked block ever read "reachable", the report says which word kept it.
+        .env("LEAKTRACE_WHY_REACHABLE", "test_leaks")
         .bounded_output()
         .unwrap();
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "pytest's own status: one test failed\n{stdout}\n{}", text(&out.stderr));
-    assert!(stdout.contains("2 failed, 5 passed"), "{stdout}");
+    let why = || text(&leaktrace(&["report", "r"], &work).stdout);
+    assert!(stdout.contains("2 failed, 5 passed"), "{stdout}\n{}", why());
     assert!(
         stdout.contains("FAILED test_user_suite.py::test_leaks - leaktrace:")
             && stdout.contains("leaktrace: test_user_suite.py::test_leaks leaked 48.8 KiB (50000 bytes), over its limit of 0 B"),

@@ -58,6 +58,9 @@ impl ReportSide {
         suppressions: leaktrace_common::Suppressions,
     ) -> ReportSide {
         REPORT_GROUPS.store(config.report_groups, Ordering::Relaxed);
+        if let Some(t) = &config.why_reachable {
+            let _ = WHY_REACHABLE.set(t.clone());
+        }
         ReportSide {
             config,
             process,
@@ -81,6 +84,9 @@ impl ReportSide {
 /// How many groups of each class a report lists (`Config::report_groups`, fixed at
 /// start), readable without the report side's lock.
 static REPORT_GROUPS: AtomicUsize = AtomicUsize::new(0);
+/// `LEAKTRACE_WHY_REACHABLE`, read by the collector before a scan without the report
+/// side's lock.
+static WHY_REACHABLE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 /// Set when the Python interpreter's exit began (`python_exit`, an atexit callback that
 /// took the last memory point before its teardown).
@@ -198,7 +204,7 @@ pub(super) fn write_report(reason: Reason) {
     // of malloc's that `mallinfo2` takes.
     let mut memory = measure_memory(&snapshot.totals);
     // The scan stops the other threads: it runs holding none of our locks.
-    let why = REPORT.try_lock().and_then(|r| r.as_ref().and_then(|r| r.config.why_reachable.clone()));
+    let why = WHY_REACHABLE.get().cloned();
     let scan = live.as_ref().map(|live| reachability_scan(live, presymbolizer.as_ref().map_or(0, Presymbolizer::tid), &wanted, &through_python, why.is_some()));
     if final_report {
         LIFECYCLE.final_threads_held();

@@ -104,8 +104,22 @@ extern "C" fn py_malloc(ctx: *mut c_void, size: usize) -> *mut c_void {
     // SAFETY: the interpreter's own malloc of this domain, saved before ours was set.
     let f: extern "C" fn(*mut c_void, usize) -> *mut c_void = unsafe { std::mem::transmute(o[1].load(Ordering::Relaxed)) };
     let p = f(orig_ctx(o), size);
+    fresh(p, size);
     allocated(p, size);
     p
+}
+
+/// A small object's block comes cleared, as the malloc hooks' do
+/// (`interpose::malloc::fresh`): pymalloc hands out a freed object's block with that
+/// object's words in it, and what the new object leaves unwritten (padding, fields set
+/// later) would be read by the scan, which takes live objects as roots. Larger requests
+/// went to `malloc`, whose hook clears them.
+#[inline(always)]
+fn fresh(p: *mut c_void, size: usize) {
+    if !p.is_null() && size <= SMALL_REQUEST && crate::agent::scanning() {
+        // SAFETY: a block of at least `size` bytes the allocator just handed out.
+        unsafe { std::ptr::write_bytes(p as *mut u8, 0, size) };
+    }
 }
 
 extern "C" fn py_calloc(ctx: *mut c_void, n: usize, size: usize) -> *mut c_void {
