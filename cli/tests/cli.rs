@@ -1240,6 +1240,50 @@ fn torchrun_workers_each_report_the_leak_at_the_scripts_line() {
     assert!(leaked_bytes(agent) < 64 << 10, "agent noise: {}", leaked_bytes(agent));
 }
 
+/// A 2-rank DDP job on CPU (gloo) under torchrun, where rank 1 keeps a tensor per step
+/// in a module-level list (issue 52: one run in five named the dynamic loader's blocks
+/// and a global of libcusolver as the holder). Rank 1 grows at that line, held by that
+/// list, never through a loader's block or a native library's global; rank 0 does not
+/// grow there; neither rank leaks.
+#[test]
+fn a_ddp_rank_keeping_a_tensor_per_step_is_held_by_its_module_list() {
+    let Some(python) = torch_python() else { return };
+    let torchrun = Path::new(&python).with_file_name("torchrun");
+    let _one_job = torch_job();
+    let dir = scratch("ddp-keep");
+    let script = manifest().join("../tests/fixtures/frameworks/ddp_keep.py");
+    let out = Command::new(bin())
+        .args(["run", "--output", "r", "--"])
+        .arg(&torchrun)
+        .args(["--nproc_per_node=2", script.to_str().unwrap(), "80"])
+        .env_remove("PYTHONMALLOC")
+        .current_dir(&dir)
+        .bounded_output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // "rank R done PID" from each worker.
+    let pid_of = |rank: &str| -> u64 {
+        let stdout = text(&out.stdout);
+        let l = stdout.lines().find(|l| l.starts_with(&format!("rank {rank} done "))).unwrap_or_else(|| panic!("{stdout}"));
+        l.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let src = std::fs::read_to_string(&script).unwrap();
+    let line = src.lines().position(|l| l.ends_with("# KEEP")).unwrap() as u64 + 1;
+    let json = leaktrace(&["report", "--format", "json", "r"], &dir);
+    let a: Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(a["leaked_bytes"], 0, "{}", text(&leaktrace(&["report", "r"], &dir).stdout));
+    let growth_at_line = |pid: u64| -> Option<Value> {
+        let p = a["processes"].as_array().unwrap().iter().find(|p| p["pid"] == pid).unwrap_or_else(|| panic!("no process {pid}"));
+        p["growth"].as_array().unwrap().iter().find(|g| g["api"] == "python line" && g["stack"][0]["line"] == line).cloned()
+    };
+    let kept = growth_at_line(pid_of("1")).unwrap_or_else(|| panic!("rank 1 grows at line {line}: {}", text(&leaktrace(&["report", "r"], &dir).stdout)));
+    let links: Vec<leaktrace_common::report_schema::HeldLink> = serde_json::from_value(kept["held_by"].clone()).unwrap();
+    let held = leaktrace_common::held::held_by_text(&links).unwrap_or_default();
+    assert!(held.contains("list[") && held.ends_with("global kept of module __main__"), "{held}");
+    assert!(links.iter().all(|l| l.module.as_deref().is_none_or(|m| !m.contains("ld-linux") && !m.contains("libcusolver"))), "{held}");
+    assert!(growth_at_line(pid_of("0")).is_none(), "rank 0 keeps nothing");
+}
+
 /// A C test runner's checks (one `leaktrace_snapshot(label)` per test, the C API
 /// fixture) as `leaktrace report` shows them: one line per leaking label in text, one JUnit test
 /// case per label that fails when the check leaked, and `--fail-on-leak` failing the run.
