@@ -203,6 +203,14 @@ pub(super) fn write_report(reason: Reason) {
     // Before the scan: it holds the program's threads, one of which may hold a lock
     // of malloc's that `mallinfo2` takes.
     let mut memory = measure_memory(&snapshot.totals);
+    if !final_report && memory.heap_free.is_some() {
+        // What of malloc's free memory a trim would give back, and how many arenas hold
+        // it (the remedies of a finding are ranked by it).
+        if let Some((trimmable, arenas)) = crate::report::memory::free_chunks() {
+            memory.heap_trimmable = Some(trimmable.min(memory.heap_free.unwrap_or(0)));
+            memory.heap_arenas = Some(arenas);
+        }
+    }
     // The scan stops the other threads: it runs holding none of our locks.
     let why = WHY_REACHABLE.get().cloned();
     let scan = live.as_ref().map(|live| reachability_scan(live, presymbolizer.as_ref().map_or(0, Presymbolizer::tid), &wanted, &through_python, why.is_some()));

@@ -42,12 +42,81 @@ struct MallInfo2 {
 /// calls `dlsym` itself).
 static MALLINFO2: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
+/// `malloc_info` and `fmemopen`, looked up at start as `mallinfo2`.
+static MALLOC_INFO: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static FMEMOPEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// Finds what the measure needs from the C library; call at the library's start.
 pub fn init() {
     crate::os::procfs::open();
     if let Some(f) = crate::os::loader::global_symbol(c"mallinfo2") {
         MALLINFO2.store(f, std::sync::atomic::Ordering::Relaxed);
     }
+    if let (Some(info), Some(open)) = (crate::os::loader::global_symbol(c"malloc_info"), crate::os::loader::global_symbol(c"fmemopen")) {
+        MALLOC_INFO.store(info, std::sync::atomic::Ordering::Relaxed);
+        FMEMOPEN.store(open, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The XML `malloc_info` writes, read at most this far (a heap's part is ~2 KiB: 64
+/// arenas fit).
+const MALLOC_INFO_BYTES: usize = 256 << 10;
+
+/// What malloc's free chunks hold: (whole pages inside them, arenas), from glibc's
+/// `malloc_info`. It takes each arena's lock in turn and walks its bins: called for
+/// reports only, on the collector's thread (its allocations are untracked), never while
+/// the scan holds the program's threads.
+pub fn free_chunks() -> Option<(u64, u32)> {
+    let (info, open) = (MALLOC_INFO.load(std::sync::atomic::Ordering::Relaxed), FMEMOPEN.load(std::sync::atomic::Ordering::Relaxed));
+    if info == 0 || open == 0 || !crate::hotpath::thread::is_busy_or_internal() {
+        return None;
+    }
+    let buf = crate::hotpath::mapping::map_zeroed(MALLOC_INFO_BYTES, crate::os::own::Part::Other)?;
+    // SAFETY: glibc's `FILE *fmemopen(void *, size_t, const char *)` over our own zeroed
+    // mapping of that size, and `int malloc_info(int, FILE *)`; the stream is closed
+    // before the mapping is read (its last byte stays 0: the text ends there at most).
+    let written = unsafe {
+        let open: extern "C" fn(*mut libc::c_void, usize, *const libc::c_char) -> *mut libc::FILE = std::mem::transmute(open);
+        let info: extern "C" fn(libc::c_int, *mut libc::FILE) -> libc::c_int = std::mem::transmute(info);
+        let f = open(buf as *mut libc::c_void, MALLOC_INFO_BYTES - 1, c"w".as_ptr());
+        if f.is_null() {
+            None
+        } else {
+            let rc = info(0, f);
+            libc::fclose(f);
+            (rc == 0).then_some(())
+        }
+    };
+    // SAFETY: the mapping above, MALLOC_INFO_BYTES long, written by the stream only.
+    let text = unsafe { std::slice::from_raw_parts(buf as *const u8, MALLOC_INFO_BYTES) };
+    let end = text.iter().position(|&b| b == 0).unwrap_or(text.len());
+    let out = written.map(|_| parse_malloc_info(&String::from_utf8_lossy(&text[..end])));
+    crate::hotpath::mapping::unmap(buf, MALLOC_INFO_BYTES);
+    out
+}
+
+/// (whole pages inside the free chunks, arenas) of `malloc_info`'s XML: each arena is a
+/// `<heap nr="N">`, its free chunks by size `<size from="A" to="B" total="T"
+/// count="C"/>` (and `<unsorted …/>`). A chunk of `s` bytes holds at least `s - 2 pages`
+/// of whole pages (its start and end fall anywhere in a page), which `malloc_trim`
+/// returns with `MADV_DONTNEED`.
+pub fn parse_malloc_info(xml: &str) -> (u64, u32) {
+    const PAGE: u64 = 4096;
+    let (mut pages, mut arenas) = (0u64, 0u32);
+    let attr = |line: &str, name: &str| -> Option<u64> {
+        let at = line.find(&format!(" {name}=\""))? + name.len() + 3;
+        line[at..].split('"').next()?.parse().ok()
+    };
+    for line in xml.lines().map(str::trim) {
+        if line.starts_with("<heap nr=") {
+            arenas += 1;
+        } else if line.starts_with("<size ") || line.starts_with("<unsorted ") {
+            if let (Some(total), Some(count)) = (attr(line, "total"), attr(line, "count")) {
+                pages += total.saturating_sub(count.saturating_mul(2 * PAGE)) / PAGE * PAGE;
+            }
+        }
+    }
+    (pages, arenas)
 }
 
 /// `(in use, free)` in malloc's heap: in use is `uordblks + hblkhd` (blocks in the
@@ -152,5 +221,49 @@ mod tests {
         assert!(m.heap_free.is_some() && m.heap_other.is_some(), "{m:?}");
         assert!(m.uss.is_some_and(|u| u > 0) && m.pss.is_some_and(|p| p > 0), "{m:?}");
         assert!(m.stacks > 0, "{m:?}");
+    }
+}
+
+#[cfg(test)]
+mod malloc_info_tests {
+    use super::*;
+
+    #[test]
+    fn whole_pages_of_the_free_chunks_and_the_arenas_are_read_from_malloc_info() {
+        let xml = r#"<malloc version="1">
+<heap nr="0">
+<sizes>
+  <size from="17" to="32" total="64" count="2"/>
+  <size from="1048577" to="1572864" total="3145728" count="2"/>
+  <unsorted from="12288" to="12288" total="12288" count="1"/>
+</sizes>
+<total type="fast" count="2" size="64"/>
+</heap>
+<heap nr="1">
+<sizes>
+  <size from="65537" to="98304" total="81920" count="1"/>
+</sizes>
+</heap>
+<total type="fast" count="2" size="64"/>
+</malloc>"#;
+        // 3 MiB in 2 chunks: 3 MiB - 4 pages; 12 KiB in 1: 1 page; 80 KiB in 1: 18 pages.
+        assert_eq!(parse_malloc_info(xml), ((3 << 20) - 4 * 4096 + 4096 + 18 * 4096, 2));
+    }
+
+    #[test]
+    fn the_c_librarys_own_text_parses() {
+        init();
+        crate::hotpath::thread::untracked(|| {
+            let blocks: Vec<Vec<u8>> = (0..64).map(|i| vec![i as u8; 40_000]).collect();
+            let mut kept: Vec<Vec<u8>> = Vec::new();
+            for (i, b) in blocks.into_iter().enumerate() {
+                if i % 2 == 0 {
+                    kept.push(b);
+                }
+            }
+            let (_, arenas) = free_chunks().expect("malloc_info");
+            assert!(arenas >= 1);
+            drop(kept);
+        });
     }
 }
