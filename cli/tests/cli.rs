@@ -1284,6 +1284,36 @@ fn a_ddp_rank_keeping_a_tensor_per_step_is_held_by_its_module_list() {
     assert!(growth_at_line(pid_of("0")).is_none(), "rank 0 keeps nothing");
 }
 
+/// A list of NumPy arrays and an unbounded `lru_cache` of tensors (issue 52's proof): each
+/// grows at its line, held by the container a user would clear, named as the script
+/// names it.
+#[test]
+fn a_list_of_numpy_arrays_and_an_lru_cache_of_tensors_name_their_container() {
+    let Some(python) = torch_python() else { return };
+    if !Command::new(&python).args(["-c", "import numpy"]).output().is_ok_and(|o| o.status.success()) {
+        skip::missing(&format!("NumPy for {python}"), "python3 -m pip install numpy");
+        return;
+    }
+    let _one_job = torch_job();
+    let script = manifest().join("../tests/fixtures/frameworks/kept_by_containers.py");
+    let src = std::fs::read_to_string(&script).unwrap();
+    for (mode, marker, holder) in [
+        ("numpy", "# NUMPY", "numpy.ndarray (Python object, +16) ← list["),
+        ("lru", "# LRU", "functools._lru_cache_wrapper (Python object, +72) ← global features of module __main__"),
+    ] {
+        let dir = scratch(&format!("kept-{mode}"));
+        let out = Command::new(bin()).args(["run", "--output", "r", "--", &python, script.to_str().unwrap(), mode]).current_dir(&dir).bounded_output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let line = src.lines().position(|l| l.ends_with(marker)).unwrap() as u64 + 1;
+        let shown = text(&leaktrace(&["report", "r"], &dir).stdout);
+        let held = shown.lines().skip_while(|l| !l.contains(&format!("kept_by_containers.py:{line} [python]"))).nth(1).unwrap_or_default();
+        assert!(held.contains("held by:") && held.contains(holder), "{mode}: {shown}");
+        if mode == "numpy" {
+            assert!(held.ends_with("global ARRAYS of module __main__"), "{held}");
+        }
+    }
+}
+
 /// A C test runner's checks (one `leaktrace_snapshot(label)` per test, the C API
 /// fixture) as `leaktrace report` shows them: one line per leaking label in text, one JUnit test
 /// case per label that fails when the check leaked, and `--fail-on-leak` failing the run.
