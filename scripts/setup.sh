@@ -12,7 +12,7 @@
 #     Lua, PHP, Guile, busybox, gawk, redis, memcached, nginx, firejail, ...
 #   - Python packages for the end-to-end tests (pip, for the python3 on PATH): the real
 #     CUDA runtime wheel (no GPU here: it must pass "no driver" through unchanged),
-#     PyTorch (CPU use; the wheel brings its own CUDA libraries), TensorFlow for CPU,
+#     PyTorch (CPU use; the wheel brings its own CUDA libraries), NumPy, TensorFlow for CPU,
 #     pytest.
 #   - BVLC Caffe, unpacked from Debian bullseye into /var/cache/leaktrace/caffe
 #     (scripts/install_caffe.sh).
@@ -58,7 +58,7 @@ pip_install() {
 have_module() {
     python3 -c "import $1" >/dev/null 2>&1
 }
-for pair in nvidia.cuda_runtime:nvidia-cuda-runtime-cu12 torch:torch pytest:pytest tensorflow:tensorflow-cpu; do
+for pair in nvidia.cuda_runtime:nvidia-cuda-runtime-cu12 torch:torch numpy:numpy pytest:pytest tensorflow:tensorflow-cpu; do
     module=${pair%%:*}
     package=${pair#*:}
     have_module "$module" && continue
