@@ -1261,11 +1261,10 @@ fn a_ddp_rank_keeping_a_tensor_per_step_is_held_by_its_module_list() {
         .bounded_output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
-    // "rank R done PID" from each worker.
+    // Each worker writes its pid to rankR.pid.
     let pid_of = |rank: &str| -> u64 {
-        let stdout = text(&out.stdout);
-        let l = stdout.lines().find(|l| l.starts_with(&format!("rank {rank} done "))).unwrap_or_else(|| panic!("{stdout}"));
-        l.rsplit(' ').next().unwrap().parse().unwrap()
+        let f = dir.join(format!("rank{rank}.pid"));
+        std::fs::read_to_string(&f).unwrap_or_else(|e| panic!("{}: {e}\n{}", f.display(), text(&out.stdout))).trim().parse().unwrap()
     };
     let src = std::fs::read_to_string(&script).unwrap();
     let line = src.lines().position(|l| l.ends_with("# KEEP")).unwrap() as u64 + 1;
