@@ -56,21 +56,11 @@ fn why_text(out: &mut String, place: &str, blocks: &[leaktrace_common::report_sc
     if blocks.is_empty() {
         return;
     }
-    out.push_str(&format!(
-        "
-Why reachable{place}: {} block(s)
-",
-        blocks.len()
-    ));
+    out.push_str(&format!("\nWhy reachable{place}: {} block(s)\n", blocks.len()));
     for b in blocks {
         let site = leaktrace_common::held::site(&b.stack).map(|s| format!(" from {s}")).unwrap_or_default();
         let held = leaktrace_common::held::held_by_text(&b.held_by).unwrap_or_else(|| "held by: (no path)".into());
-        out.push_str(&format!(
-            "  {} B at {:#x} ({}){site}
-    {held}
-",
-            b.size, b.address, b.api
-        ));
+        out.push_str(&format!("  {} B at {:#x} ({}){site}\n    {held}\n", b.size, b.address, b.api));
     }
 }
 

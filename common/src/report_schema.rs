@@ -577,8 +577,9 @@ impl<S> WhyReachable<S> {
 }
 
 impl<S> Check<S> {
-    /// The same check with each leak's stack held as `stack(leak)` gives it.
-    pub fn with_stacks<T>(&self, mut stack: impl FnMut(&CheckLeak<S>) -> T) -> Check<T> {
+    /// The same check with every stack it holds (its leaks', its `why_reachable`
+    /// blocks' and their holders') held as `stack` gives it.
+    pub fn with_stacks<T>(&self, mut stack: impl FnMut(&S) -> T) -> Check<T> {
         Check {
             label: self.label.clone(),
             unix_ms: self.unix_ms,
@@ -595,10 +596,10 @@ impl<S> Check<S> {
                     device: l.device,
                     reachability: l.reachability,
                     stack_id: l.stack_id,
-                    stack: stack(l),
+                    stack: stack(&l.stack),
                 })
                 .collect(),
-            why_reachable: Vec::new(),
+            why_reachable: self.why_reachable.iter().map(|w| w.map_stacks(&mut stack)).collect(),
         }
     }
 

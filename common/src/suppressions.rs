@@ -186,7 +186,12 @@ impl Suppressions {
 
 /// Every function, file and module name of a group's stack: what patterns match.
 pub fn group_names(group: &Group) -> impl Iterator<Item = &str> + Clone {
-    group.stack.iter().flat_map(|f| [f.function.as_deref(), f.file.as_deref(), f.module.as_deref()].into_iter().flatten())
+    frame_names(&group.stack)
+}
+
+/// Every function, file and module name of `stack`'s frames.
+pub fn frame_names(stack: &[crate::report_schema::Frame]) -> impl Iterator<Item = &str> + Clone {
+    stack.iter().flat_map(|f| [f.function.as_deref(), f.file.as_deref(), f.module.as_deref()].into_iter().flatten())
 }
 
 /// LeakSanitizer's table of the suppressions that matched, or "" when none did.

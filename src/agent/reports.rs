@@ -459,10 +459,24 @@ pub(super) fn held_before_exit() {
         drain_into(c, backlog, false);
         (c.model.live_blocks(), if lines.is_empty() { Vec::new() } else { c.model.python_samples() })
     };
-    // The groups under each growing line, its largest few: a line's holder is the path of
-    // the largest of them that has one.
-    let by_line = groups_of_lines(&live.blocks, &lines);
-    wanted.extend(by_line.values().flatten().map(|&(key, _)| key));
+    // The groups under each growing line, heap blocks' and sampled objects': a line's
+    // holder is the path of the largest heap group that has one, or, where the samples
+    // stand for more, found from one object of each of its largest groups of samples.
+    let (by_line, samples_by_line) = {
+        let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(5)) else { return };
+        let Some(r) = report.as_mut() else { return };
+        let heap = live.blocks.iter().filter(|b| b.api.kind() == crate::hotpath::event::Kind::Host);
+        (groups_by_line(heap, &lines, &mut r.timeline), groups_by_line(samples.iter(), &lines, &mut r.timeline))
+    };
+    let by_line: HashMap<crate::report::python::UserLine, Vec<LineGroup>> = by_line
+        .into_iter()
+        .map(|(line, mut groups)| {
+            groups.sort_by_key(|g| (std::cmp::Reverse(g.bytes), g.key.0));
+            groups.truncate(GROUPS_PER_LINE);
+            (line, groups)
+        })
+        .collect();
+    wanted.extend(by_line.values().flatten().map(|g| g.key));
     let pause = ScanPause::start();
     // This thread's stack is the program's (the callback runs on its main thread).
     crate::scan::roots::mark_entry();
@@ -476,35 +490,19 @@ pub(super) fn held_before_exit() {
     }
     // Per line, the bytes of the largest group that has a holder.
     let mut named_bytes: HashMap<crate::report::python::UserLine, u64> = HashMap::new();
-    for (line, keys) in by_line {
-        let held = keys.iter().find_map(|(k, n)| Some((r.held_before_exit.get(&(k.0, k.1.name())).filter(|l| !l.is_empty())?, *n)));
+    for (line, groups) in by_line {
+        let held = groups.iter().find_map(|g| Some((r.held_before_exit.get(&(g.key.0, g.key.1.name())).filter(|l| !l.is_empty())?, g.bytes)));
         if let Some((links, n)) = held {
             r.held_lines_before_exit.insert(line, links.clone());
             named_bytes.insert(line, n);
         }
     }
-    // A line whose growth is Python objects (sampled, never scanned): its holder is found
-    // from the objects themselves, through the objects that refer to them.
-    // One object of each of the line's largest groups of samples, where the samples
-    // stand for more than the heap group that named the line's holder.
-    let mut by_group: HashMap<(crate::report::python::UserLine, u32), (u64, u64)> = HashMap::new();
-    for s in &samples {
-        if let Some(line) = r.timeline.line_of_stack(s.stack).filter(|l| lines.contains(l)) {
-            let e = by_group.entry((line, s.stack)).or_insert((0, s.addr));
-            e.0 += s.size;
-            e.1 = e.1.max(s.addr);
-        }
-    }
-    let mut pending: HashMap<crate::report::python::UserLine, Vec<(u64, u64)>> = HashMap::new();
-    for ((line, _), (bytes, addr)) in by_group {
-        pending.entry(line).or_default().push((bytes, addr));
-    }
-    pending.retain(|line, groups| groups.iter().map(|g| g.0).sum::<u64>() > named_bytes.get(line).copied().unwrap_or(0));
-    let pending: Vec<(crate::report::python::UserLine, Vec<u64>)> = pending
+    let pending: Vec<(crate::report::python::UserLine, Vec<u64>)> = samples_by_line
         .into_iter()
+        .filter(|(line, groups)| groups.iter().map(|g| g.bytes).sum::<u64>() > named_bytes.get(line).copied().unwrap_or(0))
         .map(|(line, mut groups)| {
-            groups.sort_unstable_by_key(|&(bytes, addr)| (std::cmp::Reverse(bytes), addr));
-            (line, groups.into_iter().take(OBJECTS_PER_LINE).map(|g| g.1).collect())
+            groups.sort_unstable_by_key(|g| (std::cmp::Reverse(g.bytes), g.addr));
+            (line, groups.into_iter().take(OBJECTS_PER_LINE).map(|g| g.addr).collect())
         })
         .collect();
     drop(report);
@@ -530,33 +528,38 @@ fn growing_lines() -> Vec<crate::report::python::UserLine> {
     r.timeline.lines.iter().filter(|l| grew(&l.bytes)).map(|l| l.line).collect()
 }
 
-/// Per user line: groups under it (stack and entry point) with their live bytes.
-type LineGroups = HashMap<crate::report::python::UserLine, Vec<((u32, crate::hotpath::event::Api), u64)>>;
+/// A group of blocks under a growing line: its stack and entry point, its live bytes and
+/// its highest address.
+struct LineGroup {
+    key: (u32, crate::hotpath::event::Api),
+    bytes: u64,
+    addr: u64,
+}
 
 /// Groups whose holders a line's holder is chosen from, per line.
 const GROUPS_PER_LINE: usize = 4;
 
-/// Per line of `lines`: the groups of `blocks` under it (their user line), largest first
-/// (at most `GROUPS_PER_LINE`), with their live bytes.
-fn groups_of_lines(blocks: &[crate::collector::state::LiveEntry], lines: &[crate::report::python::UserLine]) -> LineGroups {
-    let mut out: LineGroups = HashMap::new();
+/// Per line of `lines`: the groups of `blocks` under it (by their user line), in no
+/// order.
+fn groups_by_line<'a>(
+    blocks: impl Iterator<Item = &'a crate::collector::state::LiveEntry>,
+    lines: &[crate::report::python::UserLine],
+    timeline: &mut Timeline,
+) -> HashMap<crate::report::python::UserLine, Vec<LineGroup>> {
+    let mut out: HashMap<crate::report::python::UserLine, Vec<LineGroup>> = HashMap::new();
     if lines.is_empty() {
         return out;
     }
-    let mut bytes: HashMap<(u32, crate::hotpath::event::Api), u64> = HashMap::new();
-    for b in blocks.iter().filter(|b| b.api.kind() == crate::hotpath::event::Kind::Host) {
-        *bytes.entry((b.stack, b.api)).or_default() += b.size;
+    let mut groups: HashMap<(u32, crate::hotpath::event::Api), (u64, u64)> = HashMap::new();
+    for b in blocks {
+        let g = groups.entry((b.stack, b.api)).or_insert((0, b.addr));
+        g.0 += b.size;
+        g.1 = g.1.max(b.addr);
     }
-    let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(5)) else { return out };
-    let Some(r) = report.as_mut() else { return out };
-    for (key, n) in bytes {
-        if let Some(line) = r.timeline.line_of_stack(key.0).filter(|l| lines.contains(l)) {
-            out.entry(line).or_default().push((key, n));
+    for (key, (bytes, addr)) in groups {
+        if let Some(line) = timeline.line_of_stack(key.0).filter(|l| lines.contains(l)) {
+            out.entry(line).or_default().push(LineGroup { key, bytes, addr });
         }
-    }
-    for keys in out.values_mut() {
-        keys.sort_by_key(|&(k, n)| (std::cmp::Reverse(n), k.0));
-        keys.truncate(GROUPS_PER_LINE);
     }
     out
 }

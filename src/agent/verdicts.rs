@@ -190,8 +190,5 @@ pub(super) fn why_reachable(
 
 /// Whether a stack's frames match `template` (a suppression's pattern).
 pub(super) fn stack_matches(template: &str, stack: &[leaktrace_common::report_schema::Frame]) -> bool {
-    stack
-        .iter()
-        .flat_map(|f| [f.function.as_deref(), f.file.as_deref(), f.module.as_deref()].into_iter().flatten())
-        .any(|n| leaktrace_common::suppressions::template_match(template, n))
+    leaktrace_common::suppressions::frame_names(stack).any(|n| leaktrace_common::suppressions::template_match(template, n))
 }

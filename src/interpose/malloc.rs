@@ -29,9 +29,18 @@ const FRESH_LIMIT: usize = 64 << 10;
 /// or are bulk data, which the limit leaves alone.
 #[inline(always)]
 fn fresh(p: *mut c_void, len: usize) {
-    if len <= FRESH_LIMIT && agent::scanning() && !crate::hotpath::thread::is_busy_or_internal() {
-        // SAFETY: `p` is a block of at least `len` bytes the allocator just handed out,
-        // not yet returned to the program.
+    if len <= FRESH_LIMIT && !crate::hotpath::thread::is_busy_or_internal() {
+        clear_handed_out(p, len);
+    }
+}
+
+/// Clears `len` bytes at `p` while the scan is on (`fresh`; Python's small objects too,
+/// `interpose::pyalloc`). `p` must be a block of at least `len` bytes that an
+/// allocator just handed out and that is not yet returned to the program.
+#[inline(always)]
+pub(super) fn clear_handed_out(p: *mut c_void, len: usize) {
+    if agent::scanning() {
+        // SAFETY: the caller's contract above: the block is ours to write, `len` bytes.
         unsafe { std::ptr::write_bytes(p as *mut u8, 0, len) };
     }
 }

@@ -116,9 +116,8 @@ extern "C" fn py_malloc(ctx: *mut c_void, size: usize) -> *mut c_void {
 /// went to `malloc`, whose hook clears them.
 #[inline(always)]
 fn fresh(p: *mut c_void, size: usize) {
-    if !p.is_null() && size <= SMALL_REQUEST && crate::agent::scanning() {
-        // SAFETY: a block of at least `size` bytes the allocator just handed out.
-        unsafe { std::ptr::write_bytes(p as *mut u8, 0, size) };
+    if !p.is_null() && size <= SMALL_REQUEST {
+        super::malloc::clear_handed_out(p, size);
     }
 }
 

@@ -393,14 +393,7 @@ pub fn write_report_json(w: impl std::io::Write, parts: &ReportParts) -> std::io
         .collect();
     let lines = timeline.lines.iter().map(|l| l.map_stacks(|st| table.indices(st))).collect();
     let timeline = schema::Timeline { points: timeline.points.clone(), series, lines };
-    let checks = checks
-        .iter()
-        .map(|c| {
-            let mut out = c.with_stacks(|l| table.indices(&l.stack));
-            out.why_reachable = c.why_reachable.iter().map(|w| w.map_stacks(|st| table.indices(st))).collect();
-            out
-        })
-        .collect();
+    let checks = checks.iter().map(|c| c.with_stacks(|st| table.indices(st))).collect();
     let why_reachable = why_reachable.iter().map(|w| w.map_stacks(|st| table.indices(st))).collect();
     let report = schema::Report::<schema::Indexed> {
         schema: SCHEMA.into(),
