@@ -99,8 +99,9 @@ fn install_with(symbol: &dyn Fn(&std::ffi::CStr) -> Option<usize>) -> bool {
         return false;
     };
     super::pyalloc::prepare(symbol, PYTHON_SAMPLE.load(Ordering::Relaxed));
-    let int_layout = int_layout_of(symbol);
-    arenas::set_layouts(int_layout, object_types_of(int_layout, symbol));
+    let minor = python_minor(symbol);
+    let int_layout = int_layout_of(minor, symbol);
+    arenas::set_layouts(int_layout, object_types_of(int_layout, symbol), code_adaptive_of(minor));
     ORIGINAL_CTX.store(original.ctx as usize, Ordering::Relaxed);
     ORIGINAL_ALLOC.store(alloc as usize, Ordering::Relaxed);
     ORIGINAL_FREE.store(free as usize, Ordering::Relaxed);
@@ -114,14 +115,20 @@ fn install_with(symbol: &dyn Fn(&std::ffi::CStr) -> Option<usize>) -> bool {
     true
 }
 
+/// The interpreter's minor version (3.x), from its exported `Py_GetVersion`.
+fn python_minor(symbol: &dyn Fn(&std::ffi::CStr) -> Option<usize>) -> Option<u8> {
+    let version = symbol(c"Py_GetVersion")?;
+    // SAFETY: the interpreter's exported `Py_GetVersion`.
+    let version = unsafe { crate::hotpath::python::version_of(version) };
+    crate::hotpath::python::minor_of_version(&version)
+}
+
 /// How this interpreter keeps an int, when its version is one whose `PyLongObject` is
 /// known (3.8 to 3.13): the scan reads the addresses a program keeps as Python ints
 /// (a ctypes `c_void_p` result, PyTorch's weak storage references) as references.
-fn int_layout_of(symbol: &dyn Fn(&std::ffi::CStr) -> Option<usize>) -> u64 {
-    let (Some(long_type), Some(version)) = (symbol(c"PyLong_Type"), symbol(c"Py_GetVersion")) else { return 0 };
-    // SAFETY: the interpreter's exported `Py_GetVersion`.
-    let version = unsafe { crate::hotpath::python::version_of(version) };
-    match crate::hotpath::python::minor_of_version(&version) {
+fn int_layout_of(minor: Option<u8>, symbol: &dyn Fn(&std::ffi::CStr) -> Option<usize>) -> u64 {
+    let Some(long_type) = symbol(c"PyLong_Type") else { return 0 };
+    match minor {
         Some(8..=11) => long_type as u64,
         Some(12..=13) => long_type as u64 | 1,
         _ => 0,
@@ -129,11 +136,23 @@ fn int_layout_of(symbol: &dyn Fn(&std::ffi::CStr) -> Option<usize>) -> u64 {
 }
 
 /// The built-in types the scan reads by their layout besides int: tuple, list, float,
-/// bytes, str; only for an interpreter whose layouts are known (3.8 to 3.13).
-fn object_types_of(int_layout: u64, symbol: &dyn Fn(&std::ffi::CStr) -> Option<usize>) -> [u64; 5] {
+/// bytes, str, code; only for an interpreter whose layouts are known (3.8 to 3.13).
+fn object_types_of(int_layout: u64, symbol: &dyn Fn(&std::ffi::CStr) -> Option<usize>) -> [u64; 6] {
     if int_layout == 0 {
-        return [0; 5];
+        return [0; 6];
     }
-    let names = [c"PyTuple_Type", c"PyList_Type", c"PyFloat_Type", c"PyBytes_Type", c"PyUnicode_Type"];
+    let names = [c"PyTuple_Type", c"PyList_Type", c"PyFloat_Type", c"PyBytes_Type", c"PyUnicode_Type", c"PyCode_Type"];
     names.map(|name| symbol(name).unwrap_or(0) as u64)
+}
+
+/// `offsetof(PyCodeObject, co_code_adaptive)` (`scan::pymalloc::ObjectTypes`), from the
+/// headers of 3.11.7, 3.12.1 and 3.13.0; 0 before 3.11 (the bytecode was a bytes object
+/// of its own) and for a version not known.
+fn code_adaptive_of(minor: Option<u8>) -> u64 {
+    match minor {
+        Some(11) => 184,
+        Some(12) => 192,
+        Some(13) => 200,
+        _ => 0,
+    }
 }

@@ -63,11 +63,12 @@ pub fn block_at(addr: u64, arena: u64, len: u64) -> Option<(u64, u64)> {
     Some((pool + POOL_OVERHEAD + (addr - pool - POOL_OVERHEAD) / size * size, size))
 }
 
-pub fn set_layouts(int_layout: u64, types: [u64; 5]) {
+pub fn set_layouts(int_layout: u64, types: [u64; 6], code_adaptive: u64) {
     INT_LAYOUT.store(int_layout, Ordering::Relaxed);
     for (slot, v) in OBJECT_TYPES.iter().zip(types) {
         slot.store(v, Ordering::Relaxed);
     }
+    CODE_ADAPTIVE.store(code_adaptive, Ordering::Relaxed);
 }
 
 pub fn note(addr: u64, size: u64) {
@@ -96,17 +97,20 @@ pub fn forget(addr: u64) {
 static INT_LAYOUT: AtomicU64 = AtomicU64::new(0);
 
 /// The built-in types the scan reads by their layout (`scan::pymalloc::ObjectTypes`)
-/// besides int (`INT_LAYOUT`): tuple, list, float, bytes, str; stored only for an
+/// besides int (`INT_LAYOUT`): tuple, list, float, bytes, str, code; stored only for an
 /// interpreter whose layouts are known (3.8 to 3.13).
-static OBJECT_TYPES: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
+static OBJECT_TYPES: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
+/// Where a code object's bytecode starts (`ObjectTypes::code_adaptive`); 0 when unknown.
+static CODE_ADAPTIVE: AtomicU64 = AtomicU64::new(0);
 
 /// The built-in types found at `install` (`None` before, or for an unknown version);
 /// the int's and the str headers' sizes follow from the int layout (3.12 changed both).
 pub fn object_types() -> Option<crate::scan::pymalloc::ObjectTypes> {
     let int = int_layout()?;
-    let [tuple, list, float, bytes, str] = std::array::from_fn(|i| OBJECT_TYPES[i].load(Ordering::Relaxed));
+    let [tuple, list, float, bytes, str, code] = std::array::from_fn(|i| OBJECT_TYPES[i].load(Ordering::Relaxed));
     let (str_ascii_header, str_compact_header) = if int.tagged { (40, 56) } else { (48, 72) };
-    Some(crate::scan::pymalloc::ObjectTypes { tuple, list, float, int: int.type_addr, bytes, str, str_ascii_header, str_compact_header })
+    let code_adaptive = CODE_ADAPTIVE.load(Ordering::Relaxed);
+    Some(crate::scan::pymalloc::ObjectTypes { tuple, list, float, int: int.type_addr, bytes, str, str_ascii_header, str_compact_header, code, code_adaptive })
 }
 
 /// The int layout found at `install` (`None` before, or for an unknown version).

@@ -174,6 +174,11 @@ pub struct Scratch<'a> {
     reached: Vec<bool>,
     indirect: Vec<bool>,
     work: Vec<usize>,
+    /// The live lists' item arrays and the bytes of each in use (`pymalloc::list_items`),
+    /// found in the arenas first: such a block is read up to its list's length only.
+    /// Its capacity is set before the threads are stopped (`reserve_lists`); lists past
+    /// it have their arrays read whole.
+    lists: Vec<(u64, u64)>,
 }
 
 pub const NO_OWNER: u32 = u32::MAX;
@@ -196,7 +201,13 @@ impl<'a> Scratch<'a> {
             indirect: vec![false; blocks],
             // Each block is pushed at most once: this never grows.
             work: Vec::with_capacity(blocks),
+            lists: Vec::new(),
         }
+    }
+
+    /// Room for `n` lists' item arrays (see `lists`).
+    pub fn reserve_lists(&mut self, n: usize) {
+        self.lists.reserve_exact(n);
     }
 }
 
@@ -302,16 +313,22 @@ pub const PYTHON_INTERIOR: u64 = 4096;
 /// (page-locked memory the driver may map in a way a copy cannot read).
 #[inline(always)]
 fn read_block(mem: &impl Memory, b: &Block, visit: &mut impl FnMut(u64, u64)) {
+    read_block_prefix(mem, b, b.size, visit);
+}
+
+/// `read_block` for the first `len` bytes of `b` only.
+#[inline(always)]
+fn read_block_prefix(mem: &impl Memory, b: &Block, len: u64, visit: &mut impl FnMut(u64, u64)) {
     if b.cuda {
-        mem.words(b.start, b.size, visit);
+        mem.words(b.start, len, visit);
     } else {
-        mem.block_words(b.start, b.size, visit);
+        mem.block_words(b.start, len, visit);
     }
 }
 
 /// Classifies every block against `roots`, without allocating.
 pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut Scratch) {
-    let Scratch { index, verdicts, owners, parent, via, reached, indirect, work } = s;
+    let Scratch { index, verdicts, owners, parent, via, reached, indirect, work, lists } = s;
     let index = &*index;
     let mut marks = Marks { reached, work, parent, via };
     // A word keeps the block it points into when it lies within `within` bytes of the
@@ -336,10 +353,29 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
     let mark_root = |start: u64, len: u64, m: &mut Marks, keeps_cuda: bool| {
         mem.root_words(start, len, &mut |at, w| keep(w, at, FROM_ROOT, m, keeps_cuda, u64::MAX));
     };
+    // The lists' item arrays, before anything is read: see `Scratch::lists`.
+    lists.clear();
+    if let Some(t) = roots.python_types.as_ref() {
+        for &arena in roots.python_arenas {
+            super::pymalloc::live_runs(mem, arena, |start, len, block_size| {
+                if block_size != super::pymalloc::LIST_BLOCK {
+                    return;
+                }
+                let mut find = |from: u64, n: u64| super::pymalloc::lists_in(mem, start, from, n, t, lists);
+                match roots.python_changed {
+                    None => find(start, len),
+                    Some(changed) => for_each_within(changed, start, len, &mut find),
+                }
+            });
+        }
+        lists.sort_unstable();
+    }
+    let lists = &lists[..];
     let trace = |m: &mut Marks, keeps_cuda: bool| {
         while let Some(i) = m.work.pop() {
             if !blocks[i].opaque {
-                read_block(mem, &blocks[i], &mut |at, w| keep(w, at, i as u32, m, keeps_cuda, u64::MAX));
+                let b = &blocks[i];
+                read_block_prefix(mem, b, super::pymalloc::list_part(b.start, b.size, lists), &mut |at, w| keep(w, at, i as u32, m, keeps_cuda, u64::MAX));
             }
         }
     };
@@ -373,7 +409,7 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
     for &arena in roots.python_arenas {
         super::pymalloc::live_runs(mem, arena, |start, len, block_size| {
             let mut read = |from: u64, n: u64| {
-                super::pymalloc::object_parts(mem, start, block_size, from, n, roots.python_types.as_ref(), |a, l| {
+                super::pymalloc::object_parts(mem, start, block_size, from, n, roots.python_types.as_ref(), lists, |a, l| {
                     mark_within(a, l, &mut marks, true, PYTHON_INTERIOR)
                 });
             };
@@ -816,5 +852,46 @@ mod tests {
         // a path through a block).
         assert_eq!((s.parent[0], s.via[0]), (FROM_ROOT, base + 48));
         assert_eq!((s.parent[1], s.via[1]), (FROM_ROOT, 0x9008));
+    }
+
+    /// A list's slots past its length keep what they held before a `pop`: they keep
+    /// nothing, whether its item array is a heap block or a block in the arenas; with no
+    /// room reserved for the lists, their arrays are read whole as before.
+    #[test]
+    fn a_lists_slots_past_its_length_keep_nothing() {
+        use super::super::pymalloc::ObjectTypes;
+        let b = blocks_at(&[(0x20_0000, 0x100), (0x30_0000, 0x40), (0x40_0000, 0x40), (0x50_0000, 0x40), (0x60_0000, 0x40)]);
+        let t = ObjectTypes { list: 0x7f00_0000_3000, ..Default::default() };
+        let base = 0x10_0000u64;
+        let mut m = BTreeMap::new();
+        // Two pools of 64-byte blocks (szidx 3): two lists, then one raw item array.
+        let pool = |m: &mut BTreeMap<u64, u64>, at: u64, objects: u64| {
+            for (i, w) in [objects, 0, 0, 0, 3 << 32, 48 + objects * 64].into_iter().enumerate() {
+                m.insert(at + 8 * i as u64, w);
+            }
+        };
+        pool(&mut m, base, 2);
+        pool(&mut m, base + 4096, 1);
+        let mut put = |at: u64, words: &[u64]| {
+            for (i, w) in words.iter().enumerate() {
+                m.insert(at + 8 * i as u64, *w);
+            }
+        };
+        // A list of 1 in a heap array of 4 (block 0), a list of 1 in an arena array of 3.
+        put(base + 48, &[0, 0, 1, t.list, 1, 0x20_0000, 4]);
+        put(base + 112, &[0, 0, 1, t.list, 1, base + 4096 + 48, 3]);
+        put(0x20_0000, &[0x30_0000, 0x60_0000]);
+        put(base + 4096 + 48, &[0x40_0000, 0x50_0000]);
+        let arenas = [(base, 256 << 10)];
+        let roots = Roots { python_arenas: &arenas, python_types: Some(t), ..Default::default() };
+        let mem = Fake(m);
+        use Verdict::*;
+        let mut s = Scratch::new(&b);
+        s.reserve_lists(8);
+        classify_into(&b, &roots, &mem, &mut s);
+        assert_eq!(s.verdicts, vec![Reachable, Reachable, Reachable, Definite, Definite]);
+        let mut s = Scratch::new(&b);
+        classify_into(&b, &roots, &mem, &mut s);
+        assert_eq!(s.verdicts, vec![Reachable; 5]);
     }
 }

@@ -137,11 +137,18 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
     // parent had (as for inherited blocks): room for their changed parts, from the
     // arenas there are now (more made meanwhile widen the last part, never allocate).
     let mut python_changed = Vec::new();
+    crate::scan::arenas::live_arenas(&mut python_arenas);
     if forked_child {
-        crate::scan::arenas::live_arenas(&mut python_arenas);
         python_changed.reserve(roots::WrittenPages::bound(&python_arenas) + 64);
-        python_arenas.clear();
     }
+    // Room for the lists' item arrays (`mark::Scratch::lists`): one per 256 bytes of
+    // arena (a list is 64 of them), at most 16 MiB of entries; those past it are read
+    // whole, as before.
+    let arena_bytes: u64 = python_arenas.iter().map(|a| a.1).sum();
+    if arena_bytes > 0 {
+        scratch.reserve_lists(((arena_bytes / 256) as usize).clamp(4096, 1 << 20));
+    }
+    python_arenas.clear();
     // Frees published after the live set was taken (see `mark::Roots::freed_meanwhile`).
     let mut freed = Vec::with_capacity(FREED_MEANWHILE);
     // From here until `resume`: no allocation.

@@ -96,6 +96,29 @@ pub fn find(targets: &[(u64, u64)], arenas: &[(u64, u64)], blocks: &[(u64, u64)]
             hits.push(h);
         }
     };
+    // Objects are read only where they can hold a reference, as the scan reads them
+    // (`pymalloc::object_parts`): the lists' item arrays up to their lengths, found
+    // first. A stale word past a list's length had named the wrong holder.
+    let types = super::arenas::object_types();
+    let mut lists: Vec<(u64, u64)> = Vec::new();
+    if let Some(t) = types.as_ref() {
+        for &(start, size) in arenas {
+            let mut at = start;
+            while at < start + size {
+                let n = (start + size - at).min(SPAN);
+                let words = copy(at, &mut buf[..(n / 8) as usize]);
+                let mem = Copied { base: at, words };
+                super::pymalloc::live_runs(&mem, (at, words.len() as u64 * 8), |run, len, block| {
+                    if block == super::pymalloc::LIST_BLOCK {
+                        lists.reserve((len / block) as usize);
+                        super::pymalloc::lists_in(&mem, run, run, len, t, &mut lists);
+                    }
+                });
+                at += n;
+            }
+        }
+        lists.sort_unstable();
+    }
     for &(start, size) in arenas {
         let mut at = start;
         while at < start + size {
@@ -104,17 +127,19 @@ pub fn find(targets: &[(u64, u64)], arenas: &[(u64, u64)], blocks: &[(u64, u64)]
             let mem = Copied { base: at, words };
             // Whole pools only: an arena is copied in 1 MiB pieces, pools are 16 KiB.
             super::pymalloc::live_runs(&mem, (at, words.len() as u64 * 8), |run, len, block| {
-                let mut prev = 0;
-                mem.words(run, len, &mut |a, w| {
-                    if let Some(t) = target_of(w) {
-                        let start = run + (a - run) / block * block;
-                        let before = if a > start && w == t { prev } else { 0 };
-                        // Never an object's own words.
-                        if !(start..start + block).contains(&t) {
-                            hit((t, a, Holder::Object { start, size: block }, before, w == t));
+                super::pymalloc::object_parts(&mem, run, block, run, len, types.as_ref(), &lists, |from, part| {
+                    let mut prev = 0;
+                    mem.words(from, part, &mut |a, w| {
+                        if let Some(t) = target_of(w) {
+                            let start = run + (a - run) / block * block;
+                            let before = if a > start && w == t { prev } else { 0 };
+                            // Never an object's own words.
+                            if !(start..start + block).contains(&t) {
+                                hit((t, a, Holder::Object { start, size: block }, before, w == t));
+                            }
                         }
-                    }
-                    prev = w;
+                        prev = w;
+                    });
                 });
             });
             at += n;
@@ -136,7 +161,7 @@ pub fn find(targets: &[(u64, u64)], arenas: &[(u64, u64)], blocks: &[(u64, u64)]
         let mem = Copied { base: start & !7, words };
         for (k, &(b, size)) in blocks.iter().enumerate().take(i).skip(first) {
             let mut prev = 0;
-            mem.words(b, size, &mut |a, w| {
+            mem.words(b, super::pymalloc::list_part(b, size, &lists), &mut |a, w| {
                 if let Some(t) = target_of(w) {
                     if !(b..b + size).contains(&t) {
                         hit((t, a, Holder::Block(k), if a > b && w == t { prev } else { 0 }, w == t));
