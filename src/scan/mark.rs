@@ -409,9 +409,8 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
     for &arena in roots.python_arenas {
         super::pymalloc::live_runs(mem, arena, |start, len, block_size| {
             let mut read = |from: u64, n: u64| {
-                super::pymalloc::object_parts(mem, start, block_size, from, n, roots.python_types.as_ref(), lists, |a, l| {
-                    mark_within(a, l, &mut marks, true, PYTHON_INTERIOR)
-                });
+                let known = super::pymalloc::Known { types: roots.python_types.as_ref(), lists };
+                super::pymalloc::object_parts(mem, start, block_size, from, n, known, |a, l| mark_within(a, l, &mut marks, true, PYTHON_INTERIOR));
             };
             match roots.python_changed {
                 None => read(start, len),

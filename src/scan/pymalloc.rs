@@ -112,6 +112,14 @@ const LIST_BYTES: u64 = 56;
 /// The size class of a list object (its 56 bytes rounded up to the alignment).
 pub const LIST_BLOCK: u64 = 64;
 
+/// What the scan knows of the objects in the arenas: the built-in types (`None`: every
+/// block is read whole) and the lists' item arrays (`lists_in`, sorted).
+#[derive(Clone, Copy, Default)]
+pub struct Known<'a> {
+    pub types: Option<&'a ObjectTypes>,
+    pub lists: &'a [(u64, u64)],
+}
+
 /// What of one block `object_parts` reads.
 #[derive(Debug, PartialEq, Eq)]
 enum Extent {
@@ -181,18 +189,10 @@ fn extent(h: &[u64; 5], block_size: u64, t: &ObjectTypes) -> Extent {
 /// kept leaked 8 KiB buffers "reachable" (1 to 3 of 20 in 6 runs of 16). A block only
 /// partly in the range is read as it is.
 ///
-/// `lists`: the item arrays of the live lists (`list_items`, sorted by address): a block
-/// that is one is read up to the list's length only.
-pub fn object_parts(
-    mem: &impl Memory,
-    run: u64,
-    block_size: u64,
-    from: u64,
-    len: u64,
-    types: Option<&ObjectTypes>,
-    lists: &[(u64, u64)],
-    mut visit: impl FnMut(u64, u64),
-) {
+/// `known.lists`: the item arrays of the live lists (`list_items`, sorted by address): a
+/// block that is one is read up to the list's length only.
+pub fn object_parts(mem: &impl Memory, run: u64, block_size: u64, from: u64, len: u64, known: Known, mut visit: impl FnMut(u64, u64)) {
+    let Known { types, lists } = known;
     let Some(t) = types else {
         visit(from, len);
         return;
@@ -463,7 +463,7 @@ mod tests {
         let mem = Fake { base, words: blocks.concat() };
         let read = |from: u64, len: u64, types: Option<&ObjectTypes>| {
             let mut got = Vec::new();
-            object_parts(&mem, base, 64, from, len, types, &[], |s, l| {
+            object_parts(&mem, base, 64, from, len, Known { types, lists: &[] }, |s, l| {
                 mem.words(s, l, &mut |_, w| got.push(w));
             });
             got
@@ -481,14 +481,14 @@ mod tests {
         // has its type is read whole.
         let mem = Fake { base, words: vec![0x7f00_1234_5678, t.float, 0x7f00_1234_9999, t.tuple, 0x55aa_0000_0010, 1, 2, 3] };
         let mut n = 0;
-        object_parts(&mem, base, 64, base, 64, Some(t), &[], |s, l| {
+        object_parts(&mem, base, 64, base, 64, Known { types: Some(t), lists: &[] }, |s, l| {
             mem.words(s, l, &mut |_, _| n += 1);
         });
         assert_eq!(n, 8);
         // A length that does not fit its block is no tuple's: read whole.
         let mem = Fake { base, words: vec![0, 0, 1, t.tuple, 9, 1, 2, 3] };
         let mut n = 0;
-        object_parts(&mem, base, 64, base, 64, Some(t), &[], |s, l| {
+        object_parts(&mem, base, 64, base, 64, Known { types: Some(t), lists: &[] }, |s, l| {
             mem.words(s, l, &mut |_, _| n += 1);
         });
         assert_eq!(n, 8);
@@ -531,7 +531,7 @@ mod tests {
         lists_in(&mem, base, base, 4 * 64, &t, &mut lists);
         assert_eq!(lists, vec![(base + 128, 16), (0x77_0000, 32)]);
         let mut got = Vec::new();
-        object_parts(&mem, base, 64, base, 4 * 64, Some(&t), &lists, |s, l| {
+        object_parts(&mem, base, 64, base, 4 * 64, Known { types: Some(&t), lists: &lists }, |s, l| {
             mem.words(s, l, &mut |_, w| got.push(w));
         });
         assert!(!got.contains(&0x5a1e), "{got:x?}");
@@ -541,7 +541,7 @@ mod tests {
         // A list of one in a 16-byte block: its slot, not the slack after it.
         let mem16 = Fake { base, words: vec![0xa1, 0x5a1e, 0xb1, 0xb2] };
         let mut got = Vec::new();
-        object_parts(&mem16, base, 16, base, 32, Some(&t), &[(base, 8)], |s, l| {
+        object_parts(&mem16, base, 16, base, 32, Known { types: Some(&t), lists: &[(base, 8)] }, |s, l| {
             mem16.words(s, l, &mut |_, w| got.push(w));
         });
         assert_eq!(got, vec![0xa1, 0xb1, 0xb2]);

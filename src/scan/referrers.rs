@@ -127,7 +127,8 @@ pub fn find(targets: &[(u64, u64)], arenas: &[(u64, u64)], blocks: &[(u64, u64)]
             let mem = Copied { base: at, words };
             // Whole pools only: an arena is copied in 1 MiB pieces, pools are 16 KiB.
             super::pymalloc::live_runs(&mem, (at, words.len() as u64 * 8), |run, len, block| {
-                super::pymalloc::object_parts(&mem, run, block, run, len, types.as_ref(), &lists, |from, part| {
+                let known = super::pymalloc::Known { types: types.as_ref(), lists: &lists };
+                super::pymalloc::object_parts(&mem, run, block, run, len, known, |from, part| {
                     let mut prev = 0;
                     mem.words(from, part, &mut |a, w| {
                         if let Some(t) = target_of(w) {
