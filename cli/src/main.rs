@@ -219,7 +219,7 @@ struct CheckArgs {
     fail_on_growth: bool,
     /// Also fail when a part of a process's memory grew by more than SIZE in the
     /// second half of its run (from its middle to its peak); repeatable. PART is one
-    /// of rss, heap_live, heap_free, heap_other, python_objects, python_free, mmap,
+    /// of rss, heap_live, heap_free, heap_other, python_objects, python_free, static_data, mmap,
     /// shm, stacks, file, tracer, unexplained, uss, pss; SIZE takes B, KiB, MiB, GiB.
     #[arg(long, value_name = "PART=SIZE", value_parser = leaktrace_common::memory::parse_limit)]
     max_growth: Vec<(String, u64)>,

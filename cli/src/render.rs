@@ -123,6 +123,7 @@ pub fn part_label(part: &str) -> &'static str {
         "heap_other" => "other heap",
         "python_objects" => "Python objects",
         "python_free" => "Python arenas' free space",
+        "static_data" => "libraries' static data",
         "mmap" => "direct mappings",
         "shm" => "shared memory",
         "stacks" => "thread stacks",

@@ -1313,6 +1313,36 @@ fn a_list_of_numpy_arrays_and_an_lru_cache_of_tensors_name_their_container() {
     }
 }
 
+/// A DQN replay buffer (issue 52's proof): a `deque` local to `main()`, cleared before
+/// the program exits. The line that makes the states grows, and its holder, found while
+/// it grew, names the local and its function, not the interpreter's frame memory.
+#[test]
+fn a_replay_deque_local_to_main_and_cleared_before_exit_is_named_as_that_local() {
+    let Some(python) = torch_python() else { return };
+    if !Command::new(&python).args(["-c", "import numpy"]).output().is_ok_and(|o| o.status.success()) {
+        skip::missing(&format!("NumPy for {python}"), "python3 -m pip install numpy");
+        return;
+    }
+    let minor =
+        Command::new(&python).args(["-c", "import sys; print(sys.version_info[1])"]).output().map(|o| text(&o.stdout).trim().parse::<u32>().unwrap_or(0));
+    if !minor.is_ok_and(|m| m >= 11) {
+        skip::missing(&format!("CPython 3.11+ (frames in the interpreter's own chunks) for {python}"), "a python3 of 3.11 or later on PATH");
+        return;
+    }
+    let script = manifest().join("../tests/fixtures/frameworks/replay_deque.py");
+    let src = std::fs::read_to_string(&script).unwrap();
+    let line = src.lines().position(|l| l.ends_with("# STATE")).unwrap() as u64 + 1;
+    let def_line = src.lines().position(|l| l.starts_with("def main")).unwrap() as u64 + 1;
+    let dir = scratch("replay-deque");
+    let out = Command::new(bin()).args(["run", "--output", "r", "--", &python, script.to_str().unwrap()]).current_dir(&dir).bounded_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("trained on 300 transitions"), "the program's output is its own");
+    let shown = text(&leaktrace(&["report", "r"], &dir).stdout);
+    let held = shown.lines().skip_while(|l| !l.contains(&format!("replay_deque.py:{line} [python]"))).nth(1).unwrap_or_default();
+    assert!(held.contains("held by:") && held.ends_with(&format!("local replay of main() (replay_deque.py:{def_line})")), "{shown}");
+    assert!(held.contains("collections.deque"), "{held}");
+}
+
 /// A C test runner's checks (one `leaktrace_snapshot(label)` per test, the C API
 /// fixture) as `leaktrace report` shows them: one line per leaking label in text, one JUnit test
 /// case per label that fails when the check leaked, and `--fail-on-leak` failing the run.

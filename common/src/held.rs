@@ -61,6 +61,12 @@ pub fn link_text(l: &HeldLink) -> String {
                 None => format!("a Python object (+{})", l.offset),
             },
         },
+        "python_local" => match (&l.symbol, &l.function) {
+            (Some(name), Some(f)) => format!("local {name} of {f}"),
+            (None, Some(f)) => format!("a value on the stack of {f}"),
+            (Some(name), None) => format!("local {name} of a running Python function"),
+            (None, None) => "a running Python function's frame".into(),
+        },
         "elided" => format!("… {} more …", l.elided.unwrap_or(0)),
         "unscanned" => "no reference (the loader's, or marked ignored)".into(),
         "root" => "a root".into(),
@@ -241,5 +247,18 @@ mod tests {
         assert_eq!(held_by_text(&links).unwrap(), "held by: an attribute of a Trainer object");
         let links = vec![py(None, 64), py(Some("list"), 24), HeldLink { key: Some("k".into()), ..py(None, 8) }, py(Some("dict"), 32)];
         assert_eq!(held_by_text(&links).unwrap(), "held by: list[8] ← dict[\"k\"]");
+        // A running function's local (3.11+ frames), and a value on its stack.
+        let local = |name: Option<&str>| HeldLink {
+            kind: "python_local".into(),
+            symbol: name.map(Into::into),
+            function: Some("main() (replay_deque.py:16)".into()),
+            ..Default::default()
+        };
+        let links = vec![py(Some("tuple"), 24), py(Some("collections.deque"), 16), local(Some("replay"))];
+        assert_eq!(
+            held_by_text(&links).unwrap(),
+            "held by: tuple (Python object, +24) ← collections.deque (Python object, +16) ← local replay of main() (replay_deque.py:16)"
+        );
+        assert_eq!(link_text(&local(None)), "a value on the stack of main() (replay_deque.py:16)");
     }
 }

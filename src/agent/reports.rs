@@ -43,6 +43,8 @@ pub(super) struct ReportSide {
     pub(super) held_before_exit: std::collections::HashMap<(u32, &'static str), Vec<leaktrace_common::report_schema::HeldLink>>,
     /// The same for the growing lines of the user's Python code.
     pub(super) held_lines_before_exit: HashMap<crate::report::python::UserLine, Vec<leaktrace_common::report_schema::HeldLink>>,
+    /// Growing lines whose holders were looked for while they grew (`lines_to_name`).
+    pub(super) looked_for: std::collections::HashSet<crate::report::python::UserLine>,
     /// The checks the program asked for (`checkpoint`), and how many more were not kept.
     pub(super) checks: Vec<checks::Check>,
     pub(super) checks_dropped: u64,
@@ -75,6 +77,7 @@ impl ReportSide {
             no_final_report: None,
             held_before_exit: Default::default(),
             held_lines_before_exit: Default::default(),
+            looked_for: Default::default(),
             checks: Vec::new(),
             checks_dropped: 0,
         }
@@ -515,6 +518,22 @@ pub(super) fn held_before_exit() {
         let links = crate::report::held::resolve(&path, &mut r.symbolizer);
         r.held_lines_before_exit.insert(line, links);
     }
+}
+
+/// Whether a line grows that has no holder yet and was not looked for while growing:
+/// such lines are noted as looked for, and the caller asks for `held_before_exit` now
+/// (`python_exit::holders_while_growing`), so that memory the program lets go before it
+/// exits (a replay buffer cleared at the end of `main`) still has its holder.
+pub(super) fn lines_to_name() -> bool {
+    let lines = growing_lines();
+    if lines.is_empty() {
+        return false;
+    }
+    let Some(mut r) = lock_bounded(&REPORT, Duration::from_secs(1)) else { return false };
+    let Some(r) = r.as_mut() else { return false };
+    let new: Vec<_> = lines.into_iter().filter(|l| !r.held_lines_before_exit.contains_key(l) && !r.looked_for.contains(l)).collect();
+    r.looked_for.extend(new.iter().copied());
+    !new.is_empty()
 }
 
 /// Sampled objects of a growing line whose holders are looked for (the first to reach a

@@ -109,14 +109,19 @@ pub(super) fn reachability_scan(
     let mut indirect_from: HashMap<GroupKey, BTreeMap<u32, (u64, u64)>> = Default::default();
     let mut totals = build::KindReachability::default();
     // Per wanted group: its largest reachable block (the most recent of equal ones is
-    // not known; the highest address is taken, for a stable answer).
+    // not known; the highest address is taken, for a stable answer), and its reachable
+    // blocks' indices, from which more are drawn (`representatives`).
     let mut representative: HashMap<GroupKey, (u64, u64, usize)> = Default::default();
+    let mut members: HashMap<GroupKey, Vec<usize>> = Default::default();
     for (i, ((b, &v), owner)) in live.iter().zip(&verdicts).zip(owners).enumerate() {
         let key = (b.stack, b.api.name(), b.device);
         if v == Verdict::Reachable && !wanted.is_empty() && wanted.contains(&(b.stack, b.api)) && parent[i] != mark::FROM_FREED {
             let r = representative.entry(key).or_insert((b.size, b.addr, i));
             if (b.size, b.addr) > (r.0, r.1) {
                 *r = (b.size, b.addr, i);
+            }
+            if through_python.contains(&(b.stack, b.api)) {
+                members.entry(key).or_default().push(i);
             }
         }
         by_group.entry(key).or_default().add(v, b.size);
@@ -129,6 +134,7 @@ pub(super) fn reachability_scan(
             }
         }
     }
+    let largest: HashMap<GroupKey, usize> = representative.iter().map(|(k, r)| (*k, r.2)).collect();
     let mut held_by: HashMap<GroupKey, crate::report::held::RawPath> = representative
         .into_iter()
         .map(|(key, (_, _, i))| {
@@ -136,11 +142,24 @@ pub(super) fn reachability_scan(
             (key, crate::report::held::RawPath::new(live, i, &steps, left_out, PATH_LINKS / 2, &labels))
         })
         .collect();
-    // Through Python objects (a pass over them per round) for the growing ones only.
-    let mut python: HashMap<GroupKey, crate::report::held::RawPath> =
-        held_by.extract_if(|k, _| through_python.iter().any(|t| t.0 == k.0 && t.1.name() == k.1)).collect();
+    // Through Python objects (a pass over them per round) for the growing ones only,
+    // from several of each group's blocks: the one path a group shows is the holder
+    // most of them have. The largest block alone was often the newest, which a running
+    // function's local also holds (`state` in a training loop) while the container
+    // that keeps all the others (the replay buffer) is what grows.
+    let python_keys: Vec<GroupKey> = held_by.keys().filter(|k| through_python.iter().any(|t| t.0 == k.0 && t.1.name() == k.1)).copied().collect();
+    let mut python: HashMap<(GroupKey, usize), crate::report::held::RawPath> = HashMap::new();
+    for key in python_keys {
+        let Some(first) = held_by.remove(&key) else { continue };
+        let first_block = largest.get(&key).copied();
+        python.insert((key, 0), first);
+        for (n, i) in representatives(members.get(&key).map_or(&[][..], Vec::as_slice)).into_iter().filter(|&i| Some(i) != first_block).enumerate() {
+            let (steps, left_out) = mark::path(&parent, &via, i, PATH_LINKS);
+            python.insert((key, n + 1), crate::report::held::RawPath::new(live, i, &steps, left_out, PATH_LINKS / 2, &labels));
+        }
+    }
     crate::report::held::extend_python(&mut python, live, &parent, &via, &labels, PATH_LINKS);
-    held_by.extend(python);
+    held_by.extend(most_common_holder(python));
     let kept = keep.then_some(KeptScan { verdicts, parent, via, labels });
     ScanResult { out: info, by_group, totals, indirect_from, held_by, kept }
 }
@@ -191,4 +210,38 @@ pub(super) fn why_reachable(
 /// Whether a stack's frames match `template` (a suppression's pattern).
 pub(super) fn stack_matches(template: &str, stack: &[leaktrace_common::report_schema::Frame]) -> bool {
     leaktrace_common::suppressions::frame_names(stack).any(|n| leaktrace_common::suppressions::template_match(template, n))
+}
+
+/// Blocks of a group whose holders are compared besides its largest.
+const REPRESENTATIVES: usize = 4;
+
+/// Up to `REPRESENTATIVES` of a group's reachable blocks (`members`, in address order),
+/// spread evenly over them.
+fn representatives(members: &[usize]) -> Vec<usize> {
+    let n = members.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    let mut out: Vec<usize> = (0..REPRESENTATIVES.min(n)).map(|k| members[k * n / REPRESENTATIVES.min(n)]).collect();
+    out.dedup();
+    out
+}
+
+/// Per group, the path whose last link (what holds the chain: a module's global, a
+/// function's local, a stack) most of its representatives share; among those, the
+/// first drawn (the largest block's).
+fn most_common_holder(paths: HashMap<(GroupKey, usize), crate::report::held::RawPath>) -> HashMap<GroupKey, crate::report::held::RawPath> {
+    let mut by_group: HashMap<GroupKey, Vec<(usize, crate::report::held::RawPath)>> = HashMap::new();
+    for ((key, n), p) in paths {
+        by_group.entry(key).or_default().push((n, p));
+    }
+    by_group
+        .into_iter()
+        .filter_map(|(key, mut drawn)| {
+            drawn.sort_by_key(|(n, _)| *n);
+            let votes = |p: &crate::report::held::RawPath| drawn.iter().filter(|(_, q)| !q.links.is_empty() && q.links.last() == p.links.last()).count();
+            let best = drawn.iter().enumerate().max_by_key(|(k, (_, p))| (votes(p), std::cmp::Reverse(*k))).map(|(k, _)| k)?;
+            Some((key, drawn.swap_remove(best).1))
+        })
+        .collect()
 }

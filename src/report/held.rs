@@ -23,6 +23,9 @@ pub enum RawLink {
     /// `attribute`: the reference is one of the object's attribute values, kept apart
     /// from it (3.11+: before the object, through its values pointer).
     Python { start: u64, offset: u64, type_name: Option<String>, key: Option<String>, module: Option<String>, attribute: bool },
+    /// A running function's frame holds it (3.11+): a local variable (`name`) or a
+    /// value on its stack (`None`); `function`: `qualname() (file:first line)`.
+    Local { name: Option<String>, function: String },
     /// Root memory holds it, at `addr`.
     Root { addr: u64, label: Option<RootLabel> },
     /// Links of a long chain left out here.
@@ -90,11 +93,17 @@ pub fn resolve(path: &RawPath, sym: &mut Symbolizer) -> Vec<HeldLink> {
                 attribute: *attribute,
                 ..Default::default()
             },
+            RawLink::Local { name, function } => local_link(name.clone(), Some(function.clone())),
             RawLink::Elided(n) => HeldLink { kind: "elided".into(), elided: Some(*n), ..Default::default() },
             RawLink::Unscanned => HeldLink { kind: "unscanned".into(), ..Default::default() },
             RawLink::Root { addr, label } => root_link(*addr, *label, sym),
         })
         .collect()
+}
+
+/// A running function's local variable (or stack value).
+fn local_link(name: Option<String>, function: Option<String>) -> HeldLink {
+    HeldLink { kind: "python_local".into(), symbol: name, function, ..Default::default() }
 }
 
 fn root_link(addr: u64, label: Option<RootLabel>, sym: &mut Symbolizer) -> HeldLink {
@@ -116,6 +125,15 @@ fn root_link(addr: u64, label: Option<RootLabel>, sym: &mut Symbolizer) -> HeldL
         RootKind::Tls => HeldLink { kind: "tls".into(), offset, ..Default::default() },
         RootKind::Region => HeldLink { kind: "root_region".into(), offset, ..Default::default() },
         RootKind::Inherited => HeldLink { kind: "inherited".into(), offset, ..Default::default() },
+        RootKind::PythonFrames => {
+            let slot = crate::hotpath::python::minor()
+                .filter(|_| crate::scan::roots::copies_allowed())
+                .and_then(|minor| crate::scan::referrers::frame_slot(addr, (label.start, label.len), minor));
+            match slot {
+                Some(s) => local_link(s.name, Some(s.function)),
+                None => local_link(None, None),
+            }
+        }
         RootKind::PythonObject => {
             let block = crate::scan::roots::copies_allowed().then(|| crate::scan::arenas::block_at(addr, label.start, label.len)).flatten();
             let named = block.and_then(|(b, size)| crate::scan::referrers::object_in_block(b, size));
@@ -176,6 +194,8 @@ pub fn extend_python<K: Clone + Eq + std::hash::Hash>(
     let mut arenas = Vec::with_capacity(crate::scan::arenas::capacity());
     crate::scan::arenas::live_arenas(&mut arenas);
     arenas.sort_unstable();
+    let mut chunks = Vec::with_capacity(crate::scan::arenas::capacity());
+    crate::scan::arenas::live_frame_chunks(&mut chunks);
     let heap: Vec<usize> = (0..live.len()).filter(|&i| live[i].api.kind() == crate::hotpath::event::Kind::Host).collect();
     let blocks: Vec<(u64, u64)> = heap.iter().map(|&i| (live[i].addr, live[i].size)).collect();
     // Per path: the branch that went furthest through first choices, for a path that
@@ -186,7 +206,7 @@ pub fn extend_python<K: Clone + Eq + std::hash::Hash>(
     let mut rooted: std::collections::HashMap<K, Vec<RawLink>> = Default::default();
     for _ in 0..PYTHON_ROUNDS {
         let targets: Vec<(u64, u64)> = frontier.iter().map(|b| (b.target, b.reach)).collect();
-        let found = referrers::find(&targets, &arenas, &blocks, minor);
+        let found = referrers::find(&targets, &arenas, &chunks, &blocks, minor);
         let mut next: Vec<Branch<K>> = Vec::new();
         let mut branches: std::collections::HashMap<K, usize> = Default::default();
         for b in frontier {
@@ -217,6 +237,14 @@ pub fn extend_python<K: Clone + Eq + std::hash::Hash>(
                         } else {
                             Some((object, reach))
                         }
+                    }
+                    referrers::Holder::Frame { start, size } => {
+                        // A running function's local: a variable the user names.
+                        match referrers::frame_slot(f.at, (start, size), minor) {
+                            Some(slot) => links.push(RawLink::Local { name: slot.name, function: slot.function }),
+                            None => continue,
+                        }
+                        None
                     }
                     referrers::Holder::Block(j) if parent.is_empty() => {
                         // No scan to follow: on through what refers to the block.
@@ -252,8 +280,11 @@ pub fn extend_python<K: Clone + Eq + std::hash::Hash>(
                 if choice == 0 && best.get(&b.path).is_none_or(|l| l.len() < links.len()) {
                     best.insert(b.path.clone(), links.clone());
                 }
-                let at_module =
-                    matches!(links.last(), Some(RawLink::Python { module: Some(_), .. }) | Some(RawLink::Python { type_name: Some(_), .. }) if end.is_none());
+                let at_module = matches!(
+                    links.last(),
+                    Some(RawLink::Python { module: Some(_), .. }) | Some(RawLink::Python { type_name: Some(_), .. }) | Some(RawLink::Local { name: Some(_), .. })
+                        if end.is_none()
+                );
                 match end {
                     None if at_module => {
                         // A module: the path takes this branch.
@@ -318,7 +349,7 @@ pub fn python_holder(live: &[LiveEntry], objects: &[u64]) -> Option<RawPath> {
         })
         .collect();
     extend_python(&mut paths, live, &[], &[], &[], 0);
-    let at_module = |p: &RawPath| matches!(p.links.last(), Some(RawLink::Python { module: Some(_), .. }));
+    let at_module = |p: &RawPath| matches!(p.links.last(), Some(RawLink::Python { module: Some(_), .. }) | Some(RawLink::Local { name: Some(_), .. }));
     let mut found: Vec<(usize, RawPath)> = paths.into_iter().filter(|(_, p)| p.links.len() > 1).collect();
     // The first object (the largest group's) that reached a module, else the longest way.
     found.sort_by_key(|(k, p)| (!at_module(p), if at_module(p) { 0 } else { usize::MAX - p.links.len() }, *k));

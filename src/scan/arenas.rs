@@ -137,12 +137,47 @@ pub fn capacity() -> usize {
 /// Appends the live arenas (start, size) to `out` without allocating: at most its
 /// spare capacity (reserve `capacity()` first).
 pub fn live_arenas(out: &mut Vec<(u64, u64)>) {
+    live_mappings(out, true);
+}
+
+/// Appends the live chunks of the interpreter's frame stacks (start, size), as
+/// `live_arenas` does the arenas.
+pub fn live_frame_chunks(out: &mut Vec<(u64, u64)>) {
+    live_mappings(out, false);
+}
+
+/// Whether a mapping the interpreter asked its arena allocator for is an arena (256 KiB
+/// before 3.10, 1 MiB since), not a chunk of a thread's frame stack: from 3.11 the
+/// interpreter maps those through the same allocator (`_PyObject_VirtualAlloc`), 16
+/// KiB first and twice as large for each deeper one, never an arena's size (that would
+/// take a single frame of over 128 KiB). Read as pools, such a chunk named a function's
+/// locals "an attribute of a tuple object" when it named them at all.
+pub fn is_arena_size(size: u64) -> bool {
+    size == 256 << 10 || size == 1 << 20
+}
+
+/// How many frame-stack chunks there are now.
+pub fn frame_chunks_now() -> usize {
+    let Some(t) = table() else { return 0 };
+    let high = HIGH.load(Ordering::Acquire);
+    (0..high)
+        .filter(|&i| {
+            let a = t.addr[i].load(Ordering::Acquire);
+            a != 0 && a != u64::MAX && !is_arena_size(t.size[i].load(Ordering::Relaxed))
+        })
+        .count()
+}
+
+fn live_mappings(out: &mut Vec<(u64, u64)>, arenas: bool) {
     let Some(t) = table() else { return };
     let high = HIGH.load(Ordering::Acquire);
     for i in 0..high {
         let a = t.addr[i].load(Ordering::Acquire);
         if a != 0 && a != u64::MAX && out.len() < out.capacity() {
-            out.push((a, t.size[i].load(Ordering::Relaxed)));
+            let size = t.size[i].load(Ordering::Relaxed);
+            if is_arena_size(size) == arenas {
+                out.push((a, size));
+            }
         }
     }
 }

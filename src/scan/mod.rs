@@ -54,6 +54,8 @@ pub enum RootKind {
     Region,
     /// A Python object in pymalloc's arenas.
     PythonObject,
+    /// A chunk of a thread's Python frame stack (3.11+): running functions' locals.
+    PythonFrames,
     /// A block the parent process allocated (a forked child).
     Inherited,
     /// A CUDA library's own data.
@@ -131,8 +133,13 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
         labels.push(RootLabel { start: range.0, len: range.1, kind: RootKind::Stack { tid, ip: 0, copied: true } });
     }
     roots::own_stack(&maps, &mut root_ranges, &mut regs, &mut labels);
-    root_ranges.reserve(tids.len() + 8 + roots::WrittenPages::bound(&module_ranges));
+    root_ranges.reserve(tids.len() + 8 + roots::WrittenPages::bound(&module_ranges) + python_frames_bound());
     let mut python_arenas = Vec::with_capacity(crate::scan::arenas::capacity());
+    // The chunks of the threads' Python frame stacks (3.11+): the running functions'
+    // locals, roots as a thread's stack is. Read whole: the slots above the running
+    // frames keep what returned calls left (Python objects, which are roots anyway,
+    // save the few large ones malloc holds).
+    let mut python_frames = Vec::with_capacity(crate::scan::arenas::capacity());
     // In a forked child, the arenas' pages unchanged since the fork hold only what the
     // parent had (as for inherited blocks): room for their changed parts, from the
     // arenas there are now (more made meanwhile widen the last part, never allocate).
@@ -161,6 +168,12 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
     crate::hotpath::channel::unapplied_frees(&mut freed);
     // Read while the interpreter's threads are held (arenas come and go under the GIL).
     crate::scan::arenas::live_arenas(&mut python_arenas);
+    crate::scan::arenas::live_frame_chunks(&mut python_frames);
+    for &chunk in &python_frames {
+        if root_ranges.len() < root_ranges.capacity() {
+            root_ranges.push(chunk);
+        }
+    }
     // Which pages were written is read while every thread that could write is held.
     if forked_child {
         // What the child never wrote holds only what the parent had at the fork: no
@@ -195,6 +208,7 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
     roots::resume(stopped.asked);
     // The arenas read while the threads were held, labelled now that allocating is safe.
     labels.extend(label(&python_arenas, RootKind::PythonObject));
+    labels.extend(label(&python_frames, RootKind::PythonFrames));
     let info = ScanInfo {
         ran: true,
         duration_ms: t0.elapsed().as_millis() as u64,
@@ -205,4 +219,10 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
         heap_bytes: blocks.iter().map(|b| b.size).sum(),
     };
     ScanOut { verdicts: scratch.verdicts, owners: scratch.owners, parent: scratch.parent, via: scratch.via, labels, info }
+}
+
+/// Room for the frame-stack chunks among the roots: those there are now and as many
+/// again (threads start meanwhile), at least 64.
+fn python_frames_bound() -> usize {
+    2 * crate::scan::arenas::frame_chunks_now() + 64
 }

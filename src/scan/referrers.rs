@@ -21,6 +21,9 @@ pub enum Holder {
     Object { start: u64, size: u64 },
     /// A tracked heap block, by its index in the blocks given.
     Block(usize),
+    /// A chunk of a thread's frame stack (3.11+: the frames of running functions, with
+    /// their local variables), by its start and size.
+    Frame { start: u64, size: u64 },
 }
 
 /// One word holding a target: its address, the holder, and, when the word before it
@@ -68,7 +71,8 @@ fn copy(start: u64, buf: &mut [u64]) -> &[u64] {
 /// of a type, then a heap block (a long list's items), then a raw block of the arenas;
 /// a function's globals, a frame or a cell last (every function of a module holds the
 /// module's dict). `blocks`: the live tracked heap blocks `(start, size)`, sorted.
-pub fn find(targets: &[(u64, u64)], arenas: &[(u64, u64)], blocks: &[(u64, u64)], minor: u8) -> HashMap<u64, Vec<Found>> {
+/// `chunks`: the chunks of the threads' frame stacks (`arenas::live_frame_chunks`).
+pub fn find(targets: &[(u64, u64)], arenas: &[(u64, u64)], chunks: &[(u64, u64)], blocks: &[(u64, u64)], minor: u8) -> HashMap<u64, Vec<Found>> {
     let mut found: HashMap<u64, Vec<Found>> = HashMap::new();
     if targets.is_empty() {
         return found;
@@ -146,6 +150,16 @@ pub fn find(targets: &[(u64, u64)], arenas: &[(u64, u64)], blocks: &[(u64, u64)]
             at += n;
         }
     }
+    // The running functions' frames: a local variable holds an object by its start.
+    for &(start, size) in chunks {
+        let n = size.min(SPAN);
+        let words = copy(start, &mut buf[..(n / 8) as usize]);
+        for (k, &w) in words.iter().enumerate() {
+            if let Some(t) = target_of(w).filter(|&t| t == w) {
+                hit((t, start + 8 * k as u64, Holder::Frame { start, size }, 0, true));
+            }
+        }
+    }
     let mut i = 0;
     while i < blocks.len() {
         // A run of neighbouring blocks, copied at once.
@@ -179,7 +193,7 @@ pub fn find(targets: &[(u64, u64)], arenas: &[(u64, u64)], blocks: &[(u64, u64)]
         if !exact {
             let in_pre_header = match holder {
                 Holder::Object { start, size } => object_in_block(start, size).is_some_and(|(o, _)| at < o),
-                Holder::Block(_) => false,
+                Holder::Block(_) | Holder::Frame { .. } => false,
             };
             if !in_pre_header {
                 continue;
@@ -187,7 +201,7 @@ pub fn find(targets: &[(u64, u64)], arenas: &[(u64, u64)], blocks: &[(u64, u64)]
         }
         let key = (before != 0).then(|| py_str(before, minor)).flatten();
         let rank = match (&key, &holder) {
-            (Some(_), _) => 0,
+            (Some(_), _) | (None, Holder::Frame { .. }) => 0,
             (None, Holder::Block(_)) => 2,
             (None, Holder::Object { start, size }) => match object_in_block(*start, *size).map(|(_, t)| t) {
                 Some(t) if t == "module" => 0,
@@ -261,6 +275,11 @@ fn c_string(addr: u64) -> Option<String> {
 /// anything else. `PyASCIIObject`: length at 16, state at 32 (compact and ascii bits),
 /// the characters after the struct (48 bytes before 3.12, 40 since: `wstr` went).
 pub fn py_str(addr: u64, minor: u8) -> Option<String> {
+    py_str_up_to(addr, minor, 64)
+}
+
+/// `py_str` for a text of at most `max` characters.
+fn py_str_up_to(addr: u64, minor: u8, max: u64) -> Option<String> {
     if object_type(addr)?.as_str() != "str" {
         return None;
     }
@@ -271,14 +290,103 @@ pub fn py_str(addr: u64, minor: u8) -> Option<String> {
     let len = w[2];
     let state = w[4] & 0xffff_ffff;
     let (compact, ascii) = (state & super::pymalloc::STR_COMPACT != 0, state & super::pymalloc::STR_ASCII != 0);
-    if !compact || !ascii || len == 0 || len > 64 {
+    if !compact || !ascii || len == 0 || len > max {
         return None;
     }
     let data = addr + if minor >= 12 { 40 } else { 48 };
-    let mut text = [0u64; 8];
-    let got = super::roots::read_own_memory(data, &mut text[..(len as usize).div_ceil(8)]);
+    let mut text = vec![0u64; (len as usize).div_ceil(8)];
+    let got = super::roots::read_own_memory(data, &mut text);
     let bytes: Vec<u8> = text.iter().flat_map(|w| w.to_le_bytes()).take(got.min(len as usize)).collect();
     (bytes.len() == len as usize).then(|| String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// A slot of a running function's frame (3.11+): the local variable's name (`None`
+/// for a value on the frame's evaluation stack) and the function, `qualname()
+/// (file:first line)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FrameSlot {
+    pub name: Option<String>,
+    pub function: String,
+}
+
+/// Where a 3.11+ `_PyInterpreterFrame` and `PyCodeObject` keep what `frame_slot`
+/// reads (from the headers of 3.11.7, 3.12.1 and 3.13.0): the frame's code object, its
+/// first slot (`localsplus`), and the code's `co_nlocalsplus`, `co_stacksize` and
+/// `co_firstlineno` (C ints).
+struct FrameLayout {
+    code: u64,
+    nlocalsplus: u64,
+    stacksize: u64,
+    firstlineno: u64,
+}
+
+const FRAME_LOCALSPLUS: u64 = 72;
+const CODE_LOCALSPLUSNAMES: u64 = 96;
+const CODE_FILENAME: u64 = 112;
+const CODE_QUALNAME: u64 = 128;
+/// A chunk's header: the previous chunk, its size and its saved top.
+const CHUNK_HEADER: u64 = 24;
+
+fn frame_layout(minor: u8) -> Option<FrameLayout> {
+    match minor {
+        11 => Some(FrameLayout { code: 32, nlocalsplus: 76, stacksize: 68, firstlineno: 72 }),
+        12 | 13 => Some(FrameLayout { code: 0, nlocalsplus: 72, stacksize: 64, firstlineno: 68 }),
+        _ => None,
+    }
+}
+
+/// The frame slot at `at` in the frame-stack chunk `(start, size)`: the nearest frame
+/// below it (a word that points to a code object, at the frame's code offset) whose
+/// locals and stack reach `at`. `None` where none does: a slot above the running
+/// frames, which a returned call left behind.
+pub fn frame_slot(at: u64, chunk: (u64, u64), minor: u8) -> Option<FrameSlot> {
+    let l = frame_layout(minor)?;
+    let code_type = super::arenas::object_types()?.code;
+    let first = chunk.0 + CHUNK_HEADER;
+    if code_type == 0 || at < first + FRAME_LOCALSPLUS || at >= chunk.0 + chunk.1 {
+        return None;
+    }
+    // The words below `at` (at most 64 KiB of them), copied at once.
+    let from = first.max(at.saturating_sub(64 << 10));
+    let mut buf = vec![0u64; ((at - from) / 8) as usize];
+    let got = super::roots::read_own_memory(from, &mut buf) / 8;
+    let word = |a: u64| buf[..got].get(((a - from) / 8) as usize).copied();
+    let int_at = |a: u64| {
+        let mut w = [0u64; 1];
+        (super::roots::read_own_memory(a & !7, &mut w) == 8).then(|| (w[0] >> (8 * (a & 7))) as u32 as i32)
+    };
+    let mut frame = at - FRAME_LOCALSPLUS;
+    loop {
+        let code = word(frame + l.code).filter(|&c| c > 4096 && c & 7 == 0);
+        if let Some(code) = code.filter(|&c| header(c).is_some_and(|h| h[1] == code_type)) {
+            let slot = (at - frame - FRAME_LOCALSPLUS) / 8;
+            let locals = u64::try_from(int_at(code + l.nlocalsplus)?).ok()?;
+            let stack = u64::try_from(int_at(code + l.stacksize)?).ok()?;
+            if slot >= locals + stack {
+                return None;
+            }
+            let mut w = [0u64; 1];
+            let name = (slot < locals && super::roots::read_own_memory(code + CODE_LOCALSPLUSNAMES, &mut w) == 8)
+                .then(|| {
+                    let mut item = [0u64; 1];
+                    (super::roots::read_own_memory(w[0] + 24 + 8 * slot, &mut item) == 8).then(|| py_str(item[0], minor)).flatten()
+                })
+                .flatten();
+            let text_at = |off: u64| {
+                let mut p = [0u64; 1];
+                (super::roots::read_own_memory(code + off, &mut p) == 8).then(|| py_str_up_to(p[0], minor, 4096)).flatten()
+            };
+            let qualname = text_at(CODE_QUALNAME).unwrap_or_else(|| "?".into());
+            let file = text_at(CODE_FILENAME).unwrap_or_else(|| "?".into());
+            let file = file.rsplit('/').next().unwrap_or(&file).to_string();
+            let line = int_at(code + l.firstlineno).unwrap_or(0);
+            return Some(FrameSlot { name, function: format!("{qualname}() ({file}:{line})") });
+        }
+        if frame < first + 8 || frame - 8 < from {
+            return None;
+        }
+        frame -= 8;
+    }
 }
 
 /// A module object's name (`md_name`, after `md_dict`, `md_def`, `md_state` and
@@ -316,7 +424,7 @@ mod tests {
         let stale: Box<[u64; 4]> = Box::new([target, 0, 0, 0]);
         let mut blocks = vec![(&*holder as *const _ as u64, 32u64), (target, 32)];
         blocks.sort_unstable();
-        let found = find(&[(target, 0)], &[], &blocks, 11);
+        let found = find(&[(target, 0)], &[], &[], &blocks, 11);
         let f = &found.get(&target).expect("found in the live holder")[0];
         assert_eq!(f.at, &*holder as *const _ as u64 + 8);
         assert_eq!(f.key, None);
