@@ -130,14 +130,14 @@ fn collector_main() {
             // With the period set, points come with reports only: the callback that finds
             // the holders before the teardown is asked for here too.
             super::python_exit::arm();
-            super::python_exit::holders_while_growing();
+            super::reports::held_while_growing();
             release_unwind_tables();
             let now = Instant::now();
             (report_due, point_due) = (next_due(now), next_point(now));
         } else if point_due.is_some_and(|due| Instant::now() >= due) {
             record_point();
             super::python_exit::arm();
-            super::python_exit::holders_while_growing();
+            super::reports::held_while_growing();
             release_unwind_tables();
             point_due = next_point(Instant::now());
         }

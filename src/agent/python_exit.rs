@@ -106,42 +106,6 @@ pub(super) fn arm() {
     pending(register, std::ptr::null_mut());
 }
 
-/// A call to `find_holders` is on its way to the interpreter.
-static HOLDERS_PENDING: AtomicBool = AtomicBool::new(false);
-
-/// From the collector, after a timeline point: when a line of the user's code grows
-/// that has no holder yet, asks the interpreter to find the holders now, on its main
-/// thread at its next safe point (as `arm` asks for the atexit callback). Memory let go
-/// before exit (a replay buffer cleared when `main` returns) has its holder found while
-/// it grows; each line is looked for once, and again at exit where it still grows.
-pub(super) fn holders_while_growing() {
-    if !crate::hotpath::python::enabled() || HOLDERS_PENDING.load(Ordering::Acquire) {
-        return;
-    }
-    let (Some(initialized), Some(pending)) = (is_initialized_fn(), crate::os::loader::global_symbol(c"Py_AddPendingCall")) else { return };
-    if initialized() == 0 || is_finalizing_fn().is_some_and(|f| f() != 0) || API.get_or_init(look_up).is_none() {
-        return;
-    }
-    if !super::reports::lines_to_name() {
-        return;
-    }
-    HOLDERS_PENDING.store(true, Ordering::Release);
-    // SAFETY: as in `arm`.
-    let pending: extern "C" fn(extern "C" fn(*mut c_void) -> c_int, *mut c_void) -> c_int = unsafe { std::mem::transmute::<usize, _>(pending) };
-    if pending(find_holders, std::ptr::null_mut()) != 0 {
-        HOLDERS_PENDING.store(false, Ordering::Release);
-    }
-}
-
-/// Runs on the interpreter's main thread, with the GIL, at a safe point: the holders of
-/// the growing lines and stacks (`reports::held_before_exit`). Always returns 0.
-extern "C" fn find_holders(_: *mut c_void) -> c_int {
-    let _errno = crate::os::ErrnoGuard::save();
-    let _ = std::panic::catch_unwind(|| crate::hotpath::thread::untracked(super::reports::held_before_exit));
-    HOLDERS_PENDING.store(false, Ordering::Release);
-    0
-}
-
 /// `Py_IsInitialized`, and `Py_IsFinalizing` (3.13) or `_Py_IsFinalizing` (3.8–3.12):
 /// their addresses once looked up (`no_arg_fn`).
 static IS_INITIALIZED: AtomicUsize = AtomicUsize::new(0);

@@ -43,7 +43,7 @@ pub(super) struct ReportSide {
     pub(super) held_before_exit: std::collections::HashMap<(u32, &'static str), Vec<leaktrace_common::report_schema::HeldLink>>,
     /// The same for the growing lines of the user's Python code.
     pub(super) held_lines_before_exit: HashMap<crate::report::python::UserLine, Vec<leaktrace_common::report_schema::HeldLink>>,
-    /// Growing lines whose holders were looked for while they grew (`lines_to_name`).
+    /// Growing lines whose holders were looked for while they grew (`held_while_growing`).
     pub(super) looked_for: std::collections::HashSet<crate::report::python::UserLine>,
     /// The checks the program asked for (`checkpoint`), and how many more were not kept.
     pub(super) checks: Vec<checks::Check>,
@@ -520,20 +520,79 @@ pub(super) fn held_before_exit() {
     }
 }
 
-/// Whether a line grows that has no holder yet and was not looked for while growing:
-/// such lines are noted as looked for, and the caller asks for `held_before_exit` now
-/// (`python_exit::holders_while_growing`), so that memory the program lets go before it
-/// exits (a replay buffer cleared at the end of `main`) still has its holder.
-pub(super) fn lines_to_name() -> bool {
+/// The lines that grow, have no holder yet and were not looked for while growing; they
+/// are noted as looked for (`held_while_growing` looks for each once).
+fn lines_to_name() -> Vec<crate::report::python::UserLine> {
     let lines = growing_lines();
     if lines.is_empty() {
-        return false;
+        return lines;
     }
-    let Some(mut r) = lock_bounded(&REPORT, Duration::from_secs(1)) else { return false };
-    let Some(r) = r.as_mut() else { return false };
+    let Some(mut r) = lock_bounded(&REPORT, Duration::from_secs(1)) else { return Vec::new() };
+    let Some(r) = r.as_mut() else { return Vec::new() };
     let new: Vec<_> = lines.into_iter().filter(|l| !r.held_lines_before_exit.contains_key(l) && !r.looked_for.contains(l)).collect();
     r.looked_for.extend(new.iter().copied());
-    !new.is_empty()
+    new
+}
+
+/// After a timeline point, on the collector's thread: the holders of the lines of the
+/// user's code that started to grow, found while the program holds the memory, so that
+/// memory it lets go before it exits (a replay buffer cleared when `main` returns)
+/// still has its holder in the final report. No scan (which holds the program's
+/// threads: over a second with torch loaded): from some of the line's largest heap
+/// group's blocks and sampled objects out through what refers to them, read from
+/// copies (`held::python_holder`), as the interpreter runs on. Each line once; the
+/// atexit callback looks again where the line still grows then.
+pub(super) fn held_while_growing() {
+    if !SCAN_AT_EXIT.load(Ordering::Relaxed) || !crate::hotpath::python::enabled() || super::python_exit::teardown_began() {
+        return;
+    }
+    let lines = lines_to_name();
+    if lines.is_empty() {
+        return;
+    }
+    let (live, samples) = {
+        let Some(mut state) = lock_bounded(&STATE, Duration::from_secs(5)) else { return };
+        let Some(c) = state.as_mut() else { return };
+        let backlog = c.order.backlog();
+        drain_into(c, backlog, false);
+        (c.model.live_blocks(), c.model.python_samples())
+    };
+    let (by_line, samples_by_line) = {
+        let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(5)) else { return };
+        let Some(r) = report.as_mut() else { return };
+        let heap = live.blocks.iter().filter(|b| b.api.kind() == crate::hotpath::event::Kind::Host);
+        (groups_by_line(heap, &lines, &mut r.timeline), groups_by_line(samples.iter(), &lines, &mut r.timeline))
+    };
+    let mut found = Vec::new();
+    for line in lines {
+        let largest = |groups: Option<&Vec<LineGroup>>| groups.and_then(|g| g.iter().max_by_key(|g| (g.bytes, g.key.0)).map(|g| (g.key, g.bytes)));
+        let heap = largest(by_line.get(&line));
+        // Blocks spread over the largest heap group (its newest alone is often also a
+        // running function's local), and one sampled object of each of the largest
+        // groups of samples; the larger kind first.
+        let blocks: Vec<u64> = heap
+            .map(|(key, _)| {
+                let all: Vec<u64> = live.blocks.iter().filter(|b| (b.stack, b.api) == key).map(|b| b.addr).collect();
+                let n = all.len().min(OBJECTS_PER_LINE + 1);
+                (0..n).map(|k| all[k * all.len() / n]).collect()
+            })
+            .unwrap_or_default();
+        let mut sampled: Vec<&LineGroup> = samples_by_line.get(&line).map(|g| g.iter().collect()).unwrap_or_default();
+        sampled.sort_unstable_by_key(|g| (std::cmp::Reverse(g.bytes), g.addr));
+        let sampled_bytes: u64 = sampled.iter().map(|g| g.bytes).sum();
+        let objects: Vec<u64> = sampled.iter().take(OBJECTS_PER_LINE).map(|g| g.addr).collect();
+        let all = if heap.is_some_and(|(_, bytes)| bytes >= sampled_bytes) { [blocks, objects].concat() } else { [objects, blocks].concat() };
+        if let Some(path) = crate::report::held::python_holder(&live.blocks, &all) {
+            found.push((line, path));
+        }
+    }
+    drop(live);
+    let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(30)) else { return };
+    let Some(r) = report.as_mut() else { return };
+    for (line, path) in found {
+        let links = crate::report::held::resolve(&path, &mut r.symbolizer);
+        r.held_lines_before_exit.insert(line, links);
+    }
 }
 
 /// Sampled objects of a growing line whose holders are looked for (the first to reach a

@@ -219,6 +219,17 @@ pub fn py_next_interval(mean: u64) -> bool {
     })
 }
 
+/// Seeds this thread's sampling intervals (tests: a fixed sequence, not one that
+/// depends on where the thread's state lies).
+#[cfg(test)]
+pub fn py_seed(seed: u64) {
+    with(|s| {
+        s.py_rng.set(0);
+        s.py_countdown.set(0);
+        s.py_rng.set(seed | 1);
+    });
+}
+
 /// Whether this thread is inside a hooked CUDA call.
 pub fn in_cuda_call() -> bool {
     with(|s| s.in_cuda.get())

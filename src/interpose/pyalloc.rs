@@ -344,6 +344,7 @@ mod tests {
     /// and 200-byte ones, as a loop making a record and its strings), over `reps`
     /// spans of `total` bytes each.
     fn estimates(mean: u64, total: u64, reps: usize) -> Vec<(f64, f64)> {
+        thread::py_seed(0x9e37_79b9_7f4a_7c15);
         thread::py_next_interval(mean);
         (0..reps)
             .map(|_| {
@@ -374,10 +375,16 @@ mod tests {
     #[test]
     fn a_rate_from_a_hundred_samples_is_within_a_tenth() {
         // ~100 samples over a span (6.4 MB at 64 KiB, as a 10 s test's growing line):
-        // exponential intervals put one span in twenty 20% off; these stay within 10%.
+        // exponential intervals put one span in twenty 20% off; these put one in about
+        // 1,400 more than 10% off (a count's spread is 2.9% of it: 3.4 spreads), so of
+        // 200 spans at most 2 (expected 0.14; seeded, so the same every run: unseeded,
+        // "none of 200" failed 32 runs in 300).
+        let off = estimates(65536, 6_400_000, 200).into_iter().filter(|&(a, b)| !(0.9..1.1).contains(&((a * 128.0 + b * 200.0) / 328.0))).count();
+        assert!(off <= 2, "{off} of 200 spans more than 10% off");
+        // And no span 20% off.
         for (a, b) in estimates(65536, 6_400_000, 200) {
             let both = (a * 128.0 + b * 200.0) / 328.0;
-            assert!((0.9..1.1).contains(&both), "{a} {b}");
+            assert!((0.8..1.2).contains(&both), "{a} {b}");
         }
     }
 }

@@ -177,12 +177,27 @@ pub fn extend_python<K: Clone + Eq + std::hash::Hash>(
     labels: &[RootLabel],
     path_links: usize,
 ) {
+    extend_python_from(paths, Vec::new(), live, parent, via, labels, path_links);
+}
+
+/// `extend_python`, with `starts` (a path's key and a heap block's start) looked for
+/// from the start as well: the paths of heap blocks that no scan reached.
+fn extend_python_from<K: Clone + Eq + std::hash::Hash>(
+    paths: &mut std::collections::HashMap<K, RawPath>,
+    starts: Vec<(K, u64)>,
+    live: &[LiveEntry],
+    parent: &[u32],
+    via: &[u64],
+    labels: &[RootLabel],
+    path_links: usize,
+) {
     use crate::scan::referrers;
     let Some(minor) = crate::hotpath::python::minor() else { return };
     if !crate::scan::roots::copies_allowed() {
         return;
     }
-    let mut frontier: Vec<Branch<K>> = Vec::new();
+    let mut frontier: Vec<Branch<K>> =
+        starts.into_iter().map(|(path, target)| Branch { path, links: Vec::new(), target, reach: 0, seen: vec![target] }).collect();
     for (k, p) in paths.iter_mut() {
         if let Some((start, reach)) = python_end(p) {
             frontier.push(Branch { path: k.clone(), links: Vec::new(), target: start, reach, seen: vec![start] });
@@ -331,32 +346,52 @@ pub fn extend_python<K: Clone + Eq + std::hash::Hash>(
     }
 }
 
-/// What holds the Python objects at `objects` (sampled ones, which the scan never
-/// reaches): from each object out through the objects and heap blocks that refer to it
-/// (`extend_python` without a scan's paths), up to a module's global where one is
-/// found. The path of the first object that reached a module, else the longest, from
-/// the object's holder out. `live`: the heap blocks, sorted by address.
+/// What holds the Python objects or heap blocks at `objects` (sampled objects, which the
+/// scan never reaches, and blocks looked for without a scan, while a line grows): from
+/// each out through the objects and heap blocks that refer to it (`extend_python`
+/// without a scan's paths), up to a module's global or a function's local where one is
+/// found. Of the paths that reached one, the holder most of them reached (the first
+/// object's among equals), else the longest way; from the object's holder out. `live`:
+/// the heap blocks, sorted by address.
 pub fn python_holder(live: &[LiveEntry], objects: &[u64]) -> Option<RawPath> {
     let mut arenas = Vec::with_capacity(crate::scan::arenas::capacity());
     crate::scan::arenas::live_arenas(&mut arenas);
-    let mut paths: std::collections::HashMap<usize, RawPath> = objects
-        .iter()
-        .enumerate()
-        .filter_map(|(k, &addr)| {
-            let &(start, len) = arenas.iter().find(|a| addr >= a.0 && addr < a.0 + a.1)?;
+    let mut paths: std::collections::HashMap<usize, RawPath> = std::collections::HashMap::new();
+    let mut starts = Vec::new();
+    for (k, &addr) in objects.iter().enumerate() {
+        if let Some(&(start, len)) = arenas.iter().find(|a| addr >= a.0 && addr < a.0 + a.1) {
             let label = RootLabel { start, len, kind: RootKind::PythonObject };
-            Some((k, RawPath { block_size: 0, links: vec![RawLink::Root { addr, label: Some(label) }] }))
+            paths.insert(k, RawPath { block_size: 0, links: vec![RawLink::Root { addr, label: Some(label) }] });
+        } else if live.binary_search_by_key(&addr, |b| b.addr).is_ok() {
+            // A heap block: its holders are found from its start; no link of its own.
+            paths.insert(k, RawPath { block_size: 0, links: Vec::new() });
+            starts.push((k, addr));
+        }
+    }
+    let heap_starts: Vec<usize> = starts.iter().map(|s| s.0).collect();
+    extend_python_from(&mut paths, starts, live, &[], &[], &[], 0);
+    // Its first link is the object itself: the path starts at what holds it.
+    let mut found: Vec<(usize, RawPath)> = paths
+        .into_iter()
+        .filter_map(|(k, mut p)| {
+            if !heap_starts.contains(&k) {
+                if p.links.len() < 2 {
+                    return None;
+                }
+                p.links.remove(0);
+            }
+            (!p.links.is_empty()).then_some((k, p))
         })
         .collect();
-    extend_python(&mut paths, live, &[], &[], &[], 0);
     let at_module = |p: &RawPath| matches!(p.links.last(), Some(RawLink::Python { module: Some(_), .. }) | Some(RawLink::Local { name: Some(_), .. }));
-    let mut found: Vec<(usize, RawPath)> = paths.into_iter().filter(|(_, p)| p.links.len() > 1).collect();
-    // The first object (the largest group's) that reached a module, else the longest way.
-    found.sort_by_key(|(k, p)| (!at_module(p), if at_module(p) { 0 } else { usize::MAX - p.links.len() }, *k));
-    let (_, mut path) = found.into_iter().next()?;
-    // Its first link is the object itself: the path starts at what holds it.
-    path.links.remove(0);
-    Some(path)
+    let votes = |p: &RawPath| found.iter().filter(|(_, q)| at_module(q) && q.links.last() == p.links.last()).count();
+    let keys: Vec<(usize, usize, usize)> = found.iter().map(|(k, p)| (votes(p), p.links.len(), *k)).collect();
+    let best = (0..found.len()).min_by_key(|&i| {
+        let (votes, len, k) = keys[i];
+        let reached = at_module(&found[i].1);
+        (!reached, std::cmp::Reverse(if reached { votes } else { 0 }), if reached { 0 } else { usize::MAX - len }, k)
+    })?;
+    Some(found.swap_remove(best).1)
 }
 
 /// When `p` ends at a Python object's word (a root in pymalloc's arenas), makes that

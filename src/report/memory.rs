@@ -213,17 +213,18 @@ pub fn measure(known: Known) -> Memory {
 /// libraries hold as their static variables. After `import torch` about 100 MiB (the
 /// CUDA libraries' `.bss`), which `unexplained` had held.
 fn static_data() -> u64 {
-    use std::os::fd::AsRawFd;
     const PAGE: u64 = 4096;
     let (program, cuda) = crate::scan::roots::module_data();
-    let Ok(pagemap) = std::fs::File::open("/proc/self/pagemap") else { return 0 };
+    // As the measure of our own mappings opens it (`os::own`): through the anchor
+    // (a chroot hides /proc), closed again below.
+    let Ok(pagemap) = crate::os::anchor::open_proc("self/pagemap", libc::O_RDONLY) else { return 0 };
     let mut entries = vec![0u64; 512];
     let mut total = 0;
     for &(start, len) in program.iter().chain(&cuda) {
         let (mut page, end) = (start / PAGE, start.saturating_add(len).div_ceil(PAGE));
         while page < end {
             let n = ((end - page) as usize).min(entries.len());
-            if !crate::os::pagemap::read(pagemap.as_raw_fd(), page, &mut entries[..n]) {
+            if !crate::os::pagemap::read(pagemap, page, &mut entries[..n]) {
                 break;
             }
             let present_anon = |e: &&u64| **e & crate::os::pagemap::PRESENT != 0 && **e & crate::os::pagemap::FILE_OR_SHARED == 0;
@@ -231,6 +232,8 @@ fn static_data() -> u64 {
             page += n as u64;
         }
     }
+    // SAFETY: the descriptor opened above, ours alone.
+    unsafe { libc::close(pagemap) };
     total
 }
 
