@@ -122,7 +122,11 @@ fn svg_chart(id: &str, class: &str, label: &str, body: &str, max: u64, span_ms: 
 }
 
 /// Colors of the memory's parts, in `Memory::parts` order.
-const PART_COLORS: [&str; 11] = ["#1f77b4", "#aec7e8", "#c7c7c7", "#2ca02c", "#98df8a", "#ff7f0e", "#9467bd", "#8c564b", "#dbdb8d", "#d62728", "#f7b6d2"];
+/// One colour per part of `Memory::parts`, in its order (a part added there needs one
+/// here: the count is checked when this builds).
+const PART_COLORS: [&str; PARTS] =
+    ["#1f77b4", "#aec7e8", "#c7c7c7", "#2ca02c", "#98df8a", "#c5b0d5", "#ff7f0e", "#9467bd", "#8c564b", "#dbdb8d", "#d62728", "#f7b6d2"];
+const PARTS: usize = leaktrace_common::memory::Memory::PARTS;
 
 /// An SVG chart of the process's memory by part over time, the parts stacked (the
 /// top of the stack is RSS, or more where a part is held but not resident).

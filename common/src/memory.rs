@@ -115,9 +115,12 @@ pub struct DeviceMemory {
 }
 
 impl Memory {
+    /// How many parts `parts` names.
+    pub const PARTS: usize = 12;
+
     /// The named parts, in the order a chart stacks them (bottom first), with their
     /// bytes: what adds up to `rss`.
-    pub fn parts(&self) -> [(&'static str, u64); 12] {
+    pub fn parts(&self) -> [(&'static str, u64); Self::PARTS] {
         [
             ("heap_live", self.heap_live),
             ("heap_free", self.heap_free.unwrap_or(0)),

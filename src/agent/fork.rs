@@ -44,6 +44,9 @@ pub fn fork_parent() {
 pub fn fork_child() {
     crate::os::loader::fork_release_loader_walks();
     super::reports::FORKED.store(true, Ordering::Relaxed);
+    // A holder search of the parent's has no thread here.
+    super::reports::HOLDER_SEARCH.store(false, Ordering::SeqCst);
+    super::reports::HOLDER_TID.store(0, Ordering::SeqCst);
     // Before the child can enter a sandbox: the measure then never opens a file.
     crate::os::procfs::open();
     // The parent's collector thread does not exist here; ours starts below.

@@ -165,6 +165,10 @@ pub(super) fn write_report(reason: Reason) {
     // What held-by needs of the report side (the followed stacks, named to tell an
     // import's growth apart), taken before the collector is: no symbolizing under it.
     let (limit, followed, growing) = if scan_now { report_limits() } else { (0, Vec::new(), Vec::new()) };
+    if scan_now {
+        // Before the live set is taken and the consumers are held off.
+        wait_for_holder_search();
+    }
     let Some(mut state) = lock_bounded(&STATE, Duration::from_secs(5)) else {
         stderr_line("leaktrace: collector busy for 5 s; report skipped");
         return;
@@ -480,6 +484,7 @@ pub(super) fn held_before_exit() {
         })
         .collect();
     wanted.extend(by_line.values().flatten().map(|g| g.key));
+    wait_for_holder_search();
     let pause = ScanPause::start();
     // This thread's stack is the program's (the callback runs on its main thread).
     crate::scan::roots::mark_entry();
@@ -542,14 +547,55 @@ fn lines_to_name() -> Vec<crate::report::python::UserLine> {
 /// group's blocks and sampled objects out through what refers to them, read from
 /// copies (`held::python_holder`), as the interpreter runs on. Each line once; the
 /// atexit callback looks again where the line still grows then.
+///
+/// The search runs on a thread of its own (~1 s of CPU with torch loaded): the
+/// collector goes on draining and taking points meanwhile (on the collector's thread it
+/// cost a 5 s loop four of its points). A scan waits for it (`wait_for_holder_search`).
 pub(super) fn held_while_growing() {
-    if !SCAN_AT_EXIT.load(Ordering::Relaxed) || !crate::hotpath::python::enabled() || super::python_exit::teardown_began() {
+    if !SCAN_AT_EXIT.load(Ordering::Relaxed)
+        || !crate::hotpath::python::enabled()
+        || super::python_exit::teardown_began()
+        || HOLDER_SEARCH.load(Ordering::SeqCst)
+    {
         return;
     }
     let lines = lines_to_name();
     if lines.is_empty() {
         return;
     }
+    HOLDER_SEARCH.store(true, Ordering::SeqCst);
+    let arg = Box::into_raw(Box::new(lines)) as *mut std::ffi::c_void;
+    // SAFETY: the thread takes over the box `arg` is (or it is dropped below).
+    if unsafe { crate::os::threads::spawn_raw(holder_search_main, arg) }.is_err() {
+        // SAFETY: the thread did not start: the box is still ours.
+        drop(unsafe { Box::from_raw(arg as *mut Vec<crate::report::python::UserLine>) });
+        HOLDER_SEARCH.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Set while a holder search (`held_while_growing`) runs; its thread's kernel id, kept
+/// after it ends (a scan leaves that thread's stack out while it may still exist).
+pub(super) static HOLDER_SEARCH: AtomicBool = AtomicBool::new(false);
+pub(super) static HOLDER_TID: AtomicU32 = AtomicU32::new(0);
+
+/// Before a scan: the holder search running now ends first (at most 10 s), so that no
+/// thread of ours reads the program's memory while the scan holds it.
+pub(super) fn wait_for_holder_search() {
+    wait_while(|| HOLDER_SEARCH.load(Ordering::SeqCst), Duration::from_secs(10), Duration::from_millis(1));
+}
+
+extern "C" fn holder_search_main(arg: *mut std::ffi::c_void) -> *mut std::ffi::c_void {
+    thread::mark_internal();
+    HOLDER_TID.store(thread::tid(), Ordering::SeqCst);
+    // SAFETY: arg is the box `held_while_growing` leaked for this thread.
+    let lines = unsafe { Box::from_raw(arg as *mut Vec<crate::report::python::UserLine>) };
+    let _ = catch_unwind(AssertUnwindSafe(|| search_holders(*lines)));
+    HOLDER_SEARCH.store(false, Ordering::SeqCst);
+    std::ptr::null_mut()
+}
+
+/// `held_while_growing`'s search, for `lines`.
+fn search_holders(lines: Vec<crate::report::python::UserLine>) {
     let (live, samples) = {
         let Some(mut state) = lock_bounded(&STATE, Duration::from_secs(5)) else { return };
         let Some(c) = state.as_mut() else { return };

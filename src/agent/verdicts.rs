@@ -2,6 +2,7 @@
 //! roots only the agent knows (ignored blocks, pending thread arguments, the loader's
 //! own blocks).
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
 
 use crate::collector::state::ScanInput;
 use crate::hotpath::event::Kind;
@@ -60,7 +61,10 @@ pub(super) fn classify_live(input: &ScanInput, names_thread: u32) -> crate::scan
     // The collector, running or on its way out (the final report stops its loop: a
     // thread that is exiting never answers the stop signal).
     let collector = LIFECYCLE.collector_tid();
-    let own: Vec<u32> = [collector, names_thread].into_iter().filter(|&t| t != 0).collect();
+    // And the thread of a holder search (`reports::held_while_growing`) that may be on
+    // its way out: its stack holds the addresses it searched for.
+    let holders = super::reports::HOLDER_TID.load(Ordering::SeqCst);
+    let own: Vec<u32> = [collector, names_thread, holders].into_iter().filter(|&t| t != 0).collect();
     // Ignored blocks are roots (what they point to is not leaked either), and so are
     // the regions the program registered (LeakSanitizer's interface).
     let mut extra_roots = crate::scan::roots::root_regions();

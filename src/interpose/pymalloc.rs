@@ -102,6 +102,7 @@ fn install_with(symbol: &dyn Fn(&std::ffi::CStr) -> Option<usize>) -> bool {
     let minor = python_minor(symbol);
     let int_layout = int_layout_of(minor, symbol);
     arenas::set_layouts(int_layout, object_types_of(int_layout, symbol), code_adaptive_of(minor));
+    arenas::set_thread_walk(symbol(c"PyInterpreterState_Head"), symbol(c"PyInterpreterState_Next"), symbol(c"PyInterpreterState_ThreadHead"), minor);
     ORIGINAL_CTX.store(original.ctx as usize, Ordering::Relaxed);
     ORIGINAL_ALLOC.store(alloc as usize, Ordering::Relaxed);
     ORIGINAL_FREE.store(free as usize, Ordering::Relaxed);

@@ -211,6 +211,8 @@ fn extend_python_from<K: Clone + Eq + std::hash::Hash>(
     arenas.sort_unstable();
     let mut chunks = Vec::with_capacity(crate::scan::arenas::capacity());
     crate::scan::arenas::live_frame_chunks(&mut chunks);
+    crate::scan::arenas::cut_frame_chunks_to_live(&mut chunks);
+    chunks.retain(|c| c.1 > 0);
     let heap: Vec<usize> = (0..live.len()).filter(|&i| live[i].api.kind() == crate::hotpath::event::Kind::Host).collect();
     let blocks: Vec<(u64, u64)> = heap.iter().map(|&i| (live[i].addr, live[i].size)).collect();
     // Per path: the branch that went furthest through first choices, for a path that

@@ -156,6 +156,87 @@ pub fn is_arena_size(size: u64) -> bool {
     size == 256 << 10 || size == 1 << 20
 }
 
+/// `PyInterpreterState_Head`, `_Next` and `_ThreadHead` (0: not found), and where a
+/// thread state keeps its frame stack's current chunk and top (`datastack_chunk`,
+/// `datastack_top`: from the headers of 3.11.7, 3.12.1 and 3.13.0; 0: not known).
+static THREAD_WALK: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+
+pub fn set_thread_walk(head: Option<usize>, next: Option<usize>, thread_head: Option<usize>, minor: Option<u8>) {
+    let chunk = match minor {
+        Some(11) => 296,
+        Some(12 | 13) => 232,
+        _ => 0,
+    };
+    let (Some(head), Some(next), Some(thread_head)) = (head, next, thread_head) else { return };
+    for (slot, v) in THREAD_WALK.iter().zip([head as u64, next as u64, thread_head as u64, chunk]) {
+        slot.store(v, Ordering::Relaxed);
+    }
+}
+
+/// Cuts each frame-stack chunk of `chunks` to its live part, in place, without
+/// allocating: a thread's current chunk up to its `datastack_top`, an older chunk of
+/// the thread up to the top it saved (`_PyStackChunk.top`, in words after the 24-byte
+/// header) when the next was pushed. What lies above is what returned calls left: a
+/// stale slot of `site.main()`'s frame, which had held a list since freed, read as the
+/// holder of a list made later at its address. A chunk no thread has is cut to nothing.
+/// Left whole where the threads cannot be walked (an unknown version, copies refused).
+pub fn cut_frame_chunks_to_live(chunks: &mut [(u64, u64)]) {
+    let [head, next, thread_head, chunk_off] = std::array::from_fn(|i| THREAD_WALK[i].load(Ordering::Relaxed));
+    if chunks.is_empty() || head == 0 || chunk_off == 0 || !crate::scan::roots::copies_allowed() {
+        return;
+    }
+    let word = |a: u64| {
+        let mut w = [0u64; 1];
+        (a != 0 && crate::scan::roots::read_own_memory(a, &mut w) == 8).then_some(w[0])
+    };
+    // SAFETY: the interpreter's exported getters of these signatures: each returns a
+    // field of the runtime or of an interpreter state (no lock, no allocation).
+    let (head, next, thread_head) = unsafe {
+        (
+            std::mem::transmute::<usize, extern "C" fn() -> u64>(head as usize),
+            std::mem::transmute::<usize, extern "C" fn(u64) -> u64>(next as usize),
+            std::mem::transmute::<usize, extern "C" fn(u64) -> u64>(thread_head as usize),
+        )
+    };
+    let mut live_end = |start: u64, end: u64| {
+        if let Some(c) = chunks.iter_mut().find(|c| c.0 == start) {
+            c.1 = end.saturating_sub(start).min(c.1);
+            // Marked: found live (a length of exactly 0 is never one: the header).
+            c.1 |= 1 << 63;
+        }
+    };
+    let mut interp = head();
+    for _ in 0..64 {
+        if interp == 0 {
+            break;
+        }
+        let mut t = thread_head(interp);
+        for _ in 0..4096 {
+            if t == 0 {
+                break;
+            }
+            let (Some(mut chunk), Some(top)) = (word(t + chunk_off), word(t + chunk_off + 8)) else { break };
+            let mut end = top;
+            for _ in 0..64 {
+                if chunk == 0 {
+                    break;
+                }
+                live_end(chunk, end);
+                let (Some(previous), Some(saved)) = (word(chunk), word(chunk + 16)) else { break };
+                if previous != 0 {
+                    end = previous + 24 + saved.saturating_mul(8);
+                }
+                chunk = previous;
+            }
+            t = word(t + 8).unwrap_or(0);
+        }
+        interp = next(interp);
+    }
+    for c in chunks.iter_mut() {
+        c.1 = if c.1 & 1 << 63 != 0 { c.1 & !(1 << 63) } else { 0 };
+    }
+}
+
 /// How many frame-stack chunks there are now.
 pub fn frame_chunks_now() -> usize {
     let Some(t) = table() else { return 0 };

@@ -136,9 +136,8 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
     root_ranges.reserve(tids.len() + 8 + roots::WrittenPages::bound(&module_ranges) + python_frames_bound());
     let mut python_arenas = Vec::with_capacity(crate::scan::arenas::capacity());
     // The chunks of the threads' Python frame stacks (3.11+): the running functions'
-    // locals, roots as a thread's stack is. Read whole: the slots above the running
-    // frames keep what returned calls left (Python objects, which are roots anyway,
-    // save the few large ones malloc holds).
+    // locals, roots as a thread's stack is, up to each thread's top (the slots above
+    // keep what returned calls left).
     let mut python_frames = Vec::with_capacity(crate::scan::arenas::capacity());
     // In a forked child, the arenas' pages unchanged since the fork hold only what the
     // parent had (as for inherited blocks): room for their changed parts, from the
@@ -169,6 +168,8 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
     // Read while the interpreter's threads are held (arenas come and go under the GIL).
     crate::scan::arenas::live_arenas(&mut python_arenas);
     crate::scan::arenas::live_frame_chunks(&mut python_frames);
+    crate::scan::arenas::cut_frame_chunks_to_live(&mut python_frames);
+    python_frames.retain(|c| c.1 > 0);
     for &chunk in &python_frames {
         if root_ranges.len() < root_ranges.capacity() {
             root_ranges.push(chunk);
