@@ -1423,6 +1423,10 @@ fn memory_script_line(marker: &str) -> u32 {
 /// A pure-Python growth (only small objects in pymalloc's arenas grow) is flagged at the
 /// line that makes the objects, at a rate within 25% of tracemalloc's for that line.
 fn pure_python_growth_at_its_line(mode: &str, global: &str) {
+    // The two runs compared are taken one after the other: a PyTorch job of another test
+    // beside one of them (the CLI's tests run two at a time) changed its pace within the
+    // run, which a ratio of whole-run paces does not undo (1.251 once in a full suite).
+    let _one_job = torch_job();
     let python = python();
     let script = memory_script();
     let tm = Command::new(&python).args([script.to_str().unwrap(), mode, "--tracemalloc"]).env("LOOP_SECONDS", "10").bounded_output().unwrap();
@@ -1444,6 +1448,8 @@ fn pure_python_growth_at_its_line(mode: &str, global: &str) {
         .find(|g| g["api"] == "python line" && g["stack"][0]["file"].as_str().is_some_and(|f| f.ends_with("memory_growth.py")) && g["stack"][0]["line"] == line)
         .unwrap_or_else(|| panic!("no growth at memory_growth.py:{line}: {}", text(&check.stdout)));
     let rate = at_line["bytes_per_minute"].as_f64().unwrap();
+    // Said always: the ratio's spread over runs is what this test bounds.
+    eprintln!("{mode}: leaktrace/tracemalloc rate per tick {:.3}", rate / expected / pace);
     assert!(
         (0.75..=1.25).contains(&(rate / expected / pace)),
         "{mode}: leaktrace {rate} bytes/min at line {line}, tracemalloc {expected}; leaktrace's run kept {pace} of its pace"
