@@ -179,7 +179,12 @@ pub fn held_by_text(links: &[HeldLink]) -> Option<String> {
             Some(p) => p,
         })
         .collect();
-    Some(format!("held by: {}", text.join(" ← ")))
+    // A path that rests on a word into a block's middle is no holder to act on.
+    let uncertain = links.iter().find_map(|l| l.into);
+    Some(match uncertain {
+        Some(into) => format!("held by: {} (uncertain: a word points {into} bytes into a block, not at its start)", text.join(" ← ")),
+        None => format!("held by: {}", text.join(" ← ")),
+    })
 }
 
 enum Phrase {
@@ -260,5 +265,11 @@ mod tests {
             "held by: tuple (Python object, +24) ← collections.deque (Python object, +16) ← local replay of main() (replay_deque.py:16)"
         );
         assert_eq!(link_text(&local(None)), "a value on the stack of main() (replay_deque.py:16)");
+        // A word into a block's middle makes the path uncertain.
+        let links = vec![HeldLink { into: Some(224), ..py(None, 8) }, HeldLink { kind: "global".into(), symbol: Some("table".into()), ..Default::default() }];
+        assert_eq!(
+            held_by_text(&links).unwrap(),
+            "held by: a Python object (+8) ← global table (?) (uncertain: a word points 224 bytes into a block, not at its start)"
+        );
     }
 }

@@ -224,6 +224,11 @@ pub struct HeldLink<S = Inline> {
     /// The reference is one of a Python object's attributes (kept in values beside it).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub attribute: bool,
+    /// The word points this many bytes into what it holds, not to its start: a
+    /// reference a person would not count on (an old pointer, a value that only looks
+    /// like one); the path is then uncertain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub into: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stack: Option<S>,
 }
@@ -245,6 +250,7 @@ impl<S> HeldLink<S> {
             elided: self.elided,
             key: self.key.clone(),
             attribute: self.attribute,
+            into: self.into,
             stack: self.stack.as_ref().map(f),
         }
     }

@@ -41,17 +41,33 @@ pub enum RawLink {
 pub struct RawPath {
     pub block_size: u64,
     pub links: Vec<RawLink>,
+    /// The links (by index) whose word points into the middle of what they hold, with
+    /// how far in: references a person would not count on (`HeldLink::into`).
+    pub interior: Vec<(usize, u64)>,
 }
 
 impl RawPath {
     /// From `mark::path`'s steps of block `live[i]`'s chain: `left_out` links were left
     /// out after the first `head`.
+    ///
+    /// Each word is read again (a copy) to tell one that points to the start of what it
+    /// holds from one that points into its middle (`interior`); not where copies are
+    /// refused, and not across the links left out.
     pub fn new(live: &[LiveEntry], block: usize, steps: &[(u32, u64)], left_out: usize, head: usize, labels: &[RootLabel]) -> RawPath {
         let mut links = Vec::with_capacity(steps.len() + 1);
+        let mut interior = Vec::new();
+        let read = crate::scan::roots::copies_allowed();
+        // The block the next step's word refers to, while known.
+        let mut held = Some(block);
         for (k, &(parent, at)) in steps.iter().enumerate() {
             if k == head && left_out > 0 {
                 links.push(RawLink::Elided(left_out as u64));
+                held = None;
             }
+            if let Some(into) = held.filter(|_| read && at != 0).and_then(|h| word_into(at, live.get(h)?)) {
+                interior.push((links.len(), into));
+            }
+            held = (parent < mark::FROM_FREED).then_some(parent as usize);
             links.push(match parent {
                 mark::FROM_ROOT if at == 0 => RawLink::Unscanned,
                 mark::FROM_ROOT => RawLink::Root { addr: at, label: crate::scan::root_label(labels, at) },
@@ -62,16 +78,32 @@ impl RawPath {
                 }
             });
         }
-        RawPath { block_size: live.get(block).map_or(0, |b| b.size), links }
+        RawPath { block_size: live.get(block).map_or(0, |b| b.size), links, interior }
     }
 }
+
+/// How far into `held` the word at `at` points now, when `INTERIOR_FROM` bytes or more
+/// (past any header put before an object: Python's GC header and pre-header, 16 and
+/// 32 bytes; `make_shared`'s control block, 16).
+fn word_into(at: u64, held: &LiveEntry) -> Option<u64> {
+    let mut w = [0u64; 1];
+    if crate::scan::roots::read_own_memory(at, &mut w) != 8 {
+        return None;
+    }
+    let into = w[0].wrapping_sub(held.addr);
+    (into >= INTERIOR_FROM && into < held.size).then_some(into)
+}
+
+/// How far into a block a word must point to make a path uncertain.
+const INTERIOR_FROM: u64 = 64;
 
 /// The links of `path`, named: blocks with their allocation stacks, roots with their
 /// symbol, thread, function or Python type.
 pub fn resolve(path: &RawPath, sym: &mut Symbolizer) -> Vec<HeldLink> {
     let ids: Vec<u32> = path.links.iter().filter_map(|l| if let RawLink::Block { stack, .. } = l { Some(*stack) } else { None }).collect();
     let mut stacks = super::build::resolve_stacks(&ids, sym).into_iter();
-    path.links
+    let mut links: Vec<HeldLink> = path
+        .links
         .iter()
         .map(|l| match l {
             RawLink::Block { stack, api, size, offset, key } => HeldLink {
@@ -98,7 +130,13 @@ pub fn resolve(path: &RawPath, sym: &mut Symbolizer) -> Vec<HeldLink> {
             RawLink::Unscanned => HeldLink { kind: "unscanned".into(), ..Default::default() },
             RawLink::Root { addr, label } => root_link(*addr, *label, sym),
         })
-        .collect()
+        .collect();
+    for &(k, into) in &path.interior {
+        if let Some(l) = links.get_mut(k) {
+            l.into = Some(into);
+        }
+    }
+    links
 }
 
 /// A running function's local variable (or stack value).
@@ -363,10 +401,10 @@ pub fn python_holder(live: &[LiveEntry], objects: &[u64]) -> Option<RawPath> {
     for (k, &addr) in objects.iter().enumerate() {
         if let Some(&(start, len)) = arenas.iter().find(|a| addr >= a.0 && addr < a.0 + a.1) {
             let label = RootLabel { start, len, kind: RootKind::PythonObject };
-            paths.insert(k, RawPath { block_size: 0, links: vec![RawLink::Root { addr, label: Some(label) }] });
+            paths.insert(k, RawPath { block_size: 0, links: vec![RawLink::Root { addr, label: Some(label) }], ..Default::default() });
         } else if live.binary_search_by_key(&addr, |b| b.addr).is_ok() {
             // A heap block: its holders are found from its start; no link of its own.
-            paths.insert(k, RawPath { block_size: 0, links: Vec::new() });
+            paths.insert(k, RawPath::default());
             starts.push((k, addr));
         }
     }
@@ -455,6 +493,32 @@ mod tests {
                 RawLink::Root { addr: 0x600010, label: Some(labels[0]) },
             ]
         );
+    }
+
+    /// A word that points into the middle of what it holds is marked on its link (read
+    /// again from this process's memory); one that points to the start is not.
+    #[test]
+    fn a_word_into_the_middle_of_a_block_is_marked_on_its_link() {
+        let target: Box<[u64; 32]> = Box::new([0; 32]);
+        let t = &*target as *const _ as u64;
+        let holder: Box<[u64; 4]> = Box::new([0, t + 96, t + 16, t]);
+        let h = &*holder as *const _ as u64;
+        let mut live = vec![entry(t, 256, 1), entry(h, 32, 2)];
+        live.sort_by_key(|b| b.addr);
+        let (ti, hi) = (live.iter().position(|b| b.addr == t).unwrap(), live.iter().position(|b| b.addr == h).unwrap());
+        let path = |word: u64| {
+            let mut parent = vec![mark::FROM_ROOT; 2];
+            let mut via = vec![0x600000; 2];
+            parent[ti] = hi as u32;
+            via[ti] = word;
+            let (steps, left_out) = mark::path(&parent, &via, ti, 12);
+            RawPath::new(&live, ti, &steps, left_out, 6, &[])
+        };
+        assert_eq!(path(h + 8).interior, vec![(0, 96)]);
+        // Its start, or just past a header: a reference.
+        assert!(path(h + 24).interior.is_empty());
+        assert!(path(h + 16).interior.is_empty());
+        drop((target, holder));
     }
 
     #[test]
