@@ -192,7 +192,7 @@ pub fn measure(known: Known) -> Memory {
         m.uss = clean.zip(dirty).map(|(c, d)| c + d);
     }
     if copy_allowed {
-        m.static_data = static_data();
+        m.static_data = static_data_now();
     }
     let explained = m.heap_live
         + m.static_data
@@ -205,6 +205,24 @@ pub fn measure(known: Known) -> Memory {
         + m.tracer;
     m.unexplained = m.rss_anon.saturating_sub(explained);
     m
+}
+
+/// `static_data`, measured again when the last measure is a second old: ~3 ms with
+/// torch's libraries loaded, and timeline points come every 250 ms at first, while the
+/// libraries' variables change little once they are loaded.
+fn static_data_now() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    static AT_MS: AtomicU64 = AtomicU64::new(0);
+    let now = crate::report::process::unix_ms();
+    let at = AT_MS.load(Ordering::Relaxed);
+    if at != 0 && now.saturating_sub(at) < 1000 {
+        return LAST.load(Ordering::Relaxed);
+    }
+    let v = static_data();
+    LAST.store(v, Ordering::Relaxed);
+    AT_MS.store(now, Ordering::Relaxed);
+    v
 }
 
 /// The written pages of the loaded modules' writable segments (`scan::roots::
