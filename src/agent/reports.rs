@@ -459,22 +459,11 @@ pub(super) fn held_before_exit() {
     if (wanted.is_empty() && lines.is_empty()) || !SCAN_AT_EXIT.load(Ordering::Relaxed) {
         return;
     }
-    let (live, samples) = {
-        let Some(mut state) = lock_bounded(&STATE, Duration::from_secs(5)) else { return };
-        let Some(c) = state.as_mut() else { return };
-        let backlog = c.order.backlog();
-        drain_into(c, backlog, false);
-        (c.model.live_blocks(), if lines.is_empty() { Vec::new() } else { c.model.python_samples() })
-    };
+    let Some((live, samples)) = live_and_samples(!lines.is_empty()) else { return };
     // The groups under each growing line, heap blocks' and sampled objects': a line's
     // holder is the path of the largest heap group that has one, or, where the samples
     // stand for more, found from one object of each of its largest groups of samples.
-    let (by_line, samples_by_line) = {
-        let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(5)) else { return };
-        let Some(r) = report.as_mut() else { return };
-        let heap = live.blocks.iter().filter(|b| b.api.kind() == crate::hotpath::event::Kind::Host);
-        (groups_by_line(heap, &lines, &mut r.timeline), groups_by_line(samples.iter(), &lines, &mut r.timeline))
-    };
+    let Some((by_line, samples_by_line)) = line_groups(&live, &samples, &lines) else { return };
     let by_line: HashMap<crate::report::python::UserLine, Vec<LineGroup>> = by_line
         .into_iter()
         .map(|(line, mut groups)| {
@@ -517,6 +506,35 @@ pub(super) fn held_before_exit() {
     let found: Vec<(crate::report::python::UserLine, crate::report::held::RawPath)> =
         pending.into_iter().filter_map(|(line, objects)| Some((line, crate::report::held::python_holder(&live.blocks, &objects)?))).collect();
     drop(live);
+    keep_line_holders(found);
+}
+
+/// The live blocks, and the sampled Python objects when `samples` (else none), after a
+/// drain of what the rings hold now.
+fn live_and_samples(samples: bool) -> Option<(crate::collector::state::ScanInput, Vec<crate::collector::state::LiveEntry>)> {
+    let mut state = lock_bounded(&STATE, Duration::from_secs(5))?;
+    let c = state.as_mut()?;
+    let backlog = c.order.backlog();
+    drain_into(c, backlog, false);
+    Some((c.model.live_blocks(), if samples { c.model.python_samples() } else { Vec::new() }))
+}
+
+type LineGroups = HashMap<crate::report::python::UserLine, Vec<LineGroup>>;
+
+/// Per line of `lines`, the groups of `live`'s heap blocks and of `samples` under it.
+fn line_groups(
+    live: &crate::collector::state::ScanInput,
+    samples: &[crate::collector::state::LiveEntry],
+    lines: &[crate::report::python::UserLine],
+) -> Option<(LineGroups, LineGroups)> {
+    let mut report = lock_bounded(&REPORT, Duration::from_secs(5))?;
+    let r = report.as_mut()?;
+    let heap = live.blocks.iter().filter(|b| b.api.kind() == crate::hotpath::event::Kind::Host);
+    Some((groups_by_line(heap, lines, &mut r.timeline), groups_by_line(samples.iter(), lines, &mut r.timeline)))
+}
+
+/// Names the holders found for growing lines and keeps them for the reports.
+fn keep_line_holders(found: Vec<(crate::report::python::UserLine, crate::report::held::RawPath)>) {
     let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(30)) else { return };
     let Some(r) = report.as_mut() else { return };
     for (line, path) in found {
@@ -596,19 +614,8 @@ extern "C" fn holder_search_main(arg: *mut std::ffi::c_void) -> *mut std::ffi::c
 
 /// `held_while_growing`'s search, for `lines`.
 fn search_holders(lines: Vec<crate::report::python::UserLine>) {
-    let (live, samples) = {
-        let Some(mut state) = lock_bounded(&STATE, Duration::from_secs(5)) else { return };
-        let Some(c) = state.as_mut() else { return };
-        let backlog = c.order.backlog();
-        drain_into(c, backlog, false);
-        (c.model.live_blocks(), c.model.python_samples())
-    };
-    let (by_line, samples_by_line) = {
-        let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(5)) else { return };
-        let Some(r) = report.as_mut() else { return };
-        let heap = live.blocks.iter().filter(|b| b.api.kind() == crate::hotpath::event::Kind::Host);
-        (groups_by_line(heap, &lines, &mut r.timeline), groups_by_line(samples.iter(), &lines, &mut r.timeline))
-    };
+    let Some((live, samples)) = live_and_samples(true) else { return };
+    let Some((by_line, samples_by_line)) = line_groups(&live, &samples, &lines) else { return };
     let mut found = Vec::new();
     for line in lines {
         let largest = |groups: Option<&Vec<LineGroup>>| groups.and_then(|g| g.iter().max_by_key(|g| (g.bytes, g.key.0)).map(|g| (g.key, g.bytes)));
@@ -619,8 +626,7 @@ fn search_holders(lines: Vec<crate::report::python::UserLine>) {
         let blocks: Vec<u64> = heap
             .map(|(key, _)| {
                 let all: Vec<u64> = live.blocks.iter().filter(|b| (b.stack, b.api) == key).map(|b| b.addr).collect();
-                let n = all.len().min(OBJECTS_PER_LINE + 1);
-                (0..n).map(|k| all[k * all.len() / n]).collect()
+                super::verdicts::spread(&all, OBJECTS_PER_LINE + 1)
             })
             .unwrap_or_default();
         let mut sampled: Vec<&LineGroup> = samples_by_line.get(&line).map(|g| g.iter().collect()).unwrap_or_default();
@@ -633,12 +639,7 @@ fn search_holders(lines: Vec<crate::report::python::UserLine>) {
         }
     }
     drop(live);
-    let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(30)) else { return };
-    let Some(r) = report.as_mut() else { return };
-    for (line, path) in found {
-        let links = crate::report::held::resolve(&path, &mut r.symbolizer);
-        r.held_lines_before_exit.insert(line, links);
-    }
+    keep_line_holders(found);
 }
 
 /// Sampled objects of a growing line whose holders are looked for (the first to reach a

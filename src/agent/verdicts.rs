@@ -157,7 +157,7 @@ pub(super) fn reachability_scan(
         let Some(first) = held_by.remove(&key) else { continue };
         let first_block = largest.get(&key).copied();
         python.insert((key, 0), first);
-        for (n, i) in representatives(members.get(&key).map_or(&[][..], Vec::as_slice)).into_iter().filter(|&i| Some(i) != first_block).enumerate() {
+        for (n, i) in spread(members.get(&key).map_or(&[][..], Vec::as_slice), REPRESENTATIVES).into_iter().filter(|&i| Some(i) != first_block).enumerate() {
             let (steps, left_out) = mark::path(&parent, &via, i, PATH_LINKS);
             python.insert((key, n + 1), crate::report::held::RawPath::new(live, i, &steps, left_out, PATH_LINKS / 2, &labels));
         }
@@ -219,14 +219,10 @@ pub(super) fn stack_matches(template: &str, stack: &[leaktrace_common::report_sc
 /// Blocks of a group whose holders are compared besides its largest.
 const REPRESENTATIVES: usize = 4;
 
-/// Up to `REPRESENTATIVES` of a group's reachable blocks (`members`, in address order),
-/// spread evenly over them.
-fn representatives(members: &[usize]) -> Vec<usize> {
-    let n = members.len();
-    if n == 0 {
-        return Vec::new();
-    }
-    let mut out: Vec<usize> = (0..REPRESENTATIVES.min(n)).map(|k| members[k * n / REPRESENTATIVES.min(n)]).collect();
+/// Up to `count` of `items`, spread evenly over them (the first among them).
+pub(super) fn spread<T: Copy + PartialEq>(items: &[T], count: usize) -> Vec<T> {
+    let n = count.min(items.len());
+    let mut out: Vec<T> = (0..n).map(|k| items[k * items.len() / n]).collect();
     out.dedup();
     out
 }
@@ -248,4 +244,17 @@ fn most_common_holder(paths: HashMap<(GroupKey, usize), crate::report::held::Raw
             Some((key, drawn.swap_remove(best).1))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_takes_items_evenly_from_the_first_and_never_more_than_there_are() {
+        let items: Vec<u32> = (0..10).collect();
+        assert_eq!(spread(&items, 4), vec![0, 2, 5, 7]);
+        assert_eq!(spread(&items[..3], 5), vec![0, 1, 2]);
+        assert!(spread::<u32>(&[], 4).is_empty());
+    }
 }

@@ -252,6 +252,38 @@ pub fn minor() -> Option<u8> {
     enabled().then(|| interp().map(|i| i.layout.minor)).flatten()
 }
 
+/// Where the running interpreter (3.11+, Python frames on) keeps what a reader of its
+/// frame stack names a frame by: the code object's type, the frame's code offset, and a
+/// code object's file name, qualified name and first line (a C int).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CodeFields {
+    pub code_type: u64,
+    pub frame_code: u64,
+    pub filename: u64,
+    pub qualname: u64,
+    pub firstlineno: u64,
+}
+
+/// `CodeFields` of the running interpreter; `None` with Python frames off or before
+/// 3.11 (no `co_qualname`).
+pub fn code_fields() -> Option<CodeFields> {
+    let i = interp().filter(|_| enabled())?;
+    let l = &i.layout;
+    (l.code_qualname != 0).then_some(CodeFields {
+        code_type: i.code_type,
+        frame_code: l.frame_code as u64,
+        filename: l.code_filename as u64,
+        qualname: l.code_qualname as u64,
+        firstlineno: l.code_firstlineno as u64,
+    })
+}
+
+/// `co_code_adaptive`'s offset in the version's table (3.11, 3.12; 0 otherwise: 3.13's
+/// is read from the interpreter at run time).
+pub fn table_code_adaptive(minor: u8) -> u64 {
+    table_layout(minor).map_or(0, |l| l.code_adaptive as u64)
+}
+
 fn interp() -> Option<&'static Interp> {
     let p = INTERP.load(Ordering::Acquire);
     // SAFETY: set once to a leaked Box, never freed.

@@ -146,14 +146,15 @@ fn object_types_of(int_layout: u64, symbol: &dyn Fn(&std::ffi::CStr) -> Option<u
     names.map(|name| symbol(name).unwrap_or(0) as u64)
 }
 
-/// `offsetof(PyCodeObject, co_code_adaptive)` (`scan::pymalloc::ObjectTypes`), from the
-/// headers of 3.11.7, 3.12.1 and 3.13.0; 0 before 3.11 (the bytecode was a bytes object
-/// of its own) and for a version not known.
+/// `offsetof(PyCodeObject, co_code_adaptive)` (`scan::pymalloc::ObjectTypes`): the
+/// Python frames' table for 3.11 and 3.12; for 3.13, whose frames' layout is read from
+/// the interpreter's `_Py_DebugOffsets` once it runs (after this), from the 3.13.0
+/// headers. 0 before 3.11 (the bytecode was a bytes object of its own) and for a
+/// version not known.
 fn code_adaptive_of(minor: Option<u8>) -> u64 {
     match minor {
-        Some(11) => 184,
-        Some(12) => 192,
         Some(13) => 200,
-        _ => 0,
+        Some(m) => crate::hotpath::python::table_code_adaptive(m),
+        None => 0,
     }
 }

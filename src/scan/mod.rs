@@ -133,12 +133,13 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
         labels.push(RootLabel { start: range.0, len: range.1, kind: RootKind::Stack { tid, ip: 0, copied: true } });
     }
     roots::own_stack(&maps, &mut root_ranges, &mut regs, &mut labels);
-    root_ranges.reserve(tids.len() + 8 + roots::WrittenPages::bound(&module_ranges) + python_frames_bound());
+    let frames_bound = python_frames_bound();
+    root_ranges.reserve(tids.len() + 8 + roots::WrittenPages::bound(&module_ranges) + frames_bound);
     let mut python_arenas = Vec::with_capacity(crate::scan::arenas::capacity());
     // The chunks of the threads' Python frame stacks (3.11+): the running functions'
     // locals, roots as a thread's stack is, up to each thread's top (the slots above
     // keep what returned calls left).
-    let mut python_frames = Vec::with_capacity(crate::scan::arenas::capacity());
+    let mut python_frames = Vec::with_capacity(frames_bound);
     // In a forked child, the arenas' pages unchanged since the fork hold only what the
     // parent had (as for inherited blocks): room for their changed parts, from the
     // arenas there are now (more made meanwhile widen the last part, never allocate).

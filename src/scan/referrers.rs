@@ -57,6 +57,22 @@ impl Memory for Copied<'_> {
     }
 }
 
+/// Calls `visit(copy, run, len, block_size)` for each run of live blocks in `arenas`,
+/// each arena copied into `buf` in pieces of at most `SPAN` (whole pools: an arena's
+/// pools are 16 KiB at most).
+fn live_runs_of(arenas: &[(u64, u64)], buf: &mut [u64], mut visit: impl FnMut(&Copied, u64, u64, u64)) {
+    for &(start, size) in arenas {
+        let mut at = start;
+        while at < start + size {
+            let n = (start + size - at).min(SPAN);
+            let words = copy(at, &mut buf[..(n / 8) as usize]);
+            let mem = Copied { base: at, words };
+            super::pymalloc::live_runs(&mem, (at, words.len() as u64 * 8), |run, len, block| visit(&mem, run, len, block));
+            at += n;
+        }
+    }
+}
+
 /// Copies `[start, start + 8 * buf.len())` into `buf`; the words that came.
 fn copy(start: u64, buf: &mut [u64]) -> &[u64] {
     let got = super::roots::read_own_memory(start, buf) / 8;
@@ -106,50 +122,31 @@ pub fn find(targets: &[(u64, u64)], arenas: &[(u64, u64)], chunks: &[(u64, u64)]
     let types = super::arenas::object_types();
     let mut lists: Vec<(u64, u64)> = Vec::new();
     if let Some(t) = types.as_ref() {
-        for &(start, size) in arenas {
-            let mut at = start;
-            while at < start + size {
-                let n = (start + size - at).min(SPAN);
-                let words = copy(at, &mut buf[..(n / 8) as usize]);
-                let mem = Copied { base: at, words };
-                super::pymalloc::live_runs(&mem, (at, words.len() as u64 * 8), |run, len, block| {
-                    if block == super::pymalloc::LIST_BLOCK {
-                        lists.reserve((len / block) as usize);
-                        super::pymalloc::lists_in(&mem, run, run, len, t, &mut lists);
-                    }
-                });
-                at += n;
+        live_runs_of(arenas, &mut buf, |mem, run, len, block| {
+            if block == super::pymalloc::LIST_BLOCK {
+                lists.reserve((len / block) as usize);
+                super::pymalloc::lists_in(mem, run, run, len, t, &mut lists);
             }
-        }
+        });
         lists.sort_unstable();
     }
-    for &(start, size) in arenas {
-        let mut at = start;
-        while at < start + size {
-            let n = (start + size - at).min(SPAN);
-            let words = copy(at, &mut buf[..(n / 8) as usize]);
-            let mem = Copied { base: at, words };
-            // Whole pools only: an arena is copied in 1 MiB pieces, pools are 16 KiB.
-            super::pymalloc::live_runs(&mem, (at, words.len() as u64 * 8), |run, len, block| {
-                let known = super::pymalloc::Known { types: types.as_ref(), lists: &lists };
-                super::pymalloc::object_parts(&mem, run, block, run, len, known, |from, part| {
-                    let mut prev = 0;
-                    mem.words(from, part, &mut |a, w| {
-                        if let Some(t) = target_of(w) {
-                            let start = run + (a - run) / block * block;
-                            let before = if a > start && w == t { prev } else { 0 };
-                            // Never an object's own words.
-                            if !(start..start + block).contains(&t) {
-                                hit((t, a, Holder::Object { start, size: block }, before, w == t));
-                            }
-                        }
-                        prev = w;
-                    });
-                });
+    live_runs_of(arenas, &mut buf, |mem, run, len, block| {
+        let known = super::pymalloc::Known { types: types.as_ref(), lists: &lists };
+        super::pymalloc::object_parts(mem, run, block, run, len, known, |from, part| {
+            let mut prev = 0;
+            mem.words(from, part, &mut |a, w| {
+                if let Some(t) = target_of(w) {
+                    let start = run + (a - run) / block * block;
+                    let before = if a > start && w == t { prev } else { 0 };
+                    // Never an object's own words.
+                    if !(start..start + block).contains(&t) {
+                        hit((t, a, Holder::Object { start, size: block }, before, w == t));
+                    }
+                }
+                prev = w;
             });
-            at += n;
-        }
-    }
+        });
+    });
     // The running functions' frames: a local variable holds an object by its start.
     for &(start, size) in chunks {
         let n = size.min(SPAN);
@@ -309,28 +306,25 @@ pub struct FrameSlot {
     pub function: String,
 }
 
-/// Where a 3.11+ `_PyInterpreterFrame` and `PyCodeObject` keep what `frame_slot`
-/// reads (from the headers of 3.11.7, 3.12.1 and 3.13.0): the frame's code object, its
-/// first slot (`localsplus`), and the code's `co_nlocalsplus`, `co_stacksize` and
-/// `co_firstlineno` (C ints).
-struct FrameLayout {
-    code: u64,
+/// Where a 3.11+ `PyCodeObject` keeps the counts `frame_slot` reads besides what the
+/// Python frames' layout has (`hotpath::python::code_fields`): `co_nlocalsplus` and
+/// `co_stacksize` (C ints), from the headers of 3.11.7, 3.12.1 and 3.13.0.
+struct SlotCounts {
     nlocalsplus: u64,
     stacksize: u64,
-    firstlineno: u64,
 }
 
+/// A frame's first slot (`localsplus`) and a code object's `co_localsplusnames`: the
+/// same in 3.11 to 3.13.
 const FRAME_LOCALSPLUS: u64 = 72;
 const CODE_LOCALSPLUSNAMES: u64 = 96;
-const CODE_FILENAME: u64 = 112;
-const CODE_QUALNAME: u64 = 128;
 /// A chunk's header: the previous chunk, its size and its saved top.
 const CHUNK_HEADER: u64 = 24;
 
-fn frame_layout(minor: u8) -> Option<FrameLayout> {
+fn slot_counts(minor: u8) -> Option<SlotCounts> {
     match minor {
-        11 => Some(FrameLayout { code: 32, nlocalsplus: 76, stacksize: 68, firstlineno: 72 }),
-        12 | 13 => Some(FrameLayout { code: 0, nlocalsplus: 72, stacksize: 64, firstlineno: 68 }),
+        11 => Some(SlotCounts { nlocalsplus: 76, stacksize: 68 }),
+        12 | 13 => Some(SlotCounts { nlocalsplus: 72, stacksize: 64 }),
         _ => None,
     }
 }
@@ -340,10 +334,10 @@ fn frame_layout(minor: u8) -> Option<FrameLayout> {
 /// locals and stack reach `at`. `None` where none does: a slot above the running
 /// frames, which a returned call left behind.
 pub fn frame_slot(at: u64, chunk: (u64, u64), minor: u8) -> Option<FrameSlot> {
-    let l = frame_layout(minor)?;
-    let code_type = super::arenas::object_types()?.code;
+    let counts = slot_counts(minor)?;
+    let f = crate::hotpath::python::code_fields()?;
     let first = chunk.0 + CHUNK_HEADER;
-    if code_type == 0 || at < first + FRAME_LOCALSPLUS || at >= chunk.0 + chunk.1 {
+    if at < first + FRAME_LOCALSPLUS || at >= chunk.0 + chunk.1 {
         return None;
     }
     // The words below `at` (at most 64 KiB of them), copied at once.
@@ -357,11 +351,11 @@ pub fn frame_slot(at: u64, chunk: (u64, u64), minor: u8) -> Option<FrameSlot> {
     };
     let mut frame = at - FRAME_LOCALSPLUS;
     loop {
-        let code = word(frame + l.code).filter(|&c| c > 4096 && c & 7 == 0);
-        if let Some(code) = code.filter(|&c| header(c).is_some_and(|h| h[1] == code_type)) {
+        let code = word(frame + f.frame_code).filter(|&c| c > 4096 && c & 7 == 0);
+        if let Some(code) = code.filter(|&c| header(c).is_some_and(|h| h[1] == f.code_type)) {
             let slot = (at - frame - FRAME_LOCALSPLUS) / 8;
-            let locals = u64::try_from(int_at(code + l.nlocalsplus)?).ok()?;
-            let stack = u64::try_from(int_at(code + l.stacksize)?).ok()?;
+            let locals = u64::try_from(int_at(code + counts.nlocalsplus)?).ok()?;
+            let stack = u64::try_from(int_at(code + counts.stacksize)?).ok()?;
             if slot >= locals + stack {
                 return None;
             }
@@ -376,10 +370,10 @@ pub fn frame_slot(at: u64, chunk: (u64, u64), minor: u8) -> Option<FrameSlot> {
                 let mut p = [0u64; 1];
                 (super::roots::read_own_memory(code + off, &mut p) == 8).then(|| py_str_up_to(p[0], minor, 4096)).flatten()
             };
-            let qualname = text_at(CODE_QUALNAME).unwrap_or_else(|| "?".into());
-            let file = text_at(CODE_FILENAME).unwrap_or_else(|| "?".into());
+            let qualname = text_at(f.qualname).unwrap_or_else(|| "?".into());
+            let file = text_at(f.filename).unwrap_or_else(|| "?".into());
             let file = file.rsplit('/').next().unwrap_or(&file).to_string();
-            let line = int_at(code + l.firstlineno).unwrap_or(0);
+            let line = int_at(code + f.firstlineno).unwrap_or(0);
             return Some(FrameSlot { name, function: format!("{qualname}() ({file}:{line})") });
         }
         if frame < first + 8 || frame - 8 < from {
