@@ -223,14 +223,22 @@ fn span_to_peak_of(points: &[(u64, Memory)], key: impl Fn(&Memory) -> Option<u64
 }
 
 /// A forked worker's whole life before any teardown: its first point and the later
-/// point of its largest private memory (`uss`), with the milliseconds between.
+/// point of its largest private memory (`uss`), with the milliseconds of its life (its
+/// first point to its last). Copy-on-write comes at once, not as a trend: the worker's
+/// first full garbage collection writes the header of every object it inherited, so
+/// the peak can come a second after the start of a worker that lives for minutes.
 fn worker_span(points: &[(u64, Memory)]) -> Option<(&Memory, &Memory, u64)> {
     let run = before_teardown(points, |p| p.1.after_teardown);
     let points = &points[..run];
     let (first, rest) = points.split_first()?;
-    let to = rest.iter().rev().max_by_key(|p| p.1.uss.unwrap_or(0)).unwrap_or(first);
-    Some((&first.1, &to.1, to.0.saturating_sub(first.0)))
+    let last = rest.last().unwrap_or(first);
+    let to = rest.iter().max_by_key(|p| p.1.uss.unwrap_or(0)).unwrap_or(first);
+    Some((&first.1, &to.1, last.0.saturating_sub(first.0)))
 }
+
+/// How long a forked worker must have lived for its private memory to be judged: a
+/// shorter one is a burst (a child that runs a command and exits).
+pub const MIN_WORKER_LIFE_MS: u64 = 3000;
 
 /// One part's bytes at the start of the span `explain` looks at and at the part's own
 /// peak after it (for `rss`, the span's end; `None` when there are no points, or the
@@ -347,7 +355,7 @@ pub fn explain(points: &[(u64, Memory)], forked_child: bool) -> Vec<Finding> {
     // copying a shared page on write moves it from shared to private and leaves RSS as
     // it was, so the RSS peak can be any point (one near the start hid the growth).
     let (wfrom, wto, wms) = worker_span(points).unwrap_or((from, to, ms));
-    if forked_child && wms >= MIN_GROWTH_SPAN_MS {
+    if forked_child && wms >= MIN_WORKER_LIFE_MS {
         let (from, to) = (wfrom, wto);
         let grew = |f: fn(&Memory) -> u64| f(to).saturating_sub(f(from));
         if let (Some(u0), Some(u1)) = (from.uss, to.uss) {
@@ -550,8 +558,12 @@ mod tests {
         // RSS at its peak near the start (the tracer gave file pages back since):
         // the private growth to the end is measured all the same.
         let early = Memory { rss: 510 * MIB, uss: Some(25 * MIB), heap_live: MIB, ..Default::default() };
-        let late = Memory { rss: 490 * MIB, ..m1 };
+        let late = Memory { rss: 490 * MIB, ..m1.clone() };
         let f = explain(&[at(0, &m0), at(500, &early), at(10_000, &late)], true);
+        assert!(f.iter().any(|f| f.part == "uss" && f.from == 20 * MIB && f.to == 220 * MIB), "{f:?}");
+        // All copied in the first second of a worker that lives on (its first full
+        // collection wrote every inherited object's header): copy-on-write all the same.
+        let f = explain(&[at(0, &m0), at(1_200, &m1), at(2_500, &m1), at(7_600, &Memory { uss: Some(219 * MIB), ..m1 })], true);
         assert!(f.iter().any(|f| f.part == "uss" && f.from == 20 * MIB && f.to == 220 * MIB), "{f:?}");
     }
 
