@@ -133,3 +133,30 @@ fn python_an_object_attribute_names_the_class_and_the_global() {
 fn python_an_lru_cache_is_named_by_the_cached_function() {
     assert_named("lru", "functools._lru_cache_wrapper (Python object, +72) ← global features of module __main__");
 }
+
+/// One line's blocks held by two lists, two thirds by one and a third by the other:
+/// the holder most of the blocks looked at have, and the second one with its share.
+#[test]
+fn python_blocks_of_one_line_held_by_two_lists_name_both_with_their_share() {
+    let mut cmd = Command::new(python());
+    cmd.arg(root().join("tests/fixtures/frameworks/holders.py")).arg("split");
+    let run = run_traced(cmd, "held-py-split");
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let r = run.report();
+    let series = r["timeline"]["series"].as_array().unwrap().iter();
+    let held: Vec<(String, String)> = series
+        .chain(r["leaks"].as_array().unwrap().iter())
+        .filter(|v| !links(v).is_empty())
+        .map(|v| {
+            let also: Option<leaktrace_common::report_schema::OtherHolder> = serde_json::from_value(v["also_held_by"].clone()).ok();
+            (text(v), also.and_then(|o| leaktrace_common::held::also_held_by_text(&o)).unwrap_or_default())
+        })
+        .collect();
+    let shown = held.iter().map(|(h, a)| format!("{h}\n{a}")).collect::<Vec<_>>().join("\n");
+    let both = held.iter().find(|(h, a)| h.ends_with("global SEEN of module __main__") && a.contains("global LATER of module __main__"));
+    let (_, also) = both.unwrap_or_else(|| panic!("no holder with its second: {shown}"));
+    // "also held by: … (K of the N blocks looked at; the holder above M)", K < M, K + M <= N.
+    let numbers: Vec<u32> = also.rsplit('(').next().unwrap().split(|c: char| !c.is_ascii_digit()).filter_map(|n| n.parse().ok()).collect();
+    let [k, n, m] = numbers[..] else { panic!("{also}") };
+    assert!(k >= 1 && k <= m && k + m <= n, "{also}");
+}

@@ -47,6 +47,10 @@ pub struct Growth {
     /// followed stack under the line.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub held_by: Vec<leaktrace_common::report_schema::HeldLink>,
+    /// The second holder, when the blocks looked at are held by different things
+    /// (`Group::also_held_by`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub also_held_by: Option<leaktrace_common::report_schema::OtherHolder>,
 }
 
 /// What to say under a growing stack that a caching allocator holds: its stack names
@@ -125,19 +129,19 @@ fn made_by_an_import(stack: &[Frame]) -> bool {
 /// stacks.
 /// The holder path of the largest followed stack (or listed group) whose innermost
 /// Python frame of the user's is `line`: a line's growth is the sum of its stacks.
-fn line_holder(report: &Report, line: &Frame) -> Vec<leaktrace_common::report_schema::HeldLink> {
+fn line_holder(report: &Report, line: &Frame) -> (Vec<leaktrace_common::report_schema::HeldLink>, Option<leaktrace_common::report_schema::OtherHolder>) {
     let own = report.timeline.lines.iter().find(|l| Some(l.line) == line.line && line.file.as_deref() == Some(l.file.as_str()) && !l.held_by.is_empty());
     if let Some(l) = own {
-        return l.held_by.clone();
+        return (l.held_by.clone(), l.also_held_by.clone());
     }
     let at_line = |stack: &[Frame]| stack.iter().any(|f| f.python && f.line == line.line && f.file == line.file && f.function == line.function);
-    let series = report.timeline.series.iter().map(|s| (s.bytes.last().copied().unwrap_or(0), report.series_stack(s), &s.held_by));
-    let groups = report.leaks.iter().map(|g| (g.bytes, g.stack.as_slice(), &g.held_by));
+    let series = report.timeline.series.iter().map(|s| (s.bytes.last().copied().unwrap_or(0), report.series_stack(s), &s.held_by, &s.also_held_by));
+    let groups = report.leaks.iter().map(|g| (g.bytes, g.stack.as_slice(), &g.held_by, &g.also_held_by));
     series
         .chain(groups)
-        .filter(|(_, stack, held)| !held.is_empty() && at_line(stack))
-        .max_by_key(|(bytes, _, _)| *bytes)
-        .map(|(_, _, held)| held.clone())
+        .filter(|(_, stack, held, _)| !held.is_empty() && at_line(stack))
+        .max_by_key(|(bytes, _, _, _)| *bytes)
+        .map(|(_, _, held, also)| (held.clone(), also.clone()))
         .unwrap_or_default()
 }
 
@@ -160,6 +164,7 @@ pub fn detect(report: &Report, min_bytes: u64) -> Vec<Growth> {
         stack,
         cached_by: None,
         held_by: Vec::new(),
+        also_held_by: None,
     };
     let mut lines: Vec<Growth> = report
         .timeline
@@ -192,12 +197,15 @@ pub fn detect(report: &Report, min_bytes: u64) -> Vec<Growth> {
             let mut g = growth(&s.kind, &s.api, s.stack_id, steady_growth(&s.bytes, points, cut, min_bytes)?, stack.to_vec());
             let listed = report.leaks.iter().find(|l| l.stack_id == s.stack_id && l.api == s.api);
             g.cached_by = listed.and_then(|l| l.cached_by.as_ref()).map(|c| c.to_string());
-            g.held_by = if s.held_by.is_empty() { listed.map(|l| l.held_by.clone()).unwrap_or_default() } else { s.held_by.clone() };
+            (g.held_by, g.also_held_by) = match listed {
+                Some(l) if s.held_by.is_empty() => (l.held_by.clone(), l.also_held_by.clone()),
+                _ => (s.held_by.clone(), s.also_held_by.clone()),
+            };
             Some(g)
         })
         .collect();
     for l in lines.iter_mut() {
-        l.held_by = line_holder(report, &l.stack[0]);
+        (l.held_by, l.also_held_by) = line_holder(report, &l.stack[0]);
     }
     lines.sort_by_key(|g| std::cmp::Reverse(g.grown_bytes));
     stacks.sort_by_key(|g| std::cmp::Reverse(g.grown_bytes));
@@ -246,10 +254,18 @@ mod tests {
             stack: None,
             bytes: (0..20).map(|i| i * 1_000_000).collect(),
             held_by: Vec::new(),
+            also_held_by: None,
         }];
         r.timeline.lines = vec![
-            LineSeries { function: "main".into(), file: "/w/train.py".into(), line: 41, bytes: (0..20).map(|i| i * 100_000).collect(), held_by: vec![] },
-            LineSeries { function: "setup".into(), file: "/w/train.py".into(), line: 9, bytes: vec![5_000_000; 20], held_by: vec![] },
+            LineSeries {
+                function: "main".into(),
+                file: "/w/train.py".into(),
+                line: 41,
+                bytes: (0..20).map(|i| i * 100_000).collect(),
+                held_by: vec![],
+                also_held_by: None,
+            },
+            LineSeries { function: "setup".into(), file: "/w/train.py".into(), line: 9, bytes: vec![5_000_000; 20], held_by: vec![], also_held_by: None },
         ];
         let found = detect(&r, 1024);
         assert_eq!(found.len(), 2);
@@ -275,8 +291,17 @@ mod tests {
                 stack: stack(&["<frozen importlib._bootstrap>", "/w/train.py"]),
                 bytes: rising.clone(),
                 held_by: Vec::new(),
+                also_held_by: None,
             },
-            Series { kind: "host".into(), api: "malloc".into(), stack_id: 2, stack: stack(&["/w/train.py"]), bytes: rising, held_by: Vec::new() },
+            Series {
+                kind: "host".into(),
+                api: "malloc".into(),
+                stack_id: 2,
+                stack: stack(&["/w/train.py"]),
+                bytes: rising,
+                held_by: Vec::new(),
+                also_held_by: None,
+            },
         ];
         let found = detect(&r, 1024);
         assert_eq!(found.iter().map(|g| g.stack_id).collect::<Vec<_>>(), [2]);
@@ -289,8 +314,16 @@ mod tests {
         r.timeline.points = (0..20).map(|i| Point { unix_ms: i * 1000, live_bytes: 0, live_blocks: 0, memory: None }).collect();
         let rising: Vec<u64> = (0..20).map(|i| i * (2 << 20)).collect();
         r.timeline.series = vec![
-            Series { kind: "device".into(), api: "cudaMalloc".into(), stack_id: 7, stack: None, bytes: rising.clone(), held_by: Vec::new() },
-            Series { kind: "device".into(), api: "cudaMalloc".into(), stack_id: 8, stack: None, bytes: rising, held_by: Vec::new() },
+            Series {
+                kind: "device".into(),
+                api: "cudaMalloc".into(),
+                stack_id: 7,
+                stack: None,
+                bytes: rising.clone(),
+                held_by: Vec::new(),
+                also_held_by: None,
+            },
+            Series { kind: "device".into(), api: "cudaMalloc".into(), stack_id: 8, stack: None, bytes: rising, held_by: Vec::new(), also_held_by: None },
         ];
         r.leaks = vec![
             Group {
@@ -319,7 +352,8 @@ mod tests {
         bytes.extend([90_000_000, 120_000, 120_000, 120_000, 120_000, 120_000, 115_000, 115_000]);
         let mut r = Report { reason: "exit".into(), ..Default::default() };
         r.timeline.points = (0..bytes.len() as u64).map(|i| Point { unix_ms: i * 300, ..Default::default() }).collect();
-        r.timeline.series = vec![Series { kind: "host".into(), api: "malloc".into(), stack_id: 1, stack: None, bytes, held_by: Vec::new() }];
+        r.timeline.series =
+            vec![Series { kind: "host".into(), api: "malloc".into(), stack_id: 1, stack: None, bytes, held_by: Vec::new(), also_held_by: None }];
         assert!(detect(&r, 1024).is_empty(), "unmarked, a decline over a third of the points is no growth");
         for p in &mut r.timeline.points[18..] {
             p.memory = Some(leaktrace_common::memory::Memory { after_teardown: true, ..Default::default() });
@@ -336,7 +370,8 @@ mod tests {
         let bytes: Vec<u64> = (0..33).map(|i| if (20..32).contains(&i) { (i - 19) * 1_000_000 } else { 0 }).collect();
         let mut r = Report { reason: "exit".into(), ..Default::default() };
         r.timeline.points = (0..33).map(|i| Point { unix_ms: i * 100, live_bytes: 0, live_blocks: 0, memory: None }).collect();
-        r.timeline.series = vec![Series { kind: "host".into(), api: "malloc".into(), stack_id: 1, stack: None, bytes, held_by: Vec::new() }];
+        r.timeline.series =
+            vec![Series { kind: "host".into(), api: "malloc".into(), stack_id: 1, stack: None, bytes, held_by: Vec::new(), also_held_by: None }];
         let found = detect(&r, 1024);
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].points, 12);

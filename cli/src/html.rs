@@ -200,10 +200,14 @@ const m=location.hash.match(/sort=(\\w+)-(asc|desc)/);if(m){const th=document.qu
 
 /// "held by", each link a summary that opens its allocation stack (blocks) or a plain
 /// item (roots); empty without a path.
-fn held_html(links: &[leaktrace_common::report_schema::HeldLink]) -> String {
+fn held_html(links: &[leaktrace_common::report_schema::HeldLink], also: Option<&leaktrace_common::report_schema::OtherHolder>) -> String {
     if links.is_empty() {
         return String::new();
     }
+    let also = also.and_then(|o| {
+        let text = leaktrace_common::held::also_held_by_text(o)?;
+        Some(format!("<div class=\"held\">{}</div>", esc(&text)))
+    });
     let items: Vec<String> = links
         .iter()
         .map(|l| {
@@ -214,7 +218,7 @@ fn held_html(links: &[leaktrace_common::report_schema::HeldLink]) -> String {
             }
         })
         .collect();
-    format!("<div class=\"held\">held by (from the block out to its root):<ol class=\"held\">{}</ol></div>", items.join(""))
+    format!("<div class=\"held\">held by (from the block out to its root):<ol class=\"held\">{}</ol></div>{}", items.join(""), also.unwrap_or_default())
 }
 
 pub fn page(a: &Analysis, reports: &[Report]) -> String {
@@ -263,7 +267,7 @@ pub fn page(a: &Analysis, reports: &[Report]) -> String {
                 human_bytes(g.bytes_per_minute),
                 esc(&p.label),
                 stack_html(&g.stack),
-                held_html(&g.held_by)
+                held_html(&g.held_by, g.also_held_by.as_ref())
             ));
         }
         body.push_str("</ul>");
@@ -286,7 +290,7 @@ pub fn page(a: &Analysis, reports: &[Report]) -> String {
                 esc(&g.api),
                 esc(&row_site(&g.stack)),
                 stack_html(&g.stack),
-                held_html(&g.held_by)
+                held_html(&g.held_by, g.also_held_by.as_ref())
             ));
         }
     }

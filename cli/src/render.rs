@@ -17,8 +17,16 @@ pub fn shown_frames(stack: &[Frame]) -> Vec<usize> {
 }
 
 /// The "held by" line under a group or a growing stack, when the scan found one.
-fn held_text(out: &mut String, links: &[leaktrace_common::report_schema::HeldLink]) {
+fn held_text(out: &mut String, links: &[leaktrace_common::report_schema::HeldLink], also: Option<&leaktrace_common::report_schema::OtherHolder>) {
     if let Some(line) = leaktrace_common::held::held_by_text(links) {
+        out.push_str(&format!("    {line}\n"));
+        also_text(out, also);
+    }
+}
+
+/// The second holder's line, when the blocks looked at are held by different things.
+fn also_text(out: &mut String, also: Option<&leaktrace_common::report_schema::OtherHolder>) {
+    if let Some(line) = also.and_then(leaktrace_common::held::also_held_by_text) {
         out.push_str(&format!("    {line}\n"));
     }
 }
@@ -34,6 +42,7 @@ fn group_held_text(out: &mut String, g: &crate::model::Group) {
         }
         _ => out.push_str(&format!("    {line}\n")),
     }
+    also_text(out, g.also_held_by.as_ref());
 }
 
 fn stack_text(out: &mut String, stack: &[Frame]) {
@@ -224,7 +233,7 @@ pub fn text(a: &Analysis, top: usize) -> String {
                 ));
             }
             stack_text(&mut out, &gr.stack);
-            held_text(&mut out, &gr.held_by);
+            held_text(&mut out, &gr.held_by, gr.also_held_by.as_ref());
             if let Some(c) = &gr.cached_by {
                 out.push_str(&format!("    ({})\n", crate::growth::cached_note(c)));
             }

@@ -187,6 +187,13 @@ pub fn held_by_text(links: &[HeldLink]) -> Option<String> {
     })
 }
 
+/// The second holder's line under "held by" (`Group::also_held_by`): its path and how
+/// many of the blocks looked at each holds.
+pub fn also_held_by_text(other: &crate::report_schema::OtherHolder) -> Option<String> {
+    let path = held_by_text(&other.held_by)?;
+    Some(format!("also {path} ({} of the {} blocks looked at; the holder above {})", other.blocks, other.looked_at, other.held_by_blocks))
+}
+
 enum Phrase {
     Text(String),
     Elided(u64),
@@ -250,6 +257,9 @@ mod tests {
         assert_eq!(held_by_text(&links).unwrap(), "held by: list[8] ← attribute SEEN of a Cache object");
         let links = vec![py(None, 0), py(Some("dict"), 40), py(Some("Trainer"), 16)];
         assert_eq!(held_by_text(&links).unwrap(), "held by: an attribute of a Trainer object");
+        let other = crate::report_schema::OtherHolder { blocks: 2, held_by_blocks: 3, looked_at: 5, held_by: links.clone() };
+        assert_eq!(also_held_by_text(&other).unwrap(), "also held by: an attribute of a Trainer object (2 of the 5 blocks looked at; the holder above 3)");
+        assert_eq!(also_held_by_text(&crate::report_schema::OtherHolder::default()), None);
         let links = vec![py(None, 64), py(Some("list"), 24), HeldLink { key: Some("k".into()), ..py(None, 8) }, py(Some("dict"), 32)];
         assert_eq!(held_by_text(&links).unwrap(), "held by: list[8] ← dict[\"k\"]");
         // A running function's local (3.11+ frames), and a value on its stack.

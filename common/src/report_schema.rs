@@ -175,6 +175,34 @@ pub struct Group<S = Inline> {
     /// without a scan, for leaked memory, and for groups the scan was not asked about.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held_by: Vec<HeldLink<S>>,
+    /// When the blocks looked at for `held_by` are not all held by one thing: the second
+    /// most common holder, and how many of them each holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub also_held_by: Option<OtherHolder<S>>,
+}
+
+/// The second holder of a group's memory (`also_held_by`): of the `looked_at` blocks
+/// drawn from the group for its holder, `held_by_blocks` are held by the path shown as
+/// `held_by`, `blocks` by this one.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(bound(serialize = "S: Serialize", deserialize = "S: Deserialize<'de> + Default"))]
+pub struct OtherHolder<S = Inline> {
+    pub blocks: u32,
+    pub held_by_blocks: u32,
+    pub looked_at: u32,
+    pub held_by: Vec<HeldLink<S>>,
+}
+
+impl<S> OtherHolder<S> {
+    /// The same holder with its links' stacks held as `f` makes them.
+    pub fn map_stacks<T>(&self, mut f: impl FnMut(&S) -> T) -> OtherHolder<T> {
+        OtherHolder {
+            blocks: self.blocks,
+            held_by_blocks: self.held_by_blocks,
+            looked_at: self.looked_at,
+            held_by: self.held_by.iter().map(|l| l.map_stack(&mut f)).collect(),
+        }
+    }
 }
 
 /// One link of a path from a reachable block out to the root that keeps it: what holds
@@ -274,6 +302,7 @@ impl<S> Group<S> {
             indirect_from: self.indirect_from.clone(),
             stack,
             held_by: Vec::new(),
+            also_held_by: None,
         }
     }
 
@@ -461,6 +490,9 @@ pub struct Series<S = Inline> {
     /// for a growing stack that is not among the listed groups.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held_by: Vec<HeldLink<S>>,
+    /// As `Group::also_held_by`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub also_held_by: Option<OtherHolder<S>>,
 }
 
 /// Live bytes by a line of the user's own Python code (Python processes).
@@ -478,6 +510,9 @@ pub struct LineSeries<S = Inline> {
     /// program still held it (as `Group::held_by`).
     #[serde(default = "Vec::new", skip_serializing_if = "Vec::is_empty")]
     pub held_by: Vec<HeldLink<S>>,
+    /// As `Group::also_held_by`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub also_held_by: Option<OtherHolder<S>>,
 }
 
 impl<S> LineSeries<S> {
@@ -489,6 +524,7 @@ impl<S> LineSeries<S> {
             line: self.line,
             bytes: self.bytes.clone(),
             held_by: self.held_by.iter().map(|l| l.map_stack(&mut stack)).collect(),
+            also_held_by: self.also_held_by.as_ref().map(|o| o.map_stacks(&mut stack)),
         }
     }
 }
@@ -765,6 +801,13 @@ pub fn inline_frames(report: &mut Value) -> Result<(), String> {
                 }
             }
         }
+        if let Some(Value::Array(links)) = owner.get_mut("also_held_by").and_then(|o| o.get_mut("held_by")) {
+            for (k, l) in links.iter_mut().enumerate() {
+                if let Some(stack) = l.get_mut("stack") {
+                    expand(stack, &format!("{what} also_held_by link {k}"))?;
+                }
+            }
+        }
         Ok(())
     };
     if let Some(Value::Array(groups)) = report.get_mut("leaks") {
@@ -836,7 +879,8 @@ mod tests {
     #[test]
     fn a_written_report_reads_back_with_its_stacks_inlined() {
         let frame = |ip, f: &str| Frame { ip, function: Some(f.into()), ..Default::default() };
-        let series = |stack_id, stack| Series { kind: "host".into(), api: "malloc".into(), stack_id, stack, bytes: vec![1, 2], held_by: Vec::new() };
+        let series =
+            |stack_id, stack| Series { kind: "host".into(), api: "malloc".into(), stack_id, stack, bytes: vec![1, 2], held_by: Vec::new(), also_held_by: None };
         let written = Report::<Indexed> {
             schema: format!("{SCHEMA_PREFIX}{CURRENT_MAJOR}").into(),
             pid: 7,

@@ -79,6 +79,7 @@ fn checkpoint_inner(label: &str, scope: checks::Scope) -> Option<checks::Check> 
             indirect_from: Vec::new(),
             stack: if i < named { stacks.next().unwrap_or_default() } else { Vec::new() },
             held_by: Vec::new(),
+            also_held_by: None,
         })
         .collect();
     let (shown, _, _) = build::apply_suppressions(&groups, &r.suppressions);

@@ -23,6 +23,10 @@ use crate::report::writer;
 use super::consumer::{drain_everything, drain_into, lock_bounded, wait_while, ScanPause, PREPARE_WAIT, PREPARING, SCAN_AT_EXIT, STATE};
 use super::verdicts::reachability_scan;
 
+/// A holder as reports show it: its path, named, and the second holder of the blocks
+/// looked at, when they differ (`Group::also_held_by`).
+pub(super) type Named = (Vec<leaktrace_common::report_schema::HeldLink>, Option<leaktrace_common::report_schema::OtherHolder>);
+
 /// Everything the report writer needs; one lock so that reports are written one at a time.
 pub(super) struct ReportSide {
     pub(super) config: Config,
@@ -40,9 +44,9 @@ pub(super) struct ReportSide {
     pub(super) no_final_report: Option<&'static str>,
     /// The holders found before the interpreter's teardown (`held_before_exit`), by
     /// stack and api: shown where the final scan finds the memory freed.
-    pub(super) held_before_exit: std::collections::HashMap<(u32, &'static str), Vec<leaktrace_common::report_schema::HeldLink>>,
+    pub(super) held_before_exit: std::collections::HashMap<(u32, &'static str), Named>,
     /// The same for the growing lines of the user's Python code.
-    pub(super) held_lines_before_exit: HashMap<crate::report::python::UserLine, Vec<leaktrace_common::report_schema::HeldLink>>,
+    pub(super) held_lines_before_exit: HashMap<crate::report::python::UserLine, Named>,
     /// Growing lines whose holders were looked for while they grew (`held_while_growing`).
     pub(super) looked_for: std::collections::HashSet<crate::report::python::UserLine>,
     /// The checks the program asked for (`checkpoint`), and how many more were not kept.
@@ -281,8 +285,9 @@ pub(super) fn write_report(reason: Reason) {
     }
     // Growing lines: their holders, found while the program still held the memory.
     for (out, l) in timeline.lines.iter_mut().zip(&r.timeline.lines) {
-        if let Some(links) = r.held_lines_before_exit.get(&l.line) {
+        if let Some((links, also)) = r.held_lines_before_exit.get(&l.line) {
             out.held_by = links.clone();
+            out.also_held_by = also.clone();
         }
     }
     memory.devices = device_memory(&snapshot.groups, &groups);
@@ -483,12 +488,13 @@ pub(super) fn held_before_exit() {
     let Some(r) = report.as_mut() else { return };
     for (&(stack, api, _), path) in &scan.held_by {
         let links = crate::report::held::resolve(path, &mut r.symbolizer);
-        r.held_before_exit.insert((stack, api), links);
+        let also = crate::report::held::resolve_also(path, &mut r.symbolizer);
+        r.held_before_exit.insert((stack, api), (links, also));
     }
     // Per line, the bytes of the largest group that has a holder.
     let mut named_bytes: HashMap<crate::report::python::UserLine, u64> = HashMap::new();
     for (line, groups) in by_line {
-        let held = groups.iter().find_map(|g| Some((r.held_before_exit.get(&(g.key.0, g.key.1.name())).filter(|l| !l.is_empty())?, g.bytes)));
+        let held = groups.iter().find_map(|g| Some((r.held_before_exit.get(&(g.key.0, g.key.1.name())).filter(|l| !l.0.is_empty())?, g.bytes)));
         if let Some((links, n)) = held {
             r.held_lines_before_exit.insert(line, links.clone());
             named_bytes.insert(line, n);
@@ -539,7 +545,8 @@ fn keep_line_holders(found: Vec<(crate::report::python::UserLine, crate::report:
     let Some(r) = report.as_mut() else { return };
     for (line, path) in found {
         let links = crate::report::held::resolve(&path, &mut r.symbolizer);
-        r.held_lines_before_exit.insert(line, links);
+        let also = crate::report::held::resolve_also(&path, &mut r.symbolizer);
+        r.held_lines_before_exit.insert(line, (links, also));
     }
 }
 
@@ -703,7 +710,7 @@ fn grew(bytes: &[u64]) -> bool {
 /// holders found before it.
 fn name_holders(
     scan: &super::verdicts::ScanResult,
-    before_exit: &std::collections::HashMap<(u32, &'static str), Vec<leaktrace_common::report_schema::HeldLink>>,
+    before_exit: &std::collections::HashMap<(u32, &'static str), Named>,
     groups: &mut [build::Group],
     timeline: &mut build::TimelineOut,
     sym: &mut crate::report::symbolize::Symbolizer,
@@ -712,15 +719,18 @@ fn name_holders(
         let reachable = g.reachability.is_some_and(|r| r.reachable.bytes > 0);
         if let Some(path) = scan.held_by.get(&(g.stack_id, g.api.as_ref(), g.device.and_then(|d| u8::try_from(d).ok()))).filter(|_| reachable) {
             g.held_by = crate::report::held::resolve(path, sym);
+            g.also_held_by = crate::report::held::resolve_also(path, sym);
         }
     }
     for s in timeline.series.iter_mut() {
         if let Some(path) = scan.held_by.get(&(s.stack_id, s.api.as_ref(), None)) {
             s.held_by = crate::report::held::resolve(path, sym);
+            s.also_held_by = crate::report::held::resolve_also(path, sym);
         }
         if s.held_by.is_empty() {
-            if let Some(links) = before_exit.get(&(s.stack_id, s.api.as_ref())) {
+            if let Some((links, also)) = before_exit.get(&(s.stack_id, s.api.as_ref())) {
                 s.held_by = links.clone();
+                s.also_held_by = also.clone();
             }
         }
     }

@@ -239,9 +239,10 @@ fn most_common_holder(paths: HashMap<(GroupKey, usize), crate::report::held::Raw
         .into_iter()
         .filter_map(|(key, mut drawn)| {
             drawn.sort_by_key(|(n, _)| *n);
-            let votes = |p: &crate::report::held::RawPath| drawn.iter().filter(|(_, q)| !q.links.is_empty() && q.links.last() == p.links.last()).count();
+            let votes = |p: &crate::report::held::RawPath| drawn.iter().filter(|(_, q)| crate::report::held::same_holder(q, p)).count();
             let best = drawn.iter().enumerate().max_by_key(|(k, (_, p))| (votes(p), std::cmp::Reverse(*k))).map(|(k, _)| k)?;
-            Some((key, drawn.swap_remove(best).1))
+            let drawn: Vec<crate::report::held::RawPath> = drawn.into_iter().map(|(_, p)| p).collect();
+            Some((key, crate::report::held::with_second(drawn, best, |p| !p.links.is_empty())))
         })
         .collect()
 }

@@ -237,6 +237,7 @@ pub fn resolve_groups(selected: &[(&GroupSnapshot, Option<Reachability>)], detai
                 indirect_from: Vec::new(),
                 stack,
                 held_by: Vec::new(),
+                also_held_by: None,
             }
         })
         .collect()
@@ -281,6 +282,7 @@ pub fn timeline_out(timeline: &Timeline, groups: &[Group], sym: &mut Symbolizer)
                 stack: (!listed.contains(&s.stack)).then(|| stacks.next().unwrap_or_default()),
                 bytes: s.bytes.clone(),
                 held_by: Vec::new(),
+                also_held_by: None,
             })
             .collect(),
         lines: timeline
@@ -288,7 +290,7 @@ pub fn timeline_out(timeline: &Timeline, groups: &[Group], sym: &mut Symbolizer)
             .iter()
             .map(|l| {
                 let (function, file, line) = super::python::describe(l.line);
-                schema::LineSeries { function, file, line, bytes: l.bytes.clone(), held_by: Vec::new() }
+                schema::LineSeries { function, file, line, bytes: l.bytes.clone(), held_by: Vec::new(), also_held_by: None }
             })
             .collect(),
     }
@@ -376,6 +378,7 @@ pub fn write_report_json(w: impl std::io::Write, parts: &ReportParts) -> std::io
         .map(|g| {
             let mut out = g.with_stack(table.indices(&g.stack));
             out.held_by = g.held_by.iter().map(|l| l.map_stack(|st| table.indices(st))).collect();
+            out.also_held_by = g.also_held_by.as_ref().map(|o| o.map_stacks(|st| table.indices(st)));
             out
         })
         .collect();
@@ -389,6 +392,7 @@ pub fn write_report_json(w: impl std::io::Write, parts: &ReportParts) -> std::io
             stack: s.stack.as_deref().map(|st| table.indices(st)),
             bytes: s.bytes.clone(),
             held_by: s.held_by.iter().map(|l| l.map_stack(|st| table.indices(st))).collect(),
+            also_held_by: s.also_held_by.as_ref().map(|o| o.map_stacks(|st| table.indices(st))),
         })
         .collect();
     let lines = timeline.lines.iter().map(|l| l.map_stacks(|st| table.indices(st))).collect();
@@ -599,6 +603,7 @@ mod tests {
             reachability: None,
             indirect_from: Vec::new(),
             held_by: Vec::new(),
+            also_held_by: None,
             stack: vec![
                 Frame {
                     ip: 0x1234,
@@ -636,8 +641,24 @@ mod tests {
         let timeline = TimelineOut {
             points: vec![schema::Point { unix_ms: 5, live_bytes: 48, live_blocks: 3, memory: None }],
             series: vec![
-                schema::Series { kind: "host".into(), api: "calloc".into(), stack_id: 7, stack: None, bytes: vec![48], held_by: Vec::new() },
-                schema::Series { kind: "host".into(), api: "malloc".into(), stack_id: 9, stack: Some(followed), bytes: vec![16], held_by: Vec::new() },
+                schema::Series {
+                    kind: "host".into(),
+                    api: "calloc".into(),
+                    stack_id: 7,
+                    stack: None,
+                    bytes: vec![48],
+                    held_by: Vec::new(),
+                    also_held_by: None,
+                },
+                schema::Series {
+                    kind: "host".into(),
+                    api: "malloc".into(),
+                    stack_id: 9,
+                    stack: Some(followed),
+                    bytes: vec![16],
+                    held_by: Vec::new(),
+                    also_held_by: None,
+                },
             ],
             lines: Vec::new(),
         };

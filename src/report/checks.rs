@@ -145,6 +145,7 @@ mod tests {
             indirect_from: Vec::new(),
             stack: Vec::new(),
             held_by: Vec::new(),
+            also_held_by: None,
         }
     }
 

@@ -44,6 +44,59 @@ pub struct RawPath {
     /// The links (by index) whose word points into the middle of what they hold, with
     /// how far in: references a person would not count on (`HeldLink::into`).
     pub interior: Vec<(usize, u64)>,
+    /// When this path was chosen among several blocks' paths and their holders differ:
+    /// the next most common holder (`choose`).
+    pub also: Option<Box<Also>>,
+}
+
+/// The second holder of a group's blocks (`RawPath::also`): its path, how many of the
+/// blocks looked at it holds, how many the chosen path's holder holds, of how many.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Also {
+    pub path: RawPath,
+    pub blocks: u32,
+    pub held_by_blocks: u32,
+    pub looked_at: u32,
+}
+
+/// Of the paths drawn from one group's blocks (`drawn`, in the order drawn: the first
+/// the group's representative), those that `named` says reached a holder vote by
+/// their last link (what holds the chain): the path chosen is `best`'s index (its
+/// holder most of them share, as the caller chose it); with the next most common
+/// holder among the named paths, when one is certain (no word into a block's middle),
+/// as its `also`.
+pub fn with_second(mut drawn: Vec<RawPath>, best: usize, named: impl Fn(&RawPath) -> bool) -> RawPath {
+    let votes = |p: &RawPath| drawn.iter().filter(|q| named(q) && same_holder(q, p)).count() as u32;
+    let held_by_blocks = votes(&drawn[best]);
+    let looked_at = drawn.iter().filter(|q| !q.links.is_empty()).count() as u32;
+    let second = (0..drawn.len())
+        .filter(|&k| named(&drawn[k]) && drawn[k].interior.is_empty() && !same_holder(&drawn[k], &drawn[best]))
+        .map(|k| (votes(&drawn[k]), k))
+        .max_by_key(|&(v, k)| (v, std::cmp::Reverse(k)));
+    let also = second.map(|(blocks, k)| {
+        let mut path = std::mem::take(&mut drawn[k]);
+        path.also = None;
+        Box::new(Also { path, blocks, held_by_blocks, looked_at })
+    });
+    let mut chosen = drawn.swap_remove(best);
+    chosen.also = also;
+    chosen
+}
+
+/// Whether two paths end at the same holder: the same root (their last link) holding
+/// them under the same key (a module's global by its name: the module is the root of
+/// every global of it).
+pub fn same_holder(a: &RawPath, b: &RawPath) -> bool {
+    !a.links.is_empty() && a.links.last() == b.links.last() && holder_name(a) == holder_name(b)
+}
+
+/// The key a path's root holds it under (a global's name, a dict entry's key): that of
+/// the last of its last three links that has one.
+fn holder_name(p: &RawPath) -> Option<&str> {
+    p.links.iter().rev().take(3).find_map(|l| match l {
+        RawLink::Python { key: Some(k), .. } | RawLink::Block { key: Some(k), .. } => Some(k.as_str()),
+        _ => None,
+    })
 }
 
 impl RawPath {
@@ -78,7 +131,7 @@ impl RawPath {
                 }
             });
         }
-        RawPath { block_size: live.get(block).map_or(0, |b| b.size), links, interior }
+        RawPath { block_size: live.get(block).map_or(0, |b| b.size), links, interior, also: None }
     }
 }
 
@@ -137,6 +190,17 @@ pub fn resolve(path: &RawPath, sym: &mut Symbolizer) -> Vec<HeldLink> {
         }
     }
     links
+}
+
+/// `path`'s second holder (`RawPath::also`), named as `resolve` names a path.
+pub fn resolve_also(path: &RawPath, sym: &mut Symbolizer) -> Option<leaktrace_common::report_schema::OtherHolder> {
+    let a = path.also.as_ref()?;
+    Some(leaktrace_common::report_schema::OtherHolder {
+        blocks: a.blocks,
+        held_by_blocks: a.held_by_blocks,
+        looked_at: a.looked_at,
+        held_by: resolve(&a.path, sym),
+    })
 }
 
 /// A running function's local variable (or stack value).
@@ -411,7 +475,7 @@ pub fn python_holder(live: &[LiveEntry], objects: &[u64]) -> Option<RawPath> {
     let heap_starts: Vec<usize> = starts.iter().map(|s| s.0).collect();
     extend_python_from(&mut paths, starts, live, &[], &[], &[], 0);
     // Its first link is the object itself: the path starts at what holds it.
-    let mut found: Vec<(usize, RawPath)> = paths
+    let found: Vec<(usize, RawPath)> = paths
         .into_iter()
         .filter_map(|(k, mut p)| {
             if !heap_starts.contains(&k) {
@@ -424,14 +488,23 @@ pub fn python_holder(live: &[LiveEntry], objects: &[u64]) -> Option<RawPath> {
         })
         .collect();
     let at_module = |p: &RawPath| matches!(p.links.last(), Some(RawLink::Python { module: Some(_), .. }) | Some(RawLink::Local { name: Some(_), .. }));
-    let votes = |p: &RawPath| found.iter().filter(|(_, q)| at_module(q) && q.links.last() == p.links.last()).count();
+    let votes = |p: &RawPath| found.iter().filter(|(_, q)| at_module(q) && same_holder(q, p)).count();
     let keys: Vec<(usize, usize, usize)> = found.iter().map(|(k, p)| (votes(p), p.links.len(), *k)).collect();
     let best = (0..found.len()).min_by_key(|&i| {
         let (votes, len, k) = keys[i];
         let reached = at_module(&found[i].1);
         (!reached, std::cmp::Reverse(if reached { votes } else { 0 }), if reached { 0 } else { usize::MAX - len }, k)
     })?;
-    Some(found.swap_remove(best).1)
+    // In the order drawn, for the second holder's tie-break.
+    let order: Vec<usize> = {
+        let mut o: Vec<usize> = (0..found.len()).collect();
+        o.sort_by_key(|&i| found[i].0);
+        o
+    };
+    let best = order.iter().position(|&i| i == best)?;
+    let mut found: Vec<Option<RawPath>> = found.into_iter().map(|(_, p)| Some(p)).collect();
+    let drawn: Vec<RawPath> = order.iter().map(|&i| found[i].take().unwrap_or_default()).collect();
+    Some(with_second(drawn, best, at_module))
 }
 
 /// When `p` ends at a Python object's word (a root in pymalloc's arenas), makes that
@@ -476,6 +549,36 @@ mod tests {
     }
 
     #[test]
+    fn the_holder_most_blocks_share_is_chosen_and_the_next_is_kept_with_its_share() {
+        let module =
+            RawLink::Python { start: 0x7000, offset: 16, type_name: Some("module".into()), key: None, module: Some("__main__".into()), attribute: false };
+        let global = |name: &str, index: u64| RawPath {
+            block_size: 64,
+            links: vec![
+                RawLink::Python { start: 0x100 + index, offset: 24 + 8 * index, type_name: Some("list".into()), key: None, module: None, attribute: false },
+                RawLink::Python { start: 0x5000, offset: 232, type_name: None, key: Some(name.into()), module: None, attribute: false },
+                module.clone(),
+            ],
+            ..Default::default()
+        };
+        // Two globals of one module are two holders, though the module is both roots.
+        assert!(same_holder(&global("SEEN", 1), &global("SEEN", 7)));
+        assert!(!same_holder(&global("SEEN", 1), &global("LATER", 1)));
+        assert!(!same_holder(&RawPath::default(), &RawPath::default()));
+        let mut uncertain = global("OTHER", 0);
+        uncertain.interior = vec![(0, 96)];
+        let drawn = vec![global("LATER", 9), global("SEEN", 1), global("SEEN", 2), uncertain, global("SEEN", 3), RawPath::default()];
+        let chosen = with_second(drawn, 1, |p| !p.links.is_empty());
+        assert_eq!(chosen.links, global("SEEN", 1).links);
+        let also = chosen.also.expect("a second holder");
+        // An uncertain path is never shown as a holder; of the five paths found, LATER holds one.
+        assert_eq!((also.blocks, also.held_by_blocks, also.looked_at), (1, 3, 5));
+        assert_eq!(also.path.links, global("LATER", 9).links);
+        // All held by one thing: no second.
+        assert!(with_second(vec![global("SEEN", 1), global("SEEN", 2)], 0, |p| !p.links.is_empty()).also.is_none());
+    }
+
+    #[test]
     fn a_path_names_each_holder_block_and_its_root() {
         let live = [entry(0x1000, 64, 7), entry(0x2000, 32, 8), entry(0x3000, 16, 9)];
         let labels = [RootLabel { start: 0x600000, len: 0x1000, kind: RootKind::Module }];
@@ -499,6 +602,9 @@ mod tests {
     /// again from this process's memory); one that points to the start is not.
     #[test]
     fn a_word_into_the_middle_of_a_block_is_marked_on_its_link() {
+        // Copies are allowed once /proc/self/status says no seccomp filter: opened here,
+        // not left to a test that ran before.
+        crate::os::procfs::open();
         let target: Box<[u64; 32]> = Box::new([0; 32]);
         let t = &*target as *const _ as u64;
         let holder: Box<[u64; 4]> = Box::new([0, t + 96, t + 16, t]);
