@@ -4,6 +4,7 @@
 //! reachable, indirect (only leaked blocks point to it) or definite.
 //! On by default (`LEAKTRACE_SCAN=0` turns it off).
 pub mod arenas;
+pub mod glibc_heap;
 pub mod mark;
 pub mod pymalloc;
 pub mod referrers;
