@@ -61,6 +61,9 @@ pub struct Config {
     /// the groups whose stack it matches are listed, each with the path that keeps it,
     /// in every report the scan runs for and in every check.
     pub why_reachable: Option<String>,
+    /// LEAKTRACE_STANDBY: loaded, recording nothing, until `leaktrace attach PID`
+    /// switches it on (`agent::standby`).
+    pub standby: bool,
 }
 
 /// When the library's collector thread starts.
@@ -157,6 +160,7 @@ impl Default for Config {
             python_frames: true,
             python_sample: DEFAULT_PYTHON_SAMPLE,
             why_reachable: None,
+            standby: false,
         }
     }
 }
@@ -171,6 +175,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("LEAKTRACE_SNAPSHOT_SIGNAL", "signal that asks for a snapshot: USR1, USR2, a number, or 0/off (default USR2)"),
     ("LEAKTRACE_FOLLOW_FORK", "1/0: keep tracking in forked children (default 1)"),
     ("LEAKTRACE_DISABLE", "1: record nothing, write nothing (default 0)"),
+    ("LEAKTRACE_STANDBY", "1: record nothing until `leaktrace attach PID` switches the process on (default 0)"),
     ("LEAKTRACE_SUPPRESSIONS", "LeakSanitizer-style suppressions file (leak:PATTERN) for the exit summary"),
     ("LEAKTRACE_DEFAULT_SUPPRESSIONS", "1/0: also suppress the leaks that libraries make on their own in every process (PyTorch's static initializer block) (default 1)"),
     ("LEAKTRACE_REPORT_GROUPS", "leak groups listed with their stacks per report, the rest added up (default 2000)"),
@@ -334,6 +339,12 @@ impl Config {
             match parse_bool(&v) {
                 Some(b) => c.disabled = b,
                 None => bad("LEAKTRACE_DISABLE", &v, "1 or 0", "0".into()),
+            }
+        }
+        if let Some(v) = get("LEAKTRACE_STANDBY") {
+            match parse_bool(&v) {
+                Some(b) => c.standby = b,
+                None => bad("LEAKTRACE_STANDBY", &v, "1 or 0", "0".into()),
             }
         }
         c

@@ -27,6 +27,12 @@ pub struct ProcessAnalysis {
     pub reason: String,
     pub file: String,
     pub forked_from_pid: Option<u32>,
+    /// Switched on from standby (`leaktrace attach`) at this time: its memory from
+    /// before, `before_switch_bytes` of it still live, is never a leak.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub switched_on_unix_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub before_switch_bytes: Option<u64>,
     pub leaked_bytes: u64,
     pub leaked_blocks: u64,
     pub suppressed_groups: usize,
@@ -190,6 +196,8 @@ pub fn analyze(reports: &[Report], filters: &Filters) -> Analysis {
                 reason: r.reason.to_string(),
                 file: r.path.display().to_string(),
                 forked_from_pid: r.fork.forked_from_pid,
+                switched_on_unix_ms: r.fork.switched_on_unix_ms,
+                before_switch_bytes: r.fork.switched_on_unix_ms.map(|_| r.fork.inherited_live_bytes),
                 leaked_bytes: leaks.iter().map(|g| g.bytes).fold(r.summary.omitted.leaked_bytes, sat_add),
                 leaked_blocks: leaks.iter().map(|g| g.blocks).fold(r.summary.omitted.leaked_blocks, sat_add),
                 unlisted_groups: r.summary.omitted.groups,

@@ -88,6 +88,8 @@ mod tests {
                 reason: "exit".into(),
                 file: "r.json".into(),
                 forked_from_pid: None,
+                switched_on_unix_ms: None,
+                before_switch_bytes: None,
                 memory: None,
                 memory_findings: Vec::new(),
                 memory_points: Vec::new(),

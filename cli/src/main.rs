@@ -2,6 +2,7 @@
 //! reports it writes. Exit codes follow LeakSanitizer: 23 when leaks remain under
 //! `--fail-on-leak`/`check`, 2 for usage and input errors, 127 when CMD is not found.
 mod analyze;
+mod attach;
 mod ci;
 mod diff;
 mod flame;
@@ -54,6 +55,13 @@ enum Cmd {
         after_help = "Example:\n  leaktrace check --suppressions lsan.supp --min-bytes 1024 reports/\n\nSuppressions use LeakSanitizer's format: leak:PATTERN lines, '*' wildcard, '^'/'$' anchors,\nmatched against function, source file and module names; '#' starts a comment."
     )]
     Check(CheckArgs),
+    /// Switch on a process started in standby (`leaktrace run --standby`, or
+    /// LEAKTRACE_STANDBY=1 with the library preloaded): it records from now on and
+    /// writes its reports as under `run`.
+    #[command(
+        after_help = "Examples:\n  leaktrace run --standby --output /var/tmp/lt -- python3 train.py &\n  leaktrace attach 12345\n  leaktrace attach --snapshot 12345\n  leaktrace report /var/tmp/lt\n\nNo ptrace: the process answers on a socket in /tmp/leaktrace-UID/, to its own user and root only,\nso it works in a container and under Yama. Memory allocated before the switch is never a leak;\nthe scan still reads it (a list made before that grows after is the holder of what it grows by).\nA process started without the library loaded cannot be attached to yet.\n\nExit status: 0 when switched on (or answered); 2 when the process is gone, not in standby or refuses."
+    )]
+    Attach(AttachArgs),
 }
 
 #[derive(Args, Clone)]
@@ -120,11 +128,30 @@ struct RunArgs {
     /// in every check; at most 256 blocks each).
     #[arg(long, value_name = "TEMPLATE")]
     why_reachable: Option<String>,
+    /// Start CMD recording nothing (no collector, nothing wrapped) until `leaktrace
+    /// attach PID` switches it on; memory allocated before that is never called a leak.
+    #[arg(long)]
+    standby: bool,
     #[command(flatten)]
     filters: FilterArgs,
     /// The program and its arguments.
     #[arg(required = true, last = true, value_name = "CMD")]
     cmd: Vec<String>,
+}
+
+#[derive(Args)]
+struct AttachArgs {
+    /// Ask the process, already recording, for a report now (written to its report
+    /// directory soon after).
+    #[arg(long)]
+    snapshot: bool,
+    /// Only say whether the process is in standby or recording.
+    #[arg(long, conflicts_with = "snapshot")]
+    status: bool,
+    /// The process (its id as this machine's /proc sees it; a container's process by
+    /// its id on the host works).
+    #[arg(value_name = "PID")]
+    pid: u32,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -326,6 +353,27 @@ fn cmd_diff(args: &DiffArgs) -> Result<u8, Fail> {
     Ok(if args.fail_on_new && worse { LEAK_EXIT } else { 0 })
 }
 
+fn cmd_attach(args: &AttachArgs) -> Result<u8, Fail> {
+    let request = if args.snapshot {
+        "snapshot"
+    } else if args.status {
+        "status"
+    } else {
+        "on"
+    };
+    match attach::ask(args.pid, request) {
+        Ok(reply) => {
+            match request {
+                "on" => eprintln!("leaktrace: process {} is recording; its reports go to {reply}", args.pid),
+                "snapshot" => eprintln!("leaktrace: process {} writes a report now", args.pid),
+                _ => println!("{reply}"),
+            }
+            Ok(0)
+        }
+        Err(message) => Err(usage(message)),
+    }
+}
+
 fn cmd_run(args: &RunArgs) -> Result<u8, Fail> {
     let lib = run::find_library().map_err(usage)?;
     let filters = filters(&args.filters)?;
@@ -340,6 +388,7 @@ fn cmd_run(args: &RunArgs) -> Result<u8, Fail> {
         suppressions: args.filters.suppressions.clone(),
         default_suppressions: !args.filters.no_default_suppressions,
         why_reachable: args.why_reachable.clone(),
+        standby: args.standby,
     };
     let started_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
     let (code, pid) = match run::run(&lib, &args.cmd, &settings) {
@@ -371,7 +420,11 @@ fn cmd_run(args: &RunArgs) -> Result<u8, Fail> {
             if output.exists() {
                 eprintln!("leaktrace: {e}");
             }
-            eprintln!("leaktrace: the command (pid {pid}) wrote no report: nothing was checked");
+            if args.standby {
+                eprintln!("leaktrace: the command (pid {pid}) wrote no report: it was never switched on (leaktrace attach {pid})");
+            } else {
+                eprintln!("leaktrace: the command (pid {pid}) wrote no report: nothing was checked");
+            }
             return Ok(if code != 0 {
                 code.clamp(0, 255) as u8
             } else if args.fail_on_leak {
@@ -472,6 +525,7 @@ fn main() -> ExitCode {
         Cmd::Report(a) => cmd_report(a),
         Cmd::Diff(a) => cmd_diff(a),
         Cmd::Check(a) => cmd_check(a),
+        Cmd::Attach(a) => cmd_attach(a),
     };
     match result {
         Ok(code) => ExitCode::from(code),

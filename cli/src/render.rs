@@ -203,6 +203,9 @@ pub fn text(a: &Analysis, top: usize) -> String {
     let hidden: Vec<&crate::analyze::ProcessAnalysis> = a.processes.iter().filter(|p| collapse && quiet(p)).collect();
     for p in a.processes.iter().filter(|p| !(collapse && quiet(p))) {
         out.push_str(&format!("==== {}: {} report {}\n", p.label, p.reason, p.file));
+        if let (Some(_), Some(before)) = (p.switched_on_unix_ms, p.before_switch_bytes) {
+            out.push_str(&format!("(recorded since `leaktrace attach` switched it on; the {before} byte(s) still live from before are never a leak)\n"));
+        }
         if p.leaks.is_empty() {
             out.push_str("no leaks\n");
         }

@@ -133,6 +133,8 @@ pub struct RunSettings {
     pub default_suppressions: bool,
     /// `--why-reachable TEMPLATE` (LEAKTRACE_WHY_REACHABLE).
     pub why_reachable: Option<String>,
+    /// `--standby` (LEAKTRACE_STANDBY): recording nothing until `leaktrace attach`.
+    pub standby: bool,
 }
 
 pub enum Outcome {
@@ -213,6 +215,9 @@ pub fn run(lib: &Path, cmd: &[String], s: &RunSettings) -> Outcome {
     }
     if let Some(t) = &s.why_reachable {
         c.env("LEAKTRACE_WHY_REACHABLE", t);
+    }
+    if s.standby {
+        c.env("LEAKTRACE_STANDBY", "1");
     }
     install_forwarding();
     // Orphaned descendants (daemonized helpers, Python's resource tracker) are

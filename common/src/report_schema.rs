@@ -453,6 +453,10 @@ pub struct Fork {
     pub inherited_live_blocks: u64,
     #[serde(default)]
     pub inherited_frees: u64,
+    /// A process started in standby and switched on (`leaktrace attach`) at this time:
+    /// the `inherited_*` blocks are those live then, never a leak.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub switched_on_unix_ms: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

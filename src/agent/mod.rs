@@ -4,6 +4,7 @@
 //! - `collector_thread` — the background consumer: drains, periodic reports and points;
 //! - `checkpoint`       — leak checks the program asks for;
 //! - `python_exit`      — the holders of growing memory, found before the interpreter's teardown;
+//! - `standby`          — loaded and off until `leaktrace attach` switches it on;
 //! - `reports`          — report assembly, the final report;
 //! - `verdicts`         — the pointer scan's verdicts by group;
 //! - `consumer`         — the collector's model, the drain order, the scan pause.
@@ -32,6 +33,7 @@ mod fork;
 mod python_exit;
 mod record;
 mod reports;
+pub mod standby;
 mod verdicts;
 
 pub use checkpoint::checkpoint;
@@ -46,6 +48,14 @@ use reports::{write_report, ReportSide, REPORT};
 /// Initialises everything from the library constructor. Returns false when tracking
 /// stays off (disabled by configuration or unsupported platform).
 pub fn start(config: Config, host_tracking: String, glibc_heap: bool) -> bool {
+    start_tracking(config, host_tracking, glibc_heap, false)
+}
+
+/// `start`, from the library constructor (`before_start` false) or in a running process
+/// switched on from standby (`before_start`: the main thread's TLS was recorded at load,
+/// and the heap blocks live now are kept as blocks from before, `adopt_before_start`,
+/// before the collector's first turn).
+fn start_tracking(config: Config, host_tracking: String, glibc_heap: bool, before_start: bool) -> bool {
     thread::untracked(|| {
         if config.disabled {
             return false;
@@ -61,7 +71,8 @@ pub fn start(config: Config, host_tracking: String, glibc_heap: bool) -> bool {
         let depth = config.stack_depth;
         reports::GLIBC_HEAP.store(glibc_heap, Ordering::Relaxed);
         crate::report::memory::init();
-        let process = ProcessInfo::current(None);
+        let mut process = ProcessInfo::current(None);
+        process.switched_on = before_start;
         let symbolizer = Symbolizer::new(process.exe.clone());
         let suppressions = match &config.suppressions {
             Some(path) => leaktrace_common::Suppressions::load(path).unwrap_or_else(|e| {
@@ -78,7 +89,9 @@ pub fn start(config: Config, host_tracking: String, glibc_heap: bool) -> bool {
         }
         if config.scan {
             SCAN_AT_EXIT.store(true, Ordering::Relaxed);
-            crate::scan::roots::record_main_tls();
+            if !before_start {
+                crate::scan::roots::record_main_tls();
+            }
             crate::scan::roots::install();
         }
         *STATE.lock() = Some(Consumer { model: Collector::new(), order: DrainState::default() });
@@ -94,6 +107,14 @@ pub fn start(config: Config, host_tracking: String, glibc_heap: bool) -> bool {
         *REPORT.lock() = Some(side);
         crate::os::image::mark_own_image();
         LIFECYCLE.start(std::process::id(), depth);
+        if before_start {
+            // Read after tracking began: a block allocated meanwhile is both, and stays
+            // the tracked one; none is neither.
+            let chunks = if glibc_heap { crate::scan::glibc_heap::in_use_chunks() } else { Vec::new() };
+            if let Some(c) = STATE.lock().as_mut() {
+                c.model.adopt_before_start(&chunks);
+            }
+        }
         if cgo {
             write_report(Reason::Periodic);
         }

@@ -215,6 +215,9 @@ const RETIRED: u32 = 1 << 31;
 /// A group's identity: one per call stack, entry point and device.
 pub type GroupKey = (u32, Api, Option<u8>);
 
+/// The group of the blocks live before tracking began (`adopt_before_start`): no stack.
+const BEFORE_START: GroupKey = (u32::MAX, Api::Malloc, None);
+
 /// Pool allocations (`cudaMallocAsync` and friends) belong to a memory pool, not to a
 /// context: a context reset leaves them to the pool.
 fn is_pool(api: Api) -> bool {
@@ -813,6 +816,24 @@ impl Collector {
             }
         }
         gone.len() as u64
+    }
+
+    /// A process switched on from standby (`agent::standby`): the heap blocks that were
+    /// live before tracking began (`scan::glibc_heap`), kept as a forked child keeps its
+    /// parent's: of an older generation than everything recorded from now on, so never
+    /// classified nor counted in a group, their frees harmless, and read by the scan
+    /// (`ScanInput::inherited`). An address tracked already (allocated since tracking
+    /// began) stays the tracked block. Everything live now becomes that older
+    /// generation (`fork_boundary`).
+    pub fn adopt_before_start(&mut self, chunks: &[(u64, u64)]) {
+        let group = self.group_of_hashed(BEFORE_START);
+        let generation = self.generation;
+        for &(addr, size) in chunks {
+            if self.live.get(addr).is_none() {
+                self.add_live(Space::Heap, addr, LiveBlock { size, group, generation, mark: 0, ignored: false });
+            }
+        }
+        self.fork_boundary();
     }
 
     /// Called in a forked child once the parent's events are consumed: everything live
@@ -1437,6 +1458,31 @@ mod tests {
         let mut live: Vec<_> = s.groups.iter().map(|g| (g.stack, g.stats.live_bytes)).collect();
         live.sort();
         assert_eq!(live, vec![(2, 8), (9, 32)]);
+    }
+
+    /// Switched on from standby: the blocks live before are kept as a parent's, freed
+    /// harmlessly; one allocated since tracking began stays tracked; a free of a block
+    /// nobody saw is nothing.
+    #[test]
+    fn blocks_from_before_the_start_are_kept_apart_and_their_frees_are_harmless() {
+        let mut c = Collector::new();
+        c.apply(&alloc(0x20, 64, 3));
+        c.adopt_before_start(&[(0x10, 100), (0x20, 48), (0x30, 200)]);
+        let s = c.snapshot();
+        assert!(s.groups.is_empty());
+        // The tracked block at 0x20 became the older generation as well (recorded in the
+        // moment before the walk): never a leak either.
+        assert_eq!((s.totals.inherited_live_bytes, s.totals.inherited_live_blocks), (364, 3));
+        assert_eq!(c.live_blocks().inherited, vec![(0x10, 100), (0x20, 64), (0x30, 200)]);
+        c.apply(&free(0x10));
+        c.apply(&free(0x999));
+        c.apply(&alloc(0x40, 8, 5));
+        let s = c.snapshot();
+        assert_eq!((s.totals.inherited_live_bytes, s.totals.inherited_frees), (264, 1));
+        assert_eq!((s.totals.host().live_bytes, s.groups.len()), (8, 1));
+        let input = c.live_blocks();
+        assert_eq!(input.inherited, vec![(0x20, 64), (0x30, 200)]);
+        assert_eq!(input.blocks.iter().map(|b| b.addr).collect::<Vec<_>>(), vec![0x40]);
     }
 
     #[test]

@@ -45,30 +45,48 @@ extern "C" fn on_load() {
             return;
         }
         let host_tracking = host_tracking_state();
-        let signal = config.snapshot_signal;
-        let leak_exit_code = config.exit_code;
-        // pymalloc's arenas are known from before the interpreter maps its first one.
+        // pymalloc's arenas are known from before the interpreter maps its first one
+        // (in standby too: one table update per arena); the object allocator is wrapped
+        // only once tracking runs (`pyalloc::sample_from_now`).
         if (config.scan || config.python_sample > 0) && !config.disabled {
-            super::pymalloc::install(config.python_sample);
+            super::pymalloc::install(if config.standby { 0 } else { config.python_sample });
         }
         let glibc_heap = host_tracking == "active" && malloc_is_glibcs();
         super::mmap::enable(glibc_heap);
+        if config.standby {
+            // Nothing recorded until `leaktrace attach` switches it on.
+            agent::standby::listen(config, host_tracking, glibc_heap, started_from_standby);
+            return;
+        }
+        let c = config.clone();
         if agent::start(config, host_tracking, glibc_heap) {
-            if leak_exit_code.is_some() {
-                extern "C" {
-                    fn on_exit(f: extern "C" fn(c_int, *mut c_void), arg: *mut c_void) -> c_int;
-                }
-                // SAFETY: registering an extern "C" handler that never unwinds.
-                unsafe { on_exit(record_exit_status, std::ptr::null_mut()) };
-            }
-            // SAFETY: the three handlers are extern "C" functions that never unwind.
-            unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
-            if let Some(sig) = signal {
-                install_snapshot_signal(sig);
-            }
-            install_termination_signals(signal);
+            after_start(&c);
         }
     });
+}
+
+/// Once tracking runs: the exit status handler, the fork handlers, the signals.
+fn after_start(config: &Config) {
+    if config.exit_code.is_some() {
+        extern "C" {
+            fn on_exit(f: extern "C" fn(c_int, *mut c_void), arg: *mut c_void) -> c_int;
+        }
+        // SAFETY: registering an extern "C" handler that never unwinds.
+        unsafe { on_exit(record_exit_status, std::ptr::null_mut()) };
+    }
+    // SAFETY: the three handlers are extern "C" functions that never unwind.
+    unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
+    if let Some(sig) = config.snapshot_signal {
+        install_snapshot_signal(sig);
+    }
+    install_termination_signals(config.snapshot_signal);
+}
+
+/// A process switched on from standby (on the standby thread, the program running):
+/// as `after_start`, and Python's objects sampled from the interpreter's next arena on.
+fn started_from_standby(config: &Config) {
+    super::pyalloc::sample_from_now(config.python_sample);
+    after_start(config);
 }
 
 /// Writes the final report on the calling thread (an exit path), whose stack the scan
@@ -84,6 +102,7 @@ fn final_report_here() {
 }
 
 extern "C" fn on_unload() {
+    agent::standby::remove_socket();
     final_report_here();
     // LEAKTRACE_EXIT_CODE: `exit` (or the return from main) with status 0, and leaks:
     // end with the code now, as LeakSanitizer does (the destructors left are skipped).

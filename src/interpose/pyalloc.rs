@@ -58,6 +58,12 @@ pub fn prepare(symbol: &dyn Fn(&std::ffi::CStr) -> Option<usize>, mean: u64) {
     }
 }
 
+/// A process switched on from standby: objects are sampled every `mean` bytes once the
+/// allocators are wrapped, which the interpreter's next arena does (under its lock).
+pub fn sample_from_now(mean: u64) {
+    MEAN.store(mean, Ordering::Relaxed);
+}
+
 /// Wraps the interpreter's allocators, once; called by pymalloc's arena allocator (the
 /// interpreter runs and this thread holds its lock).
 pub fn install_from_arena() {

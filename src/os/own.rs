@@ -97,6 +97,21 @@ fn register(start: usize, len: usize, part: u8) {
     UNLISTED.fetch_add(len as u64, Ordering::Relaxed);
 }
 
+/// The library's mappings now, `(start, len)`, sorted: memory that is never the
+/// program's (`scan::glibc_heap` leaves it out).
+pub fn ranges() -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = STARTS
+        .iter()
+        .zip(LENGTHS.iter())
+        .filter_map(|(s, l)| {
+            let a = s.load(Ordering::Acquire);
+            (a != 0 && a != usize::MAX).then(|| (a as u64, l.load(Ordering::Relaxed) as u64))
+        })
+        .collect();
+    out.sort_unstable();
+    out
+}
+
 /// `[start, start + len)` of a mapping of ours was unmapped: the whole mapping, or its
 /// head or tail (`hotpath::mapping::map_zeroed_aligned` trims both).
 pub fn unmapped(start: usize, len: usize) {

@@ -416,6 +416,7 @@ pub fn write_report_json(w: impl std::io::Write, parts: &ReportParts) -> std::io
             inherited_live_bytes: totals.inherited_live_bytes,
             inherited_live_blocks: totals.inherited_live_blocks,
             inherited_frees: totals.inherited_frees,
+            switched_on_unix_ms: process.switched_on.then_some(process.started_unix_ms),
         },
         config: schema::Config { stack_depth: facts.stack_depth, interval_ms: facts.interval_ms },
         summary: schema::Summary {
@@ -622,8 +623,16 @@ mod tests {
 
     #[test]
     fn json_has_the_contract_fields() {
-        let p =
-            ProcessInfo { pid: 10, ppid: 1, exe: "/bin/x".into(), argv: vec!["x".into()], started_unix_ms: 5, forked_from: None, file_name: "f.json".into() };
+        let p = ProcessInfo {
+            pid: 10,
+            ppid: 1,
+            exe: "/bin/x".into(),
+            argv: vec!["x".into()],
+            started_unix_ms: 5,
+            forked_from: None,
+            switched_on: false,
+            file_name: "f.json".into(),
+        };
         let mut t = Totals::default();
         t.kinds[Kind::Host.index()] = KindTotals { live_bytes: 48, live_blocks: 3, total_allocs: 4, total_frees: 1, peak_live_bytes: 64 };
         t.kinds[Kind::Device.index()] = KindTotals { live_bytes: 1 << 20, live_blocks: 1, total_allocs: 2, total_frees: 1, peak_live_bytes: 2 << 20 };

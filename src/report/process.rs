@@ -13,6 +13,8 @@ pub struct ProcessInfo {
     pub started_unix_ms: u64,
     /// Set in a child forked (without exec) from a tracked parent.
     pub forked_from: Option<u32>,
+    /// Switched on from standby (`agent::standby`) at `started_unix_ms`.
+    pub switched_on: bool,
     pub file_name: String,
 }
 
@@ -62,6 +64,7 @@ impl ProcessInfo {
             argv,
             started_unix_ms: unix_ms(),
             forked_from,
+            switched_on: false,
         }
     }
 

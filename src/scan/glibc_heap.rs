@@ -64,16 +64,38 @@ enum RegionKind {
 /// the address as `malloc` returned it, sorted by address.
 pub fn in_use_chunks() -> Vec<(u64, u64)> {
     let maps = crate::os::anchor::read_proc_string("self/maps").unwrap_or_default();
+    let ours = crate::os::own::ranges();
+    let pagemap = crate::os::anchor::open_proc("self/pagemap", libc::O_RDONLY).unwrap_or(-1);
     let mut out = Vec::new();
-    for r in regions(&maps) {
+    for r in regions(&maps).into_iter().flat_map(|r| outside(r, &ours)) {
         match r.kind {
             RegionKind::MainHeap => walk_with_retries(r.start, r.end, &mut out),
             RegionKind::Anonymous if r.start % HEAP_MAX == 0 && non_main_heap(r, &mut out) => {}
-            RegionKind::Anonymous => mmapped_chunks(r, &mut out),
+            RegionKind::Anonymous => mmapped_chunks(r, pagemap, &mut out),
         }
+    }
+    if pagemap >= 0 {
+        // SAFETY: the descriptor opened above.
+        unsafe { libc::close(pagemap) };
     }
     out.sort_unstable();
     out.dedup();
+    out
+}
+
+/// The parts of `r` outside `ours` (the library's own mappings, sorted).
+fn outside(r: Region, ours: &[(u64, u64)]) -> Vec<Region> {
+    let mut out = Vec::new();
+    let mut at = r.start;
+    for &(start, len) in ours.iter().filter(|&&(s, l)| s < r.end && s + l > r.start) {
+        if start > at {
+            out.push(Region { start: at, end: start, kind: r.kind });
+        }
+        at = at.max(start + len);
+    }
+    if at < r.end {
+        out.push(Region { start: at, end: r.end, kind: r.kind });
+    }
     out
 }
 
@@ -211,11 +233,29 @@ fn non_main_heap(r: Region, out: &mut Vec<(u64, u64)>) -> bool {
 /// The chunks that have a mapping of their own in `r` (the kernel merges neighbours with
 /// the same permissions into one mapping, a thread's stack beside a chunk): at a page
 /// boundary, a header `prev_size` bytes in, with `IS_MMAPPED` alone, ending on a page
-/// boundary; one read of each page that holds none.
-fn mmapped_chunks(r: Region, out: &mut Vec<(u64, u64)>) {
+/// boundary; one read of each written page that holds none (`pagemap`: the page map's
+/// descriptor, or -1 to read every page).
+fn mmapped_chunks(r: Region, pagemap: i32, out: &mut Vec<(u64, u64)>) {
     let mut words = Words::new();
     let mut at = r.start;
+    let mut entries = [0u64; 512];
+    let (mut entries_from, mut entries_len) = (0u64, 0usize);
     while at < r.end {
+        // A page never written holds no header, and reading it would map it: only the
+        // pages the page map says are there (or swapped out) are read.
+        let page = at / PAGE;
+        if page < entries_from || page >= entries_from + entries_len as u64 {
+            entries_len = ((r.end - at) / PAGE).min(entries.len() as u64) as usize;
+            entries_from = page;
+            if !crate::os::pagemap::read(pagemap, page, &mut entries[..entries_len]) {
+                entries[..entries_len].fill(crate::os::pagemap::PRESENT);
+            }
+        }
+        let entry = entries[(page - entries_from) as usize];
+        if entry & (crate::os::pagemap::PRESENT | crate::os::pagemap::SWAPPED) == 0 {
+            at += PAGE;
+            continue;
+        }
         // The header: within the first page. An aligned allocation's sits `lead` bytes
         // in, after the mapping's own first header, which stays: the last one counts.
         let mut chunk = None;
@@ -244,6 +284,15 @@ fn mmapped_chunks(r: Region, out: &mut Vec<(u64, u64)>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_librarys_own_mappings_are_cut_out_of_a_region() {
+        let r = Region { start: 0x1000, end: 0x9000, kind: RegionKind::Anonymous };
+        let part = |start, end| Region { start, end, kind: RegionKind::Anonymous };
+        assert_eq!(outside(r, &[]), vec![r]);
+        assert_eq!(outside(r, &[(0x0, 0x2000), (0x4000, 0x1000), (0x8000, 0x4000)]), vec![part(0x2000, 0x4000), part(0x5000, 0x8000)]);
+        assert!(outside(r, &[(0x1000, 0x8000)]).is_empty());
+    }
 
     #[test]
     fn the_maps_give_the_main_heap_and_anonymous_writable_mappings_only() {
@@ -321,7 +370,8 @@ mod tests {
             // SAFETY: freed once; its neighbour stays live.
             unsafe { libc::free(freed as *mut libc::c_void) };
         }
-        let all_kept: Vec<(u64, usize)> = kept.iter().chain(&other).copied().chain([(aligned as u64, 4 << 20)]).chain(pairs.iter().map(|p| (p.1, 2000))).collect();
+        let all_kept: Vec<(u64, usize)> =
+            kept.iter().chain(&other).copied().chain([(aligned as u64, 4 << 20)]).chain(pairs.iter().map(|p| (p.1, 2000))).collect();
         // The harness's other threads allocate as this runs: a broken walk is read again
         // (within `in_use_chunks`); and once more here, where it raced all three times.
         let mut missing = Vec::new();

@@ -1,0 +1,92 @@
+//! `leaktrace attach PID`: the command's side of standby (the library's is
+//! `agent::standby`). It finds the process's socket — in `/tmp/leaktrace-UID/`, under
+//! the process's own root when it runs in another mount namespace (a container), named
+//! by the process id the process sees itself by — and sends one request.
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// What /proc says of the process: its effective user and its id in its own pid
+/// namespace.
+#[derive(Debug, PartialEq, Eq)]
+struct Target {
+    uid: u32,
+    own_pid: u32,
+}
+
+/// From the text of /proc/PID/status.
+fn target_of(status: &str, pid: u32) -> Option<Target> {
+    let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).map(str::split_whitespace);
+    let uid = field("Uid:")?.nth(1)?.parse().ok()?;
+    let own_pid = field("NSpid:").and_then(|f| f.last()?.parse().ok()).unwrap_or(pid);
+    Some(Target { uid, own_pid })
+}
+
+/// The socket of process `pid` as this process can reach it.
+fn socket_path(pid: u32, t: &Target) -> PathBuf {
+    let same_mounts = std::fs::read_link("/proc/self/ns/mnt").ok().is_some_and(|own| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).ok() == Some(own));
+    let tmp = if same_mounts { PathBuf::from("/tmp") } else { PathBuf::from(format!("/proc/{pid}/root/tmp")) };
+    tmp.join(format!("leaktrace-{}", t.uid)).join(format!("standby-{}.sock", t.own_pid))
+}
+
+/// Sends `request` to process `pid` in standby; its answer (what follows `ok`, or the
+/// whole line for `status`), or the one line that says why not and what would work.
+pub fn ask(pid: u32, request: &str) -> Result<String, String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|_| format!("no process {pid}"))?;
+    let t = target_of(&status, pid).ok_or_else(|| format!("cannot read /proc/{pid}/status"))?;
+    let path = socket_path(pid, &t);
+    let not_standby = || {
+        format!(
+            "process {pid} is not in standby: start it with `leaktrace run --standby -- CMD` (or LEAKTRACE_STANDBY=1 with the library in LD_PRELOAD); attaching to a process started without the library is not supported yet"
+        )
+    };
+    let mut conn = match UnixStream::connect(&path) {
+        Ok(c) => c,
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            // SAFETY: geteuid cannot fail.
+            let own = unsafe { libc::geteuid() };
+            return Err(format!("process {pid} is user {}'s and this is user {own}: run as that user or as root", t.uid));
+        }
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) => return Err(not_standby()),
+        Err(e) => return Err(format!("cannot reach process {pid} at {} ({e})", path.display())),
+    };
+    // Switching on reads the whole heap once: seconds for a large one.
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(120)));
+    conn.write_all(format!("{request}\n").as_bytes()).map_err(|e| format!("process {pid} did not take the request ({e})"))?;
+    let mut line = String::new();
+    BufReader::new(&conn).read_line(&mut line).map_err(|e| format!("process {pid} did not answer ({e})"))?;
+    let line = line.trim();
+    if let Some(err) = line.strip_prefix("error ") {
+        return Err(format!("process {pid}: {err}"));
+    }
+    match line.strip_prefix("ok") {
+        Some(rest) => Ok(rest.trim().to_string()),
+        None if request == "status" && !line.is_empty() => Ok(line.to_string()),
+        None => Err(format!("process {pid} answered {line:?}; is it the same leaktrace version as this command?")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_user_and_the_id_a_process_sees_itself_by_come_from_its_status() {
+        let status = "Name:\tpython3\nUid:\t1000\t1001\t1001\t1001\nGid:\t1000\nNSpid:\t4242\t17\n";
+        assert_eq!(target_of(status, 4242), Some(Target { uid: 1001, own_pid: 17 }));
+        // No pid namespaces (an old kernel): the id given.
+        assert_eq!(target_of("Uid:\t0\t0\t0\t0\n", 7), Some(Target { uid: 0, own_pid: 7 }));
+        assert_eq!(target_of("Name:\tx\n", 7), None);
+        let me = std::process::id();
+        let t = Target { uid: 1000, own_pid: me };
+        assert_eq!(socket_path(me, &t), PathBuf::from(format!("/tmp/leaktrace-1000/standby-{me}.sock")));
+    }
+
+    #[test]
+    fn a_process_that_is_not_in_standby_or_gone_is_told_apart() {
+        let e = ask(std::process::id(), "status").unwrap_err();
+        assert!(e.contains("not in standby") && e.contains("leaktrace run --standby"), "{e}");
+        assert!(ask(u32::MAX - 1, "on").unwrap_err().starts_with("no process"));
+    }
+}

@@ -1,0 +1,231 @@
+//! Standby and `leaktrace attach` (issue 53): a process started with `leaktrace run
+//! --standby` records nothing until `leaktrace attach PID` switches it on; what it
+//! allocated before is never a leak, and the scan still reads it.
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_leaktrace"))
+}
+
+fn fixture(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(rel)
+}
+
+fn scratch(tag: &str) -> PathBuf {
+    let d = bin().parent().unwrap().join("cli-scratch").join(format!("standby-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Generous: these wait for a line or an exit, never for a time to pass.
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// A command started under `leaktrace run --standby`, its first line read ("ready PID").
+struct Standby {
+    child: Child,
+    stdin: ChildStdin,
+    lines: mpsc::Receiver<String>,
+    pid: u32,
+}
+
+impl Standby {
+    fn start(dir: &Path, extra: &[&str], cmd: &[&str]) -> Standby {
+        let mut child = Command::new(bin())
+            .args(["run", "--standby", "--output", "r"])
+            .args(extra)
+            .arg("--")
+            .args(cmd)
+            .env_remove("PYTHONMALLOC")
+            .current_dir(dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut s = Standby { child, stdin, lines, pid: 0 };
+        let ready = s.line();
+        s.pid = ready.strip_prefix("ready ").and_then(|p| p.trim().parse().ok()).unwrap_or_else(|| s.fail(&format!("expected 'ready PID', got {ready:?}")));
+        s
+    }
+
+    fn line(&mut self) -> String {
+        match self.lines.recv_timeout(LIMIT) {
+            Ok(l) => l,
+            Err(_) => self.fail("no line from the program"),
+        }
+    }
+
+    fn fail(&mut self, why: &str) -> ! {
+        // SAFETY: kill of the process group this test made.
+        unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
+        let _ = self.child.wait();
+        let mut err = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut e, &mut err);
+        }
+        panic!("{why}\n{err}");
+    }
+
+    /// Lets the program go on, and waits for `leaktrace run` to end: its stderr.
+    fn finish(mut self) -> String {
+        self.stdin.write_all(b"go\n").unwrap();
+        drop(self.stdin);
+        let (tx, rx) = mpsc::channel();
+        let mut err_pipe = self.child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            let mut err = String::new();
+            let _ = std::io::Read::read_to_string(&mut err_pipe, &mut err);
+            let _ = tx.send(err);
+        });
+        let err = match rx.recv_timeout(LIMIT) {
+            Ok(e) => e,
+            Err(_) => {
+                // SAFETY: as in `fail`.
+                unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
+                panic!("leaktrace run did not end");
+            }
+        };
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "{status}: {err}");
+        err
+    }
+}
+
+fn attach(args: &[&str]) -> Output {
+    Command::new(bin()).arg("attach").args(args).output().unwrap()
+}
+
+fn report_json(dir: &Path) -> serde_json::Value {
+    let out = Command::new(bin()).args(["report", "--format", "json", "r"]).current_dir(dir).output().unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out.stderr)))
+}
+
+fn build(src: &Path, dir: &Path) -> PathBuf {
+    let out = dir.join(src.file_stem().unwrap());
+    let o = Command::new("cc").args(["-O1", "-g"]).arg(src).arg("-o").arg(&out).output().expect("cc");
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    out
+}
+
+/// A C program switched on between its two phases: exactly the blocks it lost after
+/// the switch are leaks, at their function; none of the list's nodes (made before and
+/// after, all held through nodes made before) is.
+#[test]
+fn a_standby_program_switched_on_leaks_only_what_it_lost_after_the_switch() {
+    let dir = scratch("c");
+    let prog = build(&fixture("standby.c"), &dir);
+    let mut s = Standby::start(&dir, &[], &[prog.to_str().unwrap(), "30", "20"]);
+    let status = attach(&["--status", &s.pid.to_string()]);
+    if text(&status.stdout).trim() != "standby" {
+        s.fail(&format!("status: {} {}", text(&status.stdout), text(&status.stderr)));
+    }
+    let on = attach(&[&s.pid.to_string()]);
+    if !on.status.success() || !text(&on.stderr).contains("is recording") {
+        s.fail(&format!("attach: {}", text(&on.stderr)));
+    }
+    // Asking again: already on, the same answer.
+    assert!(attach(&[&s.pid.to_string()]).status.success());
+    let err = s.finish();
+    let a = report_json(&dir);
+    let p = &a["processes"][0];
+    let leaks = p["leaks"].as_array().unwrap();
+    assert_eq!(leaks.len(), 1, "{err}");
+    // The 20 lost after the switch (the last may still be in a register or on the
+    // stack the scan reads), none of the 30 lost before.
+    let blocks = leaks[0]["blocks"].as_u64().unwrap();
+    assert!((19..=20).contains(&blocks), "{err}");
+    assert_eq!(a["leaked_bytes"], blocks * 100, "{err}");
+    assert_eq!(leaks[0]["stack"][0]["function"], "lose_one");
+    assert!(p["switched_on_unix_ms"].is_u64(), "{p}");
+    assert!(err.contains("since `leaktrace attach` switched it on"), "{err}");
+    // The socket is gone with the process.
+    // SAFETY: geteuid cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    assert!(!Path::new(&format!("/tmp/leaktrace-{uid}/standby-{}.sock", s_pid(&a))).exists());
+}
+
+fn s_pid(a: &serde_json::Value) -> u64 {
+    a["processes"][0]["pid"].as_u64().unwrap()
+}
+
+/// A Python list made before the switch grows after it: the growth is found at its
+/// line and held by that list, and nothing is a leak.
+#[test]
+fn a_standby_python_list_made_before_the_switch_holds_the_growth_after_it() {
+    let python = std::env::var("LEAKTRACE_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    if !Command::new(&python).arg("-c").arg("pass").output().is_ok_and(|o| o.status.success()) {
+        println!("skipped: no {python} (set LEAKTRACE_TEST_PYTHON)");
+        return;
+    }
+    let dir = scratch("py");
+    let script = fixture("frameworks/standby_grow.py");
+    let s = Standby::start(&dir, &["--interval-ms", "200"], &[&python, script.to_str().unwrap(), "3"]);
+    let on = attach(&[&s.pid.to_string()]);
+    assert!(on.status.success(), "{}", text(&on.stderr));
+    let err = s.finish();
+    let a = report_json(&dir);
+    assert_eq!(a["leaked_bytes"], 0, "{err}");
+    let line = std::fs::read_to_string(&script).unwrap().lines().position(|l| l.ends_with("# GROWS")).unwrap() + 1;
+    let at = format!("standby_grow.py:{line} [python]");
+    let held = err.lines().skip_while(|l| !l.contains(&at)).nth(1).unwrap_or_default();
+    assert!(held.contains("held by:") && held.ends_with("global KEPT of module __main__"), "{err}");
+}
+
+/// What cannot be attached to says why and what would work, with status 2: a process
+/// that is not in standby, one that is gone, and one of another user.
+#[test]
+fn attach_refuses_a_process_not_in_standby_a_gone_one_and_another_users() {
+    let me = attach(&[&std::process::id().to_string()]);
+    assert_eq!(me.status.code(), Some(2));
+    assert!(text(&me.stderr).contains("not in standby") && text(&me.stderr).contains("leaktrace run --standby"), "{}", text(&me.stderr));
+    let gone = attach(&["4194303"]);
+    assert_eq!(gone.status.code(), Some(2));
+    assert!(text(&gone.stderr).contains("no process 4194303"), "{}", text(&gone.stderr));
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 || !Command::new("setpriv").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        println!("skipped: the other-user case needs root and setpriv (util-linux)");
+        return;
+    }
+    let dir = scratch("user");
+    let prog = build(&fixture("standby.c"), &dir);
+    // A copy of the command that user nobody may run (the build's may lie under /root).
+    let open = std::env::temp_dir().join(format!("leaktrace-attach-test-{}", std::process::id()));
+    std::fs::create_dir_all(&open).unwrap();
+    let cmd = open.join("leaktrace");
+    std::fs::copy(bin(), &cmd).unwrap();
+    for p in [&open, &cmd] {
+        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    }
+    let s = Standby::start(&dir, &[], &[prog.to_str().unwrap(), "5", "5"]);
+    // As nobody: the socket's directory is root's, 0700.
+    let other =
+        Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups"]).arg(&cmd).args(["attach", &s.pid.to_string()]).output().unwrap();
+    let said = text(&other.stderr);
+    let err = s.finish();
+    let _ = std::fs::remove_dir_all(&open);
+    assert_eq!(other.status.code(), Some(2), "{said}");
+    assert!(said.contains("run as that user or as root"), "{said}");
+    // Never switched on: no report, and the run says so.
+    assert!(err.contains("wrote no report"), "{err}");
+}

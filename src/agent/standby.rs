@@ -1,0 +1,245 @@
+//! Standby (issue 53): the library is loaded (`LEAKTRACE_STANDBY=1`, `leaktrace run
+//! --standby`) and records nothing — its hooks pass through, no collector runs, Python's
+//! object allocator is not wrapped — until `leaktrace attach PID` switches it on. Then
+//! it starts as the constructor would have (`start_tracking`), and the heap blocks live
+//! at that moment are kept as blocks from before: never a leak, read by the scan.
+//!
+//! The switch is a Unix socket, `/tmp/leaktrace-UID/standby-PID.sock`, that one thread
+//! of ours (every signal blocked) accepts on: no ptrace, so it works in a container
+//! without `CAP_SYS_PTRACE` and under Yama. The directory is the process's user's, mode
+//! 0700 (one owned by anyone else, or open to others, is refused: standby stays off with
+//! one line on stderr), and the thread answers only a peer of the same user or root
+//! (`SO_PEERCRED`), ptrace's own rule. The socket is removed when the process exits.
+//!
+//! Requests, one line each, answered with one line: `on` (`ok REPORT_DIR`), `snapshot`
+//! (`ok`, a report is written soon), `status` (`standby` or `on REPORT_DIR`).
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::hotpath::thread;
+use crate::lifecycle::LIFECYCLE;
+use crate::os::fds::stderr_line;
+
+/// What switching on needs: what the constructor would have passed to `start`, and
+/// what the interposition layer does once tracking runs (fork handlers, signals).
+struct Pending {
+    config: Config,
+    host_tracking: String,
+    glibc_heap: bool,
+    on_started: fn(&Config),
+}
+
+static PENDING: Mutex<Option<Pending>> = Mutex::new(None);
+static LISTENER: Mutex<Option<(UnixListener, PathBuf)>> = Mutex::new(None);
+/// Set once switched on (or refused for good).
+static SWITCHED: AtomicBool = AtomicBool::new(false);
+/// The process that made the socket: a forked child neither answers nor removes it.
+static OWNER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// The socket's directory for the user `uid` under `tmp`.
+pub fn socket_dir(tmp: &std::path::Path, uid: u32) -> PathBuf {
+    tmp.join(format!("leaktrace-{uid}"))
+}
+
+/// The socket's file name for process `pid` (as the process sees its own id).
+pub fn socket_name(pid: u32) -> String {
+    format!("standby-{pid}.sock")
+}
+
+/// From the constructor: binds the socket and starts the thread that answers on it.
+/// Returns false (with one line on stderr) when standby cannot be offered; tracking then
+/// stays off.
+pub fn listen(config: Config, host_tracking: String, glibc_heap: bool, on_started: fn(&Config)) -> bool {
+    thread::untracked(|| {
+        // SAFETY: geteuid cannot fail.
+        let uid = unsafe { libc::geteuid() };
+        let dir = socket_dir(std::path::Path::new("/tmp"), uid);
+        if let Err(e) = private_dir(&dir, uid) {
+            stderr_line(&format!("leaktrace: standby is off: {e}"));
+            return false;
+        }
+        let pid = std::process::id();
+        let path = dir.join(socket_name(pid));
+        // A socket left by an earlier process of the same id (killed before its exit).
+        let _ = std::fs::remove_file(&path);
+        let listener = match UnixListener::bind(&path) {
+            Ok(l) => l,
+            Err(e) => {
+                stderr_line(&format!("leaktrace: standby is off: cannot listen on {}: {e}", path.display()));
+                return false;
+            }
+        };
+        let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
+        if config.scan {
+            // The main thread's TLS, read on the main thread (the constructor's).
+            crate::scan::roots::record_main_tls();
+        }
+        OWNER.store(pid, Ordering::SeqCst);
+        *PENDING.lock().unwrap_or_else(|e| e.into_inner()) = Some(Pending { config, host_tracking, glibc_heap, on_started });
+        *LISTENER.lock().unwrap_or_else(|e| e.into_inner()) = Some((listener, path));
+        if let Err(rc) = thread::spawn_internal(listener_main) {
+            stderr_line(&format!("leaktrace: standby is off: cannot start its thread (error {rc})"));
+            remove_socket();
+            return false;
+        }
+        true
+    })
+}
+
+/// Creates `dir` (mode 0700) or checks the one there: owned by `uid`, open to no one
+/// else, not a link.
+fn private_dir(dir: &std::path::Path, uid: u32) -> Result<(), String> {
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
+    }
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
+        return Err(format!(
+            "{} is not a directory of this user's that only it may use (owner {}, mode {:o}); remove it",
+            dir.display(),
+            meta.uid(),
+            meta.mode() & 0o7777
+        ));
+    }
+    Ok(())
+}
+
+/// At exit, or when standby could not start: the socket goes (only by the process that
+/// made it).
+pub fn remove_socket() {
+    if OWNER.load(Ordering::SeqCst) != std::process::id() {
+        return;
+    }
+    let taken = LISTENER.try_lock().ok().and_then(|mut l| l.take());
+    if let Some((_, path)) = taken {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+fn listener_main() {
+    let listener = {
+        let guard = LISTENER.lock().unwrap_or_else(|e| e.into_inner());
+        match guard.as_ref().map(|(l, _)| l.try_clone()) {
+            Some(Ok(l)) => l,
+            _ => return,
+        }
+    };
+    for conn in listener.incoming() {
+        if OWNER.load(Ordering::SeqCst) != std::process::id() {
+            return;
+        }
+        let Ok(conn) = conn else { continue };
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| answer(conn)));
+    }
+}
+
+/// One request on `conn`, from a peer allowed to ask.
+fn answer(mut conn: UnixStream) {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = conn.set_write_timeout(Some(Duration::from_secs(5)));
+    let reply = match peer_allowed(&conn) {
+        Err(e) => format!("error {e}"),
+        Ok(()) => {
+            let mut line = String::new();
+            let mut reader = BufReader::new(&conn);
+            match reader.read_line(&mut line) {
+                Ok(_) => request(line.trim()),
+                Err(e) => format!("error reading the request: {e}"),
+            }
+        }
+    };
+    let _ = conn.write_all(format!("{reply}\n").as_bytes());
+}
+
+/// The peer is this process's user, or root (`SO_PEERCRED`).
+fn peer_allowed(conn: &UnixStream) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred { pid: 0, uid: u32::MAX, gid: u32::MAX };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED fills a ucred of the size passed.
+    let rc = unsafe { libc::getsockopt(conn.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, &mut cred as *mut _ as *mut libc::c_void, &mut len) };
+    // SAFETY: geteuid cannot fail.
+    let own = unsafe { libc::geteuid() };
+    if rc != 0 || !(cred.uid == own || cred.uid == 0) {
+        return Err(format!("only user {own} or root may switch this process on"));
+    }
+    Ok(())
+}
+
+fn request(line: &str) -> String {
+    match line {
+        "on" => match switch_on() {
+            Ok(dir) => format!("ok {dir}"),
+            Err(e) => format!("error {e}"),
+        },
+        "status" => match report_dir() {
+            Some(dir) if LIFECYCLE.tracking() => format!("on {dir}"),
+            _ if SWITCHED.load(Ordering::SeqCst) => "off".into(),
+            _ => "standby".into(),
+        },
+        "snapshot" if LIFECYCLE.tracking() => {
+            super::request_snapshot();
+            "ok".into()
+        }
+        "snapshot" => "error not recording: switch it on first (leaktrace attach PID)".into(),
+        other => format!("error unknown request {other:?}: on, snapshot or status"),
+    }
+}
+
+/// Where reports go, once tracking runs.
+fn report_dir() -> Option<String> {
+    let r = super::lock_bounded(&super::REPORT, Duration::from_secs(5))?;
+    r.as_ref().map(|r| r.output_dir.display().to_string())
+}
+
+/// Starts tracking now, once; the report directory.
+fn switch_on() -> Result<String, String> {
+    if LIFECYCLE.tracking() {
+        return report_dir().ok_or_else(|| "recording already, with no report directory".to_string());
+    }
+    let Some(p) = PENDING.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+        return Err("this process was switched on before and has ended its recording".into());
+    };
+    SWITCHED.store(true, Ordering::SeqCst);
+    let on_started = p.on_started;
+    let config = p.config.clone();
+    if !super::start_tracking(p.config, p.host_tracking, p.glibc_heap, true) {
+        return Err("tracking could not start in this process (see its stderr)".into());
+    }
+    on_started(&config);
+    report_dir().ok_or_else(|| "recording, with no report directory".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_socket_lives_in_a_directory_of_the_users_own() {
+        assert_eq!(socket_dir(std::path::Path::new("/tmp"), 1000), PathBuf::from("/tmp/leaktrace-1000"));
+        assert_eq!(socket_name(42), "standby-42.sock");
+        let base = std::env::temp_dir().join(format!("lt-standby-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(&base).unwrap();
+        // SAFETY: geteuid cannot fail.
+        let uid = unsafe { libc::geteuid() };
+        let dir = socket_dir(&base, uid);
+        private_dir(&dir, uid).unwrap();
+        assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
+        // Open to others: refused, and said how to fix.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(private_dir(&dir, uid).unwrap_err().contains("remove it"));
+        // Someone else's: refused.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert!(private_dir(&dir, uid + 1).is_err());
+        let _ = std::fs::remove_dir_all(&base);
+    }
+}
