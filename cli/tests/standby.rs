@@ -8,6 +8,9 @@ use std::process::{Child, ChildStdin, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+#[path = "../../tests/common/skip.rs"]
+mod skip;
+
 fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_leaktrace"))
 }
@@ -175,7 +178,7 @@ fn s_pid(a: &serde_json::Value) -> u64 {
 fn a_standby_python_list_made_before_the_switch_holds_the_growth_after_it() {
     let python = std::env::var("LEAKTRACE_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
     if !Command::new(&python).arg("-c").arg("pass").output().is_ok_and(|o| o.status.success()) {
-        println!("skipped: no {python} (set LEAKTRACE_TEST_PYTHON)");
+        skip::missing(&python, "scripts/setup.sh installs python3; LEAKTRACE_TEST_PYTHON names another");
         return;
     }
     let dir = scratch("py");
@@ -203,8 +206,12 @@ fn attach_refuses_a_process_not_in_standby_a_gone_one_and_another_users() {
     assert_eq!(gone.status.code(), Some(2));
     assert!(text(&gone.stderr).contains("no process 4194303"), "{}", text(&gone.stderr));
     // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 || !Command::new("setpriv").arg("--version").output().is_ok_and(|o| o.status.success()) {
-        println!("skipped: the other-user case needs root and setpriv (util-linux)");
+    if unsafe { libc::geteuid() } != 0 {
+        skip::not_here("the other-user case runs the command as user nobody, which needs root");
+        return;
+    }
+    if !Command::new("setpriv").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        skip::missing("setpriv", "apt-get install util-linux");
         return;
     }
     let dir = scratch("user");
