@@ -48,7 +48,9 @@ pub fn ask(pid: u32, request: &str) -> Result<String, String> {
             let own = unsafe { libc::geteuid() };
             return Err(format!("process {pid} is user {}'s and this is user {own}: run as that user or as root", t.uid));
         }
-        Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) => return Err(not_standby()),
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) => {
+            return without_socket(pid, request, &path).unwrap_or_else(|| Err(not_standby()));
+        }
         Err(e) => return Err(format!("cannot reach process {pid} at {} ({e})", path.display())),
     };
     // Switching on reads the whole heap once: seconds for a large one.
@@ -67,6 +69,66 @@ pub fn ask(pid: u32, request: &str) -> Result<String, String> {
     }
 }
 
+/// For a process that does not answer on a standby socket: what /proc says of it.
+/// Recording since its start (`leaktrace run`, the library preloaded): "on" and "status"
+/// answer where its reports go; a standby process whose socket is gone, a static or
+/// musl program: the reason. `None` when nothing more is known (not in standby).
+fn without_socket(pid: u32, request: &str, socket: &std::path::Path) -> Option<Result<String, String>> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    let loaded = maps.lines().any(|l| l.rsplit('/').next().is_some_and(|f| f.starts_with("libleaktrace")));
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+    let var = |name: &str| {
+        let key = format!("{name}=");
+        environ.split(|b| *b == 0).find_map(|kv| kv.strip_prefix(key.as_bytes()).map(|v| String::from_utf8_lossy(v).into_owned()))
+    };
+    let on = |name: &str| var(name).is_some_and(|v| matches!(v.trim(), "1" | "true" | "yes" | "on"));
+    if loaded && on("LEAKTRACE_STANDBY") {
+        return Some(Err(format!(
+            "process {pid} was started in standby but does not answer at {}: its stderr says why (a directory it could not use), or it is a child forked from a standby process before the switch (children stay off)",
+            socket.display()
+        )));
+    }
+    if loaded && !on("LEAKTRACE_DISABLE") {
+        let dir = var("LEAKTRACE_OUTPUT")
+            .or_else(|| std::fs::read_link(format!("/proc/{pid}/cwd")).ok().map(|p| p.display().to_string()))
+            .unwrap_or_else(|| "its working directory".into());
+        let signal = var("LEAKTRACE_SNAPSHOT_SIGNAL").unwrap_or_else(|| "USR2".into());
+        return Some(match request {
+            "on" => Ok(dir),
+            "status" => Ok(format!("on {dir}")),
+            _ => Err(format!(
+                "process {pid} records since its start (not in standby) and takes no requests: `kill -{signal} {pid}` asks it for a report, if the program left SIG{signal} to leaktrace"
+            )),
+        });
+    }
+    let exe = std::fs::read(format!("/proc/{pid}/exe")).ok()?;
+    match interpreter(&exe) {
+        Some(None) => Some(Err(format!("process {pid} is statically linked: it loads no library, leaktrace's included"))),
+        Some(Some(i)) if i.contains("musl") => Some(Err(format!("process {pid} runs on musl ({i}): leaktrace needs glibc"))),
+        _ => None,
+    }
+}
+
+/// The program interpreter an ELF64 file asks for: `Some(None)` when it has none
+/// (statically linked), `None` when the file is no ELF64 file this can read.
+fn interpreter(elf: &[u8]) -> Option<Option<String>> {
+    if elf.get(..5)? != b"\x7fELF\x02" {
+        return None;
+    }
+    let u16_at = |o: usize| Some(u16::from_le_bytes(elf.get(o..o + 2)?.try_into().ok()?));
+    let u64_at = |o: usize| Some(u64::from_le_bytes(elf.get(o..o + 8)?.try_into().ok()?));
+    let (phoff, phentsize, phnum) = (u64_at(0x20)? as usize, u16_at(0x36)? as usize, u16_at(0x38)? as usize);
+    for k in 0..phnum {
+        let ph = phoff + k * phentsize;
+        if u32::from_le_bytes(elf.get(ph..ph + 4)?.try_into().ok()?) == 3 {
+            let (off, len) = (u64_at(ph + 8)? as usize, u64_at(ph + 32)? as usize);
+            let raw = elf.get(off..off + len)?;
+            return Some(Some(String::from_utf8_lossy(raw).trim_end_matches('\0').to_string()));
+        }
+    }
+    Some(None)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,6 +143,18 @@ mod tests {
         let me = std::process::id();
         let t = Target { uid: 1000, own_pid: me };
         assert_eq!(socket_path(me, &t), PathBuf::from(format!("/tmp/leaktrace-1000/standby-{me}.sock")));
+    }
+
+    #[test]
+    fn a_programs_interpreter_is_read_from_its_program_headers() {
+        let me = std::fs::read("/proc/self/exe").unwrap();
+        let interp = interpreter(&me).expect("an ELF64 file").expect("a dynamic program");
+        assert!(interp.contains("ld-linux"), "{interp}");
+        // No PT_INTERP: a static program; not ELF: unknown.
+        let mut elf = vec![0u8; 0x40];
+        elf[..5].copy_from_slice(b"\x7fELF\x02");
+        assert_eq!(interpreter(&elf), Some(None));
+        assert_eq!(interpreter(b"#!/bin/sh\n"), None);
     }
 
     #[test]

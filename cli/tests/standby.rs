@@ -43,8 +43,13 @@ struct Standby {
 
 impl Standby {
     fn start(dir: &Path, extra: &[&str], cmd: &[&str]) -> Standby {
+        Standby::start_with(dir, &[&["--standby"], extra].concat(), cmd)
+    }
+
+    /// `leaktrace run --output r EXTRA -- CMD`.
+    fn start_with(dir: &Path, extra: &[&str], cmd: &[&str]) -> Standby {
         let mut child = Command::new(bin())
-            .args(["run", "--standby", "--output", "r"])
+            .args(["run", "--output", "r"])
             .args(extra)
             .arg("--")
             .args(cmd)
@@ -235,4 +240,41 @@ fn attach_refuses_a_process_not_in_standby_a_gone_one_and_another_users() {
     assert!(said.contains("run as that user or as root"), "{said}");
     // Never switched on: no report, and the run says so.
     assert!(err.contains("wrote no report"), "{err}");
+}
+
+/// A process that records since its start (`leaktrace run` without `--standby`):
+/// `attach` says so and where its reports go; a snapshot request says how to ask
+/// instead. A statically linked program: said so.
+#[test]
+fn attach_to_a_process_recording_since_its_start_or_a_static_one_says_what_it_is() {
+    let dir = scratch("run");
+    let prog = build(&fixture("standby.c"), &dir);
+    let s = Standby::start_with(&dir, &[], &[prog.to_str().unwrap(), "5", "5"]);
+    let pid = s.pid.to_string();
+    let on = attach(&[&pid]);
+    let status = attach(&["--status", &pid]);
+    let snap = attach(&["--snapshot", &pid]);
+    s.finish();
+    assert_eq!(on.status.code(), Some(0), "{}", text(&on.stderr));
+    let want = dir.join("r");
+    assert!(text(&on.stderr).contains(&format!("is recording; its reports go to {}", want.display())), "{}", text(&on.stderr));
+    assert_eq!(text(&status.stdout).trim(), format!("on {}", want.display()));
+    assert_eq!(snap.status.code(), Some(2));
+    assert!(text(&snap.stderr).contains(&format!("kill -USR2 {pid}")), "{}", text(&snap.stderr));
+    // A static program (when this machine can link one).
+    let src = dir.join("static.c");
+    std::fs::write(&src, "#include <stdio.h>\nint main(void) { char l[8]; printf(\"ready 0\\n\"); fflush(stdout); return !fgets(l, 8, stdin); }\n").unwrap();
+    let out = dir.join("static");
+    if !Command::new("cc").arg("-static").arg(&src).arg("-o").arg(&out).output().is_ok_and(|o| o.status.success()) {
+        skip::not_here("this machine links no static program (no libc.a)");
+        return;
+    }
+    let mut child = Command::new(&out).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut first).unwrap();
+    let refused = attach(&[&child.id().to_string()]);
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let _ = child.wait();
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(text(&refused.stderr).contains("statically linked"), "{}", text(&refused.stderr));
 }
