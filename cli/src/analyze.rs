@@ -33,6 +33,15 @@ pub struct ProcessAnalysis {
     pub switched_on_unix_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub before_switch_bytes: Option<u64>,
+    /// Where it ran in a distributed job (the report's `launch`): absent outside one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub local_rank: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub world_size: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
     pub leaked_bytes: u64,
     pub leaked_blocks: u64,
     pub suppressed_groups: usize,
@@ -198,6 +207,10 @@ pub fn analyze(reports: &[Report], filters: &Filters) -> Analysis {
                 forked_from_pid: r.fork.forked_from_pid,
                 switched_on_unix_ms: r.fork.switched_on_unix_ms,
                 before_switch_bytes: r.fork.switched_on_unix_ms.map(|_| r.fork.inherited_live_bytes),
+                rank: r.launch.rank,
+                local_rank: r.launch.local_rank,
+                world_size: r.launch.world_size,
+                host: (r.launch.rank.is_some() || r.launch.launcher).then(|| r.launch.host.clone()).filter(|h| !h.is_empty()),
                 leaked_bytes: leaks.iter().map(|g| g.bytes).fold(r.summary.omitted.leaked_bytes, sat_add),
                 leaked_blocks: leaks.iter().map(|g| g.blocks).fold(r.summary.omitted.leaked_blocks, sat_add),
                 unlisted_groups: r.summary.omitted.groups,

@@ -1281,6 +1281,41 @@ fn a_ddp_rank_keeping_a_tensor_per_step_is_held_by_its_module_list() {
     assert!(held.contains("list[") && held.ends_with("global kept of module __main__"), "{held}");
     assert!(links.iter().all(|l| l.module.as_deref().is_none_or(|m| !m.contains("ld-linux") && !m.contains("libcusolver"))), "{held}");
     assert!(growth_at_line(pid_of("0")).is_none(), "rank 0 keeps nothing");
+    // Each report knows its rank (issue 54): torchrun's RANK and WORLD_SIZE, the host,
+    // and torchrun's own process is its launcher, no rank.
+    for rank in [0u64, 1] {
+        let p = a["processes"].as_array().unwrap().iter().find(|p| p["pid"] == pid_of(&rank.to_string())).unwrap();
+        assert_eq!((p["rank"].as_u64(), p["world_size"].as_u64()), (Some(rank), Some(2)), "{p}");
+        assert!(p["label"].as_str().unwrap().contains(&format!("rank {rank}/2 on ")) && p["host"].is_string(), "{p}");
+    }
+    let labels: Vec<&str> = a["processes"].as_array().unwrap().iter().filter_map(|p| p["label"].as_str()).collect();
+    assert!(labels.iter().any(|l| l.contains(", launcher on ")), "{labels:?}");
+}
+
+/// The rank of a process started by SLURM or an MPI launcher, from their variables,
+/// in the report and its heading (issue 54).
+#[test]
+fn slurm_and_mpi_variables_give_the_rank_in_the_report() {
+    let dir = scratch("ranks");
+    let prog = build(&manifest().join("../tests/fixtures/leaks.c"), &dir);
+    for (vars, rank, world) in [
+        (vec![("SLURM_PROCID", "3"), ("SLURM_NTASKS", "4"), ("SLURM_LOCALID", "1"), ("SLURM_JOB_ID", "77")], 3, 4),
+        (vec![("OMPI_COMM_WORLD_RANK", "5"), ("OMPI_COMM_WORLD_SIZE", "8"), ("SLURM_PROCID", "1")], 5, 8),
+        (vec![("PMI_RANK", "2"), ("PMI_SIZE", "3")], 2, 3),
+    ] {
+        let out_dir = format!("r{rank}");
+        let out = Command::new(bin())
+            .args(["run", "--output", &out_dir, "--", prog.to_str().unwrap()])
+            .envs(vars.iter().copied())
+            .current_dir(&dir)
+            .bounded_output()
+            .unwrap();
+        assert!(text(&out.stderr).contains(&format!("rank {rank}/{world} on ")), "{}", text(&out.stderr));
+        let json = leaktrace(&["report", "--format", "json", &out_dir], &dir);
+        let a: Value = serde_json::from_slice(&json.stdout).unwrap();
+        let p = &a["processes"][0];
+        assert_eq!((p["rank"].as_u64(), p["world_size"].as_u64()), (Some(rank), Some(world)), "{p}");
+    }
 }
 
 /// A list of NumPy arrays and an unbounded `lru_cache` of tensors (issue 52's proof): each

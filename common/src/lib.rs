@@ -3,6 +3,7 @@
 pub mod frame_text;
 pub mod growth;
 pub mod held;
+pub mod launch;
 pub mod memory;
 pub mod report_schema;
 pub mod suppressions;

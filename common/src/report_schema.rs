@@ -705,6 +705,10 @@ pub struct Report<S = Inline> {
     pub written_unix_ms: u64,
     #[serde(default)]
     pub fork: Fork,
+    /// Where it ran in a distributed job: rank, local rank, world size, host, job
+    /// (`crate::launch`). Absent outside one (added without a major version change).
+    #[serde(default, skip_serializing_if = "is_default_launch")]
+    pub launch: crate::launch::Launch,
     #[serde(default)]
     pub config: Config,
     pub summary: Summary,
@@ -743,7 +747,14 @@ impl<S> Report<S> {
     /// A short name for the process: "python3 (pid 123)".
     pub fn label(&self) -> String {
         let name = std::path::Path::new(&self.exe).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "?".into());
-        format!("{name} (pid {})", self.pid)
+        match self.launch.describe() {
+            // A forked worker inherits its rank's variables: it is that rank's worker.
+            Some(place) if self.fork.forked_from_pid.is_some() && self.launch.rank.is_some() => {
+                format!("{name} (pid {}, worker of {place})", self.pid)
+            }
+            Some(place) => format!("{name} (pid {}, {place})", self.pid),
+            None => format!("{name} (pid {})", self.pid),
+        }
     }
 }
 
@@ -861,6 +872,10 @@ pub fn inline_frames(report: &mut Value) -> Result<(), String> {
     expand_why(report, "the report")?;
     report["frames"] = Value::Array(table);
     Ok(())
+}
+
+fn is_default_launch(l: &crate::launch::Launch) -> bool {
+    l.rank.is_none() && l.world_size.is_none() && l.local_rank.is_none() && !l.launcher && l.job.is_none()
 }
 
 #[cfg(test)]

@@ -418,6 +418,7 @@ pub fn write_report_json(w: impl std::io::Write, parts: &ReportParts) -> std::io
             inherited_frees: totals.inherited_frees,
             switched_on_unix_ms: process.switched_on.then_some(process.started_unix_ms),
         },
+        launch: process.launch.clone(),
         config: schema::Config { stack_depth: facts.stack_depth, interval_ms: facts.interval_ms },
         summary: schema::Summary {
             host: kind(Kind::Host),
@@ -631,6 +632,7 @@ mod tests {
             started_unix_ms: 5,
             forked_from: None,
             switched_on: false,
+            launch: Default::default(),
             file_name: "f.json".into(),
         };
         let mut t = Totals::default();

@@ -15,6 +15,9 @@ pub struct ProcessInfo {
     pub forked_from: Option<u32>,
     /// Switched on from standby (`agent::standby`) at `started_unix_ms`.
     pub switched_on: bool,
+    /// Rank, world size, host and job, from the environment the process started with
+    /// (`/proc/self/environ`: read from any thread without the C library's lock).
+    pub launch: leaktrace_common::launch::Launch,
     pub file_name: String,
 }
 
@@ -53,10 +56,14 @@ impl ProcessInfo {
     pub fn current(forked_from: Option<u32>) -> ProcessInfo {
         let pid = std::process::id();
         let exe = crate::os::anchor::read_proc_link("self/exe").unwrap_or_default();
-        let argv = crate::os::anchor::read_proc("self/cmdline")
+        let argv: Vec<String> = crate::os::anchor::read_proc("self/cmdline")
             .map(|raw| raw.split(|b| *b == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect())
             .unwrap_or_default();
+        let environ = crate::os::anchor::read_proc("self/environ").unwrap_or_default();
+        let host = crate::os::anchor::read_proc_string("sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+        let launch = leaktrace_common::launch::Launch::from_environ(&environ, &argv, host);
         ProcessInfo {
+            launch,
             pid,
             ppid: std::os::unix::process::parent_id(),
             file_name: report_file_name(&exe, pid),
