@@ -402,6 +402,8 @@ fn cmd_run(args: &RunArgs) -> Result<u8, Fail> {
         let dirs: Vec<PathBuf> = std::env::current_dir().into_iter().chain([PathBuf::from("/tmp")]).filter(|d| *d != output).collect();
         model::fallback_reports(pid, started_ms, &dirs)
     };
+    // With placeholders (`%h/%r`), the processes wrote into a tree under its root.
+    let output = PathBuf::from(leaktrace_common::launch::output_root(&output.to_string_lossy()));
     let loaded = model::load(&output).map(|r| (r, output.clone()));
     let loaded = match loaded {
         Ok(found) => Ok(found),

@@ -113,21 +113,41 @@ pub fn load(path: &Path) -> Result<Vec<Report>, String> {
     load_with(path, &mut |skipped| eprintln!("leaktrace: skipped: {skipped}"))
 }
 
+/// How deep `load` looks into a directory's subdirectories (a shared output tree such as
+/// `LEAKTRACE_OUTPUT=/shared/run7/%h/%r`: one directory per host and rank).
+const TREE_DEPTH: usize = 8;
+
+/// The `leaktrace.*.json` files in `dir` and its subdirectories, `depth` levels down at
+/// most; links to directories are not followed (no loops).
+fn report_files(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let p = e.path();
+        let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+        if is_dir {
+            if depth > 0 {
+                report_files(&p, depth - 1, out);
+            }
+            continue;
+        }
+        let n = e.file_name().to_string_lossy().into_owned();
+        if n.starts_with("leaktrace.") && n.ends_with(".json") {
+            out.push(p);
+        }
+    }
+}
+
 /// `load`, telling each skipped file's error to `skipped`.
 pub fn load_with(path: &Path, skipped: &mut dyn FnMut(&str)) -> Result<Vec<Report>, String> {
     let meta = std::fs::metadata(path).map_err(|e| format!("cannot open {} ({e}); give a report file or a directory of reports", path.display()))?;
     if !meta.is_dir() {
         return Ok(vec![load_file(path)?]);
     }
-    let mut files: Vec<PathBuf> = std::fs::read_dir(path)
-        .map_err(|e| format!("cannot list {} ({e})", path.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            let n = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            n.starts_with("leaktrace.") && n.ends_with(".json")
-        })
-        .collect();
-    files.sort();
+    let mut files: Vec<PathBuf> = Vec::new();
+    std::fs::read_dir(path).map_err(|e| format!("cannot list {} ({e})", path.display()))?;
+    report_files(path, TREE_DEPTH, &mut files);
+    // By file name (program, pid, start time), wherever in the tree each lies.
+    files.sort_by(|a, b| a.file_name().cmp(&b.file_name()).then_with(|| a.cmp(b)));
     if files.is_empty() {
         return Err(format!("{} holds no leaktrace.*.json reports; was the program run under leaktrace?", path.display()));
     }
@@ -232,6 +252,25 @@ mod tests {
         std::fs::remove_file(dir.join("leaktrace.a.5.json")).unwrap();
         let e = load_with(&dir, &mut |_| {}).unwrap_err();
         assert!(e.contains("leaktrace.b.6.json"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A shared output tree (one directory per host and rank): every report in it.
+    #[test]
+    fn a_tree_of_directories_is_read_whole() {
+        let dir = std::env::temp_dir().join(format!("leaktrace-tree-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let report = |pid: u32| {
+            format!(
+                r#"{{"schema":"leaktrace-report/1","pid":{pid},"reason":"exit","summary":{{"host":{{"live_bytes":0,"live_blocks":0,"total_allocs":0,"total_frees":0,"peak_live_bytes":0}}}},"leaks":[]}}"#
+            )
+        };
+        for (sub, pid) in [("hostA/0", 10), ("hostA/1", 11), ("hostB/2", 12)] {
+            std::fs::create_dir_all(dir.join(sub)).unwrap();
+            std::fs::write(dir.join(sub).join(format!("leaktrace.p.{pid}.json")), report(pid)).unwrap();
+        }
+        let r = load_with(&dir, &mut |_| {}).unwrap();
+        assert_eq!(r.iter().map(|r| r.pid).collect::<Vec<_>>(), vec![10, 11, 12]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

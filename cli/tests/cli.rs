@@ -1316,6 +1316,22 @@ fn slurm_and_mpi_variables_give_the_rank_in_the_report() {
         let p = &a["processes"][0];
         assert_eq!((p["rank"].as_u64(), p["world_size"].as_u64()), (Some(rank), Some(world)), "{p}");
     }
+    // One shared tree for many machines and ranks: LEAKTRACE_OUTPUT=tree/%h/%r; `run`
+    // and `report` read the tree from its root.
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap().trim().to_string();
+    for rank in ["0", "1"] {
+        let out = Command::new(bin())
+            .args(["run", "--output", "tree/%h/%r", "--", prog.to_str().unwrap()])
+            .env("RANK", rank)
+            .env("WORLD_SIZE", "2")
+            .current_dir(&dir)
+            .bounded_output()
+            .unwrap();
+        assert!(text(&out.stderr).contains(&format!("rank {rank}/2 on {host}")), "{}", text(&out.stderr));
+        assert_eq!(reports(&dir.join("tree").join(&host).join(rank)).len(), 1, "{}", text(&out.stderr));
+    }
+    let shown = text(&leaktrace(&["report", "tree"], &dir).stdout);
+    assert!(shown.contains(&format!("rank 0/2 on {host}")) && shown.contains(&format!("rank 1/2 on {host}")), "{shown}");
 }
 
 /// A list of NumPy arrays and an unbounded `lru_cache` of tensors (issue 52's proof): each

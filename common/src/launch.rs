@@ -92,6 +92,46 @@ impl Launch {
     }
 }
 
+/// `LEAKTRACE_OUTPUT` with its placeholders filled in, so that many processes on many
+/// machines can write into one shared tree: `%h` the host, `%r` the rank (`launcher`
+/// for a launcher, `none` outside a job), `%l` the local rank, `%j` the job (`none`),
+/// `%p` the process id, `%%` a `%`. Anything else after `%` stays as written.
+pub fn expand_output(path: &str, launch: &Launch, pid: u32) -> String {
+    let mut out = String::with_capacity(path.len());
+    let mut chars = path.chars();
+    let or_none = |v: Option<String>| v.unwrap_or_else(|| "none".into());
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('h') => out.push_str(if launch.host.is_empty() { "none" } else { &launch.host }),
+            Some('r') if launch.launcher => out.push_str("launcher"),
+            Some('r') => out.push_str(&or_none(launch.rank.map(|r| r.to_string()))),
+            Some('l') => out.push_str(&or_none(launch.local_rank.map(|r| r.to_string()))),
+            Some('j') => out.push_str(&or_none(launch.job.clone())),
+            Some('p') => out.push_str(&pid.to_string()),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+/// The part of an output path before its first placeholder's component: the root of
+/// the tree the processes write into (`/shared/run7` of `/shared/run7/%h/%r`).
+pub fn output_root(path: &str) -> &str {
+    match path.find('%') {
+        Some(i) => path[..i].rfind('/').map_or(".", |j| if j == 0 { "/" } else { &path[..j] }),
+        None => path,
+    }
+}
+
 /// Whether `argv` starts torchrun's launcher (which starts the ranks).
 fn is_torchrun_launcher(argv: &[String]) -> bool {
     let base = |s: &str| s.rsplit('/').next().unwrap_or(s).to_string();
@@ -144,6 +184,20 @@ mod tests {
         // Outside a job: nothing to say; a value that is no number is none.
         assert_eq!(Launch::from_vars(vars(&[]), &py, "h".into()).describe(), None);
         assert_eq!(Launch::from_vars(vars(&[("RANK", "x")]), &py, String::new()).rank, None);
+    }
+
+    #[test]
+    fn an_output_path_names_the_host_rank_job_and_pid() {
+        let l = Launch { rank: Some(3), local_rank: Some(1), host: "gpu7".into(), job: Some("j9".into()), ..Default::default() };
+        assert_eq!(expand_output("/shared/run/%h/%r-%l/%j/%p/100%%/%x", &l, 42), "/shared/run/gpu7/3-1/j9/42/100%/%x");
+        assert_eq!(expand_output("/r/%r/%h", &Launch::default(), 1), "/r/none/none");
+        assert_eq!(expand_output("/r/%r", &Launch { launcher: true, ..Default::default() }, 1), "/r/launcher");
+        assert_eq!(expand_output("plain/dir", &l, 1), "plain/dir");
+        assert_eq!(output_root("/shared/run7/%h/%r"), "/shared/run7");
+        assert_eq!(output_root("/shared/run7/host-%h"), "/shared/run7");
+        assert_eq!(output_root("%h/x"), ".");
+        assert_eq!(output_root("/%h"), "/");
+        assert_eq!(output_root("/plain"), "/plain");
     }
 
     #[test]

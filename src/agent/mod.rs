@@ -64,15 +64,17 @@ fn start_tracking(config: Config, host_tracking: String, glibc_heap: bool, befor
             stderr_line("leaktrace: this C library has no _dl_find_object (glibc >= 2.35 needed); tracking is off");
             return false;
         }
-        let (output_dir, warning) = writer::choose_output_dir(config.output_dir.clone());
+        let mut process = ProcessInfo::current(None);
+        process.switched_on = before_start;
+        // `%h`, `%r`, … named by where the process runs (one shared tree, many machines).
+        let wanted = config.output_dir.as_ref().map(|d| leaktrace_common::launch::expand_output(&d.to_string_lossy(), &process.launch, process.pid).into());
+        let (output_dir, warning) = writer::choose_output_dir(wanted);
         if let Some(w) = warning {
             stderr_line(&w);
         }
         let depth = config.stack_depth;
         reports::GLIBC_HEAP.store(glibc_heap, Ordering::Relaxed);
         crate::report::memory::init();
-        let mut process = ProcessInfo::current(None);
-        process.switched_on = before_start;
         let symbolizer = Symbolizer::new(process.exe.clone());
         let suppressions = match &config.suppressions {
             Some(path) => leaktrace_common::Suppressions::load(path).unwrap_or_else(|e| {
