@@ -11,6 +11,7 @@ mod fuzz_tests;
 mod growth;
 mod html;
 mod model;
+mod pprof;
 mod render;
 mod run;
 
@@ -42,7 +43,7 @@ enum Cmd {
         after_help = "Example:\n  leaktrace run --interval-ms 1000 --fail-on-leak -- ./service --port 0\n\nExit status: CMD's own; 23 (see --exit-code) under --fail-on-leak when leaks remain\nafter suppressions and --min-bytes; 127 if CMD is not found; 2 on other errors."
     )]
     Run(RunArgs),
-    /// Print the reports of files or directories: text, JSON, Markdown, HTML, a flamegraph, GitHub annotations or JUnit XML.
+    /// Print the reports of files or directories: text, JSON, Markdown, HTML, a flamegraph, GitHub annotations, JUnit XML or a pprof profile.
     #[command(
         after_help = "Examples:\n  leaktrace report --format markdown leaktrace-myprog-20261121-101500/ >> \"$GITHUB_STEP_SUMMARY\"\n  leaktrace report --format flamegraph reports/ > leaks.svg\n  leaktrace report --format html reports/ > leaks.html"
     )]
@@ -167,6 +168,10 @@ enum Format {
     Github,
     /// JUnit XML: a failing test case per leak group and growing stack.
     Junit,
+    /// A gzip'd pprof profile (profile.proto) for go tool pprof, Pyroscope, Parca,
+    /// speedscope: inuse/alloc space and objects by stack, labelled by pid, rank, host,
+    /// kind and verdict (run writes heap.pb.gz into the output directory).
+    Pprof,
 }
 
 #[derive(Args)]
@@ -293,7 +298,15 @@ fn render(a: &Analysis, reports: &[model::Report], format: Format, top: usize) -
         Format::Flamegraph => flame::svg(a).map_err(|e| usage(format!("cannot draw the flamegraph ({e})")))?,
         Format::Github => ci::github(a),
         Format::Junit => ci::junit(a),
+        Format::Pprof => return Err(usage("the pprof format is binary: written by report_pprof".into())),
     })
+}
+
+/// The gzip'd pprof profile of `reports`, the stacks that grew labelled so.
+fn pprof_of(reports: &[model::Report]) -> Vec<u8> {
+    let growing: std::collections::HashMap<u32, Vec<u32>> =
+        reports.iter().map(|r| (r.pid, growth::detect(r, 0).into_iter().filter(|g| g.stack_id != 0).map(|g| g.stack_id).collect())).collect();
+    pprof::profile(reports, &growing)
 }
 
 /// Every report under `paths` (files or directories), in one list.
@@ -308,6 +321,15 @@ fn load_all(paths: &[PathBuf]) -> Result<Vec<model::Report>, Fail> {
 fn cmd_report(args: &ReportArgs) -> Result<u8, Fail> {
     let filters = filters(&args.filters)?;
     let reports = load_all(&args.paths)?;
+    if matches!(args.format, Format::Pprof) {
+        // SAFETY: isatty on a file descriptor number.
+        if unsafe { libc::isatty(1) } == 1 {
+            return Err(usage("--format pprof writes a binary file: redirect it (leaktrace report --format pprof DIR > heap.pb.gz)".into()));
+        }
+        let _ = filters;
+        std::io::Write::write_all(&mut std::io::stdout(), &pprof_of(&reports)).map_err(|e| usage(format!("cannot write the profile ({e})")))?;
+        return Ok(0);
+    }
     let a = analyze::analyze(&reports, &filters);
     print!("{}", render(&a, &reports, args.format, args.top)?);
     Ok(0)
@@ -439,7 +461,15 @@ fn cmd_run(args: &RunArgs) -> Result<u8, Fail> {
     // A process whose end the library did not see may have leaked after its last report.
     let unchecked = model::without_final_report(&reports, Some(pid));
     let a = analyze::analyze(&reports, &filters);
-    let rendered = render(&a, &reports, args.format, args.top)?;
+    let rendered = match args.format {
+        Format::Pprof => {
+            let path = output.join("heap.pb.gz");
+            std::fs::write(&path, pprof_of(&reports)).map_err(|e| usage(format!("cannot write {} ({e})", path.display())))?;
+            eprintln!("leaktrace: {}", path.display());
+            render::text(&a, args.top)
+        }
+        _ => render(&a, &reports, args.format, args.top)?,
+    };
     match args.format {
         // A page or a picture is a file, not something to print on a terminal.
         // Annotations are read from the step's standard output (the program's is done).
@@ -454,7 +484,7 @@ fn cmd_run(args: &RunArgs) -> Result<u8, Fail> {
             std::fs::write(&path, rendered).map_err(|e| usage(format!("cannot write {} ({e})", path.display())))?;
             eprintln!("leaktrace: {}", path.display());
         }
-        _ => eprint!("{rendered}"),
+        Format::Text | Format::Json | Format::Markdown | Format::Pprof => eprint!("{rendered}"),
     }
     for line in &unchecked {
         eprintln!("leaktrace: {line}");

@@ -709,7 +709,7 @@ fn report_and_check_take_several_directories_and_diff_refuses_formats_it_cannot_
     for (sub, accepted) in [
         ("diff", "[possible values: text, json]"),
         ("check", "[possible values: text, markdown, github, junit]"),
-        ("report", "[possible values: text, json, markdown, flamegraph, html, github, junit]"),
+        ("report", "[possible values: text, json, markdown, flamegraph, html, github, junit, pprof]"),
     ] {
         let help = text(&leaktrace(&[sub, "-h"], &dir).stdout);
         assert!(help.contains(accepted), "{sub} --help: {help}");
@@ -1637,4 +1637,59 @@ fn memory_a_program_maps_itself_and_never_unmaps_is_a_leak_at_its_stack() {
     assert!(t.contains("Leak of 524288 byte(s) in 2 object(s) allocated from mmap (mmap)") && t.contains("in split"), "{t}");
     // The accounting counts the resident part of what is mapped.
     assert!(r["memory"]["mmap"].as_u64().unwrap() >= (1 << 20) + 6 * (256 << 10), "{}", r["memory"]);
+}
+
+/// `report --format pprof` (issue 54): a gzip'd profile.proto that `go tool pprof` reads,
+/// whose in-use totals are the reports' summaries and whose samples carry the pid, kind
+/// and verdict.
+#[test]
+fn a_pprof_profile_reads_back_with_go_tool_pprof_and_its_totals_are_the_reports() {
+    if !Command::new("go").arg("version").output().is_ok_and(|o| o.status.success()) {
+        skip::missing("go (go tool pprof)", "apt-get install golang-go");
+        return;
+    }
+    let dir = scratch("pprof");
+    let prog = build(&manifest().join("../tests/fixtures/leaks.c"), &dir);
+    let out = leaktrace(&["run", "--output", "r", "--format", "pprof", "--", prog.to_str().unwrap()], &dir);
+    assert!(dir.join("r/heap.pb.gz").is_file(), "{}", text(&out.stderr));
+    let written = Command::new(bin())
+        .args(["report", "--format", "pprof", "r"])
+        .current_dir(&dir)
+        .stdout(std::fs::File::create(dir.join("heap.pb.gz")).unwrap())
+        .status()
+        .unwrap();
+    assert!(written.success());
+    let pprof = |args: &[&str]| {
+        let o = Command::new("go")
+            .args(["tool", "pprof"])
+            .args(args)
+            .arg(dir.join("heap.pb.gz"))
+            .env("HOME", &dir)
+            .env("PPROF_TMPDIR", &dir)
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        text(&o.stdout)
+    };
+    let raw = pprof(&["-raw"]);
+    assert!(raw.contains("inuse_space/bytes") && raw.contains("alloc_objects/count"), "{raw}");
+    // Every sample's in-use bytes add up to the report's live host bytes.
+    let r = &reports(&dir.join("r"))[0];
+    let live = r["summary"]["host"]["live_bytes"].as_u64().unwrap();
+    let samples: u64 = raw
+        .lines()
+        .skip_while(|l| !l.starts_with("Samples:"))
+        .skip(2)
+        .take_while(|l| !l.starts_with("Locations"))
+        .filter_map(|l| l.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    let listed: u64 =
+        r["leaks"].as_array().unwrap().iter().map(|g| g["bytes"].as_u64().unwrap()).sum::<u64>() + r["summary"]["omitted"]["bytes"].as_u64().unwrap_or(0);
+    assert_eq!(samples, listed, "{raw}");
+    assert!(listed <= live, "{live} {listed}");
+    assert!(raw.contains("verdict:[definite]") && raw.contains("kind:[host]") && raw.contains(&format!("pid:[{}]", r["pid"])), "{raw}");
+    let top = pprof(&["-top", "-sample_index=inuse_space"]);
+    assert!(top.contains("leaks.c") || top.contains("main") || top.contains("leak"), "{top}");
+    // Not onto a terminal: only redirected (tested where stdout is a pipe: it is).
 }
