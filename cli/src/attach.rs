@@ -77,10 +77,7 @@ fn without_socket(pid: u32, request: &str, socket: &std::path::Path) -> Option<R
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
     let loaded = maps.lines().any(|l| l.rsplit('/').next().is_some_and(|f| f.starts_with("libleaktrace")));
     let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-    let var = |name: &str| {
-        let key = format!("{name}=");
-        environ.split(|b| *b == 0).find_map(|kv| kv.strip_prefix(key.as_bytes()).map(|v| String::from_utf8_lossy(v).into_owned()))
-    };
+    let var = |name: &str| leaktrace_common::launch::environ_var(&environ, name);
     let on = |name: &str| var(name).is_some_and(|v| matches!(v.trim(), "1" | "true" | "yes" | "on"));
     if loaded && on("LEAKTRACE_STANDBY") {
         return Some(Err(format!(

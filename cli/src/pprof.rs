@@ -206,6 +206,7 @@ impl Builder {
     }
 }
 
+#[derive(Clone)]
 enum Label {
     Str(String),
     Num(i64),
@@ -240,7 +241,7 @@ pub fn profile(reports: &[Report], growing: &HashMap<u32, Vec<u32>>) -> Vec<u8> 
             let growing = grew.is_some_and(|ids| ids.contains(&g.stack_id));
             for (k, (verdict, bytes, blocks)) in verdicts.into_iter().enumerate() {
                 let (alloc_bytes, allocs) = if k == 0 { (g.total_bytes, g.total_allocs) } else { (0, 0) };
-                let mut labels: Vec<(&str, Label)> = common.iter().map(|(k, v)| (*k, clone_label(v))).collect();
+                let mut labels: Vec<(&str, Label)> = common.clone();
                 labels.push(("kind", Label::Str(g.kind.to_string())));
                 labels.push(("verdict", Label::Str(verdict.into())));
                 if growing {
@@ -253,7 +254,7 @@ pub fn profile(reports: &[Report], growing: &HashMap<u32, Vec<u32>>) -> Vec<u8> 
         if o.bytes > 0 || o.blocks > 0 {
             let f = Frame { function: Some("[omitted]".into()), ..Default::default() };
             let loc = b.location(&f);
-            let mut labels: Vec<(&str, Label)> = common.iter().map(|(k, v)| (*k, clone_label(v))).collect();
+            let mut labels: Vec<(&str, Label)> = common.clone();
             labels.push(("verdict", Label::Str("omitted".into())));
             b.sample(&[loc], [o.bytes as i64, o.blocks as i64, 0, 0], &labels);
         }
@@ -262,13 +263,6 @@ pub fn profile(reports: &[Report], growing: &HashMap<u32, Vec<u32>>) -> Vec<u8> 
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     let _ = gz.write_all(&raw);
     gz.finish().unwrap_or_default()
-}
-
-fn clone_label(l: &Label) -> Label {
-    match l {
-        Label::Str(s) => Label::Str(s.clone()),
-        Label::Num(n) => Label::Num(*n),
-    }
 }
 
 #[cfg(test)]

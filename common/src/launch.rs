@@ -71,11 +71,7 @@ impl Launch {
 
     /// From the text of `/proc/PID/environ` (NUL-separated `NAME=value`).
     pub fn from_environ(environ: &[u8], argv: &[String], host: String) -> Launch {
-        let get = |name: &str| {
-            let key = format!("{name}=");
-            environ.split(|b| *b == 0).find_map(|kv| kv.strip_prefix(key.as_bytes()).map(|v| String::from_utf8_lossy(v).into_owned()))
-        };
-        Launch::from_vars(get, argv, host)
+        Launch::from_vars(|name| environ_var(environ, name), argv, host)
     }
 
     /// "rank 1/2 on HOST" (what a process's label adds), or `None` outside a job.
@@ -90,6 +86,12 @@ impl Launch {
             None => format!("rank {rank}{on}"),
         })
     }
+}
+
+/// The value of `name` in the text of `/proc/PID/environ` (NUL-separated `NAME=value`).
+pub fn environ_var(environ: &[u8], name: &str) -> Option<String> {
+    let key = format!("{name}=");
+    environ.split(|b| *b == 0).find_map(|kv| kv.strip_prefix(key.as_bytes()).map(|v| String::from_utf8_lossy(v).into_owned()))
 }
 
 /// `LEAKTRACE_OUTPUT` with its placeholders filled in, so that many processes on many
