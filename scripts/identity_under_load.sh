@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# A reproducer of a lost or misordered event under load (found 2026-11-29, not fixed):
+# A reproducer of a lost free under load (found and fixed 2026-11-29: glibc freeing a dead
+# thread's TLS block on a thread of the library's, see docs/design.md "Releases on threads
+# that record nothing"):
 # runs tests/fixtures/frameworks/keras_fit.py (TensorFlow) RUNS times under the library
 # beside two busy loops and prints, per process report, total_allocs - total_frees -
 # live_blocks (0 when every event was applied once and in order) and buffer_full_waits.
@@ -20,7 +22,7 @@ for f in glob.glob(sys.argv[1] + "/*.json"):
     r = json.load(open(f))
     h = r["summary"]["host"]
     print(r["exe"].split("/")[-1], r["reason"], "off by", h["total_allocs"] - h["total_frees"] - h["live_blocks"],
-          "buffer_full_waits", r["diagnostics"]["buffer_full_waits"])
+          "buffer_full_waits", r["diagnostics"]["buffer_full_waits"], "lib frees", r["diagnostics"].get("frees_on_library_threads"), "dropped", r["diagnostics"].get("releases_dropped"))
 PY
     rm -rf "$d"
 done

@@ -406,6 +406,14 @@ pub struct Diagnostics {
     pub rings_grown: u64,
     #[serde(default)]
     pub unknown_frees: u64,
+    /// Blocks of the program's that the C library freed on the library's own threads
+    /// or inside its untracked steps (a dead thread's dynamic TLS): applied as frees.
+    #[serde(default)]
+    pub frees_on_library_threads: u64,
+    /// Frees on the library's threads that found no room in their ring without waiting:
+    /// those blocks stay in the books.
+    #[serde(default)]
+    pub releases_dropped: u64,
     #[serde(default)]
     pub stacks_interned: u64,
     #[serde(default)]

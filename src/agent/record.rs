@@ -85,9 +85,76 @@ pub fn record_alloc(addr: usize, size: usize, api: Api) {
     });
 }
 
+/// Runs `f` as the recording step of a release (a free, an unmapping, a realloc's old
+/// block), with whether the thread records nothing of its own here (`Releaser`). Unlike
+/// an allocation, a release is published on the library's own threads and inside
+/// `thread::untracked` too: the C library frees there what the program's threads
+/// allocated — a dead thread's dynamic TLS blocks, when a thread we start takes its
+/// cached stack or trims the cache — and a free never seen leaves a freed block in the
+/// books: a false leak, or a block replaced when its address comes back (TensorFlow's
+/// Keras fit beside two busy loops, 1 run in 2).
+#[inline(always)]
+fn releasing(f: impl FnOnce(&ThreadState, Releaser)) {
+    if !active() {
+        return;
+    }
+    releasing_step(f);
+}
+
+#[inline(always)]
+fn releasing_step(f: impl FnOnce(&ThreadState, Releaser)) {
+    let Some((guard, internal)) = thread::HookGuard::enter_release() else { return };
+    let who = if internal { Releaser::Library } else { Releaser::Program };
+    if catch_unwind(AssertUnwindSafe(|| f(guard.state(), who))).is_err() {
+        disable_after_panic();
+    }
+}
+
+/// Who publishes a release.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Releaser {
+    /// A program thread, recording as usual.
+    Program,
+    /// The library's own thread, or a program thread inside `thread::untracked`: it may
+    /// hold the collector, so it never waits for room (`channel::try_publish`).
+    Library,
+}
+
+/// Releases from the library's threads that found no room without waiting: their blocks
+/// stay in the books (a diagnostic; none in any run measured).
+static RELEASES_DROPPED: AtomicU64 = AtomicU64::new(0);
+
+pub fn releases_dropped() -> u64 {
+    RELEASES_DROPPED.load(Ordering::Relaxed)
+}
+
+/// Publishes a release by `who`; one from the library's threads is marked
+/// `INTERNAL_FREE` (most are the library's own blocks). `room_for` events must fit from
+/// the library's threads: a realloc's release leaves its outcome room. Returns whether
+/// it was published.
+#[inline(always)]
+fn publish_release(s: &ThreadState, who: Releaser, kind: EventKind, api: Api, stack: u32, addr: u64, room_for: u64) -> bool {
+    match who {
+        Releaser::Program => {
+            publish(s, kind, api, stack, addr, 0);
+            true
+        }
+        Releaser::Library => {
+            let stack = if stack == 0 { event::INTERNAL_FREE } else { stack };
+            let done = channel::try_publish(s, kind, api, stack, addr, 0, room_for);
+            if !done {
+                RELEASES_DROPPED.fetch_add(1, Ordering::Relaxed);
+            }
+            done
+        }
+    }
+}
+
 #[inline]
 pub fn record_free(addr: usize) {
-    recording(|s| publish(s, EventKind::Free, Api::Malloc, 0, addr as u64, 0));
+    releasing(|s, who| {
+        publish_release(s, who, EventKind::Free, Api::Malloc, 0, addr as u64, 1);
+    });
 }
 
 /// A free (`Api::Malloc`) or a CUDA release (`Api::releasing(space)`) after tracking
@@ -98,19 +165,39 @@ pub fn record_free(addr: usize) {
 #[cold]
 pub fn record_late_free(addr: u64, api: Api) {
     if LIFECYCLE.frees_still_wanted() {
-        recording_step(|s| publish(s, EventKind::Free, api, event::LATE_FREE, addr, 0));
+        releasing_step(|s, who| {
+            publish_release(s, who, EventKind::Free, api, event::LATE_FREE, addr, 1);
+        });
     }
 }
 
+/// A realloc is about to run on the block at `addr`. Returns who published the release
+/// (`None`: nobody), for `record_realloc_outcome`.
 #[inline]
-pub fn record_realloc_release(addr: usize) {
-    recording(|s| publish(s, EventKind::ReallocRelease, Api::Realloc, 0, addr as u64, 0));
+pub fn record_realloc_release(addr: usize) -> Option<Releaser> {
+    let mut out = None;
+    releasing(|s, who| {
+        if publish_release(s, who, EventKind::ReallocRelease, Api::Realloc, 0, addr as u64, 2) {
+            out = Some(who);
+        }
+    });
+    out
 }
 
-/// The outcome of a realloc whose old block was released with `record_realloc_release`.
+/// The outcome of a realloc whose old block `old_addr` was released by `who` with
+/// `record_realloc_release`. The library's threads record no new block: theirs is
+/// whether the old one is gone (freed, or moved) or stays (the call failed, or grew it
+/// in place).
 #[inline]
-pub fn record_realloc_outcome(new_addr: usize, size: usize, api: Api, freed_without_new_block: bool) {
-    if new_addr != 0 {
+pub fn record_realloc_outcome(who: Releaser, old_addr: usize, new_addr: usize, size: usize, api: Api, freed_without_new_block: bool) {
+    if who == Releaser::Library {
+        let gone = freed_without_new_block || (new_addr != 0 && new_addr != old_addr);
+        let kind = if gone { EventKind::ReallocFreed } else { EventKind::ReallocRestore };
+        // Room for it was made with the release.
+        releasing_step(|s, who| {
+            publish_release(s, who, kind, api, 0, 0, 1);
+        });
+    } else if new_addr != 0 {
         record_alloc(new_addr, size, api);
     } else if freed_without_new_block {
         recording(|s| publish(s, EventKind::ReallocFreed, api, 0, 0, 0));
@@ -154,7 +241,9 @@ pub fn record_mapping(addr: u64, len: u64, api: Api, stack: Option<u32>) -> Opti
 
 /// A tracked mapping is about to be unmapped (or replaced, or moved).
 pub fn record_unmapping(addr: u64) {
-    recording_step(|s| publish(s, EventKind::Free, Api::Mmap, 0, addr, 0));
+    releasing_step(|s, who| {
+        publish_release(s, who, EventKind::Free, Api::Mmap, 0, addr, 1);
+    });
 }
 
 /// A CUDA allocation that succeeded. `device` is the ordinal it belongs to, if known.

@@ -306,6 +306,7 @@ pub(super) fn write_report(reason: Reason) {
         exit_signal: r.exit_signal,
         no_final_report: r.no_final_report,
         cuda_untracked_copies: super::record::untracked_copies(),
+        releases_dropped: super::record::releases_dropped(),
     };
     let scan_out = scan.as_ref().map(|s| (&s.out, s.totals));
     let emit = |path: &std::path::Path, process: &ProcessInfo| {

@@ -4,7 +4,7 @@
 use super::address_table::{AddressTable, Packed};
 use super::groups::Groups;
 use crate::hotpath::channel::Sink;
-use crate::hotpath::event::{Api, Event, EventKind, Kind, Space};
+use crate::hotpath::event::{Api, Event, EventKind, Kind, Space, INTERNAL_FREE, LATE_FREE};
 
 pub use crate::util::{FxHasher, FxMap};
 
@@ -157,6 +157,10 @@ pub struct Totals {
     /// Frees of addresses never seen allocated (allocated before tracking started, or by
     /// the library itself): ignored.
     pub unknown_frees: u64,
+    /// Blocks of the program's freed on the library's own threads or inside its
+    /// untracked steps (`event::INTERNAL_FREE`): the C library freeing a dead thread's
+    /// dynamic TLS there.
+    pub frees_on_library_threads: u64,
     pub events: u64,
 }
 
@@ -747,12 +751,20 @@ impl Collector {
                 self.add_live(space, ev.addr, block);
             }
             EventKind::Free => match self.take_live(space, ev.addr) {
-                Some(block) => self.count_free(&block),
-                None if ev.stack == crate::hotpath::event::LATE_FREE => {}
+                Some(block) => {
+                    self.count_free(&block);
+                    if ev.stack == INTERNAL_FREE {
+                        self.totals.frees_on_library_threads += 1;
+                    }
+                }
+                None if ev.stack == LATE_FREE || ev.stack == INTERNAL_FREE => {}
                 None => self.totals.unknown_frees += 1,
             },
             EventKind::ReallocRelease => {
                 if let Some(block) = self.take_live(space, ev.addr) {
+                    if ev.stack == INTERNAL_FREE {
+                        self.totals.frees_on_library_threads += 1;
+                    }
                     self.realloc_in_flight.insert((ev.tid, space), (ev.addr, block));
                 }
             }
@@ -1167,6 +1179,28 @@ mod tests {
         assert_eq!((s.groups[0].stack, s.groups[0].stats.live_bytes, c.details(&s.groups[0]).peak_live_bytes), (1, 100, 150));
         assert_eq!((s.groups[1].stack, s.groups[1].stats.live_blocks), (2, 1));
         assert_eq!(s.totals.host().total_allocs - s.totals.host().total_frees, s.totals.host().live_blocks);
+    }
+
+    #[test]
+    fn a_release_on_the_librarys_threads_frees_a_program_block_and_is_counted_and_one_of_its_own_is_no_diagnostic() {
+        let mut c = Collector::new();
+        c.apply(&alloc(0x10, 100, 1));
+        c.apply(&alloc(0x20, 50, 1));
+        // The C library frees a program thread's block on a thread of ours.
+        c.apply(&ev(EventKind::Free, Api::Malloc, 7, INTERNAL_FREE, 0x10, 0));
+        // The library frees a block of its own: never seen allocated.
+        c.apply(&ev(EventKind::Free, Api::Malloc, 7, INTERNAL_FREE, 0x999, 0));
+        // A realloc there moves the other program block.
+        c.apply(&ev(EventKind::ReallocRelease, Api::Realloc, 7, INTERNAL_FREE, 0x20, 0));
+        c.apply(&ev(EventKind::ReallocFreed, Api::Realloc, 7, 0, 0, 0));
+        // The address comes back to the program: a new block, not a replaced one.
+        c.apply(&alloc(0x10, 30, 2));
+        let s = c.snapshot();
+        let host = s.totals.host();
+        assert_eq!((host.live_blocks, host.live_bytes, host.total_allocs, host.total_frees), (1, 30, 3, 2));
+        assert_eq!(host.total_allocs - host.total_frees, host.live_blocks);
+        assert_eq!(s.totals.frees_on_library_threads, 2);
+        assert_eq!(s.totals.unknown_frees, 0);
     }
 
     fn same_input(a: &ScanInput, b: &ScanInput) -> bool {

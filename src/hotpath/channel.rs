@@ -296,15 +296,44 @@ pub fn publish(state: &ThreadState, kind: EventKind, api: Api, stack: u32, addr:
     let Some(mut ring) = my_ring(state) else { return };
     let mut t = ring.producer.0.tail.load(Ordering::Relaxed);
     if t >= ring.producer.0.check_at.load(Ordering::Relaxed) {
-        match make_room(state, ring, t, help) {
+        match make_room(state, ring, t, 0, Some(help)) {
             Room::Ready => {}
             Room::Moved(larger) => {
                 ring = larger;
                 t = ring.producer.0.tail.load(Ordering::Relaxed);
             }
-            Room::Closed => return,
+            Room::Closed | Room::Full => return,
         }
     }
+    write_event(ring, t, kind, api, stack, addr, size);
+}
+
+/// Publishes one event like `publish`, from a thread that must never wait for room (one
+/// that may hold the collector, whose drain alone would make it): only if the ring has
+/// room for `room_for` events from here (a realloc's release leaves its outcome room).
+/// Returns whether it was published.
+#[inline]
+pub fn try_publish(state: &ThreadState, kind: EventKind, api: Api, stack: u32, addr: u64, size: u64, room_for: u64) -> bool {
+    let Some(mut ring) = my_ring(state) else { return false };
+    let mut t = ring.producer.0.tail.load(Ordering::Relaxed);
+    let ahead = room_for.max(1) - 1;
+    if t + ahead >= ring.producer.0.check_at.load(Ordering::Relaxed) {
+        match make_room(state, ring, t, ahead, None::<fn()>) {
+            Room::Ready => {}
+            Room::Moved(larger) => {
+                ring = larger;
+                t = ring.producer.0.tail.load(Ordering::Relaxed);
+            }
+            Room::Closed | Room::Full => return false,
+        }
+    }
+    write_event(ring, t, kind, api, stack, addr, size);
+    true
+}
+
+/// Writes an event into the free slot `t` of the calling thread's `ring` and publishes it.
+#[inline(always)]
+fn write_event(ring: &ThreadRing, t: u64, kind: EventKind, api: Api, stack: u32, addr: u64, size: u64) {
     super::mapping::prefetch_line_for_write(ring.slot(t + PREFETCH_AHEAD));
     // The ticket is taken only once there is room: a producer waiting for space never
     // holds a ticket that others must wait for.
@@ -325,35 +354,42 @@ enum Room {
     Moved(&'static ThreadRing),
     /// The channel closed while waiting: the event is dropped with tracking.
     Closed,
+    /// The ring is full and the caller may not wait (`try_publish`).
+    Full,
 }
 
 /// The producer reached its check position: looks at the consumer's position, wakes
 /// the consumer if the ring is half full and it sleeps, moves to a larger ring or waits
-/// while the ring is full, and sets the next check position.
+/// (with `help`; without, it returns `Full`) while the slots `t..=t + ahead` are not all
+/// free, and sets the next check position.
 ///
 /// The check position is never past `head + capacity` for a head seen here, and the
 /// head only grows, so a slot is never written before the consumer is done with it.
 #[cold]
 #[inline(never)]
-fn make_room(state: &ThreadState, ring: &'static ThreadRing, t: u64, mut help: impl FnMut()) -> Room {
+fn make_room(state: &ThreadState, ring: &'static ThreadRing, t: u64, ahead: u64, mut help: Option<impl FnMut()>) -> Room {
     let mut h = ring.head.0.load(Ordering::Acquire);
-    if t.wrapping_sub(h) >= ring.capacity {
+    if (t + ahead).wrapping_sub(h) >= ring.capacity {
         if let Some(capacity) = next_capacity(ring.capacity) {
             if let Some(larger) = grow(state, ring, capacity) {
                 wake_consumer();
-                return match make_room(state, larger, larger.producer.0.tail.load(Ordering::Relaxed), help) {
+                return match make_room(state, larger, larger.producer.0.tail.load(Ordering::Relaxed), ahead, help) {
                     Room::Ready => Room::Moved(larger),
                     other => other,
                 };
             }
         }
+        let Some(help) = help.as_mut() else {
+            wake_consumer();
+            return Room::Full;
+        };
         FULL_WAITS.fetch_add(1, Ordering::Relaxed);
         let mut spins = 0u32;
         loop {
             wake_consumer();
             help();
             h = ring.head.0.load(Ordering::Acquire);
-            if t.wrapping_sub(h) < ring.capacity {
+            if (t + ahead).wrapping_sub(h) < ring.capacity {
                 break;
             }
             if CLOSED.load(Ordering::Relaxed) {
@@ -737,6 +773,43 @@ mod tests {
         assert_eq!(small.owner.load(Ordering::Acquire), 0);
         assert!(!small.superseded.load(Ordering::Acquire));
         assert!(!drained.pending());
+    }
+
+    #[test]
+    fn a_thread_that_may_not_wait_publishes_while_there_is_room_and_never_waits_when_there_is_none() {
+        let (_turn, mut state) = turn_with_rings_drained();
+        let drained = state.as_mut().unwrap();
+        // The library's own threads (which may hold the collector) publish their
+        // releases with `try_publish`: into a small ring, then a large one, and once
+        // that is full too (nobody drains), nothing more, at once. A realloc's release
+        // asks room for its outcome as well.
+        let (published, refused, pair_refused, tid) = std::thread::spawn(|| {
+            let mut published = 0u64;
+            let mut refused = 0u64;
+            for i in 0..SMALL_SLOTS + LARGE_SLOTS + 100 {
+                if thread::with(|s| try_publish(s, EventKind::Free, Api::Malloc, 0, (0x6000_0000 + i) << 4, 0, 1)) {
+                    published += 1;
+                } else {
+                    refused += 1;
+                }
+            }
+            let pair_refused = !thread::with(|s| try_publish(s, EventKind::ReallocRelease, Api::Realloc, 0, 0x7000_0000 << 4, 0, 2));
+            (published, refused, pair_refused, thread::tid())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(published, SMALL_SLOTS + LARGE_SLOTS, "both rings filled");
+        assert_eq!(refused, 100, "then refused, without waiting");
+        assert!(pair_refused);
+        let mut applied = Vec::new();
+        while drained.drain(4096, false, |e: Event| {
+            if e.tid == tid {
+                applied.push(e.addr)
+            }
+        }) > 0
+        {}
+        let expected: Vec<u64> = (0..published).map(|i| (0x6000_0000 + i) << 4).collect();
+        assert_eq!(applied, expected, "every published event applied once, in order");
     }
 
     #[test]

@@ -172,6 +172,12 @@ const SIZE_MASK: u64 = (1 << 56) - 1;
 /// unseen since, so an address not in the live set is no diagnostic.
 pub const LATE_FREE: u32 = 1;
 
+/// The `stack` of a `Free` published from a thread that records nothing of its own (the
+/// library's threads, `thread::untracked`): most such frees are the library's own blocks
+/// (no diagnostic); one that takes a block out of the live set is the C library freeing
+/// what a program thread allocated (`Totals::frees_on_library_threads`).
+pub const INTERNAL_FREE: u32 = 2;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum EventKind {

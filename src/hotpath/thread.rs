@@ -130,6 +130,25 @@ impl HookGuard {
         })
     }
 
+    /// Like `enter`, for a release (a free, an unmapping, a realloc's old block): also
+    /// on the library's own threads and inside `untracked`, where the C library may free
+    /// what the program's threads allocated. Returns the guard and whether the thread
+    /// records nothing of its own there (the release must then be published without
+    /// waiting: the thread may hold the collector). `None` only inside another hook.
+    #[inline(always)]
+    pub fn enter_release() -> Option<(HookGuard, bool)> {
+        with(|s| {
+            if s.busy.get() {
+                None
+            } else {
+                s.busy.set(true);
+                // SAFETY: as in `enter`.
+                let errno = unsafe { *s.errno_slot() };
+                Some((HookGuard { state: s, errno }, s.internal.get()))
+            }
+        })
+    }
+
     /// The calling thread's state.
     #[inline(always)]
     pub fn state(&self) -> &ThreadState {

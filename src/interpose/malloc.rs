@@ -127,9 +127,7 @@ unsafe fn realloc_common(p: *mut c_void, size: usize, api: Api, call: impl FnOnc
         Some(f) if tracking && agent::scanning() => unsafe { f(p) },
         _ => usize::MAX,
     };
-    if tracking {
-        agent::record_realloc_release(p as usize);
-    }
+    let released = if tracking { agent::record_realloc_release(p as usize) } else { None };
     let q = call();
     if !q.is_null() && size > kept {
         // SAFETY: the new block has `size` bytes; the first `kept` are the program's.
@@ -138,7 +136,9 @@ unsafe fn realloc_common(p: *mut c_void, size: usize, api: Api, call: impl FnOnc
     // glibc's realloc(p, 0) frees p and returns NULL.
     let freed_without_new_block = q.is_null() && size == 0;
     if tracking {
-        agent::record_realloc_outcome(q as usize, size, api, freed_without_new_block);
+        // Nothing released: the outcome is recorded as a program thread's, if at all.
+        let who = released.unwrap_or(agent::Releaser::Program);
+        agent::record_realloc_outcome(who, p as usize, q as usize, size, api, freed_without_new_block);
     } else if freed_without_new_block || (!q.is_null() && q != p) {
         // After tracking stopped: only that `p` is gone matters (published after the
         // call, since it may have failed; nothing records the new block).

@@ -64,6 +64,7 @@ pub struct RunFacts {
     /// CUDA function pointers passed through untracked: more copies of one function
     /// than there are copy wrappers.
     pub cuda_untracked_copies: u64,
+    pub releases_dropped: u64,
 }
 
 /// Names every frame of the stacks `ids` into `sym`'s cache: what `resolve_stacks` of
@@ -439,6 +440,8 @@ pub fn write_report_json(w: impl std::io::Write, parts: &ReportParts) -> std::io
             buffer_full_waits: facts.buffer_full_waits,
             rings_grown: facts.rings_grown,
             unknown_frees: totals.unknown_frees,
+            frees_on_library_threads: totals.frees_on_library_threads,
+            releases_dropped: facts.releases_dropped,
             stacks_interned: facts.stacks_interned,
             stack_table_overflows: facts.stack_table_overflows,
             cuda_untracked_copies: facts.cuda_untracked_copies,
