@@ -139,21 +139,28 @@ fn publish_release(s: &ThreadState, who: Releaser, kind: EventKind, api: Api, st
             publish(s, kind, api, stack, addr, 0);
             true
         }
-        Releaser::Library => {
-            let stack = if stack == 0 { event::INTERNAL_FREE } else { stack };
-            let done = channel::try_publish(s, kind, api, stack, addr, 0, room_for);
-            if !done {
-                RELEASES_DROPPED.fetch_add(1, Ordering::Relaxed);
-            }
-            done
-        }
+        Releaser::Library => publish_library_release(s, kind, api, stack, addr, room_for),
     }
+}
+
+#[cold]
+#[inline(never)]
+fn publish_library_release(s: &ThreadState, kind: EventKind, api: Api, stack: u32, addr: u64, room_for: u64) -> bool {
+    let stack = if stack == 0 { event::INTERNAL_FREE } else { stack };
+    let done = channel::try_publish(s, kind, api, stack, addr, 0, room_for);
+    if !done {
+        RELEASES_DROPPED.fetch_add(1, Ordering::Relaxed);
+    }
+    done
 }
 
 #[inline]
 pub fn record_free(addr: usize) {
-    releasing(|s, who| {
-        publish_release(s, who, EventKind::Free, Api::Malloc, 0, addr as u64, 1);
+    releasing(|s, who| match who {
+        Releaser::Program => publish(s, EventKind::Free, Api::Malloc, 0, addr as u64, 0),
+        Releaser::Library => {
+            publish_library_release(s, EventKind::Free, Api::Malloc, 0, addr as u64, 1);
+        }
     });
 }
 

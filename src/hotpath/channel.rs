@@ -291,20 +291,27 @@ fn my_ring(state: &ThreadState) -> Option<&'static ThreadRing> {
 
 /// Publishes one event from the calling thread, whose state `state` is. `help` is
 /// called while the ring is full; it should drain (it must not block indefinitely).
-#[inline]
+#[inline(always)]
 pub fn publish(state: &ThreadState, kind: EventKind, api: Api, stack: u32, addr: u64, size: u64, help: impl FnMut()) {
-    let Some(mut ring) = my_ring(state) else { return };
-    let mut t = ring.producer.0.tail.load(Ordering::Relaxed);
-    if t >= ring.producer.0.check_at.load(Ordering::Relaxed) {
-        match make_room(state, ring, t, 0, Some(help)) {
-            Room::Ready => {}
-            Room::Moved(larger) => {
-                ring = larger;
-                t = ring.producer.0.tail.load(Ordering::Relaxed);
-            }
-            Room::Closed | Room::Full => return,
-        }
+    let Some(ring) = my_ring(state) else { return };
+    let t = ring.producer.0.tail.load(Ordering::Relaxed);
+    if t < ring.producer.0.check_at.load(Ordering::Relaxed) {
+        write_event(ring, t, kind, api, stack, addr, size);
+    } else {
+        publish_at_check(state, ring, t, kind, api, stack, addr, size, help);
     }
+}
+
+/// `publish` past the check position: makes room (`make_room`) first.
+#[cold]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn publish_at_check(state: &ThreadState, ring: &'static ThreadRing, t: u64, kind: EventKind, api: Api, stack: u32, addr: u64, size: u64, help: impl FnMut()) {
+    let (ring, t) = match make_room(state, ring, t, 0, Some(help)) {
+        Room::Ready => (ring, t),
+        Room::Moved(larger) => (larger, larger.producer.0.tail.load(Ordering::Relaxed)),
+        Room::Closed | Room::Full => return,
+    };
     write_event(ring, t, kind, api, stack, addr, size);
 }
 
