@@ -114,6 +114,9 @@ pub struct Analysis {
     pub leaked_bytes: u64,
     pub leaked_blocks: u64,
     pub processes: Vec<ProcessAnalysis>,
+    /// The view across the ranks of a distributed job (`ranks`): absent outside one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ranks: Option<crate::ranks::RankView>,
 }
 
 impl Analysis {
@@ -131,108 +134,147 @@ pub fn sat_add(a: u64, b: u64) -> u64 {
 }
 
 pub fn analyze(reports: &[Report], filters: &Filters) -> Analysis {
+    let mut ranks = crate::ranks::RankViewBuilder::default();
     let processes: Vec<ProcessAnalysis> = reports
         .iter()
         .map(|r| {
-            let mut leaks = Vec::new();
-            let (mut suppressed_groups, mut suppressed_bytes) = (0, 0);
-            let (mut reachable_groups, mut reachable_bytes) = (0, 0);
-            let (mut cached_groups, mut cached_bytes) = (0, 0);
-            let applied = filters.suppressions.as_ref().map(|s| s.apply_to_groups(&r.leaks));
-            for (i, g) in r.leaks.iter().enumerate() {
-                // Sampled Python objects are the interpreter's to free: their growth
-                // counts (below), never a leak.
-                if g.kind == "python" {
-                    continue;
-                }
-                // What a caching allocator holds at exit is its cache (docs/report-format.md).
-                if g.cached_by.is_some() && !filters.include_cached {
-                    cached_groups += 1;
-                    cached_bytes = sat_add(cached_bytes, g.bytes);
-                    continue;
-                }
-                // A suppressed leak takes the indirect leaks that hang from it along.
-                let mut g = g.clone();
-                if let (Some(a), Some(r)) = (&applied, g.reachability.as_mut()) {
-                    let (bytes, blocks) = a.hidden_indirect[i];
-                    suppressed_bytes = sat_add(suppressed_bytes, bytes.min(r.indirect.bytes));
-                    r.indirect.bytes -= bytes.min(r.indirect.bytes);
-                    r.indirect.blocks -= blocks.min(r.indirect.blocks);
-                }
-                // With a pointer scan, what a root still reaches is not a leak (LSan).
-                let g = &match (g.reachability, filters.include_reachable) {
-                    (Some(reach), false) => {
-                        reachable_bytes = sat_add(reachable_bytes, reach.reachable.bytes);
-                        let mut counted = g.clone();
-                        counted.bytes = sat_add(reach.definite.bytes, reach.indirect.bytes);
-                        counted.blocks = sat_add(reach.definite.blocks, reach.indirect.blocks);
-                        if counted.blocks == 0 {
-                            reachable_groups += 1;
-                            continue;
-                        }
-                        counted
-                    }
-                    _ => g.clone(),
-                };
-                if applied.as_ref().is_some_and(|a| a.suppressed[i]) {
-                    suppressed_groups += 1;
-                    suppressed_bytes = sat_add(suppressed_bytes, g.bytes);
-                    continue;
-                }
-                if g.bytes < filters.min_bytes {
-                    continue;
-                }
-                leaks.push(g.clone());
-            }
-            let growth = growth::detect(r, filters.growth_min_bytes)
-                .into_iter()
-                .filter(|gr| {
-                    let as_group = Group { stack: gr.stack.clone(), ..Default::default() };
-                    filters.suppressions.as_ref().and_then(|s| s.matching_group(&as_group)).is_none()
-                })
-                .collect();
-            let memory_points = memory_points(r);
-            let mut memory_findings: Vec<MemoryFinding> =
-                leaktrace_common::memory::explain(&memory_points, r.fork.forked_from_pid.is_some()).into_iter().map(Into::into).collect();
-            memory_findings.extend(r.memory.iter().flat_map(|m| m.devices.iter()).filter_map(cuda_cache_finding));
-            ProcessAnalysis {
-                memory: r.memory.clone(),
-                memory_findings,
-                memory_points,
-                label: r.label(),
-                pid: r.pid,
-                exe: r.exe.clone(),
-                reason: r.reason.to_string(),
-                file: r.path.display().to_string(),
-                forked_from_pid: r.fork.forked_from_pid,
-                switched_on_unix_ms: r.fork.switched_on_unix_ms,
-                before_switch_bytes: r.fork.switched_on_unix_ms.map(|_| r.fork.inherited_live_bytes),
-                rank: r.launch.rank,
-                local_rank: r.launch.local_rank,
-                world_size: r.launch.world_size,
-                host: (r.launch.rank.is_some() || r.launch.launcher).then(|| r.launch.host.clone()).filter(|h| !h.is_empty()),
-                leaked_bytes: leaks.iter().map(|g| g.bytes).fold(r.summary.omitted.leaked_bytes, sat_add),
-                leaked_blocks: leaks.iter().map(|g| g.blocks).fold(r.summary.omitted.leaked_blocks, sat_add),
-                unlisted_groups: r.summary.omitted.groups,
-                unlisted_bytes: r.summary.omitted.leaked_bytes,
-                suppressed_groups,
-                suppressed_bytes,
-                reachable_bytes,
-                reachable_groups,
-                cached_bytes,
-                cached_groups,
-                suppressions_used: applied.map(|a| a.used).unwrap_or_default(),
-                leaks,
-                growth,
-                checks: r.checks.clone(),
-                why_reachable: r.why_reachable.clone(),
-            }
+            let p = analyze_one(r, filters);
+            ranks.add(r, &p);
+            p
         })
         .collect();
-    Analysis {
-        schema: "leaktrace-analysis/1",
-        leaked_bytes: processes.iter().map(|p| p.leaked_bytes).fold(0, sat_add),
-        leaked_blocks: processes.iter().map(|p| p.leaked_blocks).fold(0, sat_add),
-        processes,
+    Analysis::of(processes, ranks)
+}
+
+/// An analysis being made one report at a time (`add`), none of them kept: what `report`
+/// and `check` use over a job's many reports.
+#[derive(Default)]
+pub struct Streamed {
+    processes: Vec<(u64, u32, ProcessAnalysis)>,
+    ranks: crate::ranks::RankViewBuilder,
+}
+
+impl Streamed {
+    pub fn add(&mut self, r: &Report, filters: &Filters) {
+        let p = analyze_one(r, filters);
+        self.ranks.add(r, &p);
+        self.processes.push((r.started_unix_ms, r.pid, p));
+    }
+
+    /// The analysis, processes in the order `model::load` gives their reports.
+    pub fn finish(mut self) -> Analysis {
+        self.processes.sort_by_key(|(started, pid, _)| (*started, *pid));
+        Analysis::of(self.processes.into_iter().map(|(_, _, p)| p).collect(), self.ranks)
+    }
+}
+
+impl Analysis {
+    fn of(processes: Vec<ProcessAnalysis>, ranks: crate::ranks::RankViewBuilder) -> Analysis {
+        // The view across ranks, for a job of several (or one rank of several).
+        let view = (!ranks.is_empty()).then(|| ranks.finish()).filter(|v| v.ranks.len() > 1 || v.world_size.is_some_and(|n| n > 1));
+        Analysis {
+            schema: "leaktrace-analysis/1",
+            leaked_bytes: processes.iter().map(|p| p.leaked_bytes).fold(0, sat_add),
+            leaked_blocks: processes.iter().map(|p| p.leaked_blocks).fold(0, sat_add),
+            processes,
+            ranks: view,
+        }
+    }
+}
+
+/// One process's analysis.
+pub fn analyze_one(r: &Report, filters: &Filters) -> ProcessAnalysis {
+    let mut leaks = Vec::new();
+    let (mut suppressed_groups, mut suppressed_bytes) = (0, 0);
+    let (mut reachable_groups, mut reachable_bytes) = (0, 0);
+    let (mut cached_groups, mut cached_bytes) = (0, 0);
+    let applied = filters.suppressions.as_ref().map(|s| s.apply_to_groups(&r.leaks));
+    for (i, g) in r.leaks.iter().enumerate() {
+        // Sampled Python objects are the interpreter's to free: their growth
+        // counts (below), never a leak.
+        if g.kind == "python" {
+            continue;
+        }
+        // What a caching allocator holds at exit is its cache (docs/report-format.md).
+        if g.cached_by.is_some() && !filters.include_cached {
+            cached_groups += 1;
+            cached_bytes = sat_add(cached_bytes, g.bytes);
+            continue;
+        }
+        // A suppressed leak takes the indirect leaks that hang from it along.
+        let mut g = g.clone();
+        if let (Some(a), Some(r)) = (&applied, g.reachability.as_mut()) {
+            let (bytes, blocks) = a.hidden_indirect[i];
+            suppressed_bytes = sat_add(suppressed_bytes, bytes.min(r.indirect.bytes));
+            r.indirect.bytes -= bytes.min(r.indirect.bytes);
+            r.indirect.blocks -= blocks.min(r.indirect.blocks);
+        }
+        // With a pointer scan, what a root still reaches is not a leak (LSan).
+        let g = &match (g.reachability, filters.include_reachable) {
+            (Some(reach), false) => {
+                reachable_bytes = sat_add(reachable_bytes, reach.reachable.bytes);
+                let mut counted = g.clone();
+                counted.bytes = sat_add(reach.definite.bytes, reach.indirect.bytes);
+                counted.blocks = sat_add(reach.definite.blocks, reach.indirect.blocks);
+                if counted.blocks == 0 {
+                    reachable_groups += 1;
+                    continue;
+                }
+                counted
+            }
+            _ => g.clone(),
+        };
+        if applied.as_ref().is_some_and(|a| a.suppressed[i]) {
+            suppressed_groups += 1;
+            suppressed_bytes = sat_add(suppressed_bytes, g.bytes);
+            continue;
+        }
+        if g.bytes < filters.min_bytes {
+            continue;
+        }
+        leaks.push(g.clone());
+    }
+    let growth = growth::detect(r, filters.growth_min_bytes)
+        .into_iter()
+        .filter(|gr| {
+            let as_group = Group { stack: gr.stack.clone(), ..Default::default() };
+            filters.suppressions.as_ref().and_then(|s| s.matching_group(&as_group)).is_none()
+        })
+        .collect();
+    let memory_points = memory_points(r);
+    let mut memory_findings: Vec<MemoryFinding> =
+        leaktrace_common::memory::explain(&memory_points, r.fork.forked_from_pid.is_some()).into_iter().map(Into::into).collect();
+    memory_findings.extend(r.memory.iter().flat_map(|m| m.devices.iter()).filter_map(cuda_cache_finding));
+    ProcessAnalysis {
+        memory: r.memory.clone(),
+        memory_findings,
+        memory_points,
+        label: r.label(),
+        pid: r.pid,
+        exe: r.exe.clone(),
+        reason: r.reason.to_string(),
+        file: r.path.display().to_string(),
+        forked_from_pid: r.fork.forked_from_pid,
+        switched_on_unix_ms: r.fork.switched_on_unix_ms,
+        before_switch_bytes: r.fork.switched_on_unix_ms.map(|_| r.fork.inherited_live_bytes),
+        rank: r.launch.rank,
+        local_rank: r.launch.local_rank,
+        world_size: r.launch.world_size,
+        host: (r.launch.rank.is_some() || r.launch.launcher).then(|| r.launch.host.clone()).filter(|h| !h.is_empty()),
+        leaked_bytes: leaks.iter().map(|g| g.bytes).fold(r.summary.omitted.leaked_bytes, sat_add),
+        leaked_blocks: leaks.iter().map(|g| g.blocks).fold(r.summary.omitted.leaked_blocks, sat_add),
+        unlisted_groups: r.summary.omitted.groups,
+        unlisted_bytes: r.summary.omitted.leaked_bytes,
+        suppressed_groups,
+        suppressed_bytes,
+        reachable_bytes,
+        reachable_groups,
+        cached_bytes,
+        cached_groups,
+        suppressions_used: applied.map(|a| a.used).unwrap_or_default(),
+        leaks,
+        growth,
+        checks: r.checks.clone(),
+        why_reachable: r.why_reachable.clone(),
     }
 }

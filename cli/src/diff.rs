@@ -44,7 +44,7 @@ fn holder_change(base: &Group, new: &Group) -> Option<(String, String)> {
 
 /// A frame as a group's identity sees it: the function and its line (two leaks in one
 /// function at two lines are two groups, as `run` and `check` show them).
-fn frame_key(f: &Frame) -> String {
+pub fn frame_key(f: &Frame) -> String {
     let place = match (&f.file, f.line) {
         (Some(file), Some(line)) => format!(" {file}:{line}"),
         _ => String::new(),
@@ -122,6 +122,72 @@ pub fn diff(base: &Analysis, new: &Analysis) -> Vec<Change> {
         }
     }
     out.sort_by(|x, y| y.new_bytes.abs_diff(y.base_bytes).cmp(&x.new_bytes.abs_diff(x.base_bytes)).then(x.status.cmp(y.status)));
+    out
+}
+
+/// A stack or Python line whose growth differs between two runs (or two ranks).
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct GrowthChange {
+    /// `starts_growing` (grows only in NEW), `stops_growing` (only in BASE),
+    /// `grows_faster`, `grows_slower` (by a quarter or more, and 1 KiB).
+    pub status: &'static str,
+    /// Always true: tells these entries from leak groups' in `diff --format json`.
+    pub growth: bool,
+    pub kind: String,
+    pub api: String,
+    pub base_grown_bytes: u64,
+    pub new_grown_bytes: u64,
+    pub stack: Vec<Frame>,
+}
+
+fn growth_key(api: &str, stack: &[Frame]) -> String {
+    let mut k = api.to_string();
+    for f in stack {
+        k.push('|');
+        k.push_str(&frame_key(f));
+    }
+    k
+}
+
+fn collect_growth(a: &Analysis) -> BTreeMap<String, (crate::growth::Growth, u64)> {
+    let mut m: BTreeMap<String, (crate::growth::Growth, u64)> = BTreeMap::new();
+    for p in &a.processes {
+        for g in &p.growth {
+            let e = m.entry(growth_key(&g.api, &g.stack)).or_insert_with(|| (g.clone(), 0));
+            e.1 = e.1.saturating_add(g.grown_bytes);
+        }
+    }
+    m
+}
+
+/// Growth from `base` to `new`: stacks and lines that start or stop growing, or grow by a
+/// quarter more or less; largest change first.
+pub fn diff_growth(base: &Analysis, new: &Analysis) -> Vec<GrowthChange> {
+    let (b, n) = (collect_growth(base), collect_growth(new));
+    let change = |status, g: &crate::growth::Growth, base_grown_bytes, new_grown_bytes| GrowthChange {
+        status,
+        growth: true,
+        kind: g.kind.clone(),
+        api: g.api.clone(),
+        base_grown_bytes,
+        new_grown_bytes,
+        stack: g.stack.clone(),
+    };
+    let mut out = Vec::new();
+    for (key, (g, nb)) in &n {
+        match b.get(key) {
+            None => out.push(change("starts_growing", g, 0, *nb)),
+            Some((_, bb)) if nb.abs_diff(*bb) >= 1024 && *nb >= bb.saturating_add(bb / 4) => out.push(change("grows_faster", g, *bb, *nb)),
+            Some((_, bb)) if nb.abs_diff(*bb) >= 1024 && nb.saturating_add(nb / 4) <= *bb => out.push(change("grows_slower", g, *bb, *nb)),
+            Some(_) => {}
+        }
+    }
+    for (key, (g, bb)) in &b {
+        if !n.contains_key(key) {
+            out.push(change("stops_growing", g, *bb, 0));
+        }
+    }
+    out.sort_by(|x, y| y.new_grown_bytes.abs_diff(y.base_grown_bytes).cmp(&x.new_grown_bytes.abs_diff(x.base_grown_bytes)).then(x.status.cmp(y.status)));
     out
 }
 
@@ -209,5 +275,33 @@ mod tests {
         let analyse = |groups| crate::analyze::analyze(&[Report { leaks: groups, ..Default::default() }], &with);
         let d = diff(&analyse(vec![scanned(0, 5000)]), &analyse(vec![scanned(1000, 6777)]));
         assert_eq!((d[0].status, d[0].base_bytes, d[0].new_bytes), ("grew", 5000, 7777));
+    }
+
+    #[test]
+    fn growth_that_starts_stops_or_changes_by_a_quarter_is_told() {
+        let g = |line: u32, grown: u64| crate::growth::Growth {
+            kind: "all".into(),
+            api: crate::growth::PYTHON_LINE.into(),
+            stack_id: 0,
+            first_bytes: 0,
+            last_bytes: grown,
+            grown_bytes: grown,
+            bytes_per_minute: 0,
+            points: 10,
+            stack: vec![Frame { function: Some("step".into()), file: Some("train.py".into()), line: Some(line), ..Default::default() }],
+            cached_by: None,
+            held_by: vec![],
+            also_held_by: None,
+        };
+        let side = |gs: Vec<crate::growth::Growth>| {
+            let mut a = run(vec![]);
+            a.processes[0].growth = gs;
+            a
+        };
+        let base = side(vec![g(1, 10 << 20), g(2, 10 << 20), g(3, 10 << 20), g(4, 10 << 20)]);
+        let new = side(vec![g(1, 10 << 20), g(2, 20 << 20), g(3, 2 << 20), g(5, 1 << 20)]);
+        let st: Vec<(&str, u32)> = diff_growth(&base, &new).iter().map(|c| (c.status, c.stack[0].line.unwrap())).collect();
+        assert_eq!(st, vec![("grows_faster", 2), ("stops_growing", 4), ("grows_slower", 3), ("starts_growing", 5)]);
+        assert!(diff_growth(&base, &base).is_empty());
     }
 }

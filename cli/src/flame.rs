@@ -113,6 +113,7 @@ mod tests {
                 checks: vec![],
                 why_reachable: vec![],
             }],
+            ranks: None,
         }
     }
 

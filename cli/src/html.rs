@@ -188,7 +188,8 @@ table{border-collapse:collapse;width:100%}th,td{border-bottom:1px solid #ddd;pad
 th{cursor:pointer;background:#f4f4f4;user-select:none}th.num,td.num{text-align:right}th[data-dir=asc]::after{content:' \\25B2'}\
 th[data-dir=desc]::after{content:' \\25BC'}ol.stack{margin:4px 0 4px 18px;padding:0;font-size:12px}.mod{color:#888}\
 .legend{list-style:none;padding:0;font-size:12px}.legend li{display:inline-block;margin-right:14px}\
-.legend span{display:inline-block;width:10px;height:10px;margin-right:4px}summary{cursor:pointer}";
+.legend span{display:inline-block;width:10px;height:10px;margin-right:4px}summary{cursor:pointer}\
+.ranks{overflow-x:auto}.ranks table{width:auto}.ranks td{text-align:right;white-space:nowrap}td.worst{background:#fde2e1;font-weight:bold}";
 
 /// Sorting by column; `#sort=<column>-<asc|desc>` in the URL sorts on load (used by tests).
 const SCRIPT: &str = "function sortBy(th,dir){const t=th.closest('table'),b=t.tBodies[0],i=th.cellIndex,num=th.classList.contains('num');\
@@ -224,6 +225,9 @@ fn held_html(links: &[leaktrace_common::report_schema::HeldLink], also: Option<&
 pub fn page(a: &Analysis, reports: &[Report]) -> String {
     let mut body =
         format!("<h1>leaktrace: {} leaked in {} allocation(s) across {} process(es)</h1>", human_bytes(a.leaked_bytes), a.leaked_blocks, a.processes.len());
+    if let Some(v) = &a.ranks {
+        body.push_str(&crate::ranks::html(v, esc));
+    }
     body.push_str("<h2>Live memory over time</h2>");
     for (i, (p, r)) in a.processes.iter().zip(reports).enumerate() {
         body.push_str(&format!("<h3>{}</h3>{}", esc(&p.label), chart(r, i)));

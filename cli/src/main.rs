@@ -12,6 +12,7 @@ mod growth;
 mod html;
 mod model;
 mod pprof;
+mod ranks;
 mod render;
 mod run;
 
@@ -204,6 +205,13 @@ struct DiffArgs {
     /// Exit with 23 when NEW has new or grown leak groups.
     #[arg(long)]
     fail_on_new: bool,
+    /// Compare only the processes of this rank in BASE (its workers included): with
+    /// --new-rank, two ranks of one job (`leaktrace diff --base-rank 0 --new-rank 1 DIR DIR`).
+    #[arg(long, value_name = "N")]
+    base_rank: Option<u32>,
+    /// Compare only the processes of this rank in NEW.
+    #[arg(long, value_name = "N")]
+    new_rank: Option<u32>,
     #[command(flatten)]
     filters: FilterArgs,
 }
@@ -249,6 +257,10 @@ struct CheckArgs {
     /// Also fail on stacks that grew steadily during the run.
     #[arg(long)]
     fail_on_growth: bool,
+    /// Also fail when a rank of a distributed job left no final report (killed by the
+    /// OOM killer or a timeout, crashed) or no report at all (below its world size).
+    #[arg(long)]
+    fail_on_missing_rank: bool,
     /// Also fail when a part of a process's memory grew by more than SIZE in the
     /// second half of its run (from its middle to its peak); repeatable. PART is one
     /// of rss, heap_live, heap_free, heap_other, python_objects, python_free, static_data, mmap,
@@ -318,8 +330,28 @@ fn load_all(paths: &[PathBuf]) -> Result<Vec<model::Report>, Fail> {
     Ok(all)
 }
 
+/// The analysis of every report under `paths`, read one at a time and dropped once
+/// analysed (a job's hundreds of ranks are never held at once).
+fn analyze_all(paths: &[PathBuf], filters: &Filters) -> Result<Analysis, Fail> {
+    let mut streamed = analyze::Streamed::default();
+    for p in paths {
+        model::each_report(p, &mut |r| streamed.add(&r, filters)).map_err(usage)?;
+    }
+    Ok(streamed.finish())
+}
+
+/// The formats that read the reports themselves, not only their analysis.
+fn needs_reports(format: Format) -> bool {
+    matches!(format, Format::Html | Format::Pprof)
+}
+
 fn cmd_report(args: &ReportArgs) -> Result<u8, Fail> {
     let filters = filters(&args.filters)?;
+    if !needs_reports(args.format) {
+        let a = analyze_all(&args.paths, &filters)?;
+        print!("{}", render(&a, &[], args.format, args.top)?);
+        return Ok(0);
+    }
     let reports = load_all(&args.paths)?;
     if matches!(args.format, Format::Pprof) {
         // SAFETY: isatty on a file descriptor number.
@@ -337,9 +369,12 @@ fn cmd_report(args: &ReportArgs) -> Result<u8, Fail> {
 
 fn cmd_check(args: &CheckArgs) -> Result<u8, Fail> {
     let filters = filters(&args.filters)?;
-    let reports = load_all(&args.paths)?;
-    let a = analyze::analyze(&reports, &filters);
-    print!("{}", render(&a, &reports, args.format.into(), args.top)?);
+    let a = analyze_all(&args.paths, &filters)?;
+    print!("{}", render(&a, &[], args.format.into(), args.top)?);
+    let missing = args.fail_on_missing_rank && a.ranks.as_ref().is_some_and(|v| v.missing_ranks());
+    if missing {
+        eprintln!("leaktrace: --fail-on-missing-rank: a rank left no final report (see Ranks above)");
+    }
     let mut over = false;
     for p in &a.processes {
         for (part, limit) in &args.max_growth {
@@ -358,18 +393,42 @@ fn cmd_check(args: &CheckArgs) -> Result<u8, Fail> {
             }
         }
     }
-    let failing = a.has_findings() || (args.fail_on_growth && a.growing() > 0) || over;
+    let failing = a.has_findings() || (args.fail_on_growth && a.growing() > 0) || over || missing;
     Ok(if failing { args.exit_code } else { 0 })
 }
 
 fn cmd_diff(args: &DiffArgs) -> Result<u8, Fail> {
     let filters = filters(&args.filters)?;
-    let base = load_all(std::slice::from_ref(&args.base))?;
-    let new = load_all(std::slice::from_ref(&args.new))?;
-    let changes = diff::diff(&analyze::analyze(&base, &filters), &analyze::analyze(&new, &filters));
+    let side = |path: &PathBuf, rank: Option<u32>, which: &str| -> Result<Analysis, Fail> {
+        let mut a = analyze_all(std::slice::from_ref(path), &filters)?;
+        if let Some(rank) = rank {
+            a.processes.retain(|p| p.rank == Some(rank));
+            if a.processes.is_empty() {
+                return Err(usage(format!(
+                    "{} holds no report of rank {rank} (--{which}-rank); `leaktrace report {}` lists the ranks",
+                    path.display(),
+                    path.display()
+                )));
+            }
+            a.leaked_bytes = a.processes.iter().map(|p| p.leaked_bytes).fold(0, analyze::sat_add);
+            a.leaked_blocks = a.processes.iter().map(|p| p.leaked_blocks).fold(0, analyze::sat_add);
+        }
+        Ok(a)
+    };
+    let (base, new) = (side(&args.base, args.base_rank, "base")?, side(&args.new, args.new_rank, "new")?);
+    let changes = diff::diff(&base, &new);
+    let growth = diff::diff_growth(&base, &new);
     match args.format {
-        DiffFormat::Json => println!("{}", serde_json::to_string_pretty(&changes).unwrap_or_default()),
-        DiffFormat::Text => print!("{}", render::diff_text(&changes, args.top, filters.include_reachable)),
+        DiffFormat::Json => {
+            // The leak groups' changes, then the growth's (each with "growth": true).
+            let mut all: Vec<serde_json::Value> = changes.iter().filter_map(|c| serde_json::to_value(c).ok()).collect();
+            all.extend(growth.iter().filter_map(|g| serde_json::to_value(g).ok()));
+            println!("{}", serde_json::to_string_pretty(&all).unwrap_or_default())
+        }
+        DiffFormat::Text => {
+            print!("{}", render::diff_text(&changes, args.top, filters.include_reachable));
+            print!("{}", render::growth_diff_text(&growth, args.top));
+        }
     }
     let worse = changes.iter().any(|c| c.status == "new" || c.status == "grew");
     Ok(if args.fail_on_new && worse { LEAK_EXIT } else { 0 })

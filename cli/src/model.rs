@@ -152,21 +152,51 @@ pub fn load_with(path: &Path, skipped: &mut dyn FnMut(&str)) -> Result<Vec<Repor
         return Err(format!("{} holds no leaktrace.*.json reports; was the program run under leaktrace?", path.display()));
     }
     let mut reports = Vec::with_capacity(files.len());
+    read_each(path, &files, skipped, &mut |r| reports.push(r))?;
+    reports.sort_by_key(|r| (r.started_unix_ms, r.pid));
+    Ok(reports)
+}
+
+/// Reads `files` (those of `path`) one at a time into `each`, none kept: an error only
+/// if none can be read.
+fn read_each(path: &Path, files: &[PathBuf], skipped: &mut dyn FnMut(&str), each: &mut dyn FnMut(Report)) -> Result<(), String> {
+    let mut read = 0usize;
     let mut first_error = None;
-    for f in &files {
+    for f in files {
         match load_file(f) {
-            Ok(r) => reports.push(r),
+            Ok(r) => {
+                read += 1;
+                each(r);
+            }
             Err(e) => {
                 skipped(&e);
                 first_error.get_or_insert(e);
             }
         }
     }
-    if reports.is_empty() {
+    if read == 0 {
         return Err(first_error.unwrap_or_else(|| format!("{} holds no readable report", path.display())));
     }
-    reports.sort_by_key(|r| (r.started_unix_ms, r.pid));
-    Ok(reports)
+    Ok(())
+}
+
+/// Every report under `path` (a file, or a directory or tree of them), handed to `each`
+/// one at a time in file-name order and dropped after it: a job's hundreds of reports
+/// are never all held at once. The same files and errors as `load`.
+pub fn each_report(path: &Path, each: &mut dyn FnMut(Report)) -> Result<(), String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot open {} ({e}); give a report file or a directory of reports", path.display()))?;
+    if !meta.is_dir() {
+        each(load_file(path)?);
+        return Ok(());
+    }
+    std::fs::read_dir(path).map_err(|e| format!("cannot list {} ({e})", path.display()))?;
+    let mut files: Vec<PathBuf> = Vec::new();
+    report_files(path, TREE_DEPTH, &mut files);
+    files.sort_by(|a, b| a.file_name().cmp(&b.file_name()).then_with(|| a.cmp(b)));
+    if files.is_empty() {
+        return Err(format!("{} holds no leaktrace.*.json reports; was the program run under leaktrace?", path.display()));
+    }
+    read_each(path, &files, &mut |skipped| eprintln!("leaktrace: skipped: {skipped}"), each)
 }
 
 #[cfg(test)]

@@ -276,6 +276,9 @@ pub fn text(a: &Analysis, top: usize) -> String {
     }
     let findings: usize = a.processes.iter().map(|p| p.memory_findings.len()).sum();
     let memory = if findings > 0 { format!("; {findings} memory finding(s)") } else { String::new() };
+    if let Some(v) = &a.ranks {
+        out.push_str(&crate::ranks::text(v, top));
+    }
     out.push_str(&format!(
         "TOTAL: {} byte(s) leaked in {} allocation(s) across {} process(es); {} growing stack(s){memory}.\n",
         a.leaked_bytes,
@@ -333,6 +336,9 @@ pub fn markdown(a: &Analysis, top: usize) -> String {
             p.suppressed_groups,
             p.growth.len()
         ));
+    }
+    if let Some(v) = &a.ranks {
+        out.push_str(&crate::ranks::markdown(v, top));
     }
     for p in &a.processes {
         let leaking_checks: Vec<&crate::model::Check> = p.checks.iter().filter(|c| c.leaked_blocks() > 0).collect();
@@ -422,6 +428,37 @@ pub fn markdown(a: &Analysis, top: usize) -> String {
 
 pub fn json(a: &Analysis) -> String {
     serde_json::to_string_pretty(a).unwrap_or_default() + "\n"
+}
+
+/// The growth part of `diff`: stacks and lines that start or stop growing, or grow
+/// faster or slower; nothing when none does.
+pub fn growth_diff_text(changes: &[crate::diff::GrowthChange], top: usize) -> String {
+    let mut out = String::new();
+    if changes.is_empty() {
+        return out;
+    }
+    for c in changes.iter().take(top) {
+        let what = if c.api == crate::growth::PYTHON_LINE { "under this line".to_string() } else { format!("from {} ({})", c.api, c.kind) };
+        out.push_str(&format!(
+            "\n{}: grew {} -> {} {what}:\n",
+            c.status.replace('_', " ").to_uppercase(),
+            human_bytes(c.base_grown_bytes),
+            human_bytes(c.new_grown_bytes)
+        ));
+        stack_text(&mut out, &c.stack);
+    }
+    if changes.len() > top {
+        out.push_str(&format!("\n... {} more growth change(s); --top N shows more\n", changes.len() - top));
+    }
+    let count = |s: &str| changes.iter().filter(|c| c.status == s).count();
+    out.push_str(&format!(
+        "\nGROWTH: {} start growing, {} grow faster, {} grow slower, {} stop growing.\n",
+        count("starts_growing"),
+        count("grows_faster"),
+        count("grows_slower"),
+        count("stops_growing")
+    ));
+    out
 }
 
 pub fn diff_text(changes: &[Change], top: usize, include_reachable: bool) -> String {

@@ -1290,6 +1290,68 @@ fn a_ddp_rank_keeping_a_tensor_per_step_is_held_by_its_module_list() {
     }
     let labels: Vec<&str> = a["processes"].as_array().unwrap().iter().filter_map(|p| p["label"].as_str()).collect();
     assert!(labels.iter().any(|l| l.contains(", launcher on ")), "{labels:?}");
+    // One view across the ranks (issue 54): rank 1 grows at that line, rank 0 does not.
+    assert_ranks_view(&a, &dir, 2, line);
+    // `diff` compares two ranks of the job, growth included.
+    let d = leaktrace(&["diff", "--base-rank", "0", "--new-rank", "1", "r", "r"], &dir);
+    assert!(d.status.success(), "{}", text(&d.stderr));
+    let said = text(&d.stdout);
+    assert!(said.contains("STARTS GROWING") && said.contains(&format!("ddp_keep.py:{line}")), "{said}");
+    let none = leaktrace(&["diff", "--base-rank", "7", "r", "r"], &dir);
+    assert_eq!(none.status.code(), Some(2));
+    assert!(text(&none.stderr).contains("no report of rank 7"), "{}", text(&none.stderr));
+}
+
+/// The view across ranks of a `ddp_keep.py` job of `world` ranks (rank 1 keeps a
+/// tensor per step at `line`): every rank listed with its final report, the line named
+/// as growing on rank 1 only, the other ranks flat or without that line, and the text
+/// saying so.
+fn assert_ranks_view(a: &Value, dir: &Path, world: u64, line: u64) {
+    let v = &a["ranks"];
+    assert_eq!(v["world_size"].as_u64(), Some(world), "{v:#}");
+    let ranks: Vec<u64> = v["ranks"].as_array().unwrap().iter().map(|r| r["rank"].as_u64().unwrap()).collect();
+    assert_eq!(ranks, (0..world).collect::<Vec<_>>(), "{v:#}");
+    assert!(v["ranks"].as_array().unwrap().iter().all(|r| r["final_report"] == true && r["peak_rss_bytes"].as_u64().unwrap() > 0), "{v:#}");
+    assert_eq!(v["without_final_report"].as_array().unwrap().len() + v["never_reported"].as_array().unwrap().len(), 0, "{v:#}");
+    assert_eq!(v["worst"]["growth"].as_u64(), Some(1), "{v:#}");
+    let kept = v["growth"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["api"] == "python line" && g["stack"][0]["line"] == line)
+        .unwrap_or_else(|| panic!("line {line} across ranks: {v:#}"));
+    assert_eq!(kept["grows_on"].as_array().unwrap().iter().map(|x| x[0].as_u64().unwrap()).collect::<Vec<_>>(), vec![1], "{kept:#}");
+    let others: Vec<u64> = ["flat_on", "absent_on"].iter().flat_map(|k| kept[*k].as_array().unwrap().iter().map(|x| x.as_u64().unwrap())).collect();
+    assert_eq!(others.len() as u64, world - 1, "{kept:#}");
+    let t = text(&leaktrace(&["report", "r"], dir).stdout);
+    assert!(t.contains(&format!("==== Ranks: {world} reported of {world}")), "{t}");
+    assert!(t.contains(&format!("(ddp_keep.py:{line}) grows on rank 1 only: ")), "{t}");
+}
+
+/// The same job on 4 ranks: the view names rank 1 and its line among four (issue 54).
+#[test]
+fn a_four_rank_job_names_the_one_rank_that_grows_and_its_line() {
+    let Some(python) = torch_python() else { return };
+    let torchrun = Path::new(&python).with_file_name("torchrun");
+    let _one_job = torch_job();
+    let dir = scratch("ddp-four");
+    let script = manifest().join("../tests/fixtures/frameworks/ddp_keep.py");
+    let out = Command::new(bin())
+        .args(["run", "--output", "r", "--"])
+        .arg(&torchrun)
+        .args(["--nproc_per_node=4", script.to_str().unwrap(), "80"])
+        .env_remove("PYTHONMALLOC")
+        .env("OMP_NUM_THREADS", "1")
+        .current_dir(&dir)
+        .bounded_output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let src = std::fs::read_to_string(&script).unwrap();
+    let line = src.lines().position(|l| l.ends_with("# KEEP")).unwrap() as u64 + 1;
+    let a: Value = serde_json::from_slice(&leaktrace(&["report", "--format", "json", "r"], &dir).stdout).unwrap();
+    assert_ranks_view(&a, &dir, 4, line);
+    // A CI gate on the ranks: all four wrote their final report.
+    assert_eq!(leaktrace(&["check", "--fail-on-missing-rank", "r"], &dir).status.code(), Some(0));
 }
 
 /// The rank of a process started by SLURM or an MPI launcher, from their variables,
@@ -1332,6 +1394,33 @@ fn slurm_and_mpi_variables_give_the_rank_in_the_report() {
     }
     let shown = text(&leaktrace(&["report", "tree"], &dir).stdout);
     assert!(shown.contains(&format!("rank 0/2 on {host}")) && shown.contains(&format!("rank 1/2 on {host}")), "{shown}");
+    // A second machine (a UTS namespace with another host name) writes rank 2 of 3 into
+    // the same tree; rank 3 never ran. The view across ranks names both hosts, and
+    // `check --fail-on-missing-rank` fails on the rank that left no report.
+    let unshare = Command::new("unshare").args(["--uts", "true"]).output();
+    if !unshare.is_ok_and(|o| o.status.success()) {
+        skip::not_here("a second host name needs `unshare --uts` (root, or CAP_SYS_ADMIN)");
+        return;
+    }
+    let other = Command::new("unshare")
+        .args(["--uts", "sh", "-c", "hostname lt-node-b && exec \"$0\" \"$@\""])
+        .arg(bin())
+        .args(["run", "--output", "tree/%h/%r", "--", prog.to_str().unwrap()])
+        .envs([("RANK", "2"), ("WORLD_SIZE", "4")])
+        .current_dir(&dir)
+        .bounded_output()
+        .unwrap();
+    assert!(text(&other.stderr).contains("rank 2/4 on lt-node-b"), "{}", text(&other.stderr));
+    assert_eq!(reports(&dir.join("tree/lt-node-b/2")).len(), 1);
+    let a: Value = serde_json::from_slice(&leaktrace(&["report", "--format", "json", "tree"], &dir).stdout).unwrap();
+    let hosts: Vec<&str> = a["ranks"]["ranks"].as_array().unwrap().iter().map(|r| r["host"].as_str().unwrap()).collect();
+    assert_eq!(hosts, vec![host.as_str(), host.as_str(), "lt-node-b"], "{:#}", a["ranks"]);
+    assert_eq!(a["ranks"]["never_reported"], serde_json::json!([3]), "{:#}", a["ranks"]);
+    assert_eq!(a["ranks"]["worst"]["leaks"].as_u64(), Some(0), "rank 0 leaks as much as the others; the lowest is named");
+    let gate = leaktrace(&["check", "--fail-on-missing-rank", "--min-bytes", "1000000000", "tree"], &dir);
+    assert_eq!(gate.status.code(), Some(23), "{}", text(&gate.stdout));
+    assert!(text(&gate.stdout).contains("No report at all from rank 3"), "{}", text(&gate.stdout));
+    assert_eq!(leaktrace(&["check", "--min-bytes", "1000000000", "tree"], &dir).status.code(), Some(0), "without the flag, missing ranks pass");
 }
 
 /// A list of NumPy arrays and an unbounded `lru_cache` of tensors (issue 52's proof): each
