@@ -882,6 +882,84 @@ pub fn inline_frames(report: &mut Value) -> Result<(), String> {
     Ok(())
 }
 
+impl Report<Indexed> {
+    /// The report with every stack's frames written out from its table: the frames'
+    /// names are shared (`Arc<str>`), so this costs a reference count per frame, where
+    /// `inline_frames` copies each frame's JSON object. `None` when a stack refers to a
+    /// frame the table does not have (`inline_frames` then says which).
+    pub fn inline(self) -> Option<Report<Inline>> {
+        let table = &self.frames;
+        let mut bad = false;
+        let mut stack = |ix: &Indexed| -> Inline {
+            ix.iter()
+                .map(|&i| {
+                    table.get(i as usize).cloned().unwrap_or_else(|| {
+                        bad = true;
+                        Frame::default()
+                    })
+                })
+                .collect()
+        };
+        let leaks: Vec<Group<Inline>> = self
+            .leaks
+            .iter()
+            .map(|g| {
+                let mut out = g.with_stack(stack(&g.stack));
+                out.held_by = g.held_by.iter().map(|l| l.map_stack(&mut stack)).collect();
+                out.also_held_by = g.also_held_by.as_ref().map(|o| o.map_stacks(&mut stack));
+                out
+            })
+            .collect();
+        let series = self
+            .timeline
+            .series
+            .iter()
+            .map(|s| Series {
+                kind: s.kind.clone(),
+                api: s.api.clone(),
+                stack_id: s.stack_id,
+                stack: s.stack.as_ref().map(&mut stack),
+                bytes: s.bytes.clone(),
+                held_by: s.held_by.iter().map(|l| l.map_stack(&mut stack)).collect(),
+                also_held_by: s.also_held_by.as_ref().map(|o| o.map_stacks(&mut stack)),
+            })
+            .collect();
+        let lines = self.timeline.lines.iter().map(|l| l.map_stacks(&mut stack)).collect();
+        let checks = self.checks.iter().map(|c| c.with_stacks(&mut stack)).collect();
+        let why_reachable = self.why_reachable.iter().map(|w| w.map_stacks(&mut stack)).collect();
+        if bad {
+            return None;
+        }
+        Some(Report {
+            schema: self.schema,
+            tool: self.tool,
+            pid: self.pid,
+            ppid: self.ppid,
+            exe: self.exe,
+            argv: self.argv,
+            reason: self.reason,
+            exit_signal: self.exit_signal,
+            no_final_report: self.no_final_report,
+            started_unix_ms: self.started_unix_ms,
+            written_unix_ms: self.written_unix_ms,
+            fork: self.fork,
+            launch: self.launch,
+            config: self.config,
+            summary: self.summary,
+            diagnostics: self.diagnostics,
+            scan: self.scan,
+            memory: self.memory,
+            timeline: Timeline { points: self.timeline.points, series, lines },
+            leaks,
+            checks,
+            checks_dropped: self.checks_dropped,
+            why_reachable,
+            path: self.path,
+            frames: self.frames,
+        })
+    }
+}
+
 fn is_default_launch(l: &crate::launch::Launch) -> bool {
     l.rank.is_none() && l.world_size.is_none() && l.local_rank.is_none() && !l.launcher && l.job.is_none()
 }
