@@ -1423,6 +1423,20 @@ fn slurm_and_mpi_variables_give_the_rank_in_the_report() {
     assert_eq!(leaktrace(&["check", "--min-bytes", "1000000000", "tree"], &dir).status.code(), Some(0), "without the flag, missing ranks pass");
 }
 
+/// A process given its rank after it started (Ray's workers; a script that sets `RANK`
+/// before `init_process_group`): the reports written after that know it (issue 54).
+#[test]
+fn a_rank_set_after_the_process_started_is_in_its_reports() {
+    let dir = scratch("late-rank");
+    let script = manifest().join("../tests/fixtures/frameworks/late_rank.py");
+    let out = Command::new(bin()).args(["run", "--output", "r", "--", "python3"]).arg(&script).current_dir(&dir).bounded_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("rank 3/4 on "), "{}", text(&out.stderr));
+    let a: Value = serde_json::from_slice(&leaktrace(&["report", "--format", "json", "r"], &dir).stdout).unwrap();
+    let p = a["processes"].as_array().unwrap().iter().find(|p| p["rank"].is_u64()).unwrap_or_else(|| panic!("no process with a rank: {a:#}"));
+    assert_eq!((p["rank"].as_u64(), p["local_rank"].as_u64(), p["world_size"].as_u64()), (Some(3), Some(1), Some(4)), "{p:#}");
+}
+
 /// A list of NumPy arrays and an unbounded `lru_cache` of tensors (issue 52's proof): each
 /// grows at its line, held by the container a user would clear, named as the script
 /// names it.

@@ -69,6 +69,11 @@ impl Launch {
         }
     }
 
+    /// Whether `name` is one of the variables a launch is read from.
+    pub fn reads(name: &[u8]) -> bool {
+        RANK.iter().chain(&LOCAL_RANK).chain(&WORLD_SIZE).chain(&JOB).chain(&RESTART).any(|n| n.as_bytes() == name)
+    }
+
     /// From the text of `/proc/PID/environ` (NUL-separated `NAME=value`).
     pub fn from_environ(environ: &[u8], argv: &[String], host: String) -> Launch {
         Launch::from_vars(|name| environ_var(environ, name), argv, host)

@@ -269,6 +269,7 @@ pub(super) fn write_report(reason: Reason) {
         return;
     }
     let now = process::unix_ms();
+    r.process.refresh_launch();
     r.timeline.record(now, &snapshot);
     r.timeline.note_memory(memory.clone());
     let mut groups = build::resolve_groups(&selected, &details, &mut r.symbolizer);

@@ -5,6 +5,7 @@
 //! across `chroot`), the program's unwind tables' pages, a file for an arena's written head. Nothing here imports from the stages.
 pub mod anchor;
 pub mod elf;
+pub mod environ;
 pub mod fds;
 pub mod image;
 pub mod loader;

@@ -16,7 +16,8 @@ pub struct ProcessInfo {
     /// Switched on from standby (`agent::standby`) at `started_unix_ms`.
     pub switched_on: bool,
     /// Rank, world size, host and job, from the environment the process started with
-    /// (`/proc/self/environ`: read from any thread without the C library's lock).
+    /// (`/proc/self/environ`: read from any thread without the C library's lock), or as
+    /// it is at a later report (`refresh_launch`).
     pub launch: leaktrace_common::launch::Launch,
     pub file_name: String,
 }
@@ -72,6 +73,20 @@ impl ProcessInfo {
             started_unix_ms: unix_ms(),
             forked_from,
             switched_on: false,
+        }
+    }
+
+    /// A process that started outside a job may be given its rank later (Ray's workers,
+    /// a script that sets `RANK` before `init_process_group`): until it has one, each
+    /// report reads the environment as it is now. A rank once found stays.
+    pub fn refresh_launch(&mut self) {
+        if self.launch.rank.is_some() || self.launch.launcher {
+            return;
+        }
+        let Some(now) = crate::os::environ::current(leaktrace_common::launch::Launch::reads) else { return };
+        let later = leaktrace_common::launch::Launch::from_environ(&now, &self.argv, self.launch.host.clone());
+        if later.rank.is_some() {
+            self.launch = later;
         }
     }
 
