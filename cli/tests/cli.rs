@@ -1339,7 +1339,7 @@ fn a_four_rank_job_names_the_one_rank_that_grows_and_its_line() {
     let out = Command::new(bin())
         .args(["run", "--output", "r", "--"])
         .arg(&torchrun)
-        .args(["--nproc_per_node=4", script.to_str().unwrap(), "80"])
+        .args(["--nproc_per_node=4", script.to_str().unwrap(), "160"])
         .env_remove("PYTHONMALLOC")
         .env("OMP_NUM_THREADS", "1")
         .current_dir(&dir)

@@ -70,8 +70,7 @@ pub fn in_use_chunks() -> Vec<(u64, u64)> {
     for r in regions(&maps).into_iter().flat_map(|r| outside(r, &ours)) {
         match r.kind {
             RegionKind::MainHeap => walk_with_retries(r.start, r.end, &mut out),
-            RegionKind::Anonymous if r.start % HEAP_MAX == 0 && non_main_heap(r, &mut out) => {}
-            RegionKind::Anonymous => mmapped_chunks(r, pagemap, &mut out),
+            RegionKind::Anonymous => anonymous(r, pagemap, &mut out),
         }
     }
     if pagemap >= 0 {
@@ -208,13 +207,39 @@ fn walk_with_retries(first: u64, end: u64, out: &mut Vec<(u64, u64)>) {
     out.extend(best);
 }
 
+/// The chunks of an anonymous writable mapping: the non-main heaps in it, each at a
+/// `HEAP_MAX` boundary (the kernel merges a heap's writable part with a writable
+/// mapping just below it, a thread's stack or another heap grown to its end, so a heap
+/// need not start the mapping: the full suite's allocator tests met one so, its heap
+/// missed), and the mmapped chunks in the rest.
+fn anonymous(r: Region, pagemap: i32, out: &mut Vec<(u64, u64)>) {
+    let mut at = r.start;
+    let mut boundary = r.start.next_multiple_of(HEAP_MAX);
+    while boundary < r.end {
+        match non_main_heap(Region { start: boundary, end: r.end, kind: r.kind }, out) {
+            Some(end) => {
+                if at < boundary {
+                    mmapped_chunks(Region { start: at, end: boundary, kind: r.kind }, pagemap, out);
+                }
+                at = end;
+                boundary = end.next_multiple_of(HEAP_MAX);
+            }
+            None => boundary += HEAP_MAX,
+        }
+    }
+    if at < r.end {
+        mmapped_chunks(Region { start: at, end: r.end, kind: r.kind }, pagemap, out);
+    }
+}
+
 /// A non-main arena's heap at `r.start`: its chunks, when its `heap_info` reads as one
 /// (`size` within the mapping) and a walk from some offset ends exactly at its end.
-fn non_main_heap(r: Region, out: &mut Vec<(u64, u64)>) -> bool {
+/// Returns that end.
+fn non_main_heap(r: Region, out: &mut Vec<(u64, u64)>) -> Option<u64> {
     let mut words = Words::new();
-    let Some(size) = words.get(r.start + 16) else { return false };
+    let size = words.get(r.start + 16)?;
     if !(PAGE..=HEAP_MAX).contains(&size) || r.start + size > r.end {
-        return false;
+        return None;
     }
     let end = r.start + size;
     for _ in 0..WALK_TRIES {
@@ -222,12 +247,12 @@ fn non_main_heap(r: Region, out: &mut Vec<(u64, u64)>) -> bool {
             let mut found = Vec::new();
             if walk(&mut words, first, end, &mut found) == Walked::Whole {
                 out.extend(found);
-                return true;
+                return Some(end);
             }
         }
         words = Words::new();
     }
-    false
+    None
 }
 
 /// The chunks that have a mapping of their own in `r` (the kernel merges neighbours with
@@ -311,6 +336,49 @@ mod tests {
                 Region { start: 0x7f0000000000, end: 0x7f0000021000, kind: RegionKind::Anonymous },
             ]
         );
+    }
+
+    /// A heap whose writable part the kernel merged with a writable mapping just below
+    /// it (a thread's stack, another heap grown to its end): the heap starts inside the
+    /// mapping, at a `HEAP_MAX` boundary, and is found there; the part before it is
+    /// looked at for mmapped chunks.
+    #[test]
+    fn a_heap_that_does_not_start_its_mapping_is_found_at_its_boundary() {
+        // SAFETY: a fresh reservation of our own, unmapped below; nothing else uses it.
+        let reserve = unsafe {
+            libc::mmap(std::ptr::null_mut(), (3 * HEAP_MAX) as usize, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0)
+        };
+        assert_ne!(reserve, libc::MAP_FAILED);
+        let boundary = (reserve as u64).next_multiple_of(HEAP_MAX) + HEAP_MAX;
+        let (start, heap_size) = (boundary - 4 * PAGE, 16 * PAGE);
+        // One writable mapping: four pages below the boundary, the heap's 16 above.
+        // SAFETY: inside the reservation made above.
+        let rw = unsafe {
+            libc::mmap(
+                start as *mut libc::c_void,
+                (4 * PAGE + heap_size) as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        assert_eq!(rw as u64, start);
+        let put = |addr: u64, v: u64| {
+            // SAFETY: inside the writable mapping made above, aligned.
+            unsafe { (addr as *mut u64).write(v) }
+        };
+        // heap_info: ar_ptr, prev, size; then chunks from +64: 96 in use, 48 in use, top.
+        put(boundary + 16, heap_size);
+        let first = boundary + 64;
+        put(first + 8, 96 | PREV_INUSE);
+        put(first + 96 + 8, 48 | PREV_INUSE);
+        put(first + 144 + 8, (heap_size - 64 - 144) | PREV_INUSE);
+        let mut out = Vec::new();
+        anonymous(Region { start, end: boundary + heap_size, kind: RegionKind::Anonymous }, -1, &mut out);
+        assert_eq!(out, vec![(first + 16, 88), (first + 96 + 16, 40)]);
+        // SAFETY: the reservation made above, whole.
+        unsafe { libc::munmap(reserve, (3 * HEAP_MAX) as usize) };
     }
 
     /// A walk over a heap laid out in this test's own memory: in-use and free chunks, a
