@@ -9,25 +9,13 @@
 //! that went away, and a string cut short or changed under the copy is only a wrong
 //! guess of a variable, never a crash. Not called under a seccomp filter (which may
 //! answer `process_vm_readv` with SIGSYS).
-use std::ffi::c_void;
-
 extern "C" {
     static environ: *const *const u8;
 }
 
 /// At most this many variables are looked at, and this many bytes of each.
-const MAX_VARS: usize = 4096;
+const MAX_VARS: u64 = 4096;
 const MAX_LEN: usize = 512;
-
-/// Copies `buf.len()` bytes from our own `from`; returns how many came.
-fn copy(from: usize, buf: &mut [u8]) -> usize {
-    let local = libc::iovec { iov_base: buf.as_mut_ptr() as *mut c_void, iov_len: buf.len() };
-    let remote = libc::iovec { iov_base: from as *mut c_void, iov_len: buf.len() };
-    // SAFETY: reads our own memory into `buf`, of exactly that length; the kernel checks
-    // the remote range and fails (or stops at the first unmapped page) rather than faulting.
-    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
-    n.max(0) as usize
-}
 
 /// The variables whose name `wanted` accepts, as `/proc/self/environ` holds them
 /// (`NAME=VALUE\0`...), from the environment as it is now. `None` where it cannot be read.
@@ -41,26 +29,25 @@ pub fn current(wanted: impl Fn(&[u8]) -> bool) -> Option<Vec<u8>> {
 /// `current` without the seccomp check.
 fn copied(wanted: impl Fn(&[u8]) -> bool) -> Option<Vec<u8>> {
     // SAFETY: one aligned load of the C library's pointer; what it points to is only copied.
-    let array = unsafe { std::ptr::addr_of!(environ).read_volatile() } as usize;
+    let array = unsafe { std::ptr::addr_of!(environ).read_volatile() } as u64;
     if array == 0 {
         return None;
     }
     let mut out = Vec::new();
-    let mut pointers = [0u8; 8 * 64];
-    let mut at = 0usize;
+    let mut pointers = [0u64; 64];
+    let mut at = 0u64;
     'array: while at < MAX_VARS {
-        let n = copy(array + at * 8, &mut pointers) / 8;
-        if n == 0 {
+        let n = super::copy_own(array + at * 8, &mut pointers);
+        if n < 8 {
             break;
         }
-        for chunk in pointers[..n * 8].chunks_exact(8) {
-            let p = usize::from_ne_bytes(chunk.try_into().unwrap_or([0; 8]));
+        for &p in &pointers[..n / 8] {
             if p == 0 {
                 break 'array;
             }
             at += 1;
             let mut text = [0u8; MAX_LEN];
-            let got = copy(p, &mut text);
+            let got = super::copy_own(p, &mut text);
             let Some(end) = text[..got].iter().position(|&b| b == 0) else { continue };
             let var = &text[..end];
             let Some(eq) = var.iter().position(|&b| b == b'=') else { continue };

@@ -2,7 +2,8 @@
 //! library's own threads (started with every signal blocked), signal dispositions, the
 //! loader's module list and the modules' own symbol tables, a spin lock, and the files
 //! the program may move under us (standard error, `/proc` and the report directory
-//! across `chroot`), the program's unwind tables' pages, a file for an arena's written head. Nothing here imports from the stages.
+//! across `chroot`), the program's unwind tables' pages, a file for an arena's written head,
+//! and copies of the process's own memory that never fault. Nothing here imports from the stages.
 pub mod anchor;
 pub mod elf;
 pub mod environ;
@@ -19,6 +20,26 @@ pub mod spill;
 pub mod stack;
 pub mod threads;
 pub mod unwind_tables;
+
+/// Types that any bytes are a valid value of: what `copy_own` may write into.
+pub trait Plain: Copy {}
+impl Plain for u8 {}
+impl Plain for u64 {}
+
+/// Copies `buf` from this process's own memory at `from` with `process_vm_readv`, which
+/// fails, or stops at the first page that is not mapped, instead of faulting: memory the
+/// program may unmap or free meanwhile. Returns how many bytes came, from the start. Not
+/// under a seccomp filter, which may answer the call with SIGSYS
+/// (`procfs::unfiltered_now`).
+pub fn copy_own<T: Plain>(from: u64, buf: &mut [T]) -> usize {
+    let len = std::mem::size_of_val(buf);
+    let local = libc::iovec { iov_base: buf.as_mut_ptr() as *mut std::ffi::c_void, iov_len: len };
+    let remote = libc::iovec { iov_base: from as *mut std::ffi::c_void, iov_len: len };
+    // SAFETY: writes at most `len` bytes, `buf`'s own, of a type any bytes are a value of
+    // (`Plain`); the kernel checks the remote range and fails rather than faulting.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    n.max(0) as usize
+}
 
 /// Saves errno and puts it back when dropped: the program sees exactly what it (or the
 /// real function a hook forwarded to) left there, whatever our bookkeeping did to it.

@@ -224,13 +224,9 @@ pub fn copy_blocking_stacks(tids: &[u32], maps: &[(u64, u64)]) -> Vec<(u32, Vec<
         };
         let Some(&(_, end)) = maps.iter().find(|(a, b)| *a <= sp && sp < *b) else { continue };
         let mut buf = vec![0u64; ((end - sp) / 8) as usize];
-        let local = libc::iovec { iov_base: buf.as_mut_ptr() as *mut c_void, iov_len: buf.len() * 8 };
-        let remote = libc::iovec { iov_base: sp as *mut c_void, iov_len: buf.len() * 8 };
-        // SAFETY: reads our own process's memory into a buffer of exactly that size; the
-        // kernel checks the remote range and fails rather than faulting.
-        let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+        let n = crate::os::copy_own(sp, &mut buf);
         if n > 0 {
-            buf.truncate(n as usize / 8);
+            buf.truncate(n / 8);
             copies.push((t, buf));
         }
     }
@@ -399,28 +395,17 @@ pub fn copies_allowed() -> bool {
     crate::os::procfs::unfiltered_now()
 }
 
-/// `copy_own_memory`, for reading words the scan named after it ran. Only where
+/// `os::copy_own`, for reading words the scan named after it ran. Only where
 /// `copies_allowed` said yes.
 pub fn read_own_memory(from: u64, buf: &mut [u64]) -> usize {
-    copy_own_memory(from, buf)
+    crate::os::copy_own(from, buf)
 }
 
-/// Copies `buf.len()` words from `from` in this process; returns how many bytes came
-/// (from the start: the copy stops at the first page that is not mapped).
-fn copy_own_memory(from: u64, buf: &mut [u64]) -> usize {
-    let local = libc::iovec { iov_base: buf.as_mut_ptr() as *mut c_void, iov_len: buf.len() * 8 };
-    let remote = libc::iovec { iov_base: from as *mut c_void, iov_len: buf.len() * 8 };
-    // SAFETY: writes at most `buf.len() * 8` bytes into `buf`; the kernel checks the
-    // remote range and fails rather than faulting.
-    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
-    n.max(0) as usize
-}
-
-/// Copies `buf.len()` words from `from` (`copy_own_memory`) and visits those that came;
+/// Copies `buf.len()` words from `from` (`os::copy_own`) and visits those that came;
 /// returns how many.
 #[inline(always)]
 fn copy_visit(buf: &mut [u64], from: u64, visit: &mut impl FnMut(u64, u64)) -> usize {
-    let got = copy_own_memory(from, buf) / 8;
+    let got = crate::os::copy_own(from, buf) / 8;
     for (k, &w) in buf[..got].iter().enumerate() {
         visit(from + 8 * k as u64, w);
     }
@@ -450,7 +435,7 @@ impl<'a> ProcessMemory<'a> {
     pub fn copying_roots(readable: &'a [(u64, u64)]) -> Self {
         let mut buf = vec![0u64; ROOT_CHUNK_WORDS].into_boxed_slice();
         let probe = [0x5eed_u64; 1];
-        let works = vm_readv_safe() && copy_own_memory(probe.as_ptr() as u64, &mut buf[..1]) == 8 && buf[0] == 0x5eed;
+        let works = vm_readv_safe() && crate::os::copy_own(probe.as_ptr() as u64, &mut buf[..1]) == 8 && buf[0] == 0x5eed;
         ProcessMemory { readable, root_buffer: std::cell::Cell::new(works.then_some(buf)) }
     }
 
