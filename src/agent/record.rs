@@ -156,11 +156,8 @@ fn publish_library_release(s: &ThreadState, kind: EventKind, api: Api, stack: u3
 
 #[inline]
 pub fn record_free(addr: usize) {
-    releasing(|s, who| match who {
-        Releaser::Program => publish(s, EventKind::Free, Api::Malloc, 0, addr as u64, 0),
-        Releaser::Library => {
-            publish_library_release(s, EventKind::Free, Api::Malloc, 0, addr as u64, 1);
-        }
+    releasing(|s, who| {
+        publish_release(s, who, EventKind::Free, Api::Malloc, 0, addr as u64, 1);
     });
 }
 
