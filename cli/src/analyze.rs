@@ -172,13 +172,22 @@ impl Analysis {
     fn of(processes: Vec<ProcessAnalysis>, ranks: crate::ranks::RankViewBuilder) -> Analysis {
         // The view across ranks, for a job of several (or one rank of several).
         let view = (!ranks.is_empty()).then(|| ranks.finish()).filter(|v| v.ranks.len() > 1 || v.world_size.is_some_and(|n| n > 1));
-        Analysis {
-            schema: "leaktrace-analysis/1",
-            leaked_bytes: processes.iter().map(|p| p.leaked_bytes).fold(0, sat_add),
-            leaked_blocks: processes.iter().map(|p| p.leaked_blocks).fold(0, sat_add),
-            processes,
-            ranks: view,
-        }
+        let mut a = Analysis { schema: "leaktrace-analysis/1", leaked_bytes: 0, leaked_blocks: 0, processes, ranks: view };
+        a.add_up();
+        a
+    }
+
+    /// Keeps the processes `keep` accepts (one rank's, for `diff --base-rank`), the
+    /// totals counted again over them.
+    pub fn retain(&mut self, keep: impl FnMut(&ProcessAnalysis) -> bool) {
+        self.processes.retain(keep);
+        self.add_up();
+    }
+
+    /// The totals over the processes.
+    fn add_up(&mut self) {
+        self.leaked_bytes = self.processes.iter().map(|p| p.leaked_bytes).fold(0, sat_add);
+        self.leaked_blocks = self.processes.iter().map(|p| p.leaked_blocks).fold(0, sat_add);
     }
 }
 

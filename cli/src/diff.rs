@@ -57,13 +57,17 @@ pub fn frame_key(f: &Frame) -> String {
     }
 }
 
-pub fn group_key(g: &Group) -> String {
-    let mut k = format!("{}|{}", g.kind_label(), g.api);
-    for f in &g.stack {
-        k.push('|');
-        k.push_str(&frame_key(f));
+/// `prefix`, then each frame's `frame_key`: a stack's identity across runs and ranks.
+fn stack_key(mut prefix: String, stack: &[Frame]) -> String {
+    for f in stack {
+        prefix.push('|');
+        prefix.push_str(&frame_key(f));
     }
-    k
+    prefix
+}
+
+pub fn group_key(g: &Group) -> String {
+    stack_key(format!("{}|{}", g.kind_label(), g.api), &g.stack)
 }
 
 fn collect(a: &Analysis) -> BTreeMap<String, (Group, u64, u64)> {
@@ -140,13 +144,9 @@ pub struct GrowthChange {
     pub stack: Vec<Frame>,
 }
 
-fn growth_key(api: &str, stack: &[Frame]) -> String {
-    let mut k = api.to_string();
-    for f in stack {
-        k.push('|');
-        k.push_str(&frame_key(f));
-    }
-    k
+/// A growing stack's or line's identity across runs and ranks: its API and frames.
+pub fn growth_key(api: &str, stack: &[Frame]) -> String {
+    stack_key(api.to_string(), stack)
 }
 
 fn collect_growth(a: &Analysis) -> BTreeMap<String, (crate::growth::Growth, u64)> {

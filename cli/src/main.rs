@@ -402,7 +402,7 @@ fn cmd_diff(args: &DiffArgs) -> Result<u8, Fail> {
     let side = |path: &PathBuf, rank: Option<u32>, which: &str| -> Result<Analysis, Fail> {
         let mut a = analyze_all(std::slice::from_ref(path), &filters)?;
         if let Some(rank) = rank {
-            a.processes.retain(|p| p.rank == Some(rank));
+            a.retain(|p| p.rank == Some(rank));
             if a.processes.is_empty() {
                 return Err(usage(format!(
                     "{} holds no report of rank {rank} (--{which}-rank); `leaktrace report {}` lists the ranks",
@@ -410,8 +410,6 @@ fn cmd_diff(args: &DiffArgs) -> Result<u8, Fail> {
                     path.display()
                 )));
             }
-            a.leaked_bytes = a.processes.iter().map(|p| p.leaked_bytes).fold(0, analyze::sat_add);
-            a.leaked_blocks = a.processes.iter().map(|p| p.leaked_blocks).fold(0, analyze::sat_add);
         }
         Ok(a)
     };

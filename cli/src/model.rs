@@ -156,30 +156,39 @@ fn report_files(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
 
 /// `load`, telling each skipped file's error to `skipped`.
 pub fn load_with(path: &Path, skipped: &mut dyn FnMut(&str)) -> Result<Vec<Report>, String> {
+    let mut reports = Vec::new();
+    each_report_with(path, skipped, &mut |r| reports.push(r))?;
+    reports.sort_by_key(|r| (r.started_unix_ms, r.pid));
+    Ok(reports)
+}
+
+/// Every report under `path` (a file, or a directory or tree of them), handed to `each`
+/// one at a time in file-name order and dropped after it: a job's hundreds of reports
+/// are never all held at once. The same files and errors as `load`.
+pub fn each_report(path: &Path, each: &mut dyn FnMut(Report)) -> Result<(), String> {
+    each_report_with(path, &mut |skipped| eprintln!("leaktrace: skipped: {skipped}"), each)
+}
+
+/// `each_report`, telling each skipped file's error to `skipped`. In a directory, a file
+/// that cannot be read (truncated, damaged, another schema) is skipped and the others are
+/// read; an error only if none can be.
+fn each_report_with(path: &Path, skipped: &mut dyn FnMut(&str), each: &mut dyn FnMut(Report)) -> Result<(), String> {
     let meta = std::fs::metadata(path).map_err(|e| format!("cannot open {} ({e}); give a report file or a directory of reports", path.display()))?;
     if !meta.is_dir() {
-        return Ok(vec![load_file(path)?]);
+        each(load_file(path)?);
+        return Ok(());
     }
-    let mut files: Vec<PathBuf> = Vec::new();
     std::fs::read_dir(path).map_err(|e| format!("cannot list {} ({e})", path.display()))?;
+    let mut files: Vec<PathBuf> = Vec::new();
     report_files(path, TREE_DEPTH, &mut files);
     // By file name (program, pid, start time), wherever in the tree each lies.
     files.sort_by(|a, b| a.file_name().cmp(&b.file_name()).then_with(|| a.cmp(b)));
     if files.is_empty() {
         return Err(format!("{} holds no leaktrace.*.json reports; was the program run under leaktrace?", path.display()));
     }
-    let mut reports = Vec::with_capacity(files.len());
-    read_each(path, &files, skipped, &mut |r| reports.push(r))?;
-    reports.sort_by_key(|r| (r.started_unix_ms, r.pid));
-    Ok(reports)
-}
-
-/// Reads `files` (those of `path`) one at a time into `each`, none kept: an error only
-/// if none can be read.
-fn read_each(path: &Path, files: &[PathBuf], skipped: &mut dyn FnMut(&str), each: &mut dyn FnMut(Report)) -> Result<(), String> {
     let mut read = 0usize;
     let mut first_error = None;
-    for f in files {
+    for f in &files {
         match load_file(f) {
             Ok(r) => {
                 read += 1;
@@ -195,25 +204,6 @@ fn read_each(path: &Path, files: &[PathBuf], skipped: &mut dyn FnMut(&str), each
         return Err(first_error.unwrap_or_else(|| format!("{} holds no readable report", path.display())));
     }
     Ok(())
-}
-
-/// Every report under `path` (a file, or a directory or tree of them), handed to `each`
-/// one at a time in file-name order and dropped after it: a job's hundreds of reports
-/// are never all held at once. The same files and errors as `load`.
-pub fn each_report(path: &Path, each: &mut dyn FnMut(Report)) -> Result<(), String> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("cannot open {} ({e}); give a report file or a directory of reports", path.display()))?;
-    if !meta.is_dir() {
-        each(load_file(path)?);
-        return Ok(());
-    }
-    std::fs::read_dir(path).map_err(|e| format!("cannot list {} ({e})", path.display()))?;
-    let mut files: Vec<PathBuf> = Vec::new();
-    report_files(path, TREE_DEPTH, &mut files);
-    files.sort_by(|a, b| a.file_name().cmp(&b.file_name()).then_with(|| a.cmp(b)));
-    if files.is_empty() {
-        return Err(format!("{} holds no leaktrace.*.json reports; was the program run under leaktrace?", path.display()));
-    }
-    read_each(path, &files, &mut |skipped| eprintln!("leaktrace: skipped: {skipped}"), each)
 }
 
 #[cfg(test)]
