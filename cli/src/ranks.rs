@@ -96,10 +96,7 @@ impl RankView {
 /// file and line; addresses differ from rank to rank).
 fn key_of(api: &str, stack: &[Frame]) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    api.hash(&mut h);
-    for f in stack {
-        crate::diff::frame_key(f).hash(&mut h);
-    }
+    crate::diff::growth_key(api, stack).hash(&mut h);
     h.finish()
 }
 
@@ -130,8 +127,10 @@ struct Member {
     leaked_bytes: u64,
     peak_rss: Option<u64>,
     tracer: Option<u64>,
-    growth: Vec<(u64, u64, String, Vec<Frame>)>,
-    followed: HashSet<u64>,
+    /// What its growth adds to its rank's: its lines' where it has any, else its
+    /// stacks' (a line and the stacks under it count the same bytes), and how many.
+    grown_bytes: u64,
+    growing: usize,
 }
 
 /// A growing stack or line across ranks: its API, its frames, and what it grew by on
@@ -143,6 +142,10 @@ type Across = (String, Vec<Frame>, BTreeMap<u32, u64>);
 pub struct RankViewBuilder {
     members: BTreeMap<u32, Vec<Member>>,
     world_size: Option<u32>,
+    /// Every stack or line that grows on some rank, by its key (`key_of`).
+    growing: HashMap<u64, Across>,
+    /// The keys of what each rank's processes' timelines follow, growing or not.
+    followed: BTreeMap<u32, HashSet<u64>>,
 }
 
 impl RankViewBuilder {
@@ -154,19 +157,35 @@ impl RankViewBuilder {
             return;
         }
         self.world_size = self.world_size.max(r.launch.world_size);
-        let peak_rss = p.memory_points.iter().map(|(_, m)| m.rss).max().or(p.memory.as_ref().map(|m| m.rss));
-        let growth = p.growth.iter().map(|g: &Growth| (key_of(&g.api, &g.stack), g.grown_bytes, g.api.clone(), g.stack.clone())).collect();
-        self.members.entry(rank).or_default().push(Member {
+        let member = Member {
             pid: p.pid,
             forked: p.forked_from_pid.is_some(),
             final_report: r.reason == "exit",
             host: p.host.clone(),
             leaked_bytes: p.leaked_bytes,
-            peak_rss,
+            peak_rss: p.memory_points.iter().map(|(_, m)| m.rss).max().or(p.memory.as_ref().map(|m| m.rss)),
             tracer: p.memory.as_ref().map(|m| m.tracer).filter(|&t| t > 0),
-            growth,
-            followed: followed_keys(r),
-        });
+            grown_bytes: 0,
+            growing: 0,
+        };
+        let growth: Vec<(&str, &[Frame], u64)> = p.growth.iter().map(|g: &Growth| (g.api.as_str(), g.stack.as_slice(), g.grown_bytes)).collect();
+        self.add_member(rank, member, &growth, followed_keys(r));
+    }
+
+    /// `member` of `rank`, with its growth (API, frames, bytes) and the keys of what its
+    /// timeline follows.
+    fn add_member(&mut self, rank: u32, mut member: Member, growth: &[(&str, &[Frame], u64)], followed: HashSet<u64>) {
+        for &(api, stack, bytes) in growth {
+            let e = self.growing.entry(key_of(api, stack)).or_insert_with(|| (api.to_string(), stack.to_vec(), BTreeMap::new()));
+            let at = e.2.entry(rank).or_insert(0);
+            *at = at.saturating_add(bytes);
+        }
+        let lines = growth.iter().filter(|g| g.0 == PYTHON_LINE).count();
+        let counted = growth.iter().filter(|g| lines == 0 || g.0 == PYTHON_LINE);
+        member.growing = counted.clone().count();
+        member.grown_bytes = counted.map(|g| g.2).fold(0, u64::saturating_add);
+        self.followed.entry(rank).or_default().extend(followed);
+        self.members.entry(rank).or_default().push(member);
     }
 
     pub fn is_empty(&self) -> bool {
@@ -175,9 +194,6 @@ impl RankViewBuilder {
 
     pub fn finish(self) -> RankView {
         let mut rows = Vec::new();
-        // key -> (api, stack, rank -> grown bytes)
-        let mut growing: HashMap<u64, Across> = HashMap::new();
-        let mut followed: BTreeMap<u32, HashSet<u64>> = BTreeMap::new();
         for (rank, members) in &self.members {
             // The rank's own process: not a forked worker, the largest by RSS.
             let own = members
@@ -186,25 +202,6 @@ impl RankViewBuilder {
                 .max_by_key(|m| (m.peak_rss.unwrap_or(0), std::cmp::Reverse(m.pid)))
                 .or_else(|| members.iter().max_by_key(|m| m.peak_rss.unwrap_or(0)))
                 .expect("a rank has a process");
-            let mut grown = 0u64;
-            let mut count = 0usize;
-            for m in members {
-                for (key, bytes, api, stack) in &m.growth {
-                    // A line and the stacks under it count the same bytes: the rank's
-                    // growth is its lines' where it has any, else its stacks'.
-                    let e = growing.entry(*key).or_insert_with(|| (api.clone(), stack.clone(), BTreeMap::new()));
-                    let at = e.2.entry(*rank).or_insert(0);
-                    *at = at.saturating_add(*bytes);
-                }
-                let lines: Vec<u64> = m.growth.iter().filter(|g| g.2 == PYTHON_LINE).map(|g| g.1).collect();
-                let counted: Vec<u64> = if lines.is_empty() { m.growth.iter().map(|g| g.1).collect() } else { lines };
-                count += counted.len();
-                grown = counted.iter().fold(grown, |a, b| a.saturating_add(*b));
-            }
-            let keys = followed.entry(*rank).or_default();
-            for m in members {
-                keys.extend(m.followed.iter().copied());
-            }
             rows.push(RankRow {
                 rank: *rank,
                 host: own.host.clone(),
@@ -212,19 +209,20 @@ impl RankViewBuilder {
                 final_report: own.final_report,
                 other_processes: members.len() - 1,
                 leaked_bytes: members.iter().map(|m| m.leaked_bytes).fold(0, u64::saturating_add),
-                grown_bytes: grown,
-                growing: count,
+                grown_bytes: members.iter().map(|m| m.grown_bytes).fold(0, u64::saturating_add),
+                growing: members.iter().map(|m| m.growing).sum(),
                 peak_rss_bytes: own.peak_rss,
                 tracer_bytes: own.tracer,
             });
         }
         let ranks: Vec<u32> = rows.iter().map(|r| r.rank).collect();
-        let mut growth: Vec<SharedGrowth> = growing
-            .into_values()
-            .map(|(api, stack, on)| {
+        let followed = &self.followed;
+        let mut growth: Vec<SharedGrowth> = self
+            .growing
+            .into_iter()
+            .map(|(key, (api, stack, on))| {
                 let mut grows_on: Vec<(u32, u64)> = on.into_iter().collect();
                 grows_on.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-                let key = key_of(&api, &stack);
                 let (mut flat_on, mut absent_on) = (Vec::new(), Vec::new());
                 for r in &ranks {
                     if grows_on.iter().any(|g| g.0 == *r) {
@@ -468,18 +466,20 @@ mod tests {
         Frame { function: Some(function.into()), file: Some(file.into()), line: Some(line), python: true, ..Default::default() }
     }
 
-    fn member(pid: u32, growth: Vec<(&str, Vec<Frame>, u64)>, followed: Vec<(&str, Vec<Frame>)>, rss: u64, final_report: bool) -> Member {
-        Member {
-            pid,
+    /// Adds a process of `rank` (pid 100 + rank) with its growth and what it follows.
+    fn add(b: &mut RankViewBuilder, rank: u32, growth: &[(&str, &[Frame], u64)], followed: &[(&str, &[Frame])], rss: u64, final_report: bool) {
+        let m = Member {
+            pid: 100 + rank,
             forked: false,
             final_report,
             host: Some("node1".into()),
             leaked_bytes: 0,
             peak_rss: Some(rss),
             tracer: Some(rss / 10),
-            growth: growth.into_iter().map(|(api, st, b)| (key_of(api, &st), b, api.to_string(), st)).collect(),
-            followed: followed.into_iter().map(|(api, st)| key_of(api, &st)).collect(),
-        }
+            grown_bytes: 0,
+            growing: 0,
+        };
+        b.add_member(rank, m, growth, followed.iter().map(|(api, st)| key_of(api, st)).collect());
     }
 
     #[test]
@@ -487,9 +487,9 @@ mod tests {
         let line = vec![frame("step", "/job/train.py", 14)];
         let other = vec![frame("load", "/job/data.py", 3)];
         let mut b = RankViewBuilder { world_size: Some(4), ..Default::default() };
-        b.members.insert(0, vec![member(100, vec![], vec![(PYTHON_LINE, line.clone())], 500 << 20, true)]);
-        b.members.insert(1, vec![member(101, vec![(PYTHON_LINE, line.clone(), 158 << 20)], vec![(PYTHON_LINE, line.clone())], 900 << 20, true)]);
-        b.members.insert(2, vec![member(102, vec![], vec![(PYTHON_LINE, other)], 400 << 20, false)]);
+        add(&mut b, 0, &[], &[(PYTHON_LINE, &line)], 500 << 20, true);
+        add(&mut b, 1, &[(PYTHON_LINE, &line, 158 << 20)], &[(PYTHON_LINE, &line)], 900 << 20, true);
+        add(&mut b, 2, &[], &[(PYTHON_LINE, &other)], 400 << 20, false);
         let v = b.finish();
         assert_eq!(v.ranks.len(), 3);
         assert_eq!(v.never_reported, vec![3]);
@@ -511,7 +511,7 @@ mod tests {
         let stack = vec![Frame { function: Some("malloc".into()), ..Default::default() }, frame("step", "/job/train.py", 14)];
         let mut b = RankViewBuilder { world_size: Some(2), ..Default::default() };
         for (rank, bytes) in [(0u32, 10u64 << 20), (1, 30 << 20)] {
-            b.members.insert(rank, vec![member(100 + rank, vec![(PYTHON_LINE, line.clone(), bytes), ("malloc", stack.clone(), bytes)], vec![], 1 << 30, true)]);
+            add(&mut b, rank, &[(PYTHON_LINE, &line, bytes), ("malloc", &stack, bytes)], &[], 1 << 30, true);
         }
         let v = b.finish();
         assert_eq!(v.growth.len(), 2, "the line and the stack, each once across ranks");
