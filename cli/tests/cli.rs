@@ -1247,27 +1247,12 @@ fn torchrun_workers_each_report_the_leak_at_the_scripts_line() {
 /// grow there; neither rank leaks.
 #[test]
 fn a_ddp_rank_keeping_a_tensor_per_step_is_held_by_its_module_list() {
-    let Some(python) = torch_python() else { return };
-    let torchrun = Path::new(&python).with_file_name("torchrun");
-    let _one_job = torch_job();
-    let dir = scratch("ddp-keep");
-    let script = manifest().join("../tests/fixtures/frameworks/ddp_keep.py");
-    let out = Command::new(bin())
-        .args(["run", "--output", "r", "--"])
-        .arg(&torchrun)
-        .args(["--nproc_per_node=2", script.to_str().unwrap(), "80"])
-        .env_remove("PYTHONMALLOC")
-        .current_dir(&dir)
-        .bounded_output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    let Some((dir, out, line, _one_job)) = run_ddp_keep("ddp-keep", 2, 80, &[]) else { return };
     // Each worker writes its pid to rankR.pid.
     let pid_of = |rank: &str| -> u64 {
         let f = dir.join(format!("rank{rank}.pid"));
         std::fs::read_to_string(&f).unwrap_or_else(|e| panic!("{}: {e}\n{}", f.display(), text(&out.stdout))).trim().parse().unwrap()
     };
-    let src = std::fs::read_to_string(&script).unwrap();
-    let line = src.lines().position(|l| l.ends_with("# KEEP")).unwrap() as u64 + 1;
     let json = leaktrace(&["report", "--format", "json", "r"], &dir);
     let a: Value = serde_json::from_slice(&json.stdout).unwrap();
     assert_eq!(a["leaked_bytes"], 0, "{}", text(&leaktrace(&["report", "r"], &dir).stdout));
@@ -1302,6 +1287,32 @@ fn a_ddp_rank_keeping_a_tensor_per_step_is_held_by_its_module_list() {
     assert!(text(&none.stderr).contains("no report of rank 7"), "{}", text(&none.stderr));
 }
 
+/// `leaktrace run --output r` of `ddp_keep.py` under torchrun, `nproc` ranks for `steps`
+/// steps, with the default allocator and `env`: the scratch directory, the run's output,
+/// the line where rank 1 keeps a tensor, and the turn of the one PyTorch job at a time
+/// (held while the caller reads the reports). `None` without PyTorch (skipped).
+fn run_ddp_keep(tag: &str, nproc: u32, steps: u32, env: &[(&str, &str)]) -> Option<(PathBuf, Output, u64, std::sync::MutexGuard<'static, ()>)> {
+    let python = torch_python()?;
+    let torchrun = Path::new(&python).with_file_name("torchrun");
+    let one_job = torch_job();
+    let dir = scratch(tag);
+    let script = manifest().join("../tests/fixtures/frameworks/ddp_keep.py");
+    let out = Command::new(bin())
+        .args(["run", "--output", "r", "--"])
+        .arg(&torchrun)
+        .arg(format!("--nproc_per_node={nproc}"))
+        .args([script.to_str().unwrap(), &steps.to_string()])
+        .env_remove("PYTHONMALLOC")
+        .envs(env.iter().copied())
+        .current_dir(&dir)
+        .bounded_output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let src = std::fs::read_to_string(&script).unwrap();
+    let line = src.lines().position(|l| l.ends_with("# KEEP")).unwrap() as u64 + 1;
+    Some((dir, out, line, one_job))
+}
+
 /// The view across ranks of a `ddp_keep.py` job of `world` ranks (rank 1 keeps a
 /// tensor per step at `line`): every rank listed with its final report, the line named
 /// as growing on rank 1 only, the other ranks flat or without that line, and the text
@@ -1331,23 +1342,7 @@ fn assert_ranks_view(a: &Value, dir: &Path, world: u64, line: u64) {
 /// The same job on 4 ranks: the view names rank 1 and its line among four (issue 54).
 #[test]
 fn a_four_rank_job_names_the_one_rank_that_grows_and_its_line() {
-    let Some(python) = torch_python() else { return };
-    let torchrun = Path::new(&python).with_file_name("torchrun");
-    let _one_job = torch_job();
-    let dir = scratch("ddp-four");
-    let script = manifest().join("../tests/fixtures/frameworks/ddp_keep.py");
-    let out = Command::new(bin())
-        .args(["run", "--output", "r", "--"])
-        .arg(&torchrun)
-        .args(["--nproc_per_node=4", script.to_str().unwrap(), "160"])
-        .env_remove("PYTHONMALLOC")
-        .env("OMP_NUM_THREADS", "1")
-        .current_dir(&dir)
-        .bounded_output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let src = std::fs::read_to_string(&script).unwrap();
-    let line = src.lines().position(|l| l.ends_with("# KEEP")).unwrap() as u64 + 1;
+    let Some((dir, _, line, _one_job)) = run_ddp_keep("ddp-four", 4, 160, &[("OMP_NUM_THREADS", "1")]) else { return };
     let a: Value = serde_json::from_slice(&leaktrace(&["report", "--format", "json", "r"], &dir).stdout).unwrap();
     assert_ranks_view(&a, &dir, 4, line);
     // A CI gate on the ranks: all four wrote their final report.
