@@ -38,7 +38,7 @@ pub fn ask(pid: u32, request: &str) -> Result<String, String> {
     let path = socket_path(pid, &t);
     let not_standby = || {
         format!(
-            "process {pid} is not in standby: start it with `leaktrace run --standby -- CMD` (or LEAKTRACE_STANDBY=1 with the library in LD_PRELOAD); attaching to a process started without the library is not supported yet"
+            "process {pid} is not in standby: start it with `leaktrace run --standby -- CMD` (or LEAKTRACE_STANDBY=1 with the library in LD_PRELOAD), or run `leaktrace attach {pid}` to load the library into it"
         )
     };
     let mut conn = match UnixStream::connect(&path) {
@@ -67,6 +67,42 @@ pub fn ask(pid: u32, request: &str) -> Result<String, String> {
         None if request == "status" && !line.is_empty() => Ok(line.to_string()),
         None => Err(format!("process {pid} answered {line:?}; is it the same leaktrace version as this command?")),
     }
+}
+
+/// A process started without the library, which ptrace can load it into: its user and
+/// its program's name.
+pub struct ToInject {
+    pub uid: u32,
+    pub program: String,
+}
+
+/// `Some` when process `pid` runs without the library (`inject` loads it); `None` when
+/// the library is there (standby, or recording since its start: the socket answers);
+/// the reason when it can never be loaded (gone, static, musl).
+pub fn to_inject(pid: u32) -> Result<Option<ToInject>, String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|_| format!("no process {pid}"))?;
+    let t = target_of(&status, pid).ok_or_else(|| format!("cannot read /proc/{pid}/status"))?;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|e| {
+        // SAFETY: geteuid cannot fail.
+        let own = unsafe { libc::geteuid() };
+        if e.kind() == std::io::ErrorKind::PermissionDenied || t.uid != own && own != 0 {
+            format!("process {pid} is user {}'s and this is user {own}: run as that user or as root", t.uid)
+        } else {
+            format!("cannot read /proc/{pid}/maps ({e})")
+        }
+    })?;
+    if maps.lines().any(|l| l.rsplit('/').next().is_some_and(|f| f.starts_with("libleaktrace"))) {
+        return Ok(None);
+    }
+    if let Ok(exe) = std::fs::read(format!("/proc/{pid}/exe")) {
+        match interpreter(&exe) {
+            Some(None) => return Err(format!("process {pid} is statically linked: it can load no library, leaktrace's included")),
+            Some(Some(i)) if i.contains("musl") => return Err(format!("process {pid} runs on musl ({i}): leaktrace needs glibc")),
+            _ => {}
+        }
+    }
+    let program = std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|c| c.trim().to_string()).unwrap_or_else(|_| "process".into());
+    Ok(Some(ToInject { uid: t.uid, program }))
 }
 
 /// For a process that does not answer on a standby socket: what /proc says of it.

@@ -10,6 +10,7 @@ mod flame;
 mod fuzz_tests;
 mod growth;
 mod html;
+mod inject;
 mod model;
 mod pprof;
 mod ranks;
@@ -150,6 +151,11 @@ struct AttachArgs {
     /// Only say whether the process is in standby or recording.
     #[arg(long, conflicts_with = "snapshot")]
     status: bool,
+    /// Directory for the reports (default: ./leaktrace-<program>-<timestamp>/ for a
+    /// process started without the library; a standby process's own otherwise). The
+    /// process creates it as its own user.
+    #[arg(long, short, value_name = "DIR", conflicts_with_all = ["snapshot", "status"])]
+    output: Option<PathBuf>,
     /// The process (its id as this machine's /proc sees it; a container's process by
     /// its id on the host works).
     #[arg(value_name = "PID")]
@@ -433,16 +439,37 @@ fn cmd_diff(args: &DiffArgs) -> Result<u8, Fail> {
 }
 
 fn cmd_attach(args: &AttachArgs) -> Result<u8, Fail> {
-    let request = if args.snapshot {
-        "snapshot"
+    let mut request = if args.snapshot {
+        "snapshot".to_string()
     } else if args.status {
-        "status"
+        "status".to_string()
     } else {
-        "on"
+        "on".to_string()
     };
-    match attach::ask(args.pid, request) {
+    let mut output = args.output.clone();
+    if request == "on" {
+        if let Some(target) = attach::to_inject(args.pid).map_err(usage)? {
+            // Started without the library: ptrace loads it, then the socket switches it on.
+            let lib = run::find_library().map_err(usage)?;
+            let injected = inject::inject(args.pid, target.uid, &lib).map_err(usage)?;
+            eprintln!(
+                "leaktrace: loaded into process {} (its thread {} stopped for {:.1} ms, the others ran on)",
+                args.pid,
+                injected.thread,
+                injected.pause.as_secs_f64() * 1e3
+            );
+            request = format!("on main_tp={:x}", injected.main_tp);
+            output = output.or_else(|| Some(run::default_output_dir(&target.program)));
+        }
+    }
+    if let Some(dir) = output {
+        let dir = if dir.is_absolute() { dir } else { std::env::current_dir().map(|d| d.join(&dir)).unwrap_or(dir) };
+        request = format!("{request} output={}", dir.display());
+    }
+    let verb = request.split(' ').next().unwrap_or("on").to_string();
+    match attach::ask(args.pid, &request) {
         Ok(reply) => {
-            match request {
+            match verb.as_str() {
                 "on" => eprintln!("leaktrace: process {} is recording; its reports go to {reply}", args.pid),
                 "snapshot" => eprintln!("leaktrace: process {} writes a report now", args.pid),
                 _ => println!("{reply}"),

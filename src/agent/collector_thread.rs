@@ -2,7 +2,7 @@
 //! periodic reports and timeline points, and the final report when a termination signal
 //! asks for it. Also steps aside for calls that need a single-threaded process.
 use std::panic::catch_unwind;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::hotpath::{channel, stacks, thread};
@@ -109,6 +109,11 @@ fn collector_main() {
             g.as_mut().map(|c| drain_into(c, 1 << 16, false)).unwrap_or(0)
         };
         stacks::promote_tables_if_large();
+        let turn = EACH_TURN.load(Ordering::Relaxed);
+        if turn != 0 {
+            // SAFETY: set by `each_turn` from a `fn()`.
+            unsafe { std::mem::transmute::<usize, fn()>(turn)() };
+        }
         // Between points too, when the unwinder read much of the tables: a program's
         // teardown (destructors, finalizers) reads them anew in a fraction of a second.
         if crate::hotpath::unwind::cfi_reads().wrapping_sub(UNWIND_TABLES_RELEASED_AT.load(Ordering::Relaxed)) >= RELEASE_AFTER_READS {
@@ -148,6 +153,15 @@ fn collector_main() {
             idle_sleep_us = 200;
         }
     }
+}
+
+/// A function the collector calls on each turn (0: none).
+static EACH_TURN: AtomicUsize = AtomicUsize::new(0);
+
+/// Has the collector call `f` on each of its turns (a library loaded late routes the
+/// modules loaded since the last turn).
+pub fn each_turn(f: fn()) {
+    EACH_TURN.store(f as usize, Ordering::Relaxed);
 }
 
 /// Reads of the unwind tables after which the collector gives their pages back without

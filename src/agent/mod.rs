@@ -37,7 +37,7 @@ pub mod standby;
 mod verdicts;
 
 pub use checkpoint::checkpoint;
-pub use collector_thread::{pause_collector, program_started_thread, request_snapshot, resume_collector};
+pub use collector_thread::{each_turn, pause_collector, program_started_thread, request_snapshot, resume_collector};
 pub use fork::{fork_child, fork_parent, fork_prepare};
 pub use record::*;
 
@@ -48,14 +48,15 @@ use reports::{write_report, ReportSide, REPORT};
 /// Initialises everything from the library constructor. Returns false when tracking
 /// stays off (disabled by configuration or unsupported platform).
 pub fn start(config: Config, host_tracking: String, glibc_heap: bool) -> bool {
-    start_tracking(config, host_tracking, glibc_heap, false)
+    start_tracking(config, host_tracking, glibc_heap, false, None)
 }
 
 /// `start`, from the library constructor (`before_start` false) or in a running process
 /// switched on from standby (`before_start`: the main thread's TLS was recorded at load,
 /// and the heap blocks live now are kept as blocks from before, `adopt_before_start`,
-/// before the collector's first turn).
-fn start_tracking(config: Config, host_tracking: String, glibc_heap: bool, before_start: bool) -> bool {
+/// before the collector's first turn). `on_tracking` runs once the hooks record and
+/// before the heap is read (a library loaded late routes the program's calls to them).
+fn start_tracking(config: Config, host_tracking: String, glibc_heap: bool, before_start: bool, on_tracking: Option<fn()>) -> bool {
     thread::untracked(|| {
         if config.disabled {
             return false;
@@ -109,6 +110,9 @@ fn start_tracking(config: Config, host_tracking: String, glibc_heap: bool, befor
         *REPORT.lock() = Some(side);
         crate::os::image::mark_own_image();
         LIFECYCLE.start(std::process::id(), depth);
+        if let Some(f) = on_tracking {
+            f();
+        }
         if before_start {
             // Read after tracking began: a block allocated meanwhile is both, and stays
             // the tracked one; none is neither.

@@ -12,7 +12,13 @@
 //! (`SO_PEERCRED`), ptrace's own rule. The socket is removed when the process exits.
 //!
 //! Requests, one line each, answered with one line: `on` (`ok REPORT_DIR`), `snapshot`
-//! (`ok`, a report is written soon), `status` (`standby` or `on REPORT_DIR`).
+//! (`ok`, a report is written soon), `status` (`standby` or `on REPORT_DIR`). `on` may
+//! carry `main_tp=HEX` (the main thread's thread pointer, for a library loaded on
+//! another thread) and, last, `output=DIR` (the rest of the line).
+//!
+//! A library loaded into a running process by `leaktrace attach` (`dlopen`, not
+//! preloaded) waits here the same way; switching it on also routes the program's calls
+//! to its hooks (`interpose::got`), which a preload gets from the loader.
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -32,6 +38,8 @@ struct Pending {
     config: Config,
     host_tracking: String,
     glibc_heap: bool,
+    /// Loaded late: runs once the hooks record, to route the program's calls to them.
+    route: Option<fn()>,
     on_started: fn(&Config),
 }
 
@@ -55,7 +63,9 @@ pub fn socket_name(pid: u32) -> String {
 /// From the constructor: binds the socket and starts the thread that answers on it.
 /// Returns false (with one line on stderr) when standby cannot be offered; tracking then
 /// stays off.
-pub fn listen(config: Config, host_tracking: String, glibc_heap: bool, on_started: fn(&Config)) -> bool {
+/// `route`: for a library loaded late, what routes the program's calls to its hooks once
+/// switched on (the main thread's TLS is then recorded at the switch, not here).
+pub fn listen(config: Config, host_tracking: String, glibc_heap: bool, route: Option<fn()>, on_started: fn(&Config)) -> bool {
     thread::untracked(|| {
         // SAFETY: geteuid cannot fail.
         let uid = unsafe { libc::geteuid() };
@@ -76,12 +86,12 @@ pub fn listen(config: Config, host_tracking: String, glibc_heap: bool, on_starte
             }
         };
         let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
-        if config.scan {
+        if config.scan && route.is_none() {
             // The main thread's TLS, read on the main thread (the constructor's).
             crate::scan::roots::record_main_tls();
         }
         OWNER.store(pid, Ordering::SeqCst);
-        *PENDING.lock().unwrap_or_else(|e| e.into_inner()) = Some(Pending { config, host_tracking, glibc_heap, on_started });
+        *PENDING.lock().unwrap_or_else(|e| e.into_inner()) = Some(Pending { config, host_tracking, glibc_heap, route, on_started });
         *LISTENER.lock().unwrap_or_else(|e| e.into_inner()) = Some((listener, path));
         if let Err(rc) = thread::spawn_internal(listener_main) {
             stderr_line(&format!("leaktrace: standby is off: cannot start its thread (error {rc})"));
@@ -174,9 +184,43 @@ fn peer_allowed(conn: &UnixStream) -> Result<(), String> {
     Ok(())
 }
 
+/// What an `on` request may carry.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct OnArgs {
+    main_tp: Option<u64>,
+    output: Option<String>,
+}
+
+/// `main_tp=HEX output=DIR` (either may be missing; the directory is the rest of the
+/// line, spaces and all). `None` for anything else.
+fn on_args(rest: &str) -> Option<OnArgs> {
+    let mut args = OnArgs::default();
+    let mut rest = rest.trim_start();
+    while !rest.is_empty() {
+        if let Some(dir) = rest.strip_prefix("output=") {
+            args.output = Some(dir.to_string()).filter(|d| !d.is_empty());
+            break;
+        }
+        let (word, after) = rest.split_once(' ').unwrap_or((rest, ""));
+        let hex = word.strip_prefix("main_tp=")?;
+        args.main_tp = Some(u64::from_str_radix(hex.trim_start_matches("0x"), 16).ok()?);
+        rest = after.trim_start();
+    }
+    Some(args)
+}
+
 fn request(line: &str) -> String {
+    if let Some(rest) = line.strip_prefix("on ") {
+        return match on_args(rest) {
+            Some(args) => match switch_on(args) {
+                Ok(dir) => format!("ok {dir}"),
+                Err(e) => format!("error {e}"),
+            },
+            None => format!("error cannot read {line:?}: on [main_tp=HEX] [output=DIR]"),
+        };
+    }
     match line {
-        "on" => match switch_on() {
+        "on" => match switch_on(OnArgs::default()) {
             Ok(dir) => format!("ok {dir}"),
             Err(e) => format!("error {e}"),
         },
@@ -201,17 +245,28 @@ fn report_dir() -> Option<String> {
 }
 
 /// Starts tracking now, once; the report directory.
-fn switch_on() -> Result<String, String> {
+fn switch_on(args: OnArgs) -> Result<String, String> {
     if LIFECYCLE.tracking() {
         return report_dir().ok_or_else(|| "recording already, with no report directory".to_string());
     }
-    let Some(p) = PENDING.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+    let Some(mut p) = PENDING.lock().unwrap_or_else(|e| e.into_inner()).take() else {
         return Err("this process was switched on before and has ended its recording".into());
     };
     SWITCHED.store(true, Ordering::SeqCst);
+    if p.route.is_some() && p.host_tracking != "active" {
+        // Loaded late into a program whose calls go to an allocator of its own: routing
+        // them to hooks that forward to the C library's would break it.
+        return Err(format!("not switched on: host allocations could not be seen ({})", p.host_tracking));
+    }
+    if let Some(dir) = args.output {
+        p.config.output_dir = Some(dir.into());
+    }
+    if p.route.is_some() && p.config.scan {
+        thread::untracked(|| crate::scan::roots::record_main_tls_of(args.main_tp));
+    }
     let on_started = p.on_started;
     let config = p.config.clone();
-    if !super::start_tracking(p.config, p.host_tracking, p.glibc_heap, true) {
+    if !super::start_tracking(p.config, p.host_tracking, p.glibc_heap, true, p.route) {
         return Err("tracking could not start in this process (see its stderr)".into());
     }
     on_started(&config);
@@ -221,6 +276,16 @@ fn switch_on() -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_on_request_carries_the_main_threads_pointer_and_the_output_directory() {
+        assert_eq!(on_args(""), Some(OnArgs::default()));
+        assert_eq!(on_args("main_tp=7f12ab00"), Some(OnArgs { main_tp: Some(0x7f12ab00), output: None }));
+        assert_eq!(on_args("main_tp=0x10 output=/tmp/my reports"), Some(OnArgs { main_tp: Some(0x10), output: Some("/tmp/my reports".into()) }));
+        assert_eq!(on_args("output=r"), Some(OnArgs { main_tp: None, output: Some("r".into()) }));
+        assert_eq!(on_args("main_tp=zz"), None);
+        assert_eq!(on_args("colour=blue"), None);
+    }
 
     #[test]
     fn the_socket_lives_in_a_directory_of_the_users_own() {

@@ -44,7 +44,10 @@ extern "C" fn on_load() {
             ));
             return;
         }
-        let host_tracking = host_tracking_state();
+        // Loaded into a running process (`leaktrace attach`): it waits for the switch as
+        // in standby, and the program's calls reach the hooks once routed to them.
+        let late = super::got::loaded_late();
+        let host_tracking = if late { late_host_tracking() } else { host_tracking_state() };
         // pymalloc's arenas are known from before the interpreter maps its first one
         // (in standby too: one table update per arena); the object allocator is wrapped
         // only once tracking runs (`pyalloc::sample_from_now`).
@@ -53,9 +56,10 @@ extern "C" fn on_load() {
         }
         let glibc_heap = host_tracking == "active" && malloc_is_glibcs();
         super::mmap::enable(glibc_heap);
-        if config.standby {
+        if config.standby || late {
             // Nothing recorded until `leaktrace attach` switches it on.
-            agent::standby::listen(config, host_tracking, glibc_heap, started_from_standby);
+            let route = late.then_some(route_calls as fn());
+            agent::standby::listen(config, host_tracking, glibc_heap, route, started_from_standby);
             return;
         }
         let c = config.clone();
@@ -216,6 +220,35 @@ fn host_tracking_state() -> String {
         }
         _ => "active".into(),
     }
+}
+
+/// A library loaded late, switched on: the program's calls go to the hooks from now
+/// on, and the modules it loads later are routed on the collector's turns.
+fn route_calls() {
+    super::got::route_all();
+    agent::each_turn(super::got::route_new);
+}
+
+/// `host_tracking_state` for a library loaded late: its hooks forward to the definition
+/// after it, which must be the one the program's calls bind to.
+fn late_host_tracking() -> String {
+    // The loader's own answer (our `dlsym` would hand out our hook).
+    let bound = Some(super::resolve::real_dlsym(0, c"malloc")).filter(|&p| p != 0);
+    if bound.is_some() && bound == super::real::malloc().map(|f| f as usize) {
+        return "active".into();
+    }
+    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    // SAFETY: dladdr fills info for any address; dli_fname is a loader-owned C string.
+    let name = unsafe {
+        if libc::dladdr(bound.unwrap_or(0) as *const c_void, info.as_mut_ptr()) == 0 || (*info.as_ptr()).dli_fname.is_null() {
+            "an unknown module".to_string()
+        } else {
+            CStr::from_ptr((*info.as_ptr()).dli_fname).to_string_lossy().into_owned()
+        }
+    };
+    let msg = why_not_ours(&name);
+    crate::os::fds::stderr_line(&format!("leaktrace: host allocations are not seen: {msg}"));
+    msg
 }
 
 /// Whether the malloc our hooks forward to is the C library's (and so `mallinfo2`

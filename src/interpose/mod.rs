@@ -13,6 +13,9 @@
 //! | CUDA runtime | `cuda_runtime.rs` | `cuda_runtime::WRAPPED`: cudaMalloc, cudaFree, cudaMallocAsync, cudaFreeAsync, cudaMallocFromPoolAsync (+ `_ptsz`), cudaMallocManaged, cudaMallocPitch, cudaMalloc3D, cudaMallocHost, cudaHostAlloc, cudaFreeHost, cudaHostRegister, cudaHostUnregister, cudaDeviceReset, cudaGetDriverEntryPoint(ByVersion) (+ `_ptsz`) |
 //! | CUDA driver | `cuda_driver.rs` | `cuda_driver::WRAPPED`: cuMemAlloc_v2, cuMemFree_v2, cuMemAllocPitch_v2, cuMemAllocManaged, cuMemAllocAsync, cuMemFreeAsync, cuMemAllocFromPoolAsync (+ `_ptsz`), cuMemAllocHost_v2, cuMemHostAlloc, cuMemFreeHost, cuMemHostRegister_v2, cuMemHostUnregister, cuMemCreate, cuMemRelease, cuMemAddressReserve, cuMemAddressFree, cuMemMap, cuMemUnmap, cuCtxDestroy_v2, cuDevicePrimaryCtxReset(_v2), cuGetProcAddress(_v2, _v2_ptsz) |
 //!
+//! A library loaded into a running process (`leaktrace attach`) binds the same hooks
+//! by rewriting the loaded modules' GOT slots (`got.rs`) instead of by preloading.
+//!
 //! The CUDA families share `cuda.rs` (slots, the hook macro, the record-once rule).
 //! Each hook forwards to the real function found with `dlsym(RTLD_NEXT)` (`real.rs`),
 //! keeps its C semantics (return values, errno, NULL and zero sizes) and reports to the
@@ -21,6 +24,7 @@ pub mod api;
 pub mod cuda;
 pub mod cuda_driver;
 pub mod cuda_runtime;
+pub mod got;
 pub mod lifecycle;
 pub mod malloc;
 pub mod mmap;

@@ -217,6 +217,9 @@ extern "C" fn dlsym_wrapped(handle: *mut c_void, name: *const c_char) -> *mut c_
     // SAFETY: real is glibc's dlsym (the naked entry checked it is set); arguments are
     // the caller's.
     let p = unsafe { std::mem::transmute::<usize, DlsymFn>(real)(handle, name) };
+    // A module loaded late: routed before its first call (Python looks up an
+    // extension's `PyInit_` right after loading it).
+    super::got::route_new();
     substitute_found(handle, name, p)
 }
 

@@ -198,6 +198,105 @@ impl DynamicSymbols {
     }
 }
 
+/// How a module's slot is bound to a symbol by the loader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotKind {
+    /// `R_X86_64_JUMP_SLOT`: a PLT call's target (filled at the first call under lazy binding).
+    Plt,
+    /// `R_X86_64_GLOB_DAT` or `R_X86_64_64` with no addend: the symbol's address as data
+    /// (`-fno-plt` calls, function pointers).
+    Data,
+}
+
+/// Calls `visit(slot, name, kind)` for each slot of the module loaded at `base` (dynamic
+/// section at `dynamic`) that the loader fills with the address of the symbol `name`.
+///
+/// # Safety
+/// `dynamic` is the mapped, DT_NULL-terminated dynamic section of a module loaded at
+/// `base` whose tables are mapped (every module the loader lists, but the vDSO).
+pub unsafe fn symbol_slots(base: usize, dynamic: usize, mut visit: impl FnMut(usize, &[u8], SlotKind)) {
+    let at = |p: u64| if (p as usize) < base { base + p as usize } else { p as usize };
+    let (mut symtab, mut strtab, mut strsz) = (0usize, 0usize, 0usize);
+    let (mut jmprel, mut pltrelsz, mut pltrel) = (0usize, 0usize, 0i64);
+    let (mut rela, mut relasz) = (0usize, 0usize);
+    let mut d = dynamic as *const Dyn;
+    loop {
+        // SAFETY: within the section, which ends at DT_NULL (caller's contract).
+        let entry = unsafe { &*d };
+        match entry.tag {
+            DT_NULL => break,
+            DT_SYMTAB => symtab = at(entry.value),
+            DT_STRTAB => strtab = at(entry.value),
+            DT_STRSZ => strsz = entry.value as usize,
+            DT_JMPREL => jmprel = at(entry.value),
+            DT_PLTRELSZ => pltrelsz = entry.value as usize,
+            DT_PLTREL => pltrel = entry.value as i64,
+            DT_RELA => rela = at(entry.value),
+            DT_RELASZ => relasz = entry.value as usize,
+            _ => {}
+        }
+        // SAFETY: the next entry; the last one read is DT_NULL.
+        d = unsafe { d.add(1) };
+    }
+    if symtab == 0 || strtab == 0 || strsz == 0 {
+        return;
+    }
+    let mut each = |table: usize, size: usize| {
+        if table == 0 {
+            return;
+        }
+        for k in 0..size / std::mem::size_of::<Rela>() {
+            // SAFETY: the module's relocation table, `size` bytes of Elf64_Rela.
+            let r = unsafe { &*(table as *const Rela).add(k) };
+            let (kind, sym) = ((r.info & 0xffff_ffff) as u32, (r.info >> 32) as usize);
+            let kind = match kind {
+                R_X86_64_JUMP_SLOT => SlotKind::Plt,
+                R_X86_64_GLOB_DAT => SlotKind::Data,
+                R_X86_64_64 if r.addend == 0 => SlotKind::Data,
+                _ => continue,
+            };
+            if sym == 0 {
+                continue;
+            }
+            // SAFETY: a symbol index from the module's own relocations; its name is an
+            // offset into the string table, bounded by its size below.
+            let name = unsafe {
+                let off = (*(symtab as *const libc::Elf64_Sym).add(sym)).st_name as usize;
+                if off >= strsz {
+                    continue;
+                }
+                let start = (strtab + off) as *const u8;
+                let len = (0..strsz - off).find(|&i| *start.add(i) == 0).unwrap_or(0);
+                std::slice::from_raw_parts(start, len)
+            };
+            if !name.is_empty() {
+                visit(base + r.offset as usize, name, kind);
+            }
+        }
+    };
+    if pltrel == DT_RELA {
+        each(jmprel, pltrelsz);
+    }
+    each(rela, relasz);
+}
+
+/// An `Elf64_Rela` entry.
+#[repr(C)]
+struct Rela {
+    offset: u64,
+    info: u64,
+    addend: i64,
+}
+
+const DT_PLTRELSZ: i64 = 2;
+const DT_RELA: i64 = 7;
+const DT_RELASZ: i64 = 8;
+const DT_PLTREL: i64 = 20;
+const DT_JMPREL: i64 = 23;
+const R_X86_64_64: u32 = 1;
+const R_X86_64_GLOB_DAT: u32 = 6;
+const R_X86_64_JUMP_SLOT: u32 = 7;
+
 /// An `Elf64_Dyn` entry.
 #[repr(C)]
 struct Dyn {
@@ -239,6 +338,34 @@ mod tests {
             assert_eq!(got, want, "{name:?}");
         }
         assert_ne!(found[0], 0);
+    }
+
+    #[test]
+    fn the_slots_of_a_loaded_module_name_what_they_hold() {
+        // The test binary's libc: its PLT calls `malloc` (through its own JUMP_SLOT, so
+        // that an interposed malloc serves strdup), and the slot holds the address the
+        // loader bound it to.
+        let mut libc_module = None;
+        for m in crate::os::loader::loaded_modules() {
+            if m.path.to_bytes().rsplit(|&b| b == b'/').next().is_some_and(|f| f.starts_with(b"libc.so")) {
+                libc_module = Some(m);
+            }
+        }
+        let m = libc_module.expect("libc is loaded");
+        assert_ne!(m.dynamic, 0, "libc has a dynamic section");
+        let dynamic = m.dynamic;
+        let mut seen = Vec::new();
+        // SAFETY: the dynamic section of a module the loader lists.
+        unsafe {
+            symbol_slots(m.base, dynamic, |slot, name, kind| {
+                if name == b"malloc" || name == b"free" {
+                    seen.push((name.to_vec(), kind, (slot as *const usize).read()));
+                }
+            })
+        };
+        // SAFETY: dlsym with a valid handle and a NUL-terminated name.
+        let malloc = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) } as usize;
+        assert!(seen.iter().any(|(n, k, v)| n == b"malloc" && *k == SlotKind::Plt && (*v == malloc || (*v >= m.lo && *v < m.hi))), "{seen:?}");
     }
 
     #[test]

@@ -69,6 +69,8 @@ pub struct LoadedModule {
     pub base: usize,
     pub lo: usize,
     pub hi: usize,
+    /// Its dynamic section (PT_DYNAMIC) as mapped; 0 for none.
+    pub dynamic: usize,
 }
 
 /// Every loaded module, in load order.
@@ -78,10 +80,12 @@ pub fn loaded_modules() -> Vec<LoadedModule> {
         unsafe {
             let out = &mut *(data as *mut Vec<LoadedModule>);
             let i = &*info;
-            let (lo, hi) = span(i.dlpi_addr as usize, std::slice::from_raw_parts(i.dlpi_phdr, i.dlpi_phnum as usize));
+            let phdrs = std::slice::from_raw_parts(i.dlpi_phdr, i.dlpi_phnum as usize);
+            let (lo, hi) = span(i.dlpi_addr as usize, phdrs);
+            let dynamic = phdrs.iter().find(|ph| ph.p_type == libc::PT_DYNAMIC).map_or(0, |ph| i.dlpi_addr as usize + ph.p_vaddr as usize);
             let path = if i.dlpi_name.is_null() { std::ffi::CString::default() } else { std::ffi::CStr::from_ptr(i.dlpi_name).to_owned() };
             if lo < hi {
-                out.push(LoadedModule { path, base: i.dlpi_addr as usize, lo, hi });
+                out.push(LoadedModule { path, base: i.dlpi_addr as usize, lo, hi, dynamic });
             }
         }
         0
@@ -90,4 +94,18 @@ pub fn loaded_modules() -> Vec<LoadedModule> {
     // SAFETY: the callback only reads what the loader gives it.
     unsafe { iterate_modules(Some(visit), &mut out as *mut Vec<LoadedModule> as *mut std::ffi::c_void) };
     out
+}
+
+/// How many modules the loader has added since the process started (`dlpi_adds`): a
+/// change means a module was loaded since the last call.
+pub fn modules_added() -> u64 {
+    extern "C" fn first(info: *mut libc::dl_phdr_info, _size: usize, data: *mut std::ffi::c_void) -> std::ffi::c_int {
+        // SAFETY: the loader passes a valid info (glibc's, which has dlpi_adds); data is our u64.
+        unsafe { *(data as *mut u64) = (*info).dlpi_adds };
+        1
+    }
+    let mut adds = 0u64;
+    // SAFETY: the callback writes one u64 through the pointer it is given.
+    unsafe { iterate_modules(Some(first), &mut adds as *mut u64 as *mut std::ffi::c_void) };
+    adds
 }

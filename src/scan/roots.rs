@@ -518,6 +518,13 @@ static MAIN_TLS: std::sync::OnceLock<Vec<(u64, u64)>> = std::sync::OnceLock::new
 /// Records the calling (main) thread's static TLS blocks: ld.so allocates them outside
 /// any thread stack, so the scan adds them as roots even when another thread scans.
 pub fn record_main_tls() {
+    record_main_tls_of(None);
+}
+
+/// `record_main_tls` from another thread than the main one (a library loaded late by
+/// `leaktrace attach`, on whichever thread it was loaded), given the main thread's
+/// thread pointer: every thread's static TLS lies at the same offsets from its own.
+pub fn record_main_tls_of(main_tp: Option<u64>) {
     extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> libc::c_int {
         // SAFETY: glibc passes a valid dl_phdr_info; data is our Vec.
         unsafe {
@@ -565,9 +572,23 @@ pub fn record_main_tls() {
                 out.push((fs - below, below));
             }
         }
+        if let Some(tp) = main_tp.filter(|&tp| tp != fs && tp != 0) {
+            out = as_main_threads(&out, fs, tp, pthread_size.unwrap_or(64));
+            fs = tp;
+        }
         MAIN_THREAD_POINTER.store(fs, Ordering::Relaxed);
     }
     let _ = MAIN_TLS.set(out);
+}
+
+/// The calling thread's TLS ranges `own` (its thread pointer `fs`) moved to the main
+/// thread's (`main_tp`): those in the static area (below the thread pointer, the
+/// control block above it) at the same offsets; the others (blocks of modules loaded
+/// with dlopen, allocated per thread) left out: the main thread's are found through its
+/// dtv (`main_dtv`).
+fn as_main_threads(own: &[(u64, u64)], fs: u64, main_tp: u64, tcb: u64) -> Vec<(u64, u64)> {
+    let low = own.iter().filter(|r| r.0 <= fs && r.0.saturating_add(r.1) >= fs).map(|r| r.0).min().unwrap_or(fs);
+    own.iter().filter(|r| r.0 >= low && r.0.saturating_add(r.1) <= fs.saturating_add(tcb.max(r.1))).map(|&(a, len)| (a.wrapping_sub(fs).wrapping_add(main_tp), len)).collect()
 }
 
 /// How many bytes of static TLS lie below the thread pointer (x86-64 puts the thread
@@ -896,6 +917,17 @@ mod tests {
 
     /// glibc's static TLS size counts the thread control block: only the rest lies below
     /// the thread pointer, and every module's static TLS block of this thread is in it.
+    #[test]
+    fn another_threads_static_tls_moves_to_the_main_threads_offsets() {
+        let fs = 0x7000_0000u64;
+        let main = 0x5000_0000u64;
+        // The static area below, the control block at the pointer, one module's block in
+        // the area, and a dlopen'ed module's block elsewhere (left out).
+        let own = [(fs - 0x1000, 0x1000), (fs, 0x900), (fs - 0x200, 0x80), (0x1234_0000, 0x40)];
+        let moved = as_main_threads(&own, fs, main, 0x900);
+        assert_eq!(moved, vec![(main - 0x1000, 0x1000), (main, 0x900), (main - 0x200, 0x80)]);
+    }
+
     #[test]
     fn static_tls_below_the_thread_pointer_leaves_out_the_control_block() {
         assert_eq!(static_tls_below_thread_pointer(0x1140, 0x940, 1 << 40), Some(0x800));
