@@ -65,7 +65,12 @@ fn file_name(path: &str) -> &str {
 /// library, the loader, the unwinder (which walks the loader's list under its lock).
 fn holds_locks(path: &str) -> bool {
     let f = file_name(path);
-    f.starts_with("libc.so") || f.starts_with("libc-") || f.starts_with("ld-linux") || f.starts_with("libpthread") || f.starts_with("libgcc_s") || f.starts_with("libdl")
+    f.starts_with("libc.so")
+        || f.starts_with("libc-")
+        || f.starts_with("ld-linux")
+        || f.starts_with("libpthread")
+        || f.starts_with("libgcc_s")
+        || f.starts_with("libdl")
 }
 
 /// The system calls a thread may be blocked in without holding a lock of the C
@@ -342,7 +347,8 @@ struct Memory {
 
 impl Memory {
     fn open(pid: u32) -> Result<Memory, String> {
-        let file = std::fs::OpenOptions::new().read(true).write(true).open(format!("/proc/{pid}/mem")).map_err(|e| format!("cannot open /proc/{pid}/mem ({e})"))?;
+        let file =
+            std::fs::OpenOptions::new().read(true).write(true).open(format!("/proc/{pid}/mem")).map_err(|e| format!("cannot open /proc/{pid}/mem ({e})"))?;
         Ok(Memory { file })
     }
 
@@ -373,12 +379,15 @@ pub fn inject(pid: u32, uid: u32, lib: &Path) -> Result<Injected, String> {
     let maps = maps_of(pid)?;
     let libc_map = find_libc(pid, &maps)?;
     let elf = std::fs::read(&libc_map.file).map_err(|e| format!("cannot read {} ({e})", libc_map.file.display()))?;
-    let dlopen = dynamic_symbol(&elf, "dlopen").ok_or_else(|| format!("{} has no dlopen (glibc 2.34 or later is needed)", libc_map.file.display()))? + libc_map.base;
+    let dlopen =
+        dynamic_symbol(&elf, "dlopen").ok_or_else(|| format!("{} has no dlopen (glibc 2.34 or later is needed)", libc_map.file.display()))? + libc_map.base;
     let dlerror = dynamic_symbol(&elf, "dlerror").map(|v| v + libc_map.base);
     let lib_path = if same_root(pid) {
         lib.to_path_buf()
     } else {
-        return Err(format!("process {pid} runs in another root (a container): start it with `leaktrace run --standby`, or run `leaktrace attach` inside the container"));
+        return Err(format!(
+            "process {pid} runs in another root (a container): start it with `leaktrace run --standby`, or run `leaktrace attach` inside the container"
+        ));
     };
     let lib_c = CString::new(lib_path.as_os_str().as_encoded_bytes()).map_err(|_| "the library's path has a NUL byte".to_string())?;
     let mem = Memory::open(pid)?;
@@ -396,7 +405,11 @@ pub fn inject(pid: u32, uid: u32, lib: &Path) -> Result<Injected, String> {
             }
             let held = match Held::seize(tid) {
                 Ok(h) => h,
-                Err(libc::EPERM) => return Err(format!("not allowed to trace process {pid}: run as its user or as root (CAP_SYS_PTRACE), or start it with `leaktrace run --standby`")),
+                Err(libc::EPERM) => {
+                    return Err(format!(
+                        "not allowed to trace process {pid}: run as its user or as root (CAP_SYS_PTRACE), or start it with `leaktrace run --standby`"
+                    ))
+                }
                 Err(libc::ESRCH) if tid == pid => return Err(format!("no process {pid}")),
                 Err(_) => continue,
             };
@@ -513,7 +526,8 @@ fn call_fn(held: &Held, mem: &Memory, regs: &libc::user_regs_struct, f: u64, arg
 
 /// The process's threads, the main one first.
 fn threads_of(pid: u32) -> Vec<u32> {
-    let mut tids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect()).unwrap_or_default();
+    let mut tids: Vec<u32> =
+        std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect()).unwrap_or_default();
     tids.sort_by_key(|&t| (t != pid, t));
     if tids.is_empty() {
         tids.push(pid);

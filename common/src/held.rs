@@ -49,7 +49,7 @@ pub fn link_text(l: &HeldLink) -> String {
         "registers" => format!("registers of {}", thread(l.thread)),
         "tls" => "thread-local storage".into(),
         "root_region" => "a registered root region or ignored block".into(),
-        "inherited" => "a block the parent process allocated".into(),
+        "inherited" => "a block allocated before recording began (by the parent process, or before the attach)".into(),
         "python_object" => match (&l.type_name, &l.symbol) {
             (Some(t), Some(name)) if t == "module" => format!("module {name}"),
             (Some(t), _) if l.attribute => format!("an attribute of a {t} object"),

@@ -51,6 +51,17 @@ pub fn start(config: Config, host_tracking: String, glibc_heap: bool) -> bool {
     start_tracking(config, host_tracking, glibc_heap, false, None)
 }
 
+/// Leaves out of the heap's blocks from before any that lies in one of pymalloc's
+/// arenas: an arena is one anonymous mapping, which the heap's walk can read as a chunk
+/// of its own when its first words look like one; its objects are read as objects.
+fn drop_arenas(chunks: &mut Vec<(u64, u64)>) {
+    let mut arenas = Vec::with_capacity(crate::scan::arenas::capacity());
+    crate::scan::arenas::live_arenas(&mut arenas);
+    if !arenas.is_empty() {
+        chunks.retain(|&(a, len)| !arenas.iter().any(|&(s, l)| a < s + l && s < a + len.max(1)));
+    }
+}
+
 /// `start`, from the library constructor (`before_start` false) or in a running process
 /// switched on from standby (`before_start`: the main thread's TLS was recorded at load,
 /// and the heap blocks live now are kept as blocks from before, `adopt_before_start`,
@@ -116,7 +127,15 @@ fn start_tracking(config: Config, host_tracking: String, glibc_heap: bool, befor
         if before_start {
             // Read after tracking began: a block allocated meanwhile is both, and stays
             // the tracked one; none is neither.
-            let chunks = if glibc_heap { crate::scan::glibc_heap::in_use_chunks() } else { Vec::new() };
+            let mut chunks = if glibc_heap { crate::scan::glibc_heap::in_use_chunks() } else { Vec::new() };
+            // Loaded late: the interpreter's arenas mapped before are found in its heap.
+            let arena_size = crate::scan::arenas::arena_size();
+            if on_tracking.is_some() && crate::scan::arenas::open_now() && arena_size > 0 {
+                for (addr, size) in crate::scan::pymalloc::existing_arenas(&chunks, arena_size) {
+                    crate::scan::arenas::note_if_new(addr, size);
+                }
+            }
+            drop_arenas(&mut chunks);
             if let Some(c) = STATE.lock().as_mut() {
                 c.model.adopt_before_start(&chunks);
             }

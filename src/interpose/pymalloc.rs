@@ -100,6 +100,9 @@ fn install_with(symbol: &dyn Fn(&std::ffi::CStr) -> Option<usize>) -> bool {
     };
     super::pyalloc::prepare(symbol, PYTHON_SAMPLE.load(Ordering::Relaxed));
     let minor = python_minor(symbol);
+    if let Some(m) = minor {
+        arenas::set_arena_size(if m >= 10 { 1 << 20 } else { 256 << 10 });
+    }
     let int_layout = int_layout_of(minor, symbol);
     arenas::set_layouts(int_layout, object_types_of(int_layout, symbol), code_adaptive_of(minor));
     arenas::set_thread_walk(symbol(c"PyInterpreterState_Head"), symbol(c"PyInterpreterState_Next"), symbol(c"PyInterpreterState_ThreadHead"), minor);

@@ -71,6 +71,27 @@ pub fn set_layouts(int_layout: u64, types: [u64; 6], code_adaptive: u64) {
     CODE_ADAPTIVE.store(code_adaptive, Ordering::Relaxed);
 }
 
+/// `note`, unless the arena is in the table already (one found after the library was
+/// loaded late, which the hooks may have noted meanwhile).
+pub fn note_if_new(addr: u64, size: u64) {
+    let Some(t) = table() else { return };
+    let high = HIGH.load(Ordering::Acquire);
+    if !t.addr[..high].iter().any(|a| a.load(Ordering::Acquire) == addr) {
+        note(addr, size);
+    }
+}
+
+/// The size of the interpreter's arenas (256 KiB before 3.10, 1 MiB since); 0 unknown.
+static ARENA_SIZE: AtomicU64 = AtomicU64::new(0);
+
+pub fn set_arena_size(size: u64) {
+    ARENA_SIZE.store(size, Ordering::Relaxed);
+}
+
+pub fn arena_size() -> u64 {
+    ARENA_SIZE.load(Ordering::Relaxed)
+}
+
 pub fn note(addr: u64, size: u64) {
     let Some(t) = table() else { return };
     for i in 0..SLOTS {

@@ -364,6 +364,114 @@ fn pool_runs(mem: &impl Memory, p: u64, pool: u64, visit: &mut impl FnMut(u64, u
     }
 }
 
+// ---- arenas mapped before the library was loaded (attach) ---------------------------
+
+/// Whether the six header words `h` at a pool of `pool` bytes are those of a pool in use:
+/// pymalloc sets `maxnextoffset` to the pool size less the block size when it starts a
+/// pool, and `nextoffset` moves from the header by whole blocks up to one past it.
+pub fn is_pool_header(h: &[u64; 6], pool: u64) -> bool {
+    let Some(size) = pool_block_size(h[4]) else { return false };
+    let (count, next, max_next) = (h[0] as u32, h[5] as u32 as u64, h[5] >> 32);
+    count > 0 && max_next + size == pool && next >= POOL_OVERHEAD + size && next <= max_next + size && (next - POOL_OVERHEAD).is_multiple_of(size)
+}
+
+/// Words of one `struct arena_object` (3.8 to 3.13): `address`, `pool_address`,
+/// `nfreepools` and `ntotalpools`, `freepools`, `nextarena`, `prevarena`.
+const ARENA_OBJECT_WORDS: usize = 6;
+
+/// The live arenas listed in `table`, the words of pymalloc's array of arena objects,
+/// if it is that array: its entry `index` holds the arena of a pool found at `pool`.
+/// An entry whose address is 0 has no arena; the others must look like one.
+pub fn arenas_in_table(table: &[u64], pool: u64, index: usize, arena_size: u64) -> Option<Vec<(u64, u64)>> {
+    let entry = |k: usize| table.get(k * ARENA_OBJECT_WORDS..(k + 1) * ARENA_OBJECT_WORDS);
+    let plausible = |e: &[u64]| {
+        let (address, pool_address, free, total) = (e[0], e[1], e[2] as u32 as u64, e[2] >> 32);
+        address != 0
+            && address.is_multiple_of(4096)
+            && (address..=address + arena_size).contains(&pool_address)
+            && free <= total
+            && total <= arena_size / pool_size(arena_size)
+    };
+    let own = entry(index)?;
+    if !plausible(own) || !(own[0]..own[0] + arena_size).contains(&pool) {
+        return None;
+    }
+    let mut out = Vec::new();
+    for k in 0..table.len() / ARENA_OBJECT_WORDS {
+        let e = entry(k)?;
+        if e[0] != 0 && plausible(e) {
+            out.push((e[0], arena_size));
+        }
+    }
+    Some(out)
+}
+
+/// The arenas pymalloc had mapped before this library was loaded (`leaktrace attach`):
+/// a pool in use is found in the process's anonymous memory by its header, and the
+/// array of arena objects among the heap's blocks `chunks` by that pool's arena index.
+/// Empty when the interpreter's layout does not read as expected.
+pub fn existing_arenas(chunks: &[(u64, u64)], arena_size: u64) -> Vec<(u64, u64)> {
+    let pool = pool_size(arena_size);
+    let maps = crate::os::anchor::read_proc_string("self/maps").unwrap_or_default();
+    let ours = crate::os::own::ranges();
+    let mut tried = 0;
+    for (lo, hi) in anonymous_regions(&maps) {
+        let mut p = lo.next_multiple_of(pool);
+        while p + pool <= hi {
+            if ours.iter().any(|&(s, l)| p >= s && p < s + l) {
+                p += pool;
+                continue;
+            }
+            let mut h = [0u64; 6];
+            if crate::os::copy_own(p, &mut h) == 48 && is_pool_header(&h, pool) {
+                if let Some(found) = table_of(chunks, p, (h[4] as u32) as usize, arena_size) {
+                    return found;
+                }
+                tried += 1;
+                if tried >= 16 {
+                    return Vec::new();
+                }
+            }
+            p += pool;
+        }
+    }
+    Vec::new()
+}
+
+/// The arenas listed by the heap block among `chunks` that is pymalloc's array of arena
+/// objects for a pool at `pool` of arena `index`.
+fn table_of(chunks: &[(u64, u64)], pool: u64, index: usize, arena_size: u64) -> Option<Vec<(u64, u64)>> {
+    let at = (index * ARENA_OBJECT_WORDS * 8) as u64;
+    for &(addr, size) in chunks.iter().filter(|&&(_, size)| size >= at + (ARENA_OBJECT_WORDS * 8) as u64) {
+        let mut e = [0u64; 2];
+        if crate::os::copy_own(addr + at, &mut e) != 16 || e[0] > pool || pool >= e[0] + arena_size {
+            continue;
+        }
+        let mut table = vec![0u64; (size / 8).min(1 << 22) as usize];
+        let n = crate::os::copy_own(addr, &mut table[..]);
+        table.truncate(n / 8);
+        if let Some(found) = arenas_in_table(&table, pool, index, arena_size) {
+            return Some(found);
+        }
+    }
+    None
+}
+
+/// The anonymous, readable and writable mappings of /proc/self/maps.
+fn anonymous_regions(maps: &str) -> Vec<(u64, u64)> {
+    maps.lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let (range, perms, _off, _dev, inode) = (it.next()?, it.next()?, it.next()?, it.next()?, it.next()?);
+            if !perms.starts_with("rw") || inode != "0" || it.next().is_some() {
+                return None;
+            }
+            let (lo, hi) = range.split_once('-')?;
+            Some((u64::from_str_radix(lo, 16).ok()?, u64::from_str_radix(hi, 16).ok()?))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -549,5 +657,37 @@ mod tests {
         let mut none = Vec::new();
         lists_in(&mem, base, base, 4 * 64, &t, &mut none);
         assert!(none.is_empty());
+    }
+
+    #[test]
+    fn a_pool_in_use_is_told_by_its_header() {
+        let pool = 16 << 10;
+        // A pool of 64-byte blocks (szidx 3), 5 handed out: nextoffset 48 + 5 * 64.
+        let h = [5, 0, 0, 0, 7 | 3 << 32, (48 + 5 * 64) | (pool - 64) << 32];
+        assert!(is_pool_header(&h, pool));
+        let mut wrong = h;
+        wrong[5] = (48 + 5 * 64) | (pool - 48) << 32;
+        assert!(!is_pool_header(&wrong, pool));
+        let mut empty = h;
+        empty[0] = 0;
+        assert!(!is_pool_header(&empty, pool));
+        let mut between = h;
+        between[5] = (48 + 5 * 64 + 8) | (pool - 64) << 32;
+        assert!(!is_pool_header(&between, pool));
+        assert!(!is_pool_header(&[0; 6], pool));
+    }
+
+    #[test]
+    fn the_array_of_arena_objects_lists_the_live_arenas() {
+        let mb = 1u64 << 20;
+        let arena = |a: u64| [a, a + 0x4000, 3 | 63 << 32, 0, 0, 0];
+        // Entry 0 and 2 live, 1 unassociated (address 0).
+        let table: Vec<u64> = [arena(0x7f00_0010_0000), [0; 6], arena(0x7f00_0030_0000)].concat();
+        let found = arenas_in_table(&table, 0x7f00_0030_8000, 2, mb).unwrap();
+        assert_eq!(found, vec![(0x7f00_0010_0000, mb), (0x7f00_0030_0000, mb)]);
+        // The pool is not in the entry its header names: not this array.
+        assert_eq!(arenas_in_table(&table, 0x7f00_0030_8000, 0, mb), None);
+        assert_eq!(arenas_in_table(&table, 0x7f00_0030_8000, 1, mb), None);
+        assert_eq!(arenas_in_table(&table, 0x7f00_0030_8000, 9, mb), None);
     }
 }

@@ -588,7 +588,10 @@ pub fn record_main_tls_of(main_tp: Option<u64>) {
 /// dtv (`main_dtv`).
 fn as_main_threads(own: &[(u64, u64)], fs: u64, main_tp: u64, tcb: u64) -> Vec<(u64, u64)> {
     let low = own.iter().filter(|r| r.0 <= fs && r.0.saturating_add(r.1) >= fs).map(|r| r.0).min().unwrap_or(fs);
-    own.iter().filter(|r| r.0 >= low && r.0.saturating_add(r.1) <= fs.saturating_add(tcb.max(r.1))).map(|&(a, len)| (a.wrapping_sub(fs).wrapping_add(main_tp), len)).collect()
+    own.iter()
+        .filter(|r| r.0 >= low && r.0.saturating_add(r.1) <= fs.saturating_add(tcb.max(r.1)))
+        .map(|&(a, len)| (a.wrapping_sub(fs).wrapping_add(main_tp), len))
+        .collect()
 }
 
 /// How many bytes of static TLS lie below the thread pointer (x86-64 puts the thread
