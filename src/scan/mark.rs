@@ -389,21 +389,6 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
             }
         }
     }
-    // The changed parts of inherited blocks: both lists are sorted, so one pass.
-    let changed = roots.changed_since_fork;
-    let mut w = 0;
-    for &(start, size) in roots.inherited {
-        let end = start.saturating_add(size);
-        while w < changed.len() && changed[w].0.saturating_add(changed[w].1) <= start {
-            w += 1;
-        }
-        for &(c, len) in changed[w..].iter().take_while(|c| c.0 < end) {
-            let (from, to) = (c.max(start), c.saturating_add(len).min(end));
-            if from < to {
-                mark_from(from, to - from, &mut marks, true);
-            }
-        }
-    }
     // Python objects (at most 512 bytes each) in pymalloc's arenas: a word pointing deep
     // inside a block is taken for stale data, not a reference (see `PYTHON_INTERIOR`).
     for &arena in roots.python_arenas {
@@ -456,6 +441,25 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
     // had depended on the heap's layout.
     for &(start, len) in roots.program {
         mark_root(start, len, &mut marks, true);
+    }
+    trace(&mut marks, true);
+    // The changed parts of inherited blocks (the parent's, or those from before an
+    // attach) last: what the program's own roots hold is named by them, not by a stale
+    // word in a block from before (a free chunk of glibc's that read as in use).
+    // Both lists are sorted, so one pass.
+    let changed = roots.changed_since_fork;
+    let mut w = 0;
+    for &(start, size) in roots.inherited {
+        let end = start.saturating_add(size);
+        while w < changed.len() && changed[w].0.saturating_add(changed[w].1) <= start {
+            w += 1;
+        }
+        for &(c, len) in changed[w..].iter().take_while(|c| c.0 < end) {
+            let (from, to) = (c.max(start), c.saturating_add(len).min(end));
+            if from < to {
+                mark_from(from, to - from, &mut marks, true);
+            }
+        }
     }
     trace(&mut marks, true);
     for &(start, len) in roots.runtime {
