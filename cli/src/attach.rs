@@ -69,6 +69,56 @@ pub fn ask(pid: u32, request: &str) -> Result<String, String> {
     }
 }
 
+/// The answer to `off`: the report directory, once the library's thread that answered
+/// has left the process (a library loaded by `attach` leaves no thread behind; its id
+/// follows the directory after a tab).
+pub fn after_off(pid: u32, reply: &str) -> String {
+    let Some((dir, tid)) = reply.rsplit_once('\t') else { return reply.to_string() };
+    let start = std::time::Instant::now();
+    while std::path::Path::new(&format!("/proc/{pid}/task/{}", tid.trim())).exists() && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    dir.to_string()
+}
+
+/// Waits up to `limit` for SIGINT or SIGTERM to this command (held off meanwhile), or
+/// for process `pid` to end; true when it ended.
+pub fn wait_interruptible(pid: u32, limit: Duration) -> bool {
+    // SAFETY: sigset operations on local sets; pthread_sigmask and sigtimedwait with
+    // valid pointers.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+        let start = std::time::Instant::now();
+        let mut ended = false;
+        while start.elapsed() < limit {
+            if !std::path::Path::new(&format!("/proc/{pid}")).exists() || is_zombie(pid) {
+                ended = true;
+                break;
+            }
+            let step = (limit - start.elapsed()).min(Duration::from_millis(200));
+            let ts = libc::timespec { tv_sec: step.as_secs() as libc::time_t, tv_nsec: step.subsec_nanos() as libc::c_long };
+            if libc::sigtimedwait(&set, std::ptr::null_mut(), &ts) > 0 {
+                break;
+            }
+        }
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        ended
+    }
+}
+
+/// Whether process `pid` has ended and waits for its parent (state Z).
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')))
+        .unwrap_or(false)
+}
+
 /// A process started without the library, which ptrace can load it into: its user and
 /// its program's name.
 pub struct ToInject {
@@ -119,6 +169,12 @@ fn without_socket(pid: u32, request: &str, socket: &std::path::Path) -> Option<R
         return Some(Err(format!(
             "process {pid} was started in standby but does not answer at {}: its stderr says why (a directory it could not use), or it is a child forked from a standby process before the switch (children stay off)",
             socket.display()
+        )));
+    }
+    let preloaded = var("LD_PRELOAD").is_some_and(|p| p.contains("libleaktrace"));
+    if loaded && !preloaded {
+        return Some(Err(format!(
+            "process {pid} was attached to and detached from before (the library stays loaded): attaching to it again is not supported yet"
         )));
     }
     if loaded && !on("LEAKTRACE_DISABLE") {

@@ -154,8 +154,17 @@ struct AttachArgs {
     /// Directory for the reports (default: ./leaktrace-<program>-<timestamp>/ for a
     /// process started without the library; a standby process's own otherwise). The
     /// process creates it as its own user.
-    #[arg(long, short, value_name = "DIR", conflicts_with_all = ["snapshot", "status"])]
+    #[arg(long, short, value_name = "DIR", conflicts_with_all = ["snapshot", "status", "detach"])]
     output: Option<PathBuf>,
+    /// Record for this many seconds (Ctrl-C ends it sooner), then detach: the last
+    /// report is written and the process runs on as before. Without it, the recording
+    /// goes on until `leaktrace attach --detach PID` or the process's exit.
+    #[arg(long, value_name = "SECONDS", conflicts_with_all = ["snapshot", "status", "detach"])]
+    duration: Option<f64>,
+    /// End the recording: the last report is written, and the process runs on with
+    /// every allocation going straight to its allocator again.
+    #[arg(long, conflicts_with_all = ["snapshot", "status"])]
+    detach: bool,
     /// The process (its id as this machine's /proc sees it; a container's process by
     /// its id on the host works).
     #[arg(value_name = "PID")]
@@ -441,6 +450,8 @@ fn cmd_diff(args: &DiffArgs) -> Result<u8, Fail> {
 fn cmd_attach(args: &AttachArgs) -> Result<u8, Fail> {
     let mut request = if args.snapshot {
         "snapshot".to_string()
+    } else if args.detach {
+        "off".to_string()
     } else if args.status {
         "status".to_string()
     } else {
@@ -470,10 +481,42 @@ fn cmd_attach(args: &AttachArgs) -> Result<u8, Fail> {
     match attach::ask(args.pid, &request) {
         Ok(reply) => {
             match verb.as_str() {
-                "on" => eprintln!("leaktrace: process {} is recording; its reports go to {reply}", args.pid),
+                "on" if args.duration.is_some() => {
+                    let seconds = args.duration.unwrap_or(0.0);
+                    eprintln!("leaktrace: process {} is recording for {seconds} s (Ctrl-C ends it sooner); its reports go to {reply}", args.pid);
+                    return attach_for(args.pid, seconds, &reply);
+                }
+                "on" => eprintln!("leaktrace: process {} is recording; its reports go to {reply} (`leaktrace attach --detach {}` ends it)", args.pid, args.pid),
+                "off" => {
+                    let dir = attach::after_off(args.pid, &reply);
+                    eprintln!("leaktrace: process {} is no longer recorded and runs on; its last report is in {dir}", args.pid)
+                }
                 "snapshot" => eprintln!("leaktrace: process {} writes a report now", args.pid),
                 _ => println!("{reply}"),
             }
+            Ok(0)
+        }
+        Err(message) => Err(usage(message)),
+    }
+}
+
+/// `attach --duration`: waits `seconds` (or for Ctrl-C, or for the process's end),
+/// then ends the recording.
+fn attach_for(pid: u32, seconds: f64, dir: &str) -> Result<u8, Fail> {
+    let ended = attach::wait_interruptible(pid, std::time::Duration::from_secs_f64(seconds.max(0.0)));
+    if ended {
+        eprintln!("leaktrace: process {pid} has ended; its exit report is in {dir}");
+        return Ok(0);
+    }
+    match attach::ask(pid, "off") {
+        Ok(reply) => {
+            let reply = attach::after_off(pid, &reply);
+            eprintln!("leaktrace: process {pid} is no longer recorded and runs on; its last report is in {reply}");
+            eprintln!("leaktrace: `leaktrace report {reply}` shows what it found");
+            Ok(0)
+        }
+        Err(message) if !std::path::Path::new(&format!("/proc/{pid}")).exists() => {
+            eprintln!("leaktrace: process {pid} has ended; its exit report is in {dir} ({message})");
             Ok(0)
         }
         Err(message) => Err(usage(message)),

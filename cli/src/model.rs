@@ -22,7 +22,7 @@ pub fn without_final_report(reports: &[Report], top: Option<u32>) -> Vec<String>
     let mut out = Vec::new();
     for pid in pids {
         let of_pid: Vec<&Report> = reports.iter().filter(|r| r.pid == pid).collect();
-        if of_pid.iter().any(|r| r.reason == "exit") {
+        if of_pid.iter().any(|r| r.reason == "exit" || r.reason == "detach") {
             continue;
         }
         let last = of_pid.iter().max_by_key(|r| r.written_unix_ms).expect("one report at least");

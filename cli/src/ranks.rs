@@ -160,7 +160,7 @@ impl RankViewBuilder {
         let member = Member {
             pid: p.pid,
             forked: p.forked_from_pid.is_some(),
-            final_report: r.reason == "exit",
+            final_report: r.reason == "exit" || r.reason == "detach",
             host: p.host.clone(),
             leaked_bytes: p.leaked_bytes,
             peak_rss: p.memory_points.iter().map(|(_, m)| m.rss).max().or(p.memory.as_ref().map(|m| m.rss)),

@@ -404,3 +404,83 @@ fn attach_in_an_allocation_storm_of_eight_threads() {
     assert_eq!(a["leaked_bytes"], 0, "{err}");
     assert!(a["processes"][0]["switched_on_unix_ms"].is_u64(), "{a}");
 }
+
+/// What /proc says of a process that detach must leave as it found it: its threads, its
+/// descriptors, its caught signals and its resident memory (KiB).
+fn footprint(pid: u32) -> (usize, Vec<String>, String, u64) {
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.count()).unwrap_or(0);
+    let mut fds: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned())).collect())
+        .unwrap_or_default();
+    fds.sort();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).unwrap_or_default().trim().to_string();
+    let rss = field("VmRSS:").trim_end_matches(" kB").trim().parse().unwrap_or(0);
+    (threads, fds, field("SigCgt:"), rss)
+}
+
+/// `attach --duration`: loaded with ptrace into an 8-thread allocation storm, recorded
+/// for a moment, then detached. The process keeps running with the threads, descriptors
+/// and signal handlers it had, its resident memory within a few MiB of where it was
+/// (the library stays mapped), and ends with its own output and status; the last report
+/// says "detach". Attaching again is refused in words.
+#[test]
+fn detach_leaves_a_process_as_it_found_it() {
+    if let Some(why) = ptrace_denied() {
+        skip::not_here(&why);
+        return;
+    }
+    let dir = scratch("detach");
+    let src = fixture("attach_storm.c");
+    let out = dir.join("attach_storm");
+    let o = Command::new("cc").args(["-O1", "-g", "-pthread"]).arg(&src).arg("-o").arg(&out).output().expect("cc");
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let s = Standby::start_plain(&dir, &[out.to_str().unwrap()]);
+    let before = footprint(s.pid);
+    let run = attach(&["--duration", "1", "--output", dir.join("r").to_str().unwrap(), &s.pid.to_string()]);
+    let said = text(&run.stderr);
+    assert!(run.status.success(), "{said}");
+    assert!(said.contains("no longer recorded and runs on"), "{said}");
+    let after = footprint(s.pid);
+    assert_eq!((before.0, &before.1, &before.2), (after.0, &after.1, &after.2), "threads, descriptors, caught signals\n{said}");
+    assert!(after.3 <= before.3 + 8 * 1024, "resident {} KiB before, {} KiB after", before.3, after.3);
+    let again = attach(&[&s.pid.to_string()]);
+    assert_eq!(again.status.code(), Some(2));
+    assert!(text(&again.stderr).contains("not supported yet"), "{}", text(&again.stderr));
+    let (lines, err) = s.finish_with_output();
+    assert_eq!(lines, vec!["done".to_string()], "{err}");
+    assert!(err.is_empty(), "the program's stderr is its own: {err}");
+    let a = report_json(&dir);
+    assert_eq!(a["leaked_bytes"], 0);
+    let reasons: Vec<String> = std::fs::read_dir(dir.join("r"))
+        .unwrap()
+        .filter_map(|e| serde_json::from_slice::<serde_json::Value>(&std::fs::read(e.ok()?.path()).ok()?).ok())
+        .map(|r| r["reason"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(reasons, vec!["detach".to_string()]);
+}
+
+/// A standby process switched on, then off (`attach --detach`): its last report is
+/// written then, and what it loses afterwards is not recorded; `leaktrace run` takes the
+/// detach report as the process's last (no "left no final report").
+#[test]
+fn a_standby_process_switched_off_runs_on_unrecorded() {
+    let dir = scratch("off");
+    let prog = build(&fixture("standby.c"), &dir);
+    let s = Standby::start(&dir, &[], &[prog.to_str().unwrap(), "30", "20"]);
+    let pid = s.pid.to_string();
+    assert!(attach(&[&pid]).status.success());
+    let off = attach(&["--detach", &pid]);
+    assert!(off.status.success(), "{}", text(&off.stderr));
+    assert_eq!(text(&attach(&["--status", &pid]).stdout).trim(), "off");
+    let again = attach(&[&pid]);
+    assert_eq!(again.status.code(), Some(2));
+    assert!(text(&again.stderr).contains("ended its recording"), "{}", text(&again.stderr));
+    let err = s.finish();
+    assert!(!err.contains("no final report"), "{err}");
+    let a = report_json(&dir);
+    // The 20 blocks lost after the detach are not recorded; the 30 before the switch are
+    // from before.
+    assert_eq!(a["leaked_bytes"], 0, "{err}");
+    assert_eq!(a["processes"].as_array().unwrap().len(), 1, "{a}");
+}

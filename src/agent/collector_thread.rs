@@ -164,6 +164,11 @@ pub fn each_turn(f: fn()) {
     EACH_TURN.store(f as usize, Ordering::Relaxed);
 }
 
+/// The collector calls nothing more on its turns.
+pub fn no_turn() {
+    EACH_TURN.store(0, Ordering::Relaxed);
+}
+
 /// Reads of the unwind tables after which the collector gives their pages back without
 /// waiting for the next timeline point.
 const RELEASE_AFTER_READS: u64 = 4096;

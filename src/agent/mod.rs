@@ -19,7 +19,7 @@ use crate::collector::state::Collector;
 use crate::config::Config;
 use crate::hotpath::channel::{self, DrainState};
 use crate::hotpath::{thread, unwind};
-use crate::lifecycle::LIFECYCLE;
+use crate::lifecycle::{FinalTurn, LIFECYCLE};
 use crate::os::fds::stderr_line;
 use crate::report::build::Reason;
 use crate::report::process::{self, ProcessInfo};
@@ -37,7 +37,7 @@ pub mod standby;
 mod verdicts;
 
 pub use checkpoint::checkpoint;
-pub use collector_thread::{each_turn, pause_collector, program_started_thread, request_snapshot, resume_collector};
+pub use collector_thread::{each_turn, no_turn, pause_collector, program_started_thread, request_snapshot, resume_collector};
 pub use fork::{fork_child, fork_parent, fork_prepare};
 pub use record::*;
 
@@ -163,6 +163,38 @@ pub fn request_final_on_signal(sig: i32) -> bool {
 pub fn finish() {
     fork::adopt_if_cloned();
     reports::final_report();
+}
+
+/// Ends a recording that `leaktrace attach` switched on while the process runs on (on
+/// a thread of ours): its last report, as at an exit (everything drained, the heap
+/// scanned, `reason: "detach"`); then the hooks pass through, `undo` runs (a library
+/// loaded late routes the program's calls back to the C library), the collector thread
+/// leaves and its tables are given back. The report directory, or why not.
+pub fn detach(undo: Option<fn()>) -> Result<String, String> {
+    match LIFECYCLE.begin_final(std::process::id()) {
+        FinalTurn::Mine => {}
+        FinalTurn::InProgress => return Err("the process is ending: its final report is being written".into()),
+        FinalTurn::NotOurs => return Err("not recording".into()),
+    }
+    thread::untracked(|| {
+        if catch_unwind(|| write_report(Reason::Detach)).is_err() {
+            stderr_line("leaktrace: internal error while writing the last report");
+        }
+        channel::close();
+        LIFECYCLE.final_written();
+        if let Some(f) = undo {
+            f();
+        }
+        pause_collector();
+        // The model's tables (the live blocks, the groups, the timeline) go back to the
+        // system; a straggler still inside a hook finds no model and drains nothing.
+        *STATE.lock() = None;
+        collector_thread::release_unwind_tables();
+        channel::release_slots();
+        crate::os::procfs::close();
+    });
+    let dir = lock_bounded(&REPORT, Duration::from_secs(5)).and_then(|r| r.as_ref().map(|r| r.output_dir.display().to_string()));
+    Ok(dir.unwrap_or_default())
 }
 
 // ---- chroot and dlclose -------------------------------------------------------------

@@ -157,7 +157,7 @@ pub(super) fn record_point() {
 }
 
 pub(super) fn write_report(reason: Reason) {
-    let final_report = reason == Reason::Exit;
+    let final_report = reason == Reason::Exit || reason == Reason::Detach;
     if final_report {
         // Before taking the collector: the preparation needs it to install its list.
         wait_while(|| PREPARING.load(Ordering::SeqCst), PREPARE_WAIT, Duration::from_micros(200));

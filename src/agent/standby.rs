@@ -12,7 +12,9 @@
 //! (`SO_PEERCRED`), ptrace's own rule. The socket is removed when the process exits.
 //!
 //! Requests, one line each, answered with one line: `on` (`ok REPORT_DIR`), `snapshot`
-//! (`ok`, a report is written soon), `status` (`standby` or `on REPORT_DIR`). `on` may
+//! (`ok`, a report is written soon), `status` (`standby`, `on REPORT_DIR` or `off`),
+//! `off` (`ok REPORT_DIR`: the last report is written, the process runs on as before
+//! it was switched on; it cannot be switched on again). `on` may
 //! carry `main_tp=HEX` (the main thread's thread pointer, for a library loaded on
 //! another thread) and, last, `output=DIR` (the rest of the line).
 //!
@@ -41,6 +43,8 @@ struct Pending {
     /// Loaded late: runs once the hooks record, to route the program's calls to them.
     route: Option<fn()>,
     on_started: fn(&Config),
+    /// Once the recording is ended (`off`): what the interposition layer undoes.
+    on_stopped: fn(),
 }
 
 static PENDING: Mutex<Option<Pending>> = Mutex::new(None);
@@ -65,7 +69,7 @@ pub fn socket_name(pid: u32) -> String {
 /// stays off.
 /// `route`: for a library loaded late, what routes the program's calls to its hooks once
 /// switched on (the main thread's TLS is then recorded at the switch, not here).
-pub fn listen(config: Config, host_tracking: String, glibc_heap: bool, route: Option<fn()>, on_started: fn(&Config)) -> bool {
+pub fn listen(config: Config, host_tracking: String, glibc_heap: bool, route: Option<fn()>, on_started: fn(&Config), on_stopped: fn()) -> bool {
     thread::untracked(|| {
         // SAFETY: geteuid cannot fail.
         let uid = unsafe { libc::geteuid() };
@@ -91,7 +95,7 @@ pub fn listen(config: Config, host_tracking: String, glibc_heap: bool, route: Op
             crate::scan::roots::record_main_tls();
         }
         OWNER.store(pid, Ordering::SeqCst);
-        *PENDING.lock().unwrap_or_else(|e| e.into_inner()) = Some(Pending { config, host_tracking, glibc_heap, route, on_started });
+        *PENDING.lock().unwrap_or_else(|e| e.into_inner()) = Some(Pending { config, host_tracking, glibc_heap, route, on_started, on_stopped });
         *LISTENER.lock().unwrap_or_else(|e| e.into_inner()) = Some((listener, path));
         if let Err(rc) = thread::spawn_internal(listener_main) {
             stderr_line(&format!("leaktrace: standby is off: cannot start its thread (error {rc})"));
@@ -148,8 +152,19 @@ fn listener_main() {
         }
         let Ok(conn) = conn else { continue };
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| answer(conn)));
+        if LEAVE.load(Ordering::SeqCst) {
+            // A library loaded late whose recording ended: no thread, socket or
+            // descriptor of ours stays in the process.
+            remove_socket();
+            return;
+        }
     }
 }
+
+/// Set when the thread that answers is to leave after its answer.
+static LEAVE: AtomicBool = AtomicBool::new(false);
+/// Set when the library was loaded late (`Pending::route`).
+static LATE: AtomicBool = AtomicBool::new(false);
 
 /// One request on `conn`, from a peer allowed to ask.
 fn answer(mut conn: UnixStream) {
@@ -234,7 +249,14 @@ fn request(line: &str) -> String {
             "ok".into()
         }
         "snapshot" => "error not recording: switch it on first (leaktrace attach PID)".into(),
-        other => format!("error unknown request {other:?}: on, snapshot or status"),
+        // Where this thread is to leave, its id follows (a tab between): the command
+        // waits for it to be gone.
+        "off" => match switch_off() {
+            Ok(dir) if LEAVE.load(Ordering::SeqCst) => format!("ok {dir}\t{}", thread::tid()),
+            Ok(dir) => format!("ok {dir}"),
+            Err(e) => format!("error {e}"),
+        },
+        other => format!("error unknown request {other:?}: on, off, snapshot or status"),
     }
 }
 
@@ -242,6 +264,23 @@ fn request(line: &str) -> String {
 fn report_dir() -> Option<String> {
     let r = super::lock_bounded(&super::REPORT, Duration::from_secs(5))?;
     r.as_ref().map(|r| r.output_dir.display().to_string())
+}
+
+/// What ending the recording undoes (set when it is switched on).
+static ON_STOPPED: Mutex<Option<fn()>> = Mutex::new(None);
+
+/// Ends the recording (`leaktrace attach --detach`): its last report, and the process
+/// runs on as before it was switched on; the report directory.
+fn switch_off() -> Result<String, String> {
+    if !LIFECYCLE.tracking() {
+        return Err(if SWITCHED.load(Ordering::SeqCst) { "its recording has ended already".into() } else { "not recording: nothing to detach from".into() });
+    }
+    let undo = *ON_STOPPED.lock().unwrap_or_else(|e| e.into_inner());
+    let done = super::detach(undo);
+    if done.is_ok() && LATE.load(Ordering::SeqCst) {
+        LEAVE.store(true, Ordering::SeqCst);
+    }
+    done
 }
 
 /// Starts tracking now, once; the report directory.
@@ -261,6 +300,13 @@ fn switch_on(args: OnArgs) -> Result<String, String> {
     if let Some(dir) = args.output {
         p.config.output_dir = Some(dir.into());
     }
+    if p.route.is_some() {
+        LATE.store(true, Ordering::SeqCst);
+        // Loaded into a program that never asked for it: its stderr is its own (the
+        // command that attached reads the reports).
+        p.config.summary = crate::config::Summary::Never;
+    }
+    *ON_STOPPED.lock().unwrap_or_else(|e| e.into_inner()) = Some(p.on_stopped);
     if p.route.is_some() && p.config.scan {
         thread::untracked(|| crate::scan::roots::record_main_tls_of(args.main_tp));
     }

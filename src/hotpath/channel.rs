@@ -467,6 +467,22 @@ pub fn close() {
     CLOSED.store(true, Ordering::SeqCst);
 }
 
+/// After a recording ended with the process running on (`agent::detach`): the rings'
+/// slots go back to the system. Their headers stay, and so do the mappings: a thread
+/// still inside a hook that writes a slot gets a fresh zero page, in bounds.
+pub fn release_slots() {
+    for r in rings() {
+        let page = super::mapping::PAGE;
+        let start = (r.slots as usize).next_multiple_of(page);
+        let end = (r.slots as usize + r.capacity as usize * std::mem::size_of::<Slot>()) / page * page;
+        if start < end {
+            // SAFETY: whole pages inside the ring's own mapping (its slots); private
+            // anonymous memory reads back as zeros after MADV_DONTNEED.
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+        }
+    }
+}
+
 /// Where drained events go. A plain closure is one; a sink that keeps events in a big
 /// table can also say what to load ahead (`prefetch`), and the drain calls it a few
 /// events before applying each one so that cache misses overlap.

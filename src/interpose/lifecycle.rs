@@ -59,7 +59,7 @@ extern "C" fn on_load() {
         if config.standby || late {
             // Nothing recorded until `leaktrace attach` switches it on.
             let route = late.then_some(route_calls as fn());
-            agent::standby::listen(config, host_tracking, glibc_heap, route, started_from_standby);
+            agent::standby::listen(config, host_tracking, glibc_heap, route, started_from_standby, stopped_recording);
             return;
         }
         let c = config.clone();
@@ -81,6 +81,7 @@ fn after_start(config: &Config) {
     // SAFETY: the three handlers are extern "C" functions that never unwind.
     unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
     if let Some(sig) = config.snapshot_signal {
+        SNAPSHOT_SIGNAL.store(sig, Ordering::Relaxed);
         install_snapshot_signal(sig);
     }
     install_termination_signals(config.snapshot_signal);
@@ -91,6 +92,26 @@ fn after_start(config: &Config) {
 fn started_from_standby(config: &Config) {
     super::pyalloc::sample_from_now(config.python_sample);
     after_start(config);
+}
+
+/// The snapshot signal set up once tracking runs (0: none).
+static SNAPSHOT_SIGNAL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// A recording switched on by `leaktrace attach` has ended (`--detach`), the process
+/// running on: the program's calls go straight to the C library again (a library loaded
+/// late puts back the GOT slots it rewrote), and the signal handlers installed when it
+/// was switched on give way to the defaults they replaced.
+fn stopped_recording() {
+    super::got::unroute_all();
+    agent::no_turn();
+    let snapshot = Some(SNAPSHOT_SIGNAL.load(Ordering::Relaxed)).filter(|&s| s != 0);
+    for sig in TERMINATION_SIGNALS.into_iter().filter(|&s| snapshot != Some(s)) {
+        crate::os::signals::default_if_ours(sig, on_termination_signal as *const () as usize);
+    }
+    if let Some(sig) = snapshot {
+        crate::os::signals::default_if_ours(sig, on_snapshot_signal as *const () as usize);
+    }
+    crate::scan::roots::uninstall();
 }
 
 /// Writes the final report on the calling thread (an exit path), whose stack the scan

@@ -50,6 +50,24 @@ impl Held {
     }
 }
 
+impl Held {
+    /// Closes the descriptor, if it is still ours.
+    fn close(&self) {
+        let old = self.fd.swap(-1, Ordering::AcqRel);
+        if self.is_ours(old) {
+            // SAFETY: checked to be the descriptor this slot opened.
+            unsafe { libc::close(old) };
+        }
+    }
+}
+
+/// Closes both (a recording ended with the process running on).
+pub fn close() {
+    let _errno = super::ErrnoGuard::save();
+    STATUS.close();
+    ROLLUP.close();
+}
+
 /// Opens both files for this process (in a forked child: its own, the parent's closed).
 pub fn open() {
     STATUS.reopen();

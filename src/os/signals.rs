@@ -89,6 +89,23 @@ pub fn install_if_default(sig: c_int, handler: usize, siginfo: bool, block_all: 
     }
 }
 
+/// Puts back the default action of `sig` where its handler is still `handler` (ours),
+/// and gives the signal up: the program's own requests pass through again.
+pub fn default_if_ours(sig: c_int, handler: usize) {
+    retire(sig);
+    // SAFETY: sigaction with valid pointers; a zeroed action with SIG_DFL is the default.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 || old.sa_sigaction != handler {
+            return;
+        }
+        let mut act: libc::sigaction = std::mem::zeroed();
+        act.sa_sigaction = libc::SIG_DFL;
+        libc::sigemptyset(&mut act.sa_mask);
+        libc::sigaction(sig, &act, std::ptr::null_mut());
+    }
+}
+
 /// Waits (async-signal-safe sleeps) for the process to be ended by someone else —
 /// the collector, after the final report — and after `limit_s` seconds ends it by `sig`.
 pub fn wait_to_die(sig: c_int, limit_s: u32) {

@@ -18,6 +18,9 @@ pub enum Reason {
     Periodic,
     Exit,
     Signal,
+    /// The last report of a recording that `leaktrace attach --detach` ended, the
+    /// process running on: final as an exit's is (drained, scanned), with no teardown.
+    Detach,
 }
 
 impl Reason {
@@ -26,6 +29,7 @@ impl Reason {
             Reason::Periodic => "periodic",
             Reason::Exit => "exit",
             Reason::Signal => "signal",
+            Reason::Detach => "detach",
         }
     }
 }

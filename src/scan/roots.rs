@@ -78,6 +78,15 @@ pub fn install() -> bool {
     false
 }
 
+/// The scan's signal back to its default (a recording ended by `leaktrace attach
+/// --detach`: no scan runs any more).
+pub fn uninstall() {
+    let sig = STOP_SIGNAL.swap(0, Ordering::AcqRel);
+    if sig != 0 {
+        crate::os::signals::default_if_ours(sig, on_stop as *const () as usize);
+    }
+}
+
 /// Thread ids of this process, other than the caller's. The kernel walks
 /// `/proc/self/task` by position: a thread that exits during the walk (the collector
 /// leaves as the final report starts) can make it skip the next one, and a thread the
