@@ -185,6 +185,29 @@ fn dynamic_symbol(elf: &[u8], name: &str) -> Option<u64> {
     None
 }
 
+/// The module whose own `malloc` the program's calls bind to, when it is not the C
+/// library's: the program itself (a linked-in jemalloc or PartitionAlloc) or a library
+/// preloaded before the C library (`LD_PRELOAD`). Modules it loaded later with
+/// `dlopen` are private to their callers and do not count.
+fn own_malloc(pid: u32, maps: &[Mapping]) -> Option<String> {
+    let root = if same_root(pid) { String::new() } else { format!("/proc/{pid}/root") };
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+    let preloaded: Vec<String> = leaktrace_common::launch::environ_var(&environ, "LD_PRELOAD")
+        .map(|v| v.split([':', ' ']).filter(|p| !p.is_empty()).map(str::to_string).collect())
+        .unwrap_or_default();
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok().map(|p| p.display().to_string());
+    let candidates =
+        exe.into_iter().chain(maps.iter().filter(|m| m.offset == 0 && preloaded.iter().any(|p| file_name(p) == file_name(&m.path))).map(|m| m.path.clone()));
+    for path in candidates {
+        let file = if path.starts_with('/') && !root.is_empty() { format!("{root}{path}") } else { path.clone() };
+        let Ok(elf) = std::fs::read(&file) else { continue };
+        if dynamic_symbol(&elf, "malloc").is_some() && !file_name(&path).starts_with("libc.so") {
+            return Some(path);
+        }
+    }
+    None
+}
+
 /// Refuses a library file that a user other than root or the process's could replace:
 /// the process would run whatever was put there.
 fn check_library(lib: &Path, uid: u32) -> Result<(), String> {
@@ -377,6 +400,11 @@ pub fn inject(pid: u32, uid: u32, lib: &Path) -> Result<Injected, String> {
     }
     check_library(lib, uid)?;
     let maps = maps_of(pid)?;
+    if let Some(owner) = own_malloc(pid, &maps) {
+        return Err(format!(
+            "process {pid} allocates with its own malloc (defined in {owner}): leaktrace would not see its host memory, so it is left alone; run a build that uses glibc's malloc"
+        ));
+    }
     let libc_map = find_libc(pid, &maps)?;
     let elf = std::fs::read(&libc_map.file).map_err(|e| format!("cannot read {} ({e})", libc_map.file.display()))?;
     let dlopen =

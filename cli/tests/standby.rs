@@ -516,3 +516,60 @@ fn attach_to_a_pytorch_training_loop_and_detach() {
     let a = report_json(&dir);
     assert_eq!(a["processes"][0]["reason"], "detach", "{a}");
 }
+
+/// What attach refuses to load itself into says why, with status 2, and leaves the
+/// process untouched: a program with its own malloc, and (as another user) a process
+/// that user may not trace.
+#[test]
+fn attach_refuses_a_program_with_its_own_malloc_and_another_users_process() {
+    if let Some(why) = ptrace_denied() {
+        skip::not_here(&why);
+        return;
+    }
+    let dir = scratch("refuse");
+    let src = dir.join("own_malloc.c");
+    std::fs::write(
+        &src,
+        "#include <stdio.h>\n#include <stddef.h>\n#include <unistd.h>\nstatic char pool[1 << 20]; static size_t used;\n\
+         void *malloc(size_t n) { void *p = pool + used; used += (n + 15) & ~(size_t)15; return used <= sizeof pool ? p : NULL; }\n\
+         void free(void *p) { (void)p; }\nvoid *calloc(size_t a, size_t b) { return malloc(a * b); }\n\
+         void *realloc(void *p, size_t n) { (void)p; return malloc(n); }\n\
+         int main(void) { char l[8]; printf(\"ready %d\\n\", (int)getpid()); fflush(stdout); if (!fgets(l, 8, stdin)) return 3; puts(\"done\"); return 0; }\n",
+    )
+    .unwrap();
+    let prog = dir.join("own_malloc");
+    let o = Command::new("cc").arg("-rdynamic").arg(&src).arg("-o").arg(&prog).output().expect("cc");
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let s = Standby::start_plain(&dir, &[prog.to_str().unwrap()]);
+    let refused = attach(&[&s.pid.to_string()]);
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", s.pid)).unwrap();
+    let pid = s.pid;
+    let (lines, _) = s.finish_with_output();
+    assert_eq!(refused.status.code(), Some(2), "{}", text(&refused.stderr));
+    assert!(text(&refused.stderr).contains("its own malloc"), "{}", text(&refused.stderr));
+    assert!(!maps.contains("libleaktrace"), "process {pid} was touched");
+    assert_eq!(lines, vec!["done".to_string()]);
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 || !Command::new("setpriv").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        skip::not_here("the other-user case runs the command as user nobody, which needs root and setpriv");
+        return;
+    }
+    let open = std::env::temp_dir().join(format!("leaktrace-refuse-test-{}", std::process::id()));
+    std::fs::create_dir_all(&open).unwrap();
+    let cmd = open.join("leaktrace");
+    std::fs::copy(bin(), &cmd).unwrap();
+    for p in [&open, &cmd] {
+        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    }
+    let plain = build(&fixture("standby.c"), &dir);
+    let s = Standby::start_plain(&dir, &[plain.to_str().unwrap(), "5", "5"]);
+    let other =
+        Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups"]).arg(&cmd).args(["attach", &s.pid.to_string()]).output().unwrap();
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", s.pid)).unwrap();
+    let (lines, _) = s.finish_with_output();
+    let _ = std::fs::remove_dir_all(&open);
+    assert_eq!(other.status.code(), Some(2), "{}", text(&other.stderr));
+    assert!(text(&other.stderr).contains("run as that user or as root"), "{}", text(&other.stderr));
+    assert!(!maps.contains("libleaktrace"));
+    assert_eq!(lines, vec!["done".to_string()]);
+}
