@@ -129,6 +129,18 @@ pub struct ToInject {
 /// `Some` when process `pid` runs without the library (`inject` loads it); `None` when
 /// the library is there (standby, or recording since its start: the socket answers);
 /// the reason when it can never be loaded (gone, static, musl).
+/// Whether process `pid` has the library loaded late (by an earlier `attach`, not
+/// preloaded) and no answering thread: attached to and detached from before.
+pub fn detached_before(pid: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return false };
+    let Some(t) = target_of(&status, pid) else { return false };
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    let loaded = maps.lines().any(|l| l.rsplit('/').next().is_some_and(|f| f.starts_with("libleaktrace")));
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+    let preloaded = leaktrace_common::launch::environ_var(&environ, "LD_PRELOAD").is_some_and(|p| p.contains("libleaktrace"));
+    loaded && !preloaded && UnixStream::connect(socket_path(pid, &t)).is_err()
+}
+
 pub fn to_inject(pid: u32) -> Result<Option<ToInject>, String> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|_| format!("no process {pid}"))?;
     let t = target_of(&status, pid).ok_or_else(|| format!("cannot read /proc/{pid}/status"))?;

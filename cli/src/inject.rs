@@ -418,6 +418,47 @@ pub fn inject(pid: u32, uid: u32, lib: &Path) -> Result<Injected, String> {
         ));
     };
     let lib_c = CString::new(lib_path.as_os_str().as_encoded_bytes()).map_err(|_| "the library's path has a NUL byte".to_string())?;
+    at_safe_point(pid, &maps, |held, mem, regs| {
+        let handle = call_in(held, mem, regs, dlopen, &lib_c)?;
+        if handle != 0 {
+            return Ok(());
+        }
+        let why = match dlerror {
+            Some(f) => restore_after(held, regs, |r| call_fn(held, mem, r, f, &[])).map(|p| mem.c_string(p)).unwrap_or_default(),
+            None => String::new(),
+        };
+        Err(format!("process {pid} could not load {}: {why}", lib_path.display()))
+    })
+}
+
+/// In a process attached to and detached from before (the library loaded, off, its
+/// answering thread gone): has the library listen on its socket again
+/// (`leaktrace_attach_listen`), so that `attach` can switch it on again.
+pub fn listen_again(pid: u32) -> Result<Injected, String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|_| format!("no process {pid}"))?;
+    if let Some(why) = ptrace_refusal(pid, &status) {
+        return Err(why);
+    }
+    let maps = maps_of(pid)?;
+    let lib = maps
+        .iter()
+        .find(|m| m.offset == 0 && file_name(&m.path).starts_with("libleaktrace"))
+        .ok_or_else(|| format!("process {pid} has no libleaktrace loaded"))?;
+    let file = if same_root(pid) { PathBuf::from(&lib.path) } else { PathBuf::from(format!("/proc/{pid}/root{}", lib.path)) };
+    let elf = std::fs::read(&file).map_err(|e| format!("cannot read {} ({e})", file.display()))?;
+    let listen = dynamic_symbol(&elf, "leaktrace_attach_listen").ok_or_else(|| {
+        format!("the leaktrace library in process {pid} ({}) is another version, without leaktrace_attach_listen: it cannot be attached to again", lib.path)
+    })? + lib.lo;
+    at_safe_point(pid, &maps, |held, mem, regs| match restore_after(held, regs, |r| call_fn(held, mem, r, listen, &[]))? {
+        1 => Ok(()),
+        _ => Err(format!("process {pid}: the library could not listen again (see the process's stderr)")),
+    })
+}
+
+/// Finds a thread of process `pid` at a point where it holds no lock of the C
+/// library's (see the module's text), has `call` run on it (stopped, registers
+/// `regs`), and lets it go.
+fn at_safe_point(pid: u32, maps: &[Mapping], call: impl Fn(&Held, &Memory, &libc::user_regs_struct) -> Result<(), String>) -> Result<Injected, String> {
     let mem = Memory::open(pid)?;
     // Ctrl-C must not end this command while a thread of the process runs our call.
     let _blocked = BlockedSignals::new();
@@ -450,21 +491,12 @@ pub fn inject(pid: u32, uid: u32, lib: &Path) -> Result<Injected, String> {
             if tid == pid {
                 main_tp = regs.fs_base;
             }
-            if main_tp == 0 || !safe_point(&regs, &maps) {
+            if main_tp == 0 || !safe_point(&regs, maps) {
                 held.resume();
                 drop(held);
                 continue;
             }
-            let handle = call_in(&held, &mem, &regs, dlopen, &lib_c)?;
-            let result = if handle == 0 {
-                let why = match dlerror {
-                    Some(f) => restore_after(&held, &regs, |r| call_fn(&held, &mem, r, f, &[])).map(|p| mem.c_string(p)).unwrap_or_default(),
-                    None => String::new(),
-                };
-                Err(format!("process {pid} could not load {}: {why}", lib_path.display()))
-            } else {
-                Ok(Injected { main_tp, thread: tid, pause: stopped_at.elapsed() })
-            };
+            let result = call(&held, &mem, &regs).map(|()| Injected { main_tp, thread: tid, pause: stopped_at.elapsed() });
             drop(held);
             return result;
         }

@@ -471,6 +471,13 @@ fn cmd_attach(args: &AttachArgs) -> Result<u8, Fail> {
             );
             request = format!("on main_tp={:x}", injected.main_tp);
             output = output.or_else(|| Some(run::default_output_dir(&target.program)));
+        } else if attach::detached_before(args.pid) {
+            // Attached to and detached from before: the library listens again.
+            let again = inject::listen_again(args.pid).map_err(usage)?;
+            eprintln!("leaktrace: process {} listens again (its thread {} stopped for {:.1} ms)", args.pid, again.thread, again.pause.as_secs_f64() * 1e3);
+            request = format!("on main_tp={:x}", again.main_tp);
+            let program = std::fs::read_to_string(format!("/proc/{}/comm", args.pid)).map(|c| c.trim().to_string()).unwrap_or_else(|_| "process".into());
+            output = output.or_else(|| Some(run::default_output_dir(&program)));
         }
     }
     if let Some(dir) = output {

@@ -108,7 +108,9 @@ fn start_tracking(config: Config, host_tracking: String, glibc_heap: bool, befor
             }
             crate::scan::roots::install();
         }
-        *STATE.lock() = Some(Consumer { model: Collector::new(), order: DrainState::default() });
+        // A recording after a detach starts where the channel's tickets are.
+        let order = if LIFECYCLE.phase() == crate::lifecycle::Phase::Finished { channel::reopen() } else { DrainState::default() };
+        *STATE.lock() = Some(Consumer { model: Collector::new(), order });
         let lazy = config.collector.resolve(&process.argv) == crate::config::CollectorStart::Lazy;
         let mut side = ReportSide::new(config, process, output_dir, symbolizer, host_tracking, suppressions);
         // A cgo program may be gone before the collector's first turn: its first report
@@ -146,6 +148,8 @@ fn start_tracking(config: Config, host_tracking: String, glibc_heap: bool, befor
         if lazy {
             LIFECYCLE.defer_collector();
         } else {
+            // Asked to leave at the last detach, if there was one.
+            LIFECYCLE.collector_may_run();
             spawn_collector();
         }
         true

@@ -36,6 +36,7 @@ use crate::os::fds::stderr_line;
 
 /// What switching on needs: what the constructor would have passed to `start`, and
 /// what the interposition layer does once tracking runs (fork handlers, signals).
+#[derive(Clone)]
 struct Pending {
     config: Config,
     host_tracking: String,
@@ -277,10 +278,51 @@ fn switch_off() -> Result<String, String> {
     }
     let undo = *ON_STOPPED.lock().unwrap_or_else(|e| e.into_inner());
     let done = super::detach(undo);
-    if done.is_ok() && LATE.load(Ordering::SeqCst) {
-        LEAVE.store(true, Ordering::SeqCst);
+    if done.is_ok() {
+        // It may be switched on again: what the last switch had.
+        let last = LAST.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        *PENDING.lock().unwrap_or_else(|e| e.into_inner()) = last;
+        if LATE.load(Ordering::SeqCst) {
+            LEAVE.store(true, Ordering::SeqCst);
+        }
     }
     done
+}
+
+/// What the last switch on was given (for the next one, after a detach).
+static LAST: Mutex<Option<Pending>> = Mutex::new(None);
+
+/// A library loaded late whose recording was ended (`off`): the thread that answers
+/// starts again, on a new socket, so that `leaktrace attach` can switch it on again.
+/// Called by the command through ptrace (`leaktrace_attach_listen`). False when there
+/// is nothing to switch on or the thread could not start.
+pub fn listen_again() -> bool {
+    if LIFECYCLE.tracking() || PENDING.lock().unwrap_or_else(|e| e.into_inner()).is_none() || !LATE.load(Ordering::SeqCst) {
+        return false;
+    }
+    if LISTENER.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+        return true;
+    }
+    thread::untracked(|| {
+        // SAFETY: geteuid cannot fail.
+        let uid = unsafe { libc::geteuid() };
+        let dir = socket_dir(std::path::Path::new("/tmp"), uid);
+        if private_dir(&dir, uid).is_err() {
+            return false;
+        }
+        let path = dir.join(socket_name(std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let Ok(listener) = UnixListener::bind(&path) else { return false };
+        let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
+        LEAVE.store(false, Ordering::SeqCst);
+        OWNER.store(std::process::id(), Ordering::SeqCst);
+        *LISTENER.lock().unwrap_or_else(|e| e.into_inner()) = Some((listener, path));
+        if thread::spawn_internal(listener_main).is_err() {
+            remove_socket();
+            return false;
+        }
+        true
+    })
 }
 
 /// Starts tracking now, once; the report directory.
@@ -307,6 +349,7 @@ fn switch_on(args: OnArgs) -> Result<String, String> {
         p.config.summary = crate::config::Summary::Never;
     }
     *ON_STOPPED.lock().unwrap_or_else(|e| e.into_inner()) = Some(p.on_stopped);
+    *LAST.lock().unwrap_or_else(|e| e.into_inner()) = Some(p.clone());
     if p.route.is_some() && p.config.scan {
         thread::untracked(|| crate::scan::roots::record_main_tls_of(args.main_tp));
     }

@@ -128,6 +128,10 @@ impl ThreadRing {
 /// Creates the thread-exit key; called once from the library constructor.
 pub fn init() {
     super::mapping::detect_prefetch_for_write();
+    if RETIRE_KEY.load(Ordering::Acquire) != 0 {
+        // A second recording of the same process (attached again after a detach).
+        return;
+    }
     let mut key: libc::pthread_key_t = 0;
     // SAFETY: valid out pointer; the destructor never unwinds.
     if unsafe { libc::pthread_key_create(&mut key, Some(retire_ring)) } == 0 {
@@ -465,6 +469,21 @@ pub fn rings_grown() -> u64 {
 
 pub fn close() {
     CLOSED.store(true, Ordering::SeqCst);
+}
+
+/// A second recording of the same process starts (attached again after a detach):
+/// the channel opens, whatever a straggler left in a ring since the last drain is
+/// dropped, and the drain starts at the tickets taken so far.
+pub fn reopen() -> DrainState {
+    for r in rings() {
+        r.head.0.store(r.producer.0.tail.load(Ordering::Acquire), Ordering::Release);
+    }
+    let mut d = DrainState::default();
+    for (b, t) in TICKETS.iter().enumerate() {
+        d.next[b] = t.0.load(Ordering::SeqCst);
+    }
+    CLOSED.store(false, Ordering::SeqCst);
+    d
 }
 
 /// After a recording ended with the process running on (`agent::detach`): the rings'

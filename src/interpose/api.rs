@@ -210,3 +210,12 @@ pub extern "C" fn __lsan_unregister_root_region(p: *const c_void, size: usize) {
         }
     });
 }
+
+/// For `leaktrace attach`, which calls it through ptrace in a process it attached to
+/// and detached from before: the library (loaded, off) listens on its socket again so
+/// that it can be switched on again. 1 when it listens, 0 otherwise.
+#[cfg_attr(not(test), no_mangle)]
+pub extern "C" fn leaktrace_attach_listen() -> c_int {
+    let _errno = ErrnoGuard::save();
+    std::panic::catch_unwind(agent::standby::listen_again).map_or(0, c_int::from)
+}

@@ -71,6 +71,17 @@ extern "C" fn on_load() {
 
 /// Once tracking runs: the exit status handler, the fork handlers, the signals.
 fn after_start(config: &Config) {
+    if let Some(sig) = config.snapshot_signal {
+        SNAPSHOT_SIGNAL.store(sig, Ordering::Relaxed);
+        install_snapshot_signal(sig);
+    }
+    install_termination_signals(config.snapshot_signal);
+    // Once per process image: a second recording (attached again after a detach) keeps
+    // the handlers the first registered (they do nothing while nothing records).
+    static REGISTERED: AtomicBool = AtomicBool::new(false);
+    if REGISTERED.swap(true, Ordering::AcqRel) {
+        return;
+    }
     if config.exit_code.is_some() {
         extern "C" {
             fn on_exit(f: extern "C" fn(c_int, *mut c_void), arg: *mut c_void) -> c_int;
@@ -80,11 +91,6 @@ fn after_start(config: &Config) {
     }
     // SAFETY: the three handlers are extern "C" functions that never unwind.
     unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
-    if let Some(sig) = config.snapshot_signal {
-        SNAPSHOT_SIGNAL.store(sig, Ordering::Relaxed);
-        install_snapshot_signal(sig);
-    }
-    install_termination_signals(config.snapshot_signal);
 }
 
 /// A process switched on from standby (on the standby thread, the program running):

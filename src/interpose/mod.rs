@@ -8,7 +8,7 @@
 //! | lifecycle | `lifecycle.rs` | exit, quick_exit, _exit, _Exit, dlclose, unshare, setns, chroot (+ constructor/destructor, atfork, snapshot and SIGTERM handlers) |
 //! | threads   | `threads.rs`   | pthread_create (notes each new thread's stack bounds before its routine runs) |
 //! | signals   | `signals.rs`   | sigaction, signal, bsd_signal (a termination signal whose handler is ours stays ours when the program asks for its default; everything else passes through) |
-//! | API       | `api.rs`       | leaktrace_active, leaktrace_mark, leaktrace_snapshot, leaktrace_snapshot_json, __lsan_do_leak_check, __lsan_do_recoverable_leak_check, __lsan_ignore_object, __lsan_disable, __lsan_enable, __lsan_register_root_region, __lsan_unregister_root_region (`include/leaktrace.h`) |
+//! | API       | `api.rs`       | leaktrace_active, leaktrace_mark, leaktrace_snapshot, leaktrace_snapshot_json, leaktrace_attach_listen, __lsan_do_leak_check, __lsan_do_recoverable_leak_check, __lsan_ignore_object, __lsan_disable, __lsan_enable, __lsan_register_root_region, __lsan_unregister_root_region (`include/leaktrace.h`) |
 //! | resolver  | `resolve.rs`   | dlsym, dlvsym (hand out our malloc hooks for the C library's functions and CUDA wrappers; `RTLD_NEXT` passes straight through) |
 //! | CUDA runtime | `cuda_runtime.rs` | `cuda_runtime::WRAPPED`: cudaMalloc, cudaFree, cudaMallocAsync, cudaFreeAsync, cudaMallocFromPoolAsync (+ `_ptsz`), cudaMallocManaged, cudaMallocPitch, cudaMalloc3D, cudaMallocHost, cudaHostAlloc, cudaFreeHost, cudaHostRegister, cudaHostUnregister, cudaDeviceReset, cudaGetDriverEntryPoint(ByVersion) (+ `_ptsz`) |
 //! | CUDA driver | `cuda_driver.rs` | `cuda_driver::WRAPPED`: cuMemAlloc_v2, cuMemFree_v2, cuMemAllocPitch_v2, cuMemAllocManaged, cuMemAllocAsync, cuMemFreeAsync, cuMemAllocFromPoolAsync (+ `_ptsz`), cuMemAllocHost_v2, cuMemHostAlloc, cuMemFreeHost, cuMemHostRegister_v2, cuMemHostUnregister, cuMemCreate, cuMemRelease, cuMemAddressReserve, cuMemAddressFree, cuMemMap, cuMemUnmap, cuCtxDestroy_v2, cuDevicePrimaryCtxReset(_v2), cuGetProcAddress(_v2, _v2_ptsz) |
@@ -74,6 +74,7 @@ pub const EXPORTED: &[&str] = &[
     "leaktrace_mark",
     "leaktrace_snapshot",
     "leaktrace_snapshot_json",
+    "leaktrace_attach_listen",
     "__lsan_do_leak_check",
     "__lsan_do_recoverable_leak_check",
     "__lsan_ignore_object",
