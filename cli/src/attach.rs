@@ -186,7 +186,7 @@ fn without_socket(pid: u32, request: &str, socket: &std::path::Path) -> Option<R
     let preloaded = var("LD_PRELOAD").is_some_and(|p| p.contains("libleaktrace"));
     if loaded && !preloaded {
         return Some(Err(format!(
-            "process {pid} was attached to and detached from before (the library stays loaded): attaching to it again is not supported yet"
+            "process {pid} is not recording (attached to and detached from before; the library stays loaded, off): `leaktrace attach {pid}` records it again"
         )));
     }
     if loaded && !on("LEAKTRACE_DISABLE") {
