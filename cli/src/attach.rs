@@ -26,8 +26,17 @@ fn target_of(status: &str, pid: u32) -> Option<Target> {
 /// The socket of process `pid` as this process can reach it.
 fn socket_path(pid: u32, t: &Target) -> PathBuf {
     let same_mounts = std::fs::read_link("/proc/self/ns/mnt").ok().is_some_and(|own| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).ok() == Some(own));
-    let tmp = if same_mounts { PathBuf::from("/tmp") } else { PathBuf::from(format!("/proc/{pid}/root/tmp")) };
+    let tmp = if same_mounts && same_root(pid) { PathBuf::from("/tmp") } else { PathBuf::from(format!("/proc/{pid}/root/tmp")) };
     tmp.join(format!("leaktrace-{}", t.uid)).join(format!("standby-{}.sock", t.own_pid))
+}
+
+/// Whether process `pid` sees the same file system root as this one (not chrooted, not
+/// a container's).
+pub fn same_root(pid: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let a = std::fs::metadata("/proc/self/root");
+    let b = std::fs::metadata(format!("/proc/{pid}/root"));
+    matches!((a, b), (Ok(a), Ok(b)) if a.dev() == b.dev() && a.ino() == b.ino())
 }
 
 /// Sends `request` to process `pid` in standby; its answer (what follows `ok`, or the
@@ -81,34 +90,67 @@ pub fn after_off(pid: u32, reply: &str) -> String {
     dir.to_string()
 }
 
+/// SIGINT and SIGTERM held off this command while it lives (taken by
+/// `wait_interruptible`).
+pub struct HeldSignals {
+    old: libc::sigset_t,
+}
+
+impl HeldSignals {
+    pub fn new() -> HeldSignals {
+        let set = HeldSignals::set();
+        // SAFETY: pthread_sigmask with valid pointers; a zeroed sigset_t is valid.
+        unsafe {
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+            HeldSignals { old }
+        }
+    }
+
+    /// SIGINT and SIGTERM.
+    fn set() -> libc::sigset_t {
+        // SAFETY: sigset operations on a local set.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGINT);
+            libc::sigaddset(&mut set, libc::SIGTERM);
+            set
+        }
+    }
+}
+
+impl Drop for HeldSignals {
+    fn drop(&mut self) {
+        let set = HeldSignals::set();
+        // SAFETY: sigtimedwait with a zero timeout takes a Ctrl-C that came after the
+        // wait (the recording has ended anyway); then the mask saved above is restored.
+        unsafe {
+            let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+            while libc::sigtimedwait(&set, std::ptr::null_mut(), &zero) > 0 {}
+            libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut());
+        }
+    }
+}
+
 /// Waits up to `limit` for SIGINT or SIGTERM to this command (held off meanwhile), or
 /// for process `pid` to end; true when it ended.
 pub fn wait_interruptible(pid: u32, limit: Duration) -> bool {
-    // SAFETY: sigset operations on local sets; pthread_sigmask and sigtimedwait with
-    // valid pointers.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
-        let start = std::time::Instant::now();
-        let mut ended = false;
-        while start.elapsed() < limit {
-            if !std::path::Path::new(&format!("/proc/{pid}")).exists() || is_zombie(pid) {
-                ended = true;
-                break;
-            }
-            let step = (limit - start.elapsed()).min(Duration::from_millis(200));
-            let ts = libc::timespec { tv_sec: step.as_secs() as libc::time_t, tv_nsec: step.subsec_nanos() as libc::c_long };
-            if libc::sigtimedwait(&set, std::ptr::null_mut(), &ts) > 0 {
-                break;
-            }
+    let _held = HeldSignals::new();
+    let set = HeldSignals::set();
+    let start = std::time::Instant::now();
+    while start.elapsed() < limit {
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() || is_zombie(pid) {
+            return true;
         }
-        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-        ended
+        let step = (limit - start.elapsed()).min(Duration::from_millis(200));
+        let ts = libc::timespec { tv_sec: step.as_secs() as libc::time_t, tv_nsec: step.subsec_nanos() as libc::c_long };
+        // SAFETY: sigtimedwait with a valid set and timeout; the signals are blocked.
+        if unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &ts) } > 0 {
+            break;
+        }
     }
+    false
 }
 
 /// Whether process `pid` has ended and waits for its parent (state Z).
@@ -129,16 +171,49 @@ pub struct ToInject {
 /// `Some` when process `pid` runs without the library (`inject` loads it); `None` when
 /// the library is there (standby, or recording since its start: the socket answers);
 /// the reason when it can never be loaded (gone, static, musl).
-/// Whether process `pid` has the library loaded late (by an earlier `attach`, not
-/// preloaded) and no answering thread: attached to and detached from before.
-pub fn detached_before(pid: u32) -> bool {
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return false };
-    let Some(t) = target_of(&status, pid) else { return false };
+/// A process with the library loaded and no thread answering for it, which the
+/// library's `leaktrace_attach_listen` (called through ptrace) wakes.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Asleep {
+    /// Loaded late by an earlier `attach`, and detached from: reports go where the
+    /// command says.
+    Detached,
+    /// A child a standby process forked before the switch: reports go where the
+    /// process was told at its start.
+    StandbyChild,
+}
+
+/// Whether process `pid` is `Asleep`.
+pub fn asleep(pid: u32) -> Option<Asleep> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let t = target_of(&status, pid)?;
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
     let loaded = maps.lines().any(|l| l.rsplit('/').next().is_some_and(|f| f.starts_with("libleaktrace")));
     let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
     let preloaded = leaktrace_common::launch::environ_var(&environ, "LD_PRELOAD").is_some_and(|p| p.contains("libleaktrace"));
-    loaded && !preloaded && UnixStream::connect(socket_path(pid, &t)).is_err()
+    let standby = leaktrace_common::launch::environ_var(&environ, "LEAKTRACE_STANDBY").is_some_and(|v| matches!(v.trim(), "1" | "true" | "yes" | "on"));
+    if !loaded || UnixStream::connect(socket_path(pid, &t)).is_ok() {
+        return None;
+    }
+    // Late and detached, or a child forked by a standby process (it has no socket of
+    // its own until it is asked to listen).
+    if !preloaded {
+        Some(Asleep::Detached)
+    } else if standby && forked(pid) {
+        Some(Asleep::StandbyChild)
+    } else {
+        None
+    }
+}
+
+/// Whether process `pid` was forked by a process that runs the same program (its
+/// parent's executable is its own): a DataLoader worker, a forked server child.
+fn forked(pid: u32) -> bool {
+    let ppid = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1).and_then(|p| p.parse::<u32>().ok())));
+    let exe = |p: u32| std::fs::read_link(format!("/proc/{p}/exe")).ok();
+    ppid.is_some_and(|pp| pp > 1 && exe(pp).is_some() && exe(pp) == exe(pid))
 }
 
 pub fn to_inject(pid: u32) -> Result<Option<ToInject>, String> {
@@ -179,7 +254,7 @@ fn without_socket(pid: u32, request: &str, socket: &std::path::Path) -> Option<R
     let on = |name: &str| var(name).is_some_and(|v| matches!(v.trim(), "1" | "true" | "yes" | "on"));
     if loaded && on("LEAKTRACE_STANDBY") {
         return Some(Err(format!(
-            "process {pid} was started in standby but does not answer at {}: its stderr says why (a directory it could not use), or it is a child forked from a standby process before the switch (children stay off)",
+            "process {pid} was started in standby but does not answer at {}: its stderr says why (a directory it could not use)",
             socket.display()
         )));
     }

@@ -38,6 +38,7 @@ struct Mapping {
     hi: u64,
     exec: bool,
     offset: u64,
+    inode: u64,
     path: String,
 }
 
@@ -52,9 +53,26 @@ fn parse_map_line(l: &str) -> Option<Mapping> {
     let perms = f.next()?;
     let offset = u64::from_str_radix(f.next()?, 16).ok()?;
     let _dev = f.next()?;
-    let _inode = f.next()?;
+    let inode = f.next()?.parse().ok()?;
     let path = f.collect::<Vec<_>>().join(" ");
-    Some(Mapping { lo: u64::from_str_radix(lo, 16).ok()?, hi: u64::from_str_radix(hi, 16).ok()?, exec: perms.as_bytes().get(2) == Some(&b'x'), offset, path })
+    Some(Mapping {
+        lo: u64::from_str_radix(lo, 16).ok()?,
+        hi: u64::from_str_radix(hi, 16).ok()?,
+        exec: perms.as_bytes().get(2) == Some(&b'x'),
+        offset,
+        inode,
+        path,
+    })
+}
+
+/// The file mapped at `m` in process `pid`, as this process can open it: through
+/// `/proc/PID/map_files` where allowed, else by its path as /proc shows it (relative
+/// to this process's root) or through the process's root, whichever is the same file
+/// (its inode).
+fn mapped_file(pid: u32, m: &Mapping) -> Option<PathBuf> {
+    let candidates =
+        [PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.lo, m.hi)), PathBuf::from(&m.path), PathBuf::from(format!("/proc/{pid}/root{}", m.path))];
+    candidates.into_iter().find(|p| std::fs::metadata(p).is_ok_and(|meta| meta.ino() == m.inode))
 }
 
 fn file_name(path: &str) -> &str {
@@ -124,19 +142,11 @@ fn find_libc(pid: u32, maps: &[Mapping]) -> Result<Libc, String> {
         .iter()
         .find(|m| m.offset == 0 && file_name(&m.path).starts_with("libc.so"))
         .ok_or_else(|| format!("process {pid} does not use glibc (no libc.so.6 in /proc/{pid}/maps): leaktrace attaches to glibc programs only"))?;
-    // The file as the process sees it: through its root (a container's) when ours differs.
-    let own = PathBuf::from(&m.path);
-    let theirs = PathBuf::from(format!("/proc/{pid}/root{}", m.path));
-    let file = if same_root(pid) { own } else { theirs };
+    let file = mapped_file(pid, m).ok_or_else(|| format!("cannot open process {pid}'s C library ({})", m.path))?;
     Ok(Libc { file, base: m.lo })
 }
 
-/// Whether process `pid` sees the same file system root as this one.
-fn same_root(pid: u32) -> bool {
-    let a = std::fs::metadata("/proc/self/root");
-    let b = std::fs::metadata(format!("/proc/{pid}/root"));
-    matches!((a, b), (Ok(a), Ok(b)) if a.dev() == b.dev() && a.ino() == b.ino())
-}
+use crate::attach::same_root;
 
 /// The value of the default-version definition of function `name` in the ELF64 shared
 /// object `elf` (its .dynsym), if any.
@@ -190,22 +200,67 @@ fn dynamic_symbol(elf: &[u8], name: &str) -> Option<u64> {
 /// preloaded before the C library (`LD_PRELOAD`). Modules it loaded later with
 /// `dlopen` are private to their callers and do not count.
 fn own_malloc(pid: u32, maps: &[Mapping]) -> Option<String> {
-    let root = if same_root(pid) { String::new() } else { format!("/proc/{pid}/root") };
     let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
     let preloaded: Vec<String> = leaktrace_common::launch::environ_var(&environ, "LD_PRELOAD")
         .map(|v| v.split([':', ' ']).filter(|p| !p.is_empty()).map(str::to_string).collect())
         .unwrap_or_default();
-    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok().map(|p| p.display().to_string());
-    let candidates =
-        exe.into_iter().chain(maps.iter().filter(|m| m.offset == 0 && preloaded.iter().any(|p| file_name(p) == file_name(&m.path))).map(|m| m.path.clone()));
-    for path in candidates {
-        let file = if path.starts_with('/') && !root.is_empty() { format!("{root}{path}") } else { path.clone() };
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok().map(|p| (PathBuf::from(format!("/proc/{pid}/exe")), p.display().to_string()));
+    let libs = maps
+        .iter()
+        .filter(|m| m.offset == 0 && preloaded.iter().any(|p| file_name(p) == file_name(&m.path)))
+        .filter_map(|m| Some((mapped_file(pid, m)?, m.path.clone())));
+    for (file, shown) in exe.into_iter().chain(libs) {
         let Ok(elf) = std::fs::read(&file) else { continue };
-        if dynamic_symbol(&elf, "malloc").is_some() && !file_name(&path).starts_with("libc.so") {
-            return Some(path);
+        if dynamic_symbol(&elf, "malloc").is_some() && !file_name(&shown).starts_with("libc.so") {
+            return Some(shown);
         }
     }
     None
+}
+
+/// For a process in another root (a container, seen from the host): a copy of the
+/// library inside its root, in `/tmp/leaktrace-UID/` (made by the process's user, 0700,
+/// as the standby socket's), and the copy's path as the process sees it. An existing
+/// directory that is not the user's own or is open to others is refused.
+fn copy_into_root(pid: u32, uid: u32, lib: &Path) -> Result<PathBuf, String> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let inside = PathBuf::from(format!("/tmp/leaktrace-{uid}"));
+    let dir = PathBuf::from(format!("/proc/{pid}/root")).join(inside.strip_prefix("/").unwrap_or(&inside));
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {
+            let c = CString::new(dir.as_os_str().as_encoded_bytes()).map_err(|_| "a path with a NUL byte".to_string())?;
+            // SAFETY: chown of the directory just made, by a NUL-terminated path.
+            unsafe { libc::chown(c.as_ptr(), uid, u32::MAX) };
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => {
+            return Err(format!(
+                "process {pid} runs in another root (a container), and {} cannot be made there ({e}): start it with `leaktrace run --standby`",
+                dir.display()
+            ))
+        }
+    }
+    let meta = std::fs::symlink_metadata(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
+        return Err(format!(
+            "{} is not a directory of user {uid}'s that only it may use (owner {}, mode {:o}); remove it",
+            dir.display(),
+            meta.uid(),
+            meta.mode() & 0o7777
+        ));
+    }
+    let bytes = std::fs::read(lib).map_err(|e| format!("cannot read {} ({e})", lib.display()))?;
+    // Named by its content, so that a copy already there is the same library.
+    let fnv = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    let name = format!("libleaktrace-{fnv:016x}.so");
+    let target = dir.join(&name);
+    if std::fs::read(&target).ok().as_deref() != Some(&bytes[..]) {
+        let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+        std::fs::write(&tmp, &bytes).map_err(|e| format!("cannot copy the library into process {pid}'s root ({e})"))?;
+        let _ = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644));
+        std::fs::rename(&tmp, &target).map_err(|e| format!("cannot copy the library into process {pid}'s root ({e})"))?;
+    }
+    Ok(inside.join(name))
 }
 
 /// Refuses a library file that a user other than root or the process's could replace:
@@ -410,13 +465,7 @@ pub fn inject(pid: u32, uid: u32, lib: &Path) -> Result<Injected, String> {
     let dlopen =
         dynamic_symbol(&elf, "dlopen").ok_or_else(|| format!("{} has no dlopen (glibc 2.34 or later is needed)", libc_map.file.display()))? + libc_map.base;
     let dlerror = dynamic_symbol(&elf, "dlerror").map(|v| v + libc_map.base);
-    let lib_path = if same_root(pid) {
-        lib.to_path_buf()
-    } else {
-        return Err(format!(
-            "process {pid} runs in another root (a container): start it with `leaktrace run --standby`, or run `leaktrace attach` inside the container"
-        ));
-    };
+    let lib_path = if same_root(pid) { lib.to_path_buf() } else { copy_into_root(pid, uid, lib)? };
     let lib_c = CString::new(lib_path.as_os_str().as_encoded_bytes()).map_err(|_| "the library's path has a NUL byte".to_string())?;
     at_safe_point(pid, &maps, |held, mem, regs| {
         let handle = call_in(held, mem, regs, dlopen, &lib_c)?;
@@ -444,7 +493,7 @@ pub fn listen_again(pid: u32) -> Result<Injected, String> {
         .iter()
         .find(|m| m.offset == 0 && file_name(&m.path).starts_with("libleaktrace"))
         .ok_or_else(|| format!("process {pid} has no libleaktrace loaded"))?;
-    let file = if same_root(pid) { PathBuf::from(&lib.path) } else { PathBuf::from(format!("/proc/{pid}/root{}", lib.path)) };
+    let file = mapped_file(pid, lib).ok_or_else(|| format!("cannot open process {pid}'s leaktrace library ({})", lib.path))?;
     let elf = std::fs::read(&file).map_err(|e| format!("cannot read {} ({e})", file.display()))?;
     let listen = dynamic_symbol(&elf, "leaktrace_attach_listen").ok_or_else(|| {
         format!("the leaktrace library in process {pid} ({}) is another version, without leaktrace_attach_listen: it cannot be attached to again", lib.path)
@@ -642,8 +691,8 @@ mod tests {
     #[test]
     fn a_thread_in_the_c_library_waits_and_one_in_a_sleep_or_its_own_code_goes() {
         let maps = vec![
-            Mapping { lo: 0x1000, hi: 0x2000, exec: true, offset: 0, path: "/usr/bin/python3.11".into() },
-            Mapping { lo: 0x5000, hi: 0x6000, exec: true, offset: 0, path: "/usr/lib/x86_64-linux-gnu/libc.so.6".into() },
+            Mapping { lo: 0x1000, hi: 0x2000, exec: true, offset: 0, inode: 1, path: "/usr/bin/python3.11".into() },
+            Mapping { lo: 0x5000, hi: 0x6000, exec: true, offset: 0, inode: 2, path: "/usr/lib/x86_64-linux-gnu/libc.so.6".into() },
         ];
         // SAFETY: zeroed is a valid user_regs_struct.
         let mut r: libc::user_regs_struct = unsafe { std::mem::zeroed() };

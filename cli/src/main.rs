@@ -458,6 +458,9 @@ fn cmd_attach(args: &AttachArgs) -> Result<u8, Fail> {
         "on".to_string()
     };
     let mut output = args.output.clone();
+    // With a duration, Ctrl-C ends the recording, whenever it comes: held off until the
+    // wait that takes it (`attach::wait_interruptible`).
+    let _held = args.duration.is_some().then(attach::HeldSignals::new);
     if request == "on" {
         if let Some(target) = attach::to_inject(args.pid).map_err(usage)? {
             // Started without the library: ptrace loads it, then the socket switches it on.
@@ -471,13 +474,15 @@ fn cmd_attach(args: &AttachArgs) -> Result<u8, Fail> {
             );
             request = format!("on main_tp={:x}", injected.main_tp);
             output = output.or_else(|| Some(run::default_output_dir(&target.program)));
-        } else if attach::detached_before(args.pid) {
-            // Attached to and detached from before: the library listens again.
+        } else if let Some(asleep) = attach::asleep(args.pid) {
+            // Detached from before, or forked by a standby process: the library listens.
             let again = inject::listen_again(args.pid).map_err(usage)?;
             eprintln!("leaktrace: process {} listens again (its thread {} stopped for {:.1} ms)", args.pid, again.thread, again.pause.as_secs_f64() * 1e3);
-            request = format!("on main_tp={:x}", again.main_tp);
-            let program = std::fs::read_to_string(format!("/proc/{}/comm", args.pid)).map(|c| c.trim().to_string()).unwrap_or_else(|_| "process".into());
-            output = output.or_else(|| Some(run::default_output_dir(&program)));
+            if asleep == attach::Asleep::Detached {
+                request = format!("on main_tp={:x}", again.main_tp);
+                let program = std::fs::read_to_string(format!("/proc/{}/comm", args.pid)).map(|c| c.trim().to_string()).unwrap_or_else(|_| "process".into());
+                output = output.or_else(|| Some(run::default_output_dir(&program)));
+            }
         }
     }
     if let Some(dir) = output {

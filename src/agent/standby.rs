@@ -296,11 +296,22 @@ static LAST: Mutex<Option<Pending>> = Mutex::new(None);
 /// starts again, on a new socket, so that `leaktrace attach` can switch it on again.
 /// Called by the command through ptrace (`leaktrace_attach_listen`). False when there
 /// is nothing to switch on or the thread could not start.
+///
+/// Also a child that a standby process forked before it was switched on: it inherits
+/// the standby state, but not the thread (threads do not survive fork) nor the socket
+/// (named by the parent's pid); the command calls the same function in the child.
 pub fn listen_again() -> bool {
-    if LIFECYCLE.tracking() || PENDING.lock().unwrap_or_else(|e| e.into_inner()).is_none() || !LATE.load(Ordering::SeqCst) {
+    let forked_child = OWNER.load(Ordering::SeqCst) != std::process::id();
+    if LIFECYCLE.tracking() || PENDING.lock().unwrap_or_else(|e| e.into_inner()).is_none() || !(LATE.load(Ordering::SeqCst) || forked_child) {
         return false;
     }
-    if LISTENER.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+    if forked_child {
+        // The parent's listener and socket, as this copy of them holds them: forgotten,
+        // never closed or removed here (the descriptor is closed, the name is the parent's).
+        if let Some((l, _)) = LISTENER.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            drop(l);
+        }
+    } else if LISTENER.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
         return true;
     }
     thread::untracked(|| {
