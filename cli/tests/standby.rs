@@ -315,8 +315,19 @@ fn ptrace_denied() -> Option<String> {
     let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").ok().and_then(|s| s.trim().parse::<u32>().ok()).unwrap_or(0);
     // SAFETY: geteuid cannot fail.
     let root = unsafe { libc::geteuid() } == 0;
-    (scope >= 3 || (scope >= 1 && !root))
-        .then(|| format!("kernel.yama.ptrace_scope = {scope} keeps this user from tracing a process it did not start as a child"))
+    if scope >= 3 || (scope >= 1 && !root) {
+        return Some(format!("kernel.yama.ptrace_scope = {scope} keeps this user from tracing a process it did not start as a child"));
+    }
+    // A container's seccomp profile or a missing capability may refuse it anyway: try.
+    let mut child = Command::new("sleep").arg("30").spawn().ok()?;
+    // SAFETY: PTRACE_SEIZE of our own child, which is killed right after.
+    let rc = unsafe { libc::ptrace(libc::PTRACE_SEIZE, child.id() as libc::pid_t, std::ptr::null_mut::<libc::c_void>(), std::ptr::null_mut::<libc::c_void>()) };
+    let err = std::io::Error::last_os_error();
+    let _ = child.kill();
+    let _ = child.wait();
+    (rc != 0).then(|| {
+        format!("this machine refuses ptrace to the tests' own child ({err}): a container without CAP_SYS_PTRACE, or a seccomp profile that blocks it")
+    })
 }
 
 /// The C program of the standby test, started on its own: `leaktrace attach` loads the
