@@ -90,44 +90,52 @@ pub fn after_off(pid: u32, reply: &str) -> String {
     dir.to_string()
 }
 
-/// SIGINT and SIGTERM held off this command while it lives (taken by
-/// `wait_interruptible`).
+/// Signals held off this command while it lives: SIGINT and SIGTERM during `attach
+/// --duration` (taken by `wait_interruptible`, and any that came after the wait taken
+/// when the guard goes: the recording has ended anyway), and the terminal's signals
+/// while a thread of the target runs our call (`inject`: delivered after it).
 pub struct HeldSignals {
     old: libc::sigset_t,
+    held: libc::sigset_t,
+    take_pending: bool,
 }
 
+/// SIGINT and SIGTERM: what ends `attach --duration`.
+pub const INTERRUPT: [libc::c_int; 2] = [libc::SIGINT, libc::SIGTERM];
+
 impl HeldSignals {
-    pub fn new() -> HeldSignals {
-        let set = HeldSignals::set();
+    pub fn new(signals: &[libc::c_int], take_pending: bool) -> HeldSignals {
+        let held = signal_set(signals);
         // SAFETY: pthread_sigmask with valid pointers; a zeroed sigset_t is valid.
         unsafe {
             let mut old: libc::sigset_t = std::mem::zeroed();
-            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
-            HeldSignals { old }
+            libc::pthread_sigmask(libc::SIG_BLOCK, &held, &mut old);
+            HeldSignals { old, held, take_pending }
         }
     }
+}
 
-    /// SIGINT and SIGTERM.
-    fn set() -> libc::sigset_t {
-        // SAFETY: sigset operations on a local set.
-        unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, libc::SIGINT);
-            libc::sigaddset(&mut set, libc::SIGTERM);
-            set
+fn signal_set(signals: &[libc::c_int]) -> libc::sigset_t {
+    // SAFETY: sigset operations on a local set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for &s in signals {
+            libc::sigaddset(&mut set, s);
         }
+        set
     }
 }
 
 impl Drop for HeldSignals {
     fn drop(&mut self) {
-        let set = HeldSignals::set();
-        // SAFETY: sigtimedwait with a zero timeout takes a Ctrl-C that came after the
-        // wait (the recording has ended anyway); then the mask saved above is restored.
+        // SAFETY: sigtimedwait with a zero timeout on the held set; then the mask saved
+        // above is restored.
         unsafe {
-            let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-            while libc::sigtimedwait(&set, std::ptr::null_mut(), &zero) > 0 {}
+            if self.take_pending {
+                let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+                while libc::sigtimedwait(&self.held, std::ptr::null_mut(), &zero) > 0 {}
+            }
             libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut());
         }
     }
@@ -136,8 +144,8 @@ impl Drop for HeldSignals {
 /// Waits up to `limit` for SIGINT or SIGTERM to this command (held off meanwhile), or
 /// for process `pid` to end; true when it ended.
 pub fn wait_interruptible(pid: u32, limit: Duration) -> bool {
-    let _held = HeldSignals::new();
-    let set = HeldSignals::set();
+    let _held = HeldSignals::new(&INTERRUPT, true);
+    let set = signal_set(&INTERRUPT);
     let start = std::time::Instant::now();
     while start.elapsed() < limit {
         if !std::path::Path::new(&format!("/proc/{pid}")).exists() || is_zombie(pid) {
@@ -159,6 +167,40 @@ fn is_zombie(pid: u32) -> bool {
         .ok()
         .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')))
         .unwrap_or(false)
+}
+
+/// What /proc says of the library in process `pid`.
+struct Library {
+    /// libleaktrace is mapped.
+    loaded: bool,
+    /// It is in the process's `LD_PRELOAD`.
+    preloaded: bool,
+    /// `LEAKTRACE_STANDBY` is on in its environment.
+    standby: bool,
+    environ: Vec<u8>,
+}
+
+impl Library {
+    fn of(pid: u32) -> Library {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+        Library::from(&maps, std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default())
+    }
+
+    fn from(maps: &str, environ: Vec<u8>) -> Library {
+        let loaded = maps.lines().any(|l| l.rsplit('/').next().is_some_and(|f| f.starts_with("libleaktrace")));
+        let mut lib = Library { loaded, preloaded: false, standby: false, environ };
+        lib.preloaded = lib.var("LD_PRELOAD").is_some_and(|p| p.contains("libleaktrace"));
+        lib.standby = lib.on("LEAKTRACE_STANDBY");
+        lib
+    }
+
+    fn var(&self, name: &str) -> Option<String> {
+        leaktrace_common::launch::environ_var(&self.environ, name)
+    }
+
+    fn on(&self, name: &str) -> bool {
+        self.var(name).is_some_and(|v| matches!(v.trim(), "1" | "true" | "yes" | "on"))
+    }
 }
 
 /// A process started without the library, which ptrace can load it into: its user and
@@ -187,19 +229,15 @@ pub enum Asleep {
 pub fn asleep(pid: u32) -> Option<Asleep> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let t = target_of(&status, pid)?;
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
-    let loaded = maps.lines().any(|l| l.rsplit('/').next().is_some_and(|f| f.starts_with("libleaktrace")));
-    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-    let preloaded = leaktrace_common::launch::environ_var(&environ, "LD_PRELOAD").is_some_and(|p| p.contains("libleaktrace"));
-    let standby = leaktrace_common::launch::environ_var(&environ, "LEAKTRACE_STANDBY").is_some_and(|v| matches!(v.trim(), "1" | "true" | "yes" | "on"));
-    if !loaded || UnixStream::connect(socket_path(pid, &t)).is_ok() {
+    let lib = Library::of(pid);
+    if !lib.loaded || UnixStream::connect(socket_path(pid, &t)).is_ok() {
         return None;
     }
     // Late and detached, or a child forked by a standby process (it has no socket of
     // its own until it is asked to listen).
-    if !preloaded {
+    if !lib.preloaded {
         Some(Asleep::Detached)
-    } else if standby && forked(pid) {
+    } else if lib.standby && forked(pid) {
         Some(Asleep::StandbyChild)
     } else {
         None
@@ -228,7 +266,7 @@ pub fn to_inject(pid: u32) -> Result<Option<ToInject>, String> {
             format!("cannot read /proc/{pid}/maps ({e})")
         }
     })?;
-    if maps.lines().any(|l| l.rsplit('/').next().is_some_and(|f| f.starts_with("libleaktrace"))) {
+    if Library::from(&maps, Vec::new()).loaded {
         return Ok(None);
     }
     if let Ok(exe) = std::fs::read(format!("/proc/{pid}/exe")) {
@@ -247,24 +285,20 @@ pub fn to_inject(pid: u32) -> Result<Option<ToInject>, String> {
 /// answer where its reports go; a standby process whose socket is gone, a static or
 /// musl program: the reason. `None` when nothing more is known (not in standby).
 fn without_socket(pid: u32, request: &str, socket: &std::path::Path) -> Option<Result<String, String>> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
-    let loaded = maps.lines().any(|l| l.rsplit('/').next().is_some_and(|f| f.starts_with("libleaktrace")));
-    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-    let var = |name: &str| leaktrace_common::launch::environ_var(&environ, name);
-    let on = |name: &str| var(name).is_some_and(|v| matches!(v.trim(), "1" | "true" | "yes" | "on"));
-    if loaded && on("LEAKTRACE_STANDBY") {
+    let lib = Library::of(pid);
+    let (loaded, var) = (lib.loaded, |name: &str| lib.var(name));
+    if loaded && lib.standby {
         return Some(Err(format!(
             "process {pid} was started in standby but does not answer at {}: its stderr says why (a directory it could not use)",
             socket.display()
         )));
     }
-    let preloaded = var("LD_PRELOAD").is_some_and(|p| p.contains("libleaktrace"));
-    if loaded && !preloaded {
+    if loaded && !lib.preloaded {
         return Some(Err(format!(
             "process {pid} is not recording (attached to and detached from before; the library stays loaded, off): `leaktrace attach {pid}` records it again"
         )));
     }
-    if loaded && !on("LEAKTRACE_DISABLE") {
+    if loaded && !lib.on("LEAKTRACE_DISABLE") {
         let dir = var("LEAKTRACE_OUTPUT")
             .or_else(|| std::fs::read_link(format!("/proc/{pid}/cwd")).ok().map(|p| p.display().to_string()))
             .unwrap_or_else(|| "its working directory".into());

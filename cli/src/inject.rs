@@ -510,7 +510,7 @@ pub fn listen_again(pid: u32) -> Result<Injected, String> {
 fn at_safe_point(pid: u32, maps: &[Mapping], call: impl Fn(&Held, &Memory, &libc::user_regs_struct) -> Result<(), String>) -> Result<Injected, String> {
     let mem = Memory::open(pid)?;
     // Ctrl-C must not end this command while a thread of the process runs our call.
-    let _blocked = BlockedSignals::new();
+    let _blocked = crate::attach::HeldSignals::new(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT], false);
     let tids = threads_of(pid);
     let deadline = Instant::now() + FIND_SAFE_POINT;
     let mut main_tp = 0u64;
@@ -642,34 +642,6 @@ fn threads_of(pid: u32) -> Vec<u32> {
         tids.push(pid);
     }
     tids
-}
-
-/// SIGINT, SIGTERM, SIGHUP and SIGQUIT held off this command while it lives.
-struct BlockedSignals {
-    old: libc::sigset_t,
-}
-
-impl BlockedSignals {
-    fn new() -> BlockedSignals {
-        // SAFETY: sigset operations on local sets; pthread_sigmask with valid pointers.
-        unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            let mut old: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
-                libc::sigaddset(&mut set, s);
-            }
-            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
-            BlockedSignals { old }
-        }
-    }
-}
-
-impl Drop for BlockedSignals {
-    fn drop(&mut self) {
-        // SAFETY: restores the mask saved above.
-        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut()) };
-    }
 }
 
 #[cfg(test)]

@@ -460,7 +460,7 @@ fn cmd_attach(args: &AttachArgs) -> Result<u8, Fail> {
     let mut output = args.output.clone();
     // With a duration, Ctrl-C ends the recording, whenever it comes: held off until the
     // wait that takes it (`attach::wait_interruptible`).
-    let _held = args.duration.is_some().then(attach::HeldSignals::new);
+    let _held = args.duration.is_some().then(|| attach::HeldSignals::new(&attach::INTERRUPT, true));
     if request == "on" {
         if let Some(target) = attach::to_inject(args.pid).map_err(usage)? {
             // Started without the library: ptrace loads it, then the socket switches it on.

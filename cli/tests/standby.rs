@@ -309,8 +309,20 @@ fn attach_to_a_process_recording_since_its_start_or_a_static_one_says_what_it_is
 
 // ---- attach to a process started without the library (ptrace) -------------------------
 
-/// Whether this machine lets the tests trace their own children (ptrace); the reason
-/// when not.
+/// Whether this machine lets the tests trace their own children (ptrace); when not,
+/// the test says it is skipped and why.
+fn ptrace_here() -> bool {
+    match ptrace_denied() {
+        Some(why) => {
+            skip::not_here(&why);
+            false
+        }
+        None => true,
+    }
+}
+
+/// Why this machine does not let the tests trace their own children (ptrace), if it
+/// does not.
 fn ptrace_denied() -> Option<String> {
     let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").ok().and_then(|s| s.trim().parse::<u32>().ok()).unwrap_or(0);
     // SAFETY: geteuid cannot fail.
@@ -335,8 +347,7 @@ fn ptrace_denied() -> Option<String> {
 /// are leaks, at their function; the program's output and exit status are its own.
 #[test]
 fn attach_loads_the_library_into_a_c_program_started_without_it() {
-    if let Some(why) = ptrace_denied() {
-        skip::not_here(&why);
+    if !ptrace_here() {
         return;
     }
     let dir = scratch("ptrace-c");
@@ -366,8 +377,7 @@ fn attach_loads_the_library_into_a_c_program_started_without_it() {
 /// interpreter's objects (its arenas mapped before the attach are found too).
 #[test]
 fn attach_finds_a_python_loops_growth_at_its_line() {
-    if let Some(why) = ptrace_denied() {
-        skip::not_here(&why);
+    if !ptrace_here() {
         return;
     }
     let python = std::env::var("LEAKTRACE_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
@@ -403,8 +413,7 @@ fn attach_finds_a_python_loops_growth_at_its_line() {
 /// ends as it would have, and nothing it freed is called a leak.
 #[test]
 fn attach_in_an_allocation_storm_of_eight_threads() {
-    if let Some(why) = ptrace_denied() {
-        skip::not_here(&why);
+    if !ptrace_here() {
         return;
     }
     let dir = scratch("ptrace-storm");
@@ -442,8 +451,7 @@ fn footprint(pid: u32) -> (usize, Vec<String>, String, u64) {
 /// says "detach". Attaching again is refused in words.
 #[test]
 fn detach_leaves_a_process_as_it_found_it() {
-    if let Some(why) = ptrace_denied() {
-        skip::not_here(&why);
+    if !ptrace_here() {
         return;
     }
     let dir = scratch("detach");
@@ -480,8 +488,7 @@ fn reasons(dir: &Path) -> Vec<String> {
 /// keeps the threads, descriptors and signal handlers it had.
 #[test]
 fn a_hundred_attach_and_detach_cycles_in_an_allocation_storm() {
-    if let Some(why) = ptrace_denied() {
-        skip::not_here(&why);
+    if !ptrace_here() {
         return;
     }
     let cycles: usize = std::env::var("LEAKTRACE_TEST_ATTACH_CYCLES").ok().and_then(|v| v.parse().ok()).unwrap_or(100);
@@ -561,8 +568,7 @@ fn a_standby_process_switched_on_again_after_a_detach_records_anew() {
 /// it would have, and the last report finds the kept losses' growth at the script's line.
 #[test]
 fn attach_to_a_pytorch_training_loop_and_detach() {
-    if let Some(why) = ptrace_denied() {
-        skip::not_here(&why);
+    if !ptrace_here() {
         return;
     }
     let python = text(&Command::new("python3").args(["-c", "import sys; print(sys.executable)"]).output().unwrap().stdout).trim().to_owned();
@@ -593,8 +599,7 @@ fn attach_to_a_pytorch_training_loop_and_detach() {
 /// that user may not trace.
 #[test]
 fn attach_refuses_a_program_with_its_own_malloc_and_another_users_process() {
-    if let Some(why) = ptrace_denied() {
-        skip::not_here(&why);
+    if !ptrace_here() {
         return;
     }
     let dir = scratch("refuse");
@@ -651,8 +656,7 @@ fn attach_refuses_a_program_with_its_own_malloc_and_another_users_process() {
 /// reached through `/proc/PID/root`.
 #[test]
 fn attach_to_a_process_in_another_root() {
-    if let Some(why) = ptrace_denied() {
-        skip::not_here(&why);
+    if !ptrace_here() {
         return;
     }
     // SAFETY: geteuid cannot fail.
@@ -705,8 +709,7 @@ fn attach_to_a_process_in_another_root() {
 /// the last report is written, and the process runs on.
 #[test]
 fn ctrl_c_ends_an_attach_with_a_duration() {
-    if let Some(why) = ptrace_denied() {
-        skip::not_here(&why);
+    if !ptrace_here() {
         return;
     }
     let dir = scratch("ctrl-c");
@@ -743,8 +746,7 @@ fn ctrl_c_ends_an_attach_with_a_duration() {
 /// allocation, which no routed slot reaches, holds its address here (docs/limits.md).
 #[test]
 fn attach_sees_cuda_memory_through_the_routed_slots_stub_cuda() {
-    if let Some(why) = ptrace_denied() {
-        skip::not_here(&why);
+    if !ptrace_here() {
         return;
     }
     let dir = scratch("cuda");
@@ -788,8 +790,7 @@ fn attach_sees_cuda_memory_through_the_routed_slots_stub_cuda() {
 /// ptrace) and switches it on: the blocks it loses afterwards are its leaks.
 #[test]
 fn attach_switches_on_a_child_forked_by_a_standby_process() {
-    if let Some(why) = ptrace_denied() {
-        skip::not_here(&why);
+    if !ptrace_here() {
         return;
     }
     let dir = scratch("fork");

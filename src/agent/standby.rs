@@ -72,38 +72,47 @@ pub fn socket_name(pid: u32) -> String {
 /// switched on (the main thread's TLS is then recorded at the switch, not here).
 pub fn listen(config: Config, host_tracking: String, glibc_heap: bool, route: Option<fn()>, on_started: fn(&Config), on_stopped: fn()) -> bool {
     thread::untracked(|| {
-        // SAFETY: geteuid cannot fail.
-        let uid = unsafe { libc::geteuid() };
-        let dir = socket_dir(std::path::Path::new("/tmp"), uid);
-        if let Err(e) = private_dir(&dir, uid) {
+        if let Err(e) = bind_socket() {
             stderr_line(&format!("leaktrace: standby is off: {e}"));
             return false;
         }
-        let pid = std::process::id();
-        let path = dir.join(socket_name(pid));
-        // A socket left by an earlier process of the same id (killed before its exit).
-        let _ = std::fs::remove_file(&path);
-        let listener = match UnixListener::bind(&path) {
-            Ok(l) => l,
-            Err(e) => {
-                stderr_line(&format!("leaktrace: standby is off: cannot listen on {}: {e}", path.display()));
-                return false;
-            }
-        };
-        let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
         if config.scan && route.is_none() {
             // The main thread's TLS, read on the main thread (the constructor's).
             crate::scan::roots::record_main_tls();
         }
-        OWNER.store(pid, Ordering::SeqCst);
         *PENDING.lock().unwrap_or_else(|e| e.into_inner()) = Some(Pending { config, host_tracking, glibc_heap, route, on_started, on_stopped });
-        *LISTENER.lock().unwrap_or_else(|e| e.into_inner()) = Some((listener, path));
-        if let Err(rc) = thread::spawn_internal(listener_main) {
-            stderr_line(&format!("leaktrace: standby is off: cannot start its thread (error {rc})"));
-            remove_socket();
+        if let Err(e) = start_answering() {
+            stderr_line(&format!("leaktrace: standby is off: {e}"));
             return false;
         }
         true
+    })
+}
+
+/// Binds this process's socket in its user's private directory (a socket left by an
+/// earlier process of the same id, killed before its exit, removed first) and keeps it
+/// for the thread that answers; the reason when it cannot.
+fn bind_socket() -> Result<(), String> {
+    // SAFETY: geteuid cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    let dir = socket_dir(std::path::Path::new("/tmp"), uid);
+    private_dir(&dir, uid)?;
+    let pid = std::process::id();
+    let path = dir.join(socket_name(pid));
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path).map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+    let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
+    OWNER.store(pid, Ordering::SeqCst);
+    *LISTENER.lock().unwrap_or_else(|e| e.into_inner()) = Some((listener, path));
+    Ok(())
+}
+
+/// Starts the thread that answers on the socket `bind_socket` made; the socket goes
+/// when it cannot.
+fn start_answering() -> Result<(), String> {
+    thread::spawn_internal(listener_main).map(|_| ()).map_err(|rc| {
+        remove_socket();
+        format!("cannot start its thread (error {rc})")
     })
 }
 
@@ -315,24 +324,8 @@ pub fn listen_again() -> bool {
         return true;
     }
     thread::untracked(|| {
-        // SAFETY: geteuid cannot fail.
-        let uid = unsafe { libc::geteuid() };
-        let dir = socket_dir(std::path::Path::new("/tmp"), uid);
-        if private_dir(&dir, uid).is_err() {
-            return false;
-        }
-        let path = dir.join(socket_name(std::process::id()));
-        let _ = std::fs::remove_file(&path);
-        let Ok(listener) = UnixListener::bind(&path) else { return false };
-        let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
         LEAVE.store(false, Ordering::SeqCst);
-        OWNER.store(std::process::id(), Ordering::SeqCst);
-        *LISTENER.lock().unwrap_or_else(|e| e.into_inner()) = Some((listener, path));
-        if thread::spawn_internal(listener_main).is_err() {
-            remove_socket();
-            return false;
-        }
-        true
+        bind_socket().and_then(|()| start_answering()).is_ok()
     })
 }
 

@@ -160,27 +160,38 @@ fn walk() -> Routed {
     let map = routed.get_or_insert_with(HashMap::new);
     let mut done = Routed::default();
     let mut mem = SelfMemory::open();
+    done.modules = each_slot(|m, slot, name, kind, now| {
+        // A PLT slot not yet bound (lazy binding) points back into its module.
+        let target = if kind == SlotKind::Plt && now >= m.lo && now < m.hi { global(name) } else { now };
+        if let Some(hook) = hook_for(name, target) {
+            if hook != now && mem.write(slot, hook) {
+                map.insert(slot, now);
+                done.slots += 1;
+            }
+        }
+    });
+    done
+}
+
+/// Calls `visit(module, slot, name, kind, value)` for each symbol slot of each loaded
+/// module whose slots may be rewritten (not the loader's, the vDSO's or ours); returns
+/// how many modules it walked.
+fn each_slot(mut visit: impl FnMut(&loader::LoadedModule, usize, &[u8], SlotKind, usize)) -> usize {
+    let mut modules = 0;
     for m in loader::loaded_modules() {
         if m.dynamic == 0 || left_alone(m.path.to_bytes()) || super::resolve::is_ours(m.lo) {
             continue;
         }
-        done.modules += 1;
-        let mut visit = |slot: usize, name: &[u8], kind: SlotKind| {
+        modules += 1;
+        let mut each = |slot: usize, name: &[u8], kind: SlotKind| {
             // SAFETY: a slot the loader fills in a loaded module: mapped and aligned.
             let now = unsafe { std::ptr::read_volatile(slot as *const usize) };
-            // A PLT slot not yet bound (lazy binding) points back into its module.
-            let target = if kind == SlotKind::Plt && now >= m.lo && now < m.hi { global(name) } else { now };
-            if let Some(hook) = hook_for(name, target) {
-                if hook != now && mem.write(slot, hook) {
-                    map.insert(slot, now);
-                    done.slots += 1;
-                }
-            }
+            visit(&m, slot, name, kind, now);
         };
         // SAFETY: the dynamic section of a module the loader lists (not the vDSO).
-        unsafe { elf::symbol_slots(m.base, m.dynamic, &mut visit) };
+        unsafe { elf::symbol_slots(m.base, m.dynamic, &mut each) };
     }
-    done
+    modules
 }
 
 /// Puts back what each rewritten slot held, in the modules loaded now, where it still
@@ -191,21 +202,13 @@ pub fn unroute_all() -> usize {
     let Some(map) = routed.take() else { return 0 };
     let mut mem = SelfMemory::open();
     let mut restored = 0;
-    for m in loader::loaded_modules() {
-        if m.dynamic == 0 || left_alone(m.path.to_bytes()) || super::resolve::is_ours(m.lo) {
-            continue;
-        }
-        let mut visit = |slot: usize, _name: &[u8], _kind: SlotKind| {
-            let Some(&was) = map.get(&slot) else { return };
-            // SAFETY: as in `walk`.
-            let now = unsafe { std::ptr::read_volatile(slot as *const usize) };
+    each_slot(|_, slot, _, _, now| {
+        if let Some(&was) = map.get(&slot) {
             if super::resolve::is_ours(now) && mem.write(slot, was) {
                 restored += 1;
             }
-        };
-        // SAFETY: as in `walk`.
-        unsafe { elf::symbol_slots(m.base, m.dynamic, &mut visit) };
-    }
+        }
+    });
     restored
 }
 

@@ -107,24 +107,19 @@ impl DynamicSymbols {
     /// `dynamic` is the mapped, DT_NULL-terminated dynamic section of the module loaded
     /// at `base`.
     unsafe fn read(base: usize, dynamic: usize) -> Option<DynamicSymbols> {
-        let at = |p: u64| if (p as usize) < base { base + p as usize } else { p as usize };
+        let at = |p: u64| relocated(base, p);
         let mut t = DynamicSymbols { base, symtab: std::ptr::null(), strtab: std::ptr::null(), strsz: 0, gnu_hash: std::ptr::null(), versym: std::ptr::null() };
-        let mut d = dynamic as *const Dyn;
-        loop {
-            // SAFETY: within the section, which ends at DT_NULL (caller's contract).
-            let entry = unsafe { &*d };
-            match entry.tag {
-                DT_NULL => break,
-                DT_SYMTAB => t.symtab = at(entry.value) as *const libc::Elf64_Sym,
-                DT_STRTAB => t.strtab = at(entry.value) as *const u8,
-                DT_STRSZ => t.strsz = entry.value as usize,
-                DT_GNU_HASH => t.gnu_hash = at(entry.value) as *const u32,
-                DT_VERSYM => t.versym = at(entry.value) as *const u16,
+        // SAFETY: the caller's contract.
+        unsafe {
+            each_entry(dynamic, |tag, value| match tag {
+                DT_SYMTAB => t.symtab = at(value) as *const libc::Elf64_Sym,
+                DT_STRTAB => t.strtab = at(value) as *const u8,
+                DT_STRSZ => t.strsz = value as usize,
+                DT_GNU_HASH => t.gnu_hash = at(value) as *const u32,
+                DT_VERSYM => t.versym = at(value) as *const u16,
                 _ => {}
-            }
-            // SAFETY: the next entry; the last one read is DT_NULL.
-            d = unsafe { d.add(1) };
-        }
+            })
+        };
         (!t.symtab.is_null() && !t.strtab.is_null() && !t.gnu_hash.is_null() && t.strsz > 0).then_some(t)
     }
 
@@ -215,29 +210,24 @@ pub enum SlotKind {
 /// `dynamic` is the mapped, DT_NULL-terminated dynamic section of a module loaded at
 /// `base` whose tables are mapped (every module the loader lists, but the vDSO).
 pub unsafe fn symbol_slots(base: usize, dynamic: usize, mut visit: impl FnMut(usize, &[u8], SlotKind)) {
-    let at = |p: u64| if (p as usize) < base { base + p as usize } else { p as usize };
+    let at = |p: u64| relocated(base, p);
     let (mut symtab, mut strtab, mut strsz) = (0usize, 0usize, 0usize);
     let (mut jmprel, mut pltrelsz, mut pltrel) = (0usize, 0usize, 0i64);
     let (mut rela, mut relasz) = (0usize, 0usize);
-    let mut d = dynamic as *const Dyn;
-    loop {
-        // SAFETY: within the section, which ends at DT_NULL (caller's contract).
-        let entry = unsafe { &*d };
-        match entry.tag {
-            DT_NULL => break,
-            DT_SYMTAB => symtab = at(entry.value),
-            DT_STRTAB => strtab = at(entry.value),
-            DT_STRSZ => strsz = entry.value as usize,
-            DT_JMPREL => jmprel = at(entry.value),
-            DT_PLTRELSZ => pltrelsz = entry.value as usize,
-            DT_PLTREL => pltrel = entry.value as i64,
-            DT_RELA => rela = at(entry.value),
-            DT_RELASZ => relasz = entry.value as usize,
+    // SAFETY: the caller's contract.
+    unsafe {
+        each_entry(dynamic, |tag, value| match tag {
+            DT_SYMTAB => symtab = at(value),
+            DT_STRTAB => strtab = at(value),
+            DT_STRSZ => strsz = value as usize,
+            DT_JMPREL => jmprel = at(value),
+            DT_PLTRELSZ => pltrelsz = value as usize,
+            DT_PLTREL => pltrel = value as i64,
+            DT_RELA => rela = at(value),
+            DT_RELASZ => relasz = value as usize,
             _ => {}
-        }
-        // SAFETY: the next entry; the last one read is DT_NULL.
-        d = unsafe { d.add(1) };
-    }
+        })
+    };
     if symtab == 0 || strtab == 0 || strsz == 0 {
         return;
     }
@@ -278,6 +268,36 @@ pub unsafe fn symbol_slots(base: usize, dynamic: usize, mut visit: impl FnMut(us
         each(jmprel, pltrelsz);
     }
     each(rela, relasz);
+}
+
+/// Calls `f(tag, value)` for each entry of the dynamic section at `dynamic`, up to
+/// its DT_NULL.
+///
+/// # Safety
+/// `dynamic` is a mapped, DT_NULL-terminated dynamic section.
+unsafe fn each_entry(dynamic: usize, mut f: impl FnMut(i64, u64)) {
+    let mut d = dynamic as *const Dyn;
+    loop {
+        // SAFETY: within the section, which ends at DT_NULL (caller's contract).
+        let entry = unsafe { &*d };
+        if entry.tag == DT_NULL {
+            return;
+        }
+        f(entry.tag, entry.value);
+        // SAFETY: the next entry; the last one read is DT_NULL.
+        d = unsafe { d.add(1) };
+    }
+}
+
+/// An address from a dynamic entry of the module loaded at `base`: glibc adds the load
+/// bias in place, except where the section is read-only (the vDSO), so a value below
+/// `base` is taken as not yet relocated.
+fn relocated(base: usize, p: u64) -> usize {
+    if (p as usize) < base {
+        base + p as usize
+    } else {
+        p as usize
+    }
 }
 
 /// An `Elf64_Rela` entry.

@@ -98,6 +98,12 @@ fn outside(r: Region, ours: &[(u64, u64)]) -> Vec<Region> {
     out
 }
 
+/// The anonymous, readable and writable mappings (`[heap]` left out) of the text of
+/// /proc/self/maps, as (start, end): where pymalloc's arenas lie too.
+pub fn anonymous_regions(maps: &str) -> Vec<(u64, u64)> {
+    regions(maps).into_iter().filter(|r| r.kind == RegionKind::Anonymous).map(|r| (r.start, r.end)).collect()
+}
+
 /// The mappings the chunks may lie in, from the text of /proc/self/maps.
 fn regions(maps: &str) -> Vec<Region> {
     maps.lines()

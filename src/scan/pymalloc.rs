@@ -415,7 +415,7 @@ pub fn existing_arenas(chunks: &[(u64, u64)], arena_size: u64) -> Vec<(u64, u64)
     let maps = crate::os::anchor::read_proc_string("self/maps").unwrap_or_default();
     let ours = crate::os::own::ranges();
     let mut tried = 0;
-    for (lo, hi) in anonymous_regions(&maps) {
+    for (lo, hi) in super::glibc_heap::anonymous_regions(&maps) {
         let mut p = lo.next_multiple_of(pool);
         while p + pool <= hi {
             if ours.iter().any(|&(s, l)| p >= s && p < s + l) {
@@ -455,21 +455,6 @@ fn table_of(chunks: &[(u64, u64)], pool: u64, index: usize, arena_size: u64) -> 
         }
     }
     None
-}
-
-/// The anonymous, readable and writable mappings of /proc/self/maps.
-fn anonymous_regions(maps: &str) -> Vec<(u64, u64)> {
-    maps.lines()
-        .filter_map(|l| {
-            let mut it = l.split_whitespace();
-            let (range, perms, _off, _dev, inode) = (it.next()?, it.next()?, it.next()?, it.next()?, it.next()?);
-            if !perms.starts_with("rw") || inode != "0" || it.next().is_some() {
-                return None;
-            }
-            let (lo, hi) = range.split_once('-')?;
-            Some((u64::from_str_radix(lo, 16).ok()?, u64::from_str_radix(hi, 16).ok()?))
-        })
-        .collect()
 }
 
 #[cfg(test)]
