@@ -204,34 +204,35 @@ fn sanitizer_runtime() -> Option<&'static str> {
     .map(|(_, name)| name)
 }
 
+/// The module owning `addr`, and whether `addr` is that module's own definition of
+/// `malloc`: a symbol of that name, at that address, in a section of the module. (A
+/// program built without PIE that takes malloc's address holds an *undefined*
+/// `malloc` whose value is its PLT stub — the canonical address that `dlsym`
+/// returns — and that stub jumps to whatever the calls bind to: us.)
+fn owner(addr: *const c_void) -> Option<(usize, String, bool)> {
+    use crate::os::loader::{dladdr1, RTLD_DL_SYMENT};
+    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    let mut sym: *mut c_void = std::ptr::null_mut();
+    // SAFETY: dladdr1 fills info (and sym, the matching ElfW(Sym) or null) for any
+    // address; dli_fname and dli_sname are loader-owned C strings.
+    unsafe {
+        if dladdr1(addr, info.as_mut_ptr(), &mut sym, RTLD_DL_SYMENT) == 0 || (*info.as_ptr()).dli_fname.is_null() {
+            return None;
+        }
+        let i = &*info.as_ptr();
+        let named = !i.dli_sname.is_null() && CStr::from_ptr(i.dli_sname) == c"malloc" && std::ptr::eq(i.dli_saddr, addr);
+        // Elf64_Sym: st_name (4), st_info (1), st_other (1), st_shndx (2), ...
+        let defined = !sym.is_null() && std::ptr::read_unaligned((sym as *const u8).add(6) as *const u16) != 0;
+        Some((i.dli_fbase as usize, CStr::from_ptr(i.dli_fname).to_string_lossy().into_owned(), named && defined))
+    }
+}
+
 /// Whether the program's calls to `malloc` reach us: when another allocator is
 /// preloaded *before* this library, they bind to it and we see nothing.
 fn host_tracking_state() -> String {
     // Our own address of `malloc` cannot be taken directly: references from inside a
     // shared object to its exported symbols are themselves interposed. Compare the
     // owning modules instead, found with dladdr.
-    // The module owning `addr`, and whether `addr` is that module's own definition of
-    // `malloc`: a symbol of that name, at that address, in a section of the module. (A
-    // program built without PIE that takes malloc's address holds an *undefined*
-    // `malloc` whose value is its PLT stub — the canonical address that `dlsym`
-    // returns — and that stub jumps to whatever the calls bind to: us.)
-    fn owner(addr: *const c_void) -> Option<(usize, String, bool)> {
-        use crate::os::loader::{dladdr1, RTLD_DL_SYMENT};
-        let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
-        let mut sym: *mut c_void = std::ptr::null_mut();
-        // SAFETY: dladdr1 fills info (and sym, the matching ElfW(Sym) or null) for any
-        // address; dli_fname and dli_sname are loader-owned C strings.
-        unsafe {
-            if dladdr1(addr, info.as_mut_ptr(), &mut sym, RTLD_DL_SYMENT) == 0 || (*info.as_ptr()).dli_fname.is_null() {
-                return None;
-            }
-            let i = &*info.as_ptr();
-            let named = !i.dli_sname.is_null() && CStr::from_ptr(i.dli_sname) == c"malloc" && std::ptr::eq(i.dli_saddr, addr);
-            // Elf64_Sym: st_name (4), st_info (1), st_other (1), st_shndx (2), ...
-            let defined = !sym.is_null() && std::ptr::read_unaligned((sym as *const u8).add(6) as *const u16) != 0;
-            Some((i.dli_fbase as usize, CStr::from_ptr(i.dli_fname).to_string_lossy().into_owned(), named && defined))
-        }
-    }
     // SAFETY: dlsym with a valid handle and NUL-terminated name.
     let bound = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) };
     let ours = owner(host_tracking_state as *const () as *const c_void);
@@ -262,6 +263,11 @@ fn late_host_tracking() -> String {
     // The loader's own answer (our `dlsym` would hand out our hook).
     let bound = Some(super::resolve::real_dlsym(0, c"malloc")).filter(|&p| p != 0);
     if bound.is_some() && bound == super::real::malloc().map(|f| f as usize) {
+        return "active".into();
+    }
+    // A program built without PIE that takes malloc's address: its PLT stub, which
+    // jumps through the GOT slot routing rewrites (Debian's python3.11).
+    if bound.is_some_and(|b| owner(b as *const c_void).is_some_and(|(_, _, own_definition)| !own_definition)) {
         return "active".into();
     }
     let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
