@@ -796,7 +796,7 @@ fn attach_switches_on_a_child_forked_by_a_standby_process() {
     let dir = scratch("fork");
     let prog = build(&fixture("standby_fork.c"), &dir);
     let s = Standby::start(&dir, &[], &[prog.to_str().unwrap()]);
-    let on = attach(&[&s.pid.to_string()]);
+    let on = attach(&["--output", dir.join("r").to_str().unwrap(), &s.pid.to_string()]);
     let said = text(&on.stderr);
     assert!(on.status.success(), "{said}");
     assert!(said.contains("listens again") && said.contains("is recording"), "{said}");

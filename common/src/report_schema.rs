@@ -406,6 +406,11 @@ pub struct Diagnostics {
     pub rings_grown: u64,
     #[serde(default)]
     pub unknown_frees: u64,
+    /// Blocks freed by their own thread while their allocation's event still waited in
+    /// that thread's ring: the allocation and the free came to the collector as one
+    /// event (counted in `events` once, in the totals as both).
+    #[serde(default)]
+    pub merged_frees: u64,
     /// Blocks of the program's that the C library freed on the library's own threads
     /// or inside its untracked steps (a dead thread's dynamic TLS): applied as frees.
     #[serde(default)]

@@ -11,7 +11,7 @@ use crate::os::fds::stderr_line;
 use crate::report::build::Reason;
 use crate::report::process;
 
-use super::consumer::{drain_into, wait_while, PREPARE_AFTER, PREPARE_INHERITED, PREPARING, STATE};
+use super::consumer::{drain_lagged_into, wait_while, PREPARE_AFTER, PREPARE_INHERITED, PREPARING, STATE};
 use super::reports::{finish_as, record_point, write_report, REPORT};
 
 static SNAPSHOT_REQUESTED: AtomicBool = AtomicBool::new(false);
@@ -106,7 +106,7 @@ fn collector_main() {
         }
         let drained = {
             let mut g = STATE.lock();
-            g.as_mut().map(|c| drain_into(c, 1 << 16, false)).unwrap_or(0)
+            g.as_mut().map(|c| drain_lagged_into(c, TURN_MAX)).unwrap_or(0)
         };
         stacks::promote_tables_if_large();
         let turn = EACH_TURN.load(Ordering::Relaxed);
@@ -146,14 +146,18 @@ fn collector_main() {
             release_unwind_tables();
             point_due = next_point(Instant::now());
         }
-        if drained == 0 {
+        // A turn that took less than it may took everything it could: what is left
+        // waits for its thread (the last events of its ring) or for another ring's
+        // turn in the ticket order. A producer whose ring fills wakes the sleep.
+        if drained < TURN_MAX {
             channel::park_consumer(Duration::from_micros(idle_sleep_us));
-            idle_sleep_us = (idle_sleep_us * 2).min(2000);
-        } else {
-            idle_sleep_us = 200;
         }
+        idle_sleep_us = if drained == 0 { (idle_sleep_us * 2).min(2000) } else { 200 };
     }
 }
+
+/// The most events one turn of the collector thread applies.
+const TURN_MAX: usize = 1 << 16;
 
 /// A function the collector calls on each turn (0: none).
 static EACH_TURN: AtomicUsize = AtomicUsize::new(0);

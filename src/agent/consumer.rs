@@ -60,6 +60,16 @@ pub(super) fn drain_into(c: &mut Consumer, max: usize, force: bool) -> usize {
     order.drain(max, force, model)
 }
 
+/// The collector thread's own turn (`DrainState::drain_lagged`): the last events of
+/// each ring may wait for their thread to cancel an allocation with its free.
+pub(super) fn drain_lagged_into(c: &mut Consumer, max: usize) -> usize {
+    if SCAN_PAUSE.load(Ordering::Acquire) {
+        return 0;
+    }
+    let Consumer { model, order } = c;
+    order.drain_lagged(max, model)
+}
+
 /// Naps `nap` at a time while `busy` holds, for at most `limit`.
 pub(super) fn wait_while(busy: impl Fn() -> bool, limit: Duration, nap: Duration) {
     let start = Instant::now();

@@ -157,6 +157,10 @@ fn publish_library_release(s: &ThreadState, kind: EventKind, api: Api, stack: u3
 #[inline]
 pub fn record_free(addr: usize) {
     releasing(|s, who| {
+        // Freed soon after its own allocation on this thread: one event, already there.
+        if who == Releaser::Program && channel::cancel_alloc(s, addr as u64, Space::Heap) {
+            return;
+        }
         publish_release(s, who, EventKind::Free, Api::Malloc, 0, addr as u64, 1);
     });
 }
@@ -227,7 +231,11 @@ pub fn record_python_sample(addr: u64, weight: u64) -> bool {
 /// A sampled Python object is about to be freed.
 #[inline(never)]
 pub fn record_python_free(addr: u64) {
-    recording_step(|s| publish(s, EventKind::Free, Api::PyObject, 0, addr, 0));
+    recording_step(|s| {
+        if !channel::cancel_alloc(s, addr, Space::Python) {
+            publish(s, EventKind::Free, Api::PyObject, 0, addr, 0);
+        }
+    });
 }
 
 /// A mapping of the program's own (`interpose::mmap`), published with `stack` or, when

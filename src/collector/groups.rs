@@ -339,6 +339,20 @@ impl Groups {
         true
     }
 
+    /// See `add_live`: an allocation freed before the collector took it
+    /// (`EventKind::Transient`) counts as allocated, and its bytes as live for a moment.
+    #[inline(always)]
+    pub fn count_transient(&mut self, g: u32, generation: u16, size: u64) -> bool {
+        let Some((e, size)) = self.compact_entry(g, generation, size) else { return false };
+        let (Some(bytes), Some(allocs), Some(momentary)) = (e.total_bytes.checked_add(size), e.total_allocs.checked_add(1), e.live_bytes.checked_add(size))
+        else {
+            return false;
+        };
+        (e.total_bytes, e.total_allocs) = (bytes, allocs);
+        e.peak_live_bytes = e.peak_live_bytes.max(momentary);
+        true
+    }
+
     /// Group `g`'s compact entry and `size` in 32 bits, where a per-event step may work
     /// on them in place: the group is compact and of `generation`, the size fits.
     #[inline(always)]

@@ -162,6 +162,8 @@ pub struct Totals {
     /// dynamic TLS there.
     pub frees_on_library_threads: u64,
     pub events: u64,
+    /// `EventKind::Transient` events: a free merged with its allocation's event.
+    pub merged_frees: u64,
 }
 
 impl Totals {
@@ -778,6 +780,7 @@ impl Collector {
                     self.count_free(&block);
                 }
             }
+            EventKind::Transient => self.count_transient(ev),
             EventKind::Mark => self.mark = (self.mark + 1) & MARK_MASK,
             EventKind::Ignore => self.ignore(ev.addr),
         }
@@ -787,6 +790,29 @@ impl Collector {
         if self.changed.len() >= self.retire_at.max(RETIRE_PASS_MIN) {
             self.retire_idle_changed();
         }
+    }
+
+    /// An allocation its own thread freed before this event was taken from its ring
+    /// (`EventKind::Transient`): an allocation and a free in the totals and its group's,
+    /// its bytes live for a moment in the peaks, never in the live set. The group is
+    /// noted as changed, as an allocation's would be, so that a group of such
+    /// allocations only is retired like any other that holds nothing.
+    fn count_transient(&mut self, ev: &Event) {
+        let size = ev.bytes();
+        let group = self.group_of((ev.stack, ev.api, ev.device()));
+        if !self.groups.count_transient(group, self.generation, size) {
+            self.update_group(group, |g| {
+                g.total_allocs += 1;
+                g.total_bytes += size;
+                g.peak_live_bytes = g.peak_live_bytes.max(g.live_bytes + size);
+            });
+        }
+        self.note_changed(group);
+        self.totals.merged_frees += 1;
+        let t = &mut self.totals.kinds[ev.api.kind().index()];
+        t.total_allocs += 1;
+        t.total_frees += 1;
+        t.peak_live_bytes = t.peak_live_bytes.max(t.live_bytes + size);
     }
 
     /// The current checkpoint region (see `LiveBlock::mark`).
@@ -1056,6 +1082,32 @@ mod tests {
     }
     fn free(addr: u64) -> Event {
         ev(EventKind::Free, Api::Malloc, 1, 0, addr, 0)
+    }
+
+    #[test]
+    fn a_transient_event_counts_as_an_allocation_and_its_free_and_leaves_nothing_live() {
+        let mut paired = Collector::new();
+        let mut merged = Collector::new();
+        for (i, c) in [&mut paired, &mut merged].into_iter().enumerate() {
+            c.apply(&ev(EventKind::Alloc, Api::Malloc, 1, 3, 0x100, 64));
+            if i == 0 {
+                c.apply(&ev(EventKind::Alloc, Api::Malloc, 1, 4, 0x200, 32));
+                c.apply(&ev(EventKind::Free, Api::Malloc, 1, 0, 0x200, 0));
+            } else {
+                c.apply(&ev(EventKind::Transient, Api::Malloc, 1, 4, 0x200, 32));
+            }
+        }
+        let totals = |c: &Collector| c.totals.kinds[Kind::Host.index()];
+        assert_eq!(totals(&paired), totals(&merged));
+        assert_eq!((totals(&merged).total_allocs, totals(&merged).total_frees, totals(&merged).live_blocks, totals(&merged).peak_live_bytes), (2, 1, 1, 96));
+        assert!(merged.live.get(0x200).is_none());
+        let details = |c: &mut Collector| {
+            let g = c.group_of((4, Api::Malloc, None));
+            let s = c.groups.get(g);
+            (s.total_allocs, s.total_bytes, s.live_bytes, s.peak_live_bytes)
+        };
+        assert_eq!(details(&mut paired), details(&mut merged));
+        assert_eq!(details(&mut merged), (1, 32, 0, 32));
     }
 
     #[test]

@@ -26,6 +26,21 @@
 //! predecessor, once it is empty and after unlinking it, so a ring is never reused while
 //! a successor still waits on it.
 //!
+//! **An allocation freed soon by its own thread costs the consumer one event.** A
+//! thread that frees a block whose allocation event still waits in its own ring, in
+//! the last `LAG` events, turns that event into a `Transient` one (one compare-and-swap
+//! on its meta word) and publishes no free: the consumer counts both at once and never
+//! touches its live-block table. Two conditions keep it exact. The consumer never
+//! takes the last `LAG` events of a ring with a plain read: in a turn of its own it
+//! leaves them for later (`drain_lagged`: until they are `LAG` events old or have
+//! waited a snapshot period), and where it must take them (a report, a full ring, a
+//! fork) it claims each allocation's meta word with a swap, so exactly one of the two
+//! sides wins. And no other thread may have released an address of the block's bucket
+//! since the allocation: the block might have been freed there, handed out again and
+//! passed back, and this free would then be another allocation's. Each bucket's counter
+//! also counts releases (its top bits), each ring counts its own, and an allocation
+//! slot keeps how many releases were others' when it was published.
+//!
 //! **A stalled consumer does not stall the program.** Growing the collector's live-block
 //! table takes tens of milliseconds at a few million blocks (the kernel zeroes the new
 //! arrays), longer than a large ring lasts at full speed. While the consumer says it is
@@ -38,8 +53,25 @@ use super::event::{Api, Event, EventKind};
 use super::thread::{self, ThreadState};
 
 pub const BUCKETS: usize = 256;
+/// A ticket counter's low bits are the bucket's order; its top bits count the releases
+/// among its events (`EventKind::releases`), wrapping.
+const ORDER_BITS: u32 = 40;
+const ORDER_MASK: u64 = (1 << ORDER_BITS) - 1;
+const ONE_RELEASE: u64 = 1 << ORDER_BITS;
+const RELEASE_MASK: u32 = (1 << 24) - 1;
+/// The last events of a ring, where an allocation may still be cancelled by its own
+/// thread's free (`cancel_alloc`). `bench/malloc_bench.c` frees each block after 1,000
+/// others: it fits, with its frees not published.
+pub const LAG: u64 = 2048;
+/// Recent allocations a ring remembers for `cancel_alloc`, by address (direct-mapped).
+const RECENT: usize = 4096;
+/// How long the consumer's own turns leave the last `LAG` events of a quiet ring alone:
+/// an event is taken once it is `LAG` events old or was published before the snapshot
+/// before last (1–2 periods ago).
+const SNAPSHOT_EVERY_NS: u64 = 1_000_000;
 /// Every thread's first ring (256 KiB).
 const SMALL_SLOTS: u64 = 8192;
+const _: () = assert!(LAG * 4 <= SMALL_SLOTS);
 /// The ring of a thread that filled its small one (1 MiB). A Python program allocating
 /// flat out filled a small ring about 5,000 times a run while the consumer caught up;
 /// at this size, twice. Twice as large gained nothing more there and cost a program
@@ -51,7 +83,8 @@ const HUGE_SLOTS: u64 = 1 << 18;
 /// A producer that finds its ring this full wakes a sleeping consumer: at 10+ M events
 /// a second a small ring fills in under a millisecond, about the consumer's idle sleep.
 /// The same for both sizes: a large ring is there to absorb the consumer's wake-up.
-const WAKE_AT: u64 = SMALL_SLOTS / 2;
+/// Past the `LAG` events its own turns leave, half a small ring to take.
+const WAKE_AT: u64 = SMALL_SLOTS / 2 + LAG;
 /// A producer takes the line this many slots ahead of its write position for writing
 /// (`prefetch_line_for_write`): 8 lines, a few events' time to arrive.
 const PREFETCH_AHEAD: u64 = 16;
@@ -114,6 +147,32 @@ struct ThreadRing {
     slots: *const Slot,
     producer: Padded<ProducerLine>,
     head: Padded<AtomicU64>,
+    /// The consumer's marks for its own turns (`drain_lagged`).
+    lag: Padded<LagMarks>,
+    /// The producer's memory of its recent allocations (`cancel_alloc`).
+    recent: Recent,
+}
+
+/// Written by the consumer only.
+struct LagMarks {
+    /// Events before this position are taken even within the last `LAG`.
+    release_to: AtomicU64,
+    /// The tail at the last snapshot: `release_to` at the next one.
+    snapshot: AtomicU64,
+}
+
+/// Written by the ring's producer only (atomics for `Sync`; relaxed, plain moves).
+struct Recent {
+    /// Per ticket bucket, the releases this ring's producer took tickets for (wrapping).
+    own_releases: [AtomicU32; BUCKETS],
+    /// By address (`recent_index`): the position + 1 (low 32 bits) of the last
+    /// cancellable allocation published here; 0: none, or the address was released.
+    at: [AtomicU32; RECENT],
+}
+
+#[inline(always)]
+fn recent_index(addr: u64) -> usize {
+    ((addr >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 52) as usize & (RECENT - 1)
 }
 
 impl ThreadRing {
@@ -218,6 +277,10 @@ fn take_ring(capacity: u64) -> Option<&'static ThreadRing> {
     ring.tid.store(thread::tid(), Ordering::Release);
     ring.retired.store(false, Ordering::Release);
     ring.superseded.store(false, Ordering::Release);
+    // A reused ring's memory is its last owner's: this thread released nothing yet.
+    for c in ring.recent.own_releases.iter().chain(ring.recent.at.iter()) {
+        c.store(0, Ordering::Relaxed);
+    }
     // The first event looks at the consumer's position (a reused ring's check position
     // is its last owner's).
     ring.producer.0.check_at.store(0, Ordering::Relaxed);
@@ -348,7 +411,7 @@ fn write_event(ring: &ThreadRing, t: u64, kind: EventKind, api: Api, stack: u32,
     super::mapping::prefetch_line_for_write(ring.slot(t + PREFETCH_AHEAD));
     // The ticket is taken only once there is room: a producer waiting for space never
     // holds a ticket that others must wait for.
-    let order = if kind.orders_by_address() { TICKETS[bucket_of(addr)].0.fetch_add(1, Ordering::SeqCst) } else { 0 };
+    let order = if kind.orders_by_address() { take_ticket(ring, t, kind, api, addr) } else { 0 };
     let slot = ring.slot(t);
     let ev = Event { kind, api, tid: 0, stack, addr, size };
     slot.addr.store(addr, Ordering::Relaxed);
@@ -356,6 +419,85 @@ fn write_event(ring: &ThreadRing, t: u64, kind: EventKind, api: Api, stack: u32,
     slot.meta.store(ev.pack_meta(), Ordering::Relaxed);
     slot.order.store(order, Ordering::Relaxed);
     ring.producer.0.tail.store(t + 1, Ordering::Release);
+}
+
+/// Takes the ticket of an event on `addr` about to be written at position `t`, and
+/// keeps `cancel_alloc`'s books: a release is counted (in the bucket and in the ring)
+/// and forgets any recent allocation remembered for its address; a cancellable
+/// allocation is remembered, its slot's order word carrying in its top bits how many
+/// of the bucket's releases were other rings' so far.
+#[inline(always)]
+fn take_ticket(ring: &ThreadRing, t: u64, kind: EventKind, api: Api, addr: u64) -> u64 {
+    let b = bucket_of(addr);
+    let releases = kind.releases();
+    let v = TICKETS[b].0.fetch_add(if releases { 1 + ONE_RELEASE } else { 1 }, Ordering::SeqCst);
+    let at = &ring.recent.at[recent_index(addr)];
+    let own = &ring.recent.own_releases[b];
+    if releases {
+        own.store(own.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+        at.store(0, Ordering::Relaxed);
+        v & ORDER_MASK
+    } else if kind == EventKind::Alloc && api.cancellable() {
+        at.store((t as u32).wrapping_add(1), Ordering::Relaxed);
+        (v & ORDER_MASK) | (others_releases(v, own) as u64) << ORDER_BITS
+    } else {
+        v & ORDER_MASK
+    }
+}
+
+/// The releases in a bucket whose counter reads `v` that other rings than the one
+/// counting `own` took tickets for (wrapping, 24 bits).
+#[inline(always)]
+fn others_releases(v: u64, own: &AtomicU32) -> u32 {
+    ((v >> ORDER_BITS) as u32).wrapping_sub(own.load(Ordering::Relaxed)) & RELEASE_MASK
+}
+
+/// The calling thread is about to free `addr` in `space`. If the block's allocation
+/// event is still in this thread's ring within the last `LAG` events, not taken by the
+/// consumer, and no other thread released an address of its bucket since, the event
+/// becomes `Transient` and this returns true: the free is not to be published (nor its
+/// ticket taken). See the module's notes for why that is exact.
+#[inline(always)]
+pub fn cancel_alloc(state: &ThreadState, addr: u64, space: super::event::Space) -> bool {
+    let p = state.ring.get();
+    if p == 0 {
+        return false;
+    }
+    // SAFETY: this thread's ring (set by claim_ring/grow); rings are never freed.
+    let ring = unsafe { &*(p as *const ThreadRing) };
+    let at = &ring.recent.at[recent_index(addr)];
+    let stored = at.load(Ordering::Relaxed);
+    if stored == 0 {
+        return false;
+    }
+    let t = ring.producer.0.tail.load(Ordering::Relaxed);
+    let back = (t as u32).wrapping_sub(stored - 1) as u64;
+    if back == 0 || back > LAG {
+        return false;
+    }
+    let slot = ring.slot(t - back);
+    if slot.addr.load(Ordering::Relaxed) != addr {
+        return false;
+    }
+    let meta = slot.meta.load(Ordering::Relaxed);
+    match Event::unpack(meta, addr, 0) {
+        Some(ev) if ev.kind == EventKind::Alloc && ev.api.cancellable() && ev.api.space() == space => {}
+        _ => return false,
+    }
+    let order = slot.order.load(Ordering::Relaxed);
+    let b = bucket_of(addr);
+    let now = TICKETS[b].0.load(Ordering::SeqCst);
+    let others_then = (order >> ORDER_BITS) as u32;
+    // The order distance bounds the releases since (fewer than the counter's wrap).
+    if others_releases(now, &ring.recent.own_releases[b]) != others_then || (now & ORDER_MASK).wrapping_sub(order & ORDER_MASK) >= 1 << 24 {
+        return false;
+    }
+    if slot.meta.compare_exchange(meta, meta | super::event::TRANSIENT_BIT, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+        // The consumer claimed it first.
+        return false;
+    }
+    at.store(0, Ordering::Relaxed);
+    true
 }
 
 enum Room {
@@ -430,6 +572,16 @@ fn any_pending() -> bool {
     rings().any(|r| r.head.0.load(Ordering::Acquire) < r.producer.0.tail.load(Ordering::Acquire))
 }
 
+/// Whether any ring holds events that a turn of the consumer (`drain_lagged`) would
+/// take now, ticket order aside.
+fn any_ready() -> bool {
+    rings().any(|r| {
+        let tail = r.producer.0.tail.load(Ordering::Acquire);
+        let end = tail.saturating_sub(LAG).max(r.lag.0.release_to.load(Ordering::Relaxed));
+        r.head.0.load(Ordering::Acquire) < end.min(tail)
+    })
+}
+
 /// Wakes the consumer if it sleeps in `park_consumer`.
 #[inline(always)]
 fn wake_consumer() {
@@ -443,10 +595,10 @@ fn wake_consumer() {
 }
 
 /// The consumer thread's idle sleep: returns after `timeout`, or as soon as a producer
-/// finds its ring half full, or at once when events are already waiting.
+/// finds its ring half full, or at once when events its turn would take are waiting.
 pub fn park_consumer(timeout: std::time::Duration) {
     CONSUMER_PARKED.store(1, Ordering::SeqCst);
-    if any_pending() {
+    if any_ready() {
         CONSUMER_PARKED.store(0, Ordering::SeqCst);
         return;
     }
@@ -480,7 +632,7 @@ pub fn reopen() -> DrainState {
     }
     let mut d = DrainState::default();
     for (b, t) in TICKETS.iter().enumerate() {
-        d.next[b] = t.0.load(Ordering::SeqCst);
+        d.next[b] = t.0.load(Ordering::SeqCst) & ORDER_MASK;
     }
     CLOSED.store(false, Ordering::SeqCst);
     d
@@ -525,24 +677,66 @@ const LOOKAHEAD: u64 = 8;
 /// The consumer's position in the ticket order: per bucket, the next ticket to apply.
 pub struct DrainState {
     next: [u64; BUCKETS],
+    /// When the rings' tails were last noted for `drain_lagged` (CLOCK_MONOTONIC, ns).
+    snapshot_ns: u64,
 }
 
 impl Default for DrainState {
     fn default() -> Self {
-        DrainState { next: [0; BUCKETS] }
+        DrainState { next: [0; BUCKETS], snapshot_ns: 0 }
     }
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out pointer; CLOCK_MONOTONIC always exists (a vDSO call).
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// How far a drain takes each ring.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reach {
+    /// Everything published.
+    All,
+    /// The consumer's own turn: not the last `LAG` events, unless published before the
+    /// snapshot before last (`drain_lagged`).
+    Lagged,
 }
 
 impl DrainState {
     /// Applies ready events from every ring, up to `max`. With `force`, an event whose
     /// ticket predecessors never arrive (their threads died in fork, or are stuck) is
     /// applied anyway. Returns how many events were applied.
-    pub fn drain(&mut self, max: usize, force: bool, mut f: impl Sink) -> usize {
+    pub fn drain(&mut self, max: usize, force: bool, f: impl Sink) -> usize {
+        self.drain_to(max, force, Reach::All, f)
+    }
+
+    /// The collector's own turn: like `drain`, but the last `LAG` events of each ring
+    /// are left where their thread may still cancel an allocation with its free
+    /// (`cancel_alloc`), unless they were published before the snapshot before last
+    /// (snapshots are `SNAPSHOT_EVERY_NS` apart): an event waits at most two periods
+    /// and a turn, and a quiet thread's events are not held back for long. What is left
+    /// is in `backlog`; every other drain takes it.
+    pub fn drain_lagged(&mut self, max: usize, f: impl Sink) -> usize {
+        let now = monotonic_ns();
+        if now.wrapping_sub(self.snapshot_ns) >= SNAPSHOT_EVERY_NS {
+            self.snapshot_ns = now;
+            for ring in rings() {
+                let tail = ring.producer.0.tail.load(Ordering::Acquire);
+                let previous = ring.lag.0.snapshot.swap(tail, Ordering::Relaxed);
+                ring.lag.0.release_to.store(previous, Ordering::Relaxed);
+            }
+        }
+        self.drain_to(max, false, Reach::Lagged, f)
+    }
+
+    fn drain_to(&mut self, max: usize, force: bool, reach: Reach, mut f: impl Sink) -> usize {
         let mut total = 0;
         loop {
             let mut progress = 0;
             for ring in rings() {
-                progress += self.drain_ring(ring, max - total - progress, force, &mut f);
+                progress += self.drain_ring(ring, max - total - progress, force, reach, &mut f);
                 if total + progress >= max {
                     return total + progress;
                 }
@@ -564,7 +758,7 @@ impl DrainState {
         }
     }
 
-    fn drain_ring(&mut self, ring: &ThreadRing, max: usize, force: bool, f: &mut impl Sink) -> usize {
+    fn drain_ring(&mut self, ring: &ThreadRing, max: usize, force: bool, reach: Reach, f: &mut impl Sink) -> usize {
         let predecessor = ring.predecessor.load(Ordering::Acquire);
         if !predecessor.is_null() {
             // SAFETY: rings are never freed.
@@ -583,24 +777,31 @@ impl DrainState {
             p.owner.store(0, Ordering::Release);
         }
         let tail = ring.producer.0.tail.load(Ordering::Acquire);
+        // Its producer cancels allocations from here on (`cancel_alloc`): a slot here
+        // is claimed, not read.
+        let contested = tail.saturating_sub(LAG);
+        let end = match reach {
+            Reach::Lagged if !ring.superseded.load(Ordering::Acquire) => contested.max(ring.lag.0.release_to.load(Ordering::Relaxed)).min(tail),
+            _ => tail,
+        };
         let mut head = ring.head.0.load(Ordering::Relaxed);
         let start = head;
         let tid = ring.tid.load(Ordering::Acquire);
-        for ahead in head..tail.min(head + LOOKAHEAD) {
+        for ahead in head..end.min(head + LOOKAHEAD) {
             f.prefetch(ring.slot(ahead).addr.load(Ordering::Relaxed));
         }
-        while head < tail && ((head - start) as usize) < max {
-            if head + LOOKAHEAD < tail {
+        while head < end && ((head - start) as usize) < max {
+            if head + LOOKAHEAD < end {
                 f.prefetch(ring.slot(head + LOOKAHEAD).addr.load(Ordering::Relaxed));
             }
             let slot = ring.slot(head);
             let addr = slot.addr.load(Ordering::Relaxed);
-            let order = slot.order.load(Ordering::Relaxed);
-            let Some(mut ev) = Event::unpack(slot.meta.load(Ordering::Relaxed), addr, slot.size.load(Ordering::Relaxed)) else {
+            let order = slot.order.load(Ordering::Relaxed) & ORDER_MASK;
+            let mut meta = slot.meta.load(Ordering::Relaxed);
+            let Some(mut ev) = Event::unpack(meta, addr, slot.size.load(Ordering::Relaxed)) else {
                 head += 1;
                 continue;
             };
-            ev.tid = tid;
             let b = bucket_of(addr);
             // Restore/freed outcomes of a realloc concern a block the thread still owns;
             // its own ring already orders them.
@@ -608,6 +809,19 @@ impl DrainState {
             if ordered && order > self.next[b] && !force {
                 break;
             }
+            if head >= contested && ev.kind == EventKind::Alloc && ev.api.cancellable() {
+                // Taken from here on, whoever wins: an allocation, or one its thread
+                // cancelled first.
+                meta = slot.meta.swap(0, Ordering::AcqRel);
+                match Event::unpack(meta, addr, ev.size) {
+                    Some(e) => ev = e,
+                    None => {
+                        head += 1;
+                        continue;
+                    }
+                }
+            }
+            ev.tid = tid;
             if ordered {
                 self.next[b] = self.next[b].max(order + 1);
             }
@@ -646,7 +860,7 @@ impl DrainState {
             }
         }
         for (b, t) in TICKETS.iter().enumerate() {
-            self.next[b] = self.next[b].max(t.0.load(Ordering::SeqCst));
+            self.next[b] = self.next[b].max(t.0.load(Ordering::SeqCst) & ORDER_MASK);
         }
     }
 }
@@ -913,9 +1127,10 @@ mod tests {
             assert!(start.elapsed() < Duration::from_secs(10), "the consumer never parked");
             std::thread::sleep(Duration::from_millis(1));
         }
-        // At most two check positions away from half full, whatever this thread's ring
+        // At most two check positions away from `WAKE_AT`, whatever this thread's ring
         // held before: the wake comes before the ring is full.
-        for i in 0..(SMALL_SLOTS * 3 / 4) {
+        let published = WAKE_AT + (SMALL_SLOTS - WAKE_AT) / 2;
+        for i in 0..published {
             publish_here(EventKind::Alloc, Api::Malloc, 1, (0x7000_0000 + i) << 4, 8, || panic!("the ring filled up"));
         }
         let slept = sleeper.join().unwrap();
@@ -926,6 +1141,160 @@ mod tests {
         assert!(start.elapsed() < Duration::from_secs(10));
         let mut n = 0u64;
         drained.drain(usize::MAX, false, |_e| n += 1);
-        assert_eq!(n, SMALL_SLOTS * 3 / 4);
+        assert_eq!(n, published);
+    }
+
+    fn cancel_here(addr: u64) -> bool {
+        thread::with(|s| cancel_alloc(s, addr, super::super::event::Space::Heap))
+    }
+
+    #[test]
+    fn a_block_freed_by_its_own_thread_soon_is_one_transient_event_and_a_foreign_release_stops_that() {
+        let (_turn, mut state) = turn_with_rings_drained();
+        let drained = state.as_mut().unwrap();
+        let take = |d: &mut DrainState| {
+            let mut out = Vec::new();
+            d.drain(usize::MAX, false, |e: Event| out.push((e.kind, e.addr, e.size)));
+            out
+        };
+        // Allocated and freed here: one event, the allocation's size with it.
+        publish_here(EventKind::Alloc, Api::Malloc, 5, 0x5000_0010, 48, || {});
+        assert!(cancel_here(0x5000_0010));
+        assert!(!cancel_here(0x5000_0010), "cancelled once");
+        assert_eq!(take(drained), vec![(EventKind::Transient, 0x5000_0010, 48)]);
+        // Taken by the consumer first: the free is published.
+        publish_here(EventKind::Alloc, Api::Malloc, 5, 0x5000_0020, 16, || {});
+        assert_eq!(take(drained), vec![(EventKind::Alloc, 0x5000_0020, 16)]);
+        assert!(!cancel_here(0x5000_0020));
+        // A realloc family block, and a block this thread released since: not cancelled.
+        publish_here(EventKind::Alloc, Api::Realloc, 5, 0x5000_0030, 16, || {});
+        assert!(!cancel_here(0x5000_0030));
+        publish_here(EventKind::Alloc, Api::Malloc, 5, 0x5000_0040, 16, || {});
+        publish_here(EventKind::Free, Api::Malloc, 0, 0x5000_0040, 0, || {});
+        assert!(!cancel_here(0x5000_0040));
+        // Another thread frees the block, gets the same address back and hands it here:
+        // this free is of that thread's block, not of the allocation still in this ring.
+        publish_here(EventKind::Alloc, Api::Malloc, 5, 0x5000_0050, 16, || {});
+        std::thread::spawn(|| {
+            publish_here(EventKind::Free, Api::Malloc, 0, 0x5000_0050, 0, || {});
+            publish_here(EventKind::Alloc, Api::Malloc, 6, 0x5000_0050, 16, || {});
+        })
+        .join()
+        .unwrap();
+        assert!(!cancel_here(0x5000_0050));
+        publish_here(EventKind::Free, Api::Malloc, 0, 0x5000_0050, 0, || {});
+        // Another thread's allocation in the meantime changes nothing.
+        publish_here(EventKind::Alloc, Api::Malloc, 5, 0x5000_0060, 16, || {});
+        std::thread::spawn(|| publish_here(EventKind::Alloc, Api::Malloc, 6, 0x5000_0060 + (BUCKETS as u64) * 16, 16, || {})).join().unwrap();
+        assert!(cancel_here(0x5000_0060));
+        // Past the last `LAG` events of the ring: published, whatever the consumer did.
+        publish_here(EventKind::Alloc, Api::Malloc, 5, 0x5000_0070, 16, || {});
+        for i in 0..LAG {
+            publish_here(EventKind::Alloc, Api::Malloc, 5, (0x6100_0000 + i) << 4, 8, || {});
+        }
+        assert!(!cancel_here(0x5000_0070));
+        let events = take(drained);
+        let mut live = std::collections::HashMap::new();
+        for (kind, addr, _) in &events {
+            match kind {
+                EventKind::Alloc => assert!(live.insert(*addr, ()).is_none(), "{addr:#x} allocated twice"),
+                EventKind::Free => assert!(live.remove(addr).is_some(), "{addr:#x} freed while not live"),
+                EventKind::Transient => assert!(!live.contains_key(addr)),
+                _ => {}
+            }
+        }
+        assert_eq!(events.iter().filter(|e| e.0 == EventKind::Transient).count(), 1);
+        assert!(live.contains_key(&0x5000_0070) && live.contains_key(&0x5000_0030));
+        assert!(!live.contains_key(&0x5000_0050) && !live.contains_key(&0x5000_0040));
+    }
+
+    #[test]
+    fn the_consumers_own_turn_leaves_the_last_events_to_their_thread_for_a_while_only() {
+        let (_turn, mut state) = turn_with_rings_drained();
+        let drained = state.as_mut().unwrap();
+        let period = std::time::Duration::from_nanos(SNAPSHOT_EVERY_NS);
+        // Snapshots of the drained rings.
+        drained.drain_lagged(usize::MAX, |_e: Event| {});
+        std::thread::sleep(period);
+        drained.drain_lagged(usize::MAX, |_e: Event| {});
+        for i in 0..LAG + 100 {
+            publish_here(EventKind::Alloc, Api::Malloc, 1, (0x6200_0000 + i) << 4, 8, || {});
+        }
+        let mut n = 0;
+        drained.drain_lagged(usize::MAX, |_e: Event| n += 1);
+        assert_eq!(n, 100, "the last LAG events wait");
+        assert!(cancel_here((0x6200_0000 + LAG + 99) << 4), "and may still be cancelled");
+        // Two snapshot periods later, they are taken.
+        for _ in 0..2 {
+            std::thread::sleep(period);
+            drained.drain_lagged(usize::MAX, |_e: Event| n += 1);
+        }
+        assert_eq!(n, LAG + 100);
+        assert!(!drained.pending());
+    }
+
+    #[test]
+    fn a_consumer_taking_every_event_and_a_thread_cancelling_its_allocations_never_both_win() {
+        let (_turn, mut state) = turn_with_rings_drained();
+        let drained = state.as_mut().unwrap();
+        let done = AtomicBool::new(false);
+        const BLOCKS: u64 = 200_000;
+        let applied = std::thread::scope(|s| {
+            let producer = s.spawn(|| {
+                let mut cancelled = 0u64;
+                let addr = |i: u64| (0x4000_0000 + i) << 4;
+                // Each block is freed 16 allocations later, while the consumer takes
+                // what it can; every 1,024th waits until the consumer took it.
+                const BEHIND: u64 = 16;
+                for i in 0..BLOCKS + BEHIND {
+                    if i < BLOCKS {
+                        publish_here(EventKind::Alloc, Api::Malloc, 7, addr(i), 8, || {});
+                        if i % 1024 == 0 {
+                            let taken_at = thread::with(|s| my_ring(s).unwrap().producer.0.tail.load(Ordering::Relaxed));
+                            while thread::with(|s| my_ring(s).unwrap().head.0.load(Ordering::Acquire)) < taken_at {
+                                std::thread::yield_now();
+                            }
+                        }
+                    }
+                    let Some(j) = i.checked_sub(BEHIND) else { continue };
+                    if cancel_here(addr(j)) {
+                        cancelled += 1;
+                    } else {
+                        publish_here(EventKind::Free, Api::Malloc, 0, addr(j), 0, || {});
+                    }
+                }
+                done.store(true, Ordering::SeqCst);
+                cancelled
+            });
+            let mut applied = Vec::new();
+            // A full drain, as a report's: it claims what it takes from the last events.
+            while !done.load(Ordering::SeqCst) {
+                drained.drain(usize::MAX, false, |e: Event| applied.push((e.kind, e.addr)));
+            }
+            drained.drain(usize::MAX, false, |e: Event| applied.push((e.kind, e.addr)));
+            let cancelled = producer.join().unwrap();
+            // The consumer took at least every 1,024th block first: those frees were
+            // published. The others went either way.
+            assert!(cancelled < BLOCKS, "{cancelled} of {BLOCKS} cancelled");
+            applied
+        });
+        let mut live = std::collections::HashSet::new();
+        let mut per_block = 0u64;
+        for (kind, addr) in applied {
+            match kind {
+                EventKind::Alloc => assert!(live.insert(addr)),
+                EventKind::Free => {
+                    assert!(live.remove(&addr), "{addr:#x} freed while not live");
+                    per_block += 1;
+                }
+                EventKind::Transient => {
+                    assert!(!live.contains(&addr));
+                    per_block += 1;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(live.is_empty(), "{} blocks left live", live.len());
+        assert_eq!(per_block, BLOCKS, "every block ended exactly once");
     }
 }

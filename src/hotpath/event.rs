@@ -144,6 +144,15 @@ impl Api {
         matches!(self, Api::Realloc | Api::Reallocarray)
     }
 
+    /// An allocation its own thread may free before the collector takes it, turning
+    /// the two events into one (`EventKind::Transient`): a heap block from any entry
+    /// point but the realloc family (whose event also completes a release), or a
+    /// sampled Python object.
+    #[inline(always)]
+    pub fn cancellable(self) -> bool {
+        (self.space() == Space::Heap && !self.is_realloc()) || self == Api::PyObject
+    }
+
     /// The API a free in `space` is published under (a free only needs its space).
     pub fn releasing(space: Space) -> Api {
         match space {
@@ -196,13 +205,30 @@ pub enum EventKind {
     Mark = 6,
     /// The block at `addr` is never a leak (`__lsan_ignore_object`, `__lsan_disable`).
     Ignore = 7,
+    /// An allocation that the same thread freed while its event still waited in the
+    /// thread's ring (`hotpath::channel::cancel_alloc`): the allocation and the free in
+    /// one event, which counts in the totals and its group's and never enters the live
+    /// set. Never published as such: an `Alloc` slot whose meta carries `TRANSIENT_BIT`.
+    Transient = 8,
 }
+
+/// The bit of an `Alloc` slot's meta word that makes it a `Transient` event. One of the
+/// thread-id bits, which producers leave zero (the consumer takes the thread id from
+/// the ring).
+pub const TRANSIENT_BIT: u64 = 1 << 53;
 
 impl EventKind {
     /// Events about an address that another thread may touch next: they take a ticket
     /// in the address's bucket (see `hotpath::channel`).
     pub fn orders_by_address(self) -> bool {
-        matches!(self, EventKind::Alloc | EventKind::Free | EventKind::ReallocRelease | EventKind::Ignore)
+        matches!(self, EventKind::Alloc | EventKind::Free | EventKind::ReallocRelease | EventKind::Ignore | EventKind::Transient)
+    }
+
+    /// Events that take a block out of the live set on an address: counted as releases
+    /// in their ticket bucket (`hotpath::channel`).
+    #[inline(always)]
+    pub fn releases(self) -> bool {
+        matches!(self, EventKind::Free | EventKind::ReallocRelease)
     }
 
     pub fn from_bits(b: u8) -> Option<EventKind> {
@@ -235,13 +261,25 @@ pub struct Event {
 const TID_BITS: u32 = 22;
 
 impl Event {
+    /// The meta word of a slot. A producer's event has thread id 0; an `Alloc` with one
+    /// of 2^21 or more would read back as `Transient`.
     pub fn pack_meta(&self) -> u64 {
-        (self.stack as u64) | (((self.tid & ((1 << TID_BITS) - 1)) as u64) << 32) | ((self.kind as u64 & 0x7) << 54) | ((self.api as u64 & 0x7f) << 57)
+        let (kind, transient) = match self.kind {
+            EventKind::Transient => (EventKind::Alloc as u64, TRANSIENT_BIT),
+            k => (k as u64, 0),
+        };
+        (self.stack as u64) | (((self.tid & ((1 << TID_BITS) - 1)) as u64) << 32) | transient | ((kind & 0x7) << 54) | ((self.api as u64 & 0x7f) << 57)
     }
 
     pub fn unpack(meta: u64, addr: u64, size: u64) -> Option<Event> {
+        let mut kind = EventKind::from_bits(((meta >> 54) & 0x7) as u8)?;
+        let mut meta = meta;
+        if kind == EventKind::Alloc && meta & TRANSIENT_BIT != 0 {
+            kind = EventKind::Transient;
+            meta &= !TRANSIENT_BIT;
+        }
         Some(Event {
-            kind: EventKind::from_bits(((meta >> 54) & 0x7) as u8)?,
+            kind,
             api: Api::from_bits(((meta >> 57) & 0x7f) as u8),
             tid: ((meta >> 32) & ((1 << TID_BITS) - 1)) as u32,
             stack: meta as u32,
@@ -284,6 +322,9 @@ mod tests {
             assert_eq!(Api::from_bits(*api as u8), *api);
         }
         let host = Event { kind: EventKind::Free, api: Api::Malloc, tid: 1, stack: 0, addr: 0, size: pack_size(77, None) };
+        let alloc = Event { kind: EventKind::Alloc, api: Api::Calloc, tid: 0, stack: 9, addr: 0x10, size: 32 };
+        let cancelled = Event::unpack(alloc.pack_meta() | TRANSIENT_BIT, 0x10, 32).unwrap();
+        assert_eq!(cancelled, Event { kind: EventKind::Transient, ..alloc });
         let back = Event::unpack(host.pack_meta(), 0, host.size).unwrap();
         assert_eq!((back.kind, back.bytes(), back.device()), (EventKind::Free, 77, None));
     }

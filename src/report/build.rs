@@ -444,6 +444,7 @@ pub fn write_report_json(w: impl std::io::Write, parts: &ReportParts) -> std::io
             buffer_full_waits: facts.buffer_full_waits,
             rings_grown: facts.rings_grown,
             unknown_frees: totals.unknown_frees,
+            merged_frees: totals.merged_frees,
             frees_on_library_threads: totals.frees_on_library_threads,
             releases_dropped: facts.releases_dropped,
             stacks_interned: facts.stacks_interned,
