@@ -1,22 +1,30 @@
 #!/usr/bin/env bash
-# Overhead benchmark (not a test). Prints, from one run of this script, the median wall
-# time of each command without the library, under leaktrace, and under the peers that
-# are installed, and the ratios to the plain run.
+# Overhead benchmark (not a test). Runs each workload without the library, under
+# leaktrace and under the peers that are installed, interleaved, and prints for each
+# the medians of: wall time, CPU time (user + system, the whole process tree), peak RSS
+# (of the largest process, as /usr/bin/time reports it) and the size of the tool's own
+# output files; with ratios to the plain run (RSS and files: MiB added).
 #
 #   scripts/bench.sh [RUNS] [SET]   RUNS per cell, interleaved (default 5; valgrind runs once)
+#   BENCH_FORMAT=md                 a Markdown table (the README's)
 #
-# SET malloc (default): the allocator hot path, against heaptrack, LeakSanitizer (gcc's
-# liblsan preloaded), jemalloc with leak profiling of every allocation, valgrind memcheck.
+# SET cost (the README's table): what a CI machine pays, in CPU and memory as well as time.
+#   bash-loop      bash, 300,000 iterations of arithmetic and a string assignment
+#   malloc-1t/-2t  bench/malloc_bench.c (below)
+#   true-x200      /bin/true 200 times from sh, the whole loop under LD_PRELOAD (each
+#                  process starts the library and writes its exit report)
+#   import-torch   python, a script of one line: import torch
+#   pytorch        tests/fixtures/frameworks/torch_train.py train (2 forked DataLoader workers)
+#   peers: memray run --native (Python workloads), heaptrack, LeakSanitizer (gcc's liblsan)
+# SET malloc (default): the allocator hot path, against heaptrack, LeakSanitizer,
+# jemalloc with leak profiling of every allocation, valgrind memcheck.
 #   malloc-1t / malloc-2t  bench/malloc_bench.c: 2 M malloc/free pairs, 16..4096 B,
 #                          1000-block window, ~30-frame stacks, -O2 without frame pointers
 #   new-stacks             bench/new_stacks.c: 2^19 distinct ~40-frame call paths, one
 #                          malloc/free each (every stack new, as in `import torch`)
 #   sqlite3                bench/sqlite_workload.sql on an in-memory database (Debian sqlite3)
-# SET frameworks: real ML programs, against heaptrack and LeakSanitizer (jemalloc's
-# profiler and valgrind are left out: valgrind takes minutes a run here, and a preloaded
-# jemalloc replaces the allocator these programs are measured with).
-#   pytorch                tests/fixtures/frameworks/torch_train.py train (import, 2 epochs,
-#                          2 forked DataLoader workers)
+# SET frameworks: real ML programs, against heaptrack and LeakSanitizer.
+#   pytorch                tests/fixtures/frameworks/torch_train.py train
 #   caffe-time             caffe time, 50 iterations of the LeNet-style DummyData net
 #                          (needs scripts/install_caffe.sh)
 #   python-default         bench/python_alloc.py under Python's default allocator
@@ -24,11 +32,12 @@
 # In this set leaktrace also runs with Python frames off (leaktrace-nopy:
 # LEAKTRACE_PYTHON=0): the cost of Python frames is the difference.
 #
-# Peers come from Debian: apt-get install heaptrack liblsan0 libjemalloc2 valgrind
+# Peers: apt-get install heaptrack liblsan0 libjemalloc2 valgrind; pip install memray
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${1:-5}
 SET=${2:-malloc}
+FORMAT=${BENCH_FORMAT:-text}
 # A run that takes longer than this is killed and shown as "hung".
 LIMIT=${BENCH_TIMEOUT:-300}
 cargo build --release --lib -q
@@ -43,7 +52,32 @@ TOOLS=("plain" "leaktrace")
 LSAN=/usr/lib/x86_64-linux-gnu/liblsan.so.0
 JEMALLOC=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2
 if command -v heaptrack >/dev/null; then TOOLS+=("heaptrack"); fi
+# The interpreter itself, not a shim script that runs other programs first.
+PY=$(python3 -c 'import sys; print(sys.executable)')
+# Tools that do not apply to a workload: "WORKLOAD:TOOL" (heaptrack and memray follow
+# no exec; memray runs Python only).
+SKIP=" "
 case $SET in
+cost)
+    cc -O2 -fomit-frame-pointer -pthread -o "$WORK/malloc_bench" bench/malloc_bench.c
+    NAMES+=("bash-loop" "malloc-1t" "malloc-2t" "true-x200")
+    CMDS+=("bash $WORK/loop.sh" "$WORK/malloc_bench 1" "$WORK/malloc_bench 2" "sh $WORK/true200.sh")
+    ENVS+=("" "" "" "")
+    printf 'i=0; s=""\nwhile [ $i -lt 300000 ]; do i=$((i+1)); s="x$i"; done\n' >"$WORK/loop.sh"
+    printf 'for i in $(seq 200); do /bin/true; done\n' >"$WORK/true200.sh"
+    SKIP+="true-x200:heaptrack "
+    if "$PY" -c 'import torch' 2>/dev/null; then
+        NAMES+=("import-torch" "pytorch")
+        CMDS+=("$PY $WORK/import_torch.py" "$PY tests/fixtures/frameworks/torch_train.py train")
+        echo "import torch" >"$WORK/import_torch.py"
+        ENVS+=("" "")
+    fi
+    if "$PY" -c 'import memray' 2>/dev/null; then TOOLS+=("memray"); fi
+    for n in "${NAMES[@]}"; do
+        case $n in import-torch | pytorch) ;; *) SKIP+="$n:memray " ;; esac
+    done
+    if [ -e "$LSAN" ]; then TOOLS+=("lsan"); fi
+    ;;
 malloc)
     cc -O2 -fomit-frame-pointer -pthread -o "$WORK/malloc_bench" bench/malloc_bench.c
     cc -O2 -fomit-frame-pointer -o "$WORK/new_stacks" bench/new_stacks.c
@@ -60,8 +94,6 @@ malloc)
     if command -v valgrind >/dev/null; then TOOLS+=("valgrind"); fi
     ;;
 frameworks)
-    # The interpreter itself, not a shim script that runs other programs first.
-    PY=$(python3 -c 'import sys; print(sys.executable)')
     if "$PY" -c 'import torch' 2>/dev/null; then
         NAMES+=("pytorch")
         CMDS+=("$PY tests/fixtures/frameworks/torch_train.py train")
@@ -79,67 +111,95 @@ frameworks)
     TOOLS=("plain" "leaktrace" "leaktrace-nopy" "${TOOLS[@]:2}")
     if [ -e "$LSAN" ]; then TOOLS+=("lsan"); fi
     ;;
-*) echo "unknown set $SET: malloc or frameworks" >&2; exit 2 ;;
+*) echo "unknown set $SET: cost, malloc or frameworks" >&2; exit 2 ;;
 esac
 
-run_once() { # tool, VAR=value list, command... -> seconds, "fail" or "hung"
+run_once() { # tool, VAR=value list, command... -> "wall cpu rss_kib files_bytes", "fail" or "hung"
     local tool=$1 vars=$2; shift 2
     # shellcheck disable=SC2086
     if [ -n "$vars" ]; then export $vars; fi
-    local start end rc=0
-    start=$(date +%s%N)
+    local out="$WORK/out" rc=0
+    rm -rf "$out" && mkdir -p "$out"
+    local -a pre=(/usr/bin/time -o "$WORK/time" -f "%e %U %S %M" timeout -k 10 "$LIMIT")
     set +e
     case $tool in
-        plain) timeout -k 10 "$LIMIT" "$@" >/dev/null 2>&1 ;;
-        leaktrace) LD_PRELOAD="$LIB" LEAKTRACE_OUTPUT="$WORK" LEAKTRACE_SUMMARY=0 timeout -k 10 "$LIMIT" "$@" >/dev/null 2>&1 ;;
-        leaktrace-nopy) LD_PRELOAD="$LIB" LEAKTRACE_PYTHON=0 LEAKTRACE_OUTPUT="$WORK" LEAKTRACE_SUMMARY=0 timeout -k 10 "$LIMIT" "$@" >/dev/null 2>&1 ;;
-        heaptrack) timeout -k 10 "$LIMIT" heaptrack -o "$WORK/ht" "$@" >/dev/null 2>&1; rm -f "$WORK"/ht* ;;
-        lsan) LD_PRELOAD="$LSAN" LSAN_OPTIONS=exitcode=0 timeout -k 10 "$LIMIT" "$@" >/dev/null 2>&1 ;;
-        jemalloc-prof) LD_PRELOAD="$JEMALLOC" MALLOC_CONF="prof:true,prof_leak:true,lg_prof_sample:0,prof_final:true,prof_prefix:$WORK/jeprof" timeout -k 10 "$LIMIT" "$@" >/dev/null 2>&1; rm -f "$WORK"/jeprof* ;;
-        valgrind) timeout -k 10 "$LIMIT" valgrind --leak-check=full --show-leak-kinds=all "$@" >/dev/null 2>&1 ;;
+        plain) "${pre[@]}" "$@" >/dev/null 2>&1 ;;
+        leaktrace) LD_PRELOAD="$LIB" LEAKTRACE_OUTPUT="$out" LEAKTRACE_SUMMARY=0 "${pre[@]}" "$@" >/dev/null 2>&1 ;;
+        leaktrace-nopy) LD_PRELOAD="$LIB" LEAKTRACE_PYTHON=0 LEAKTRACE_OUTPUT="$out" LEAKTRACE_SUMMARY=0 "${pre[@]}" "$@" >/dev/null 2>&1 ;;
+        heaptrack) "${pre[@]}" heaptrack -o "$out/ht" "$@" >/dev/null 2>&1 ;;
+        memray)
+            # `python -c CODE` or `python SCRIPT ARGS`, as memray run takes them.
+            local py=$1; shift
+            "${pre[@]}" "$py" -m memray run --native --follow-fork -q -f -o "$out/memray.bin" "$@" >/dev/null 2>&1 ;;
+        lsan) LD_PRELOAD="$LSAN" LSAN_OPTIONS=exitcode=0 "${pre[@]}" "$@" >/dev/null 2>&1 ;;
+        jemalloc-prof) LD_PRELOAD="$JEMALLOC" MALLOC_CONF="prof:true,prof_leak:true,lg_prof_sample:0,prof_final:true,prof_prefix:$out/jeprof" "${pre[@]}" "$@" >/dev/null 2>&1 ;;
+        valgrind) "${pre[@]}" valgrind --leak-check=full --show-leak-kinds=all "$@" >/dev/null 2>&1 ;;
     esac
     rc=$?
     set -e
-    end=$(date +%s%N)
     # (heaptrack's wrapper script does not pass timeout's 124 on.)
-    if [ "$rc" -eq 124 ] || [ $(((end - start) / 1000000000)) -ge "$LIMIT" ]; then echo hung; return; fi
-    if [ "$rc" -ne 0 ]; then echo fail; return; fi
-    echo "scale=4; ($end - $start) / 1000000000" | bc
+    local t
+    t=$(tail -n 1 "$WORK/time" 2>/dev/null || true)
+    local wall=${t%% *}
+    if [ "$rc" -eq 124 ] || [ "${wall%%.*}" -ge "$LIMIT" ] 2>/dev/null; then echo hung; return; fi
+    if [ "$rc" -ne 0 ] || [ -z "$t" ]; then echo fail; return; fi
+    local files
+    files=$(du -sb "$out" | cut -f1)
+    # shellcheck disable=SC2086
+    set -- $t
+    echo "$1 $(echo "$2 + $3" | bc) $4 $files"
 }
 
-median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
 declare -A SAMPLES
 for ((r = 0; r < RUNS; r++)); do
     for i in "${!NAMES[@]}"; do
         for tool in "${TOOLS[@]}"; do
             if [ "$tool" = valgrind ] && [ "$r" -gt 0 ]; then continue; fi
+            case $SKIP in *" ${NAMES[$i]}:$tool "*) continue ;; esac
             # shellcheck disable=SC2086
             t=$(run_once "$tool" "${ENVS[$i]}" ${CMDS[$i]})
-            SAMPLES["$i,$tool"]+="$t "
+            SAMPLES["$i,$tool"]+="${t// /,};"
         done
     done
 done
 
-printf '%-14s' "workload"
-for tool in "${TOOLS[@]}"; do printf '%15s' "$tool"; done
-printf '\n'
+# The median of field F (1 wall, 2 CPU, 3 RSS KiB, 4 files) of a cell's good samples.
+field() { echo "$1" | tr ';' '\n' | grep -v -e '^$' -e fail -e hung | cut -d, -f"$2" | median; }
+mib() { echo "scale=1; $1 / 1048576" | bc | sed 's/^\./0./'; }
+
+if [ "$FORMAT" = md ]; then
+    echo "| workload | tool | wall | CPU time | peak RSS | its files |"
+    echo "|---|---|---|---|---|---|"
+else
+    printf '%-14s %-15s %-16s %-16s %-20s %s\n' workload tool wall "CPU time" "peak RSS" "its files"
+fi
 for i in "${!NAMES[@]}"; do
-    base=$(echo "${SAMPLES["$i,plain"]}" | tr ' ' '\n' | grep . | median)
-    printf '%-14s' "${NAMES[$i]}"
+    plain="${SAMPLES["$i,plain"]}"
+    bw=$(field "$plain" 1)
+    bc_=$(field "$plain" 2)
+    br=$(field "$plain" 3)
     for tool in "${TOOLS[@]}"; do
-        all=$(echo "${SAMPLES["$i,$tool"]}" | tr ' ' '\n' | grep .)
-        m=$(echo "$all" | { grep -v -e fail -e hung || true; } | median)
-        if [ -z "$m" ] && echo "$all" | grep -q hung; then
-            printf '%15s' "hung"
-        elif [ -z "$m" ]; then
-            printf '%15s' "failed"
+        all="${SAMPLES["$i,$tool"]:-}"
+        [ -n "$all" ] || continue
+        w=$(field "$all" 1)
+        if [ -z "$w" ]; then
+            if echo "$all" | grep -q hung; then cells=("hung" "" "" ""); else cells=("failed" "" "" ""); fi
         elif [ "$tool" = plain ]; then
-            printf '%13ss' "$m"
+            cells=("${w}s" "${bc_}s" "$(mib $((br * 1024))) MiB" "")
         else
-            printf '%8ss %5sx' "$m" "$(echo "scale=2; $m / $base" | bc)"
+            c=$(field "$all" 2)
+            rss=$(field "$all" 3)
+            files=$(field "$all" 4)
+            cells=("${w}s $(echo "scale=2; $w / $bw" | bc)x" "${c}s $(echo "scale=2; $c / $bc_" | bc)x"
+                "$(mib $((rss * 1024))) MiB (+$(mib $(((rss - br) * 1024))))" "$(mib "$files") MiB")
+        fi
+        if [ "$FORMAT" = md ]; then
+            echo "| ${NAMES[$i]} | $tool | ${cells[0]} | ${cells[1]} | ${cells[2]} | ${cells[3]} |"
+        else
+            printf '%-14s %-15s %-16s %-16s %-20s %s\n' "${NAMES[$i]}" "$tool" "${cells[@]}"
         fi
     done
-    printf '\n'
 done
-echo "(median of $RUNS runs each, valgrind 1 run; $(nproc) cores; $(uname -m))"
+echo "(medians of $RUNS interleaved runs, valgrind 1 run; $(nproc) cores; $(uname -m); $(date -u +%Y-%m-%d))"

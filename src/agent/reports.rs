@@ -795,6 +795,10 @@ impl Presymbolizer {
     /// `None` when no thread can be started (the report then names everything itself).
     fn start(snapshot: &crate::collector::state::Snapshot, limit: usize) -> Option<Presymbolizer> {
         let ids: Vec<u32> = snapshot.groups.iter().take(limit).map(|g| g.stack).collect();
+        if ids.is_empty() {
+            // Nothing to name (a process that allocated nothing): no thread to start.
+            return None;
+        }
         let shared = Arc::new(PresymbolizerShared { ids, tid: AtomicU32::new(0), done: AtomicBool::new(false) });
         let arg = Arc::into_raw(shared.clone()) as *mut std::ffi::c_void;
         // SAFETY: the thread takes over the reference `arg` is (or it is dropped below).

@@ -248,7 +248,14 @@ fn take_ring(capacity: u64) -> Option<&'static ThreadRing> {
     let me = crate::os::threads::identity();
     let free = rings().find(|r| r.capacity == capacity && r.owner.compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed).is_ok());
     let ring = match free {
-        Some(r) => r,
+        Some(r) => {
+            // A reused ring's memory is its last owner's: this thread released nothing
+            // yet. (A new ring's is zero already, and its pages untouched.)
+            for c in r.recent.own_releases.iter().chain(r.recent.at.iter()) {
+                c.store(0, Ordering::Relaxed);
+            }
+            r
+        }
         None => {
             let header = std::mem::size_of::<ThreadRing>().next_multiple_of(std::mem::align_of::<Slot>());
             // All-zero bytes are a valid empty ring but for its two fixed fields.
@@ -277,10 +284,6 @@ fn take_ring(capacity: u64) -> Option<&'static ThreadRing> {
     ring.tid.store(thread::tid(), Ordering::Release);
     ring.retired.store(false, Ordering::Release);
     ring.superseded.store(false, Ordering::Release);
-    // A reused ring's memory is its last owner's: this thread released nothing yet.
-    for c in ring.recent.own_releases.iter().chain(ring.recent.at.iter()) {
-        c.store(0, Ordering::Relaxed);
-    }
     // The first event looks at the consumer's position (a reused ring's check position
     // is its last owner's).
     ring.producer.0.check_at.store(0, Ordering::Relaxed);

@@ -72,13 +72,10 @@ pub struct ObjectInfo {
 /// Resolves `_dl_find_object` and the library's own address range. Called once from
 /// the constructor (it may allocate through `dlsym`).
 pub fn init() -> bool {
-    // SAFETY: dlsym with a valid NUL-terminated name; RTLD_DEFAULT is a valid handle.
-    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_dl_find_object".as_ptr()) };
-    if f.is_null() {
+    if !resolve_find_object() {
         return false;
     }
     crate::os::stack::note_main_thread();
-    FIND_OBJECT.store(f as usize, Ordering::Release);
     // In unit tests the "library" is the test binary itself: skip nothing there.
     #[cfg(not(test))]
     if let Some(own) = find_object(capture_stack_id as *const () as u64) {
@@ -90,6 +87,20 @@ pub fn init() -> bool {
     if unsafe { libc::pthread_key_create(&mut key, Some(memo_destructor)) } == 0 {
         MEMO_KEY.store(key as usize, Ordering::Release);
     }
+    true
+}
+
+/// Resolves `_dl_find_object` (glibc 2.35+) for `find_object`; whether it exists.
+pub fn resolve_find_object() -> bool {
+    if FIND_OBJECT.load(Ordering::Acquire) != 0 {
+        return true;
+    }
+    // SAFETY: dlsym with a valid NUL-terminated name; RTLD_DEFAULT is a valid handle.
+    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_dl_find_object".as_ptr()) };
+    if f.is_null() {
+        return false;
+    }
+    FIND_OBJECT.store(f as usize, Ordering::Release);
     true
 }
 

@@ -288,6 +288,20 @@ fn late_host_tracking() -> String {
 /// describes the heap the program uses), not another allocator preloaded after us.
 fn malloc_is_glibcs() -> bool {
     let Some(f) = super::real::malloc() else { return false };
+    // The module by its mapped range (`_dl_find_object`): `dladdr` would also look for
+    // the nearest symbol, a walk over the C library's whole symbol table (~25 us, at the
+    // start of every process).
+    if crate::hotpath::unwind::resolve_find_object() {
+        if let Some(o) = crate::hotpath::unwind::find_object(f as usize as u64) {
+            if o.name.is_null() {
+                return false;
+            }
+            // SAFETY: l_name is a NUL-terminated string owned by the loader, valid while
+            // the C library is loaded (always).
+            let name = unsafe { CStr::from_ptr(o.name) }.to_bytes();
+            return name.rsplit(|&b| b == b'/').next().is_some_and(|base| base.starts_with(b"libc.so"));
+        }
+    }
     let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
     // SAFETY: dladdr fills info for any address; dli_fname is a loader-owned C string.
     unsafe {

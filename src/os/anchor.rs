@@ -6,8 +6,7 @@
 //! access goes through them. A program that closes them later only brings back the
 //! plain paths.
 use std::ffi::CString;
-use std::io::Read;
-use std::os::fd::FromRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicI32, Ordering};
 
@@ -63,11 +62,32 @@ pub fn hold_before_chroot(output_dir: &Path) {
 /// Reads `/proc/<rel>` (e.g. "self/maps"), through the held `/proc` when there is one.
 pub fn read_proc(rel: &str) -> std::io::Result<Vec<u8>> {
     let fd = open_proc(rel, libc::O_RDONLY)?;
-    // SAFETY: a fresh descriptor of ours, owned by the File from here.
-    let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
-    let mut out = Vec::new();
-    f.read_to_end(&mut out)?;
-    Ok(out)
+    // SAFETY: a fresh descriptor of ours, owned by the File from here (closed on drop).
+    let f = unsafe { std::fs::File::from_raw_fd(fd) };
+    // Whole pages at a time: a /proc file has no size to ask for, and the standard
+    // library's probing reads (32 bytes, then doubling) took nine calls for a small
+    // process's maps. Every short process pays this at its start and its exit.
+    let mut out: Vec<u8> = Vec::with_capacity(4096);
+    loop {
+        if out.capacity() - out.len() < 1024 {
+            out.reserve(out.capacity());
+        }
+        let spare = out.spare_capacity_mut();
+        // SAFETY: reads at most `spare.len()` bytes into the vector's spare capacity.
+        let n = unsafe { libc::read(f.as_raw_fd(), spare.as_mut_ptr() as *mut libc::c_void, spare.len()) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Ok(out);
+        }
+        // SAFETY: the kernel wrote `n` bytes there.
+        unsafe { out.set_len(out.len() + n as usize) };
+    }
 }
 
 /// `read_proc` as text (invalid UTF-8 replaced).

@@ -32,10 +32,11 @@ fn unix_ns() -> u128 {
 
 fn random_u32() -> u32 {
     let mut buf = [0u8; 4];
-    if std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut buf)).is_ok() {
+    // SAFETY: writes at most 4 bytes into `buf`. One call, no file (nor a /dev in a chroot).
+    if unsafe { libc::getrandom(buf.as_mut_ptr() as *mut libc::c_void, 4, libc::GRND_NONBLOCK) } == 4 {
         return u32::from_ne_bytes(buf);
     }
-    // No /dev/urandom (chroot): the clock's low bits still differ between images.
+    // No entropy yet (early boot) or no getrandom: the clock's low bits still differ.
     (unix_ns() as u32).rotate_left(13) ^ std::process::id()
 }
 
@@ -61,7 +62,7 @@ impl ProcessInfo {
             .map(|raw| raw.split(|b| *b == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect())
             .unwrap_or_default();
         let environ = crate::os::anchor::read_proc("self/environ").unwrap_or_default();
-        let host = crate::os::anchor::read_proc_string("sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+        let host = hostname();
         let launch = leaktrace_common::launch::Launch::from_environ(&environ, &argv, host);
         ProcessInfo {
             launch,
@@ -93,6 +94,18 @@ impl ProcessInfo {
     pub fn report_path(&self, dir: &Path) -> PathBuf {
         dir.join(&self.file_name)
     }
+}
+
+/// The host's name (`uname`'s node name: one call, no file to open), or `""`.
+fn hostname() -> String {
+    // SAFETY: an all-zero utsname is a valid out value; uname fills it.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out pointer.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return String::new();
+    }
+    let bytes: Vec<u8> = u.nodename.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    String::from_utf8_lossy(&bytes).trim().to_string()
 }
 
 /// Whether the running program is a Go program that links the C library (cgo), told

@@ -102,6 +102,12 @@ pub struct ScanOut {
 /// `extra_roots`: ranges the program declared roots (`__lsan_register_root_region`,
 /// ignored blocks): read like module data.
 pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], extra_roots: &[(u64, u64)]) -> ScanOut {
+    if blocks.is_empty() && inherited.is_empty() {
+        // Nothing live to classify (a process that allocated nothing, or freed it all):
+        // the verdict needs no roots, and no thread of the program is stopped.
+        let info = ScanInfo { ran: true, ..ScanInfo::default() };
+        return ScanOut { verdicts: Vec::new(), owners: Vec::new(), parent: Vec::new(), via: Vec::new(), labels: Vec::new(), info };
+    }
     let t0 = Instant::now();
     let have_signal = roots::install();
     let mut tids = if have_signal { roots::other_threads() } else { Vec::new() };
