@@ -7,6 +7,7 @@
 #
 #   scripts/bench.sh [RUNS] [SET]   RUNS per cell, interleaved (default 5; valgrind runs once)
 #   BENCH_FORMAT=md                 a Markdown table (the README's)
+#   BENCH_ONLY=REGEX                only the workloads whose names match
 #
 # SET cost (the README's table): what a CI machine pays, in CPU and memory as well as time.
 #   bash-loop      bash, 300,000 iterations of arithmetic and a string assignment
@@ -155,6 +156,7 @@ median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 declare -A SAMPLES
 for ((r = 0; r < RUNS; r++)); do
     for i in "${!NAMES[@]}"; do
+        if [ -n "${BENCH_ONLY:-}" ] && ! [[ ${NAMES[$i]} =~ $BENCH_ONLY ]]; then continue; fi
         for tool in "${TOOLS[@]}"; do
             if [ "$tool" = valgrind ] && [ "$r" -gt 0 ]; then continue; fi
             case $SKIP in *" ${NAMES[$i]}:$tool "*) continue ;; esac
@@ -166,7 +168,7 @@ for ((r = 0; r < RUNS; r++)); do
 done
 
 # The median of field F (1 wall, 2 CPU, 3 RSS KiB, 4 files) of a cell's good samples.
-field() { echo "$1" | tr ';' '\n' | grep -v -e '^$' -e fail -e hung | cut -d, -f"$2" | median; }
+field() { echo "$1" | tr ';' '\n' | { grep -v -e '^$' -e fail -e hung || true; } | cut -d, -f"$2" | median; }
 mib() { echo "scale=1; $1 / 1048576" | bc | sed 's/^\./0./'; }
 
 if [ "$FORMAT" = md ]; then
@@ -176,7 +178,8 @@ else
     printf '%-14s %-15s %-16s %-16s %-20s %s\n' workload tool wall "CPU time" "peak RSS" "its files"
 fi
 for i in "${!NAMES[@]}"; do
-    plain="${SAMPLES["$i,plain"]}"
+    plain="${SAMPLES["$i,plain"]:-}"
+    [ -n "$plain" ] || continue
     bw=$(field "$plain" 1)
     bc_=$(field "$plain" 2)
     br=$(field "$plain" 3)
