@@ -240,15 +240,7 @@ fn copy_into_root(pid: u32, uid: u32, lib: &Path) -> Result<PathBuf, String> {
             ))
         }
     }
-    let meta = std::fs::symlink_metadata(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
-        return Err(format!(
-            "{} is not a directory of user {uid}'s that only it may use (owner {}, mode {:o}); remove it",
-            dir.display(),
-            meta.uid(),
-            meta.mode() & 0o7777
-        ));
-    }
+    leaktrace_common::private_dir::check(&dir, uid)?;
     let bytes = std::fs::read(lib).map_err(|e| format!("cannot read {} ({e})", lib.display()))?;
     // Named by its content, so that a copy already there is the same library.
     let fnv = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));

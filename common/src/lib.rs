@@ -5,6 +5,7 @@ pub mod growth;
 pub mod held;
 pub mod launch;
 pub mod memory;
+pub mod private_dir;
 pub mod report_schema;
 pub mod suppressions;
 

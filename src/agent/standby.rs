@@ -22,7 +22,7 @@
 //! preloaded) waits here the same way; switching it on also routes the program's calls
 //! to its hooks (`interpose::got`), which a preload gets from the loader.
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -124,16 +124,7 @@ fn private_dir(dir: &std::path::Path, uid: u32) -> Result<(), String> {
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
     }
-    let meta = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
-        return Err(format!(
-            "{} is not a directory of this user's that only it may use (owner {}, mode {:o}); remove it",
-            dir.display(),
-            meta.uid(),
-            meta.mode() & 0o7777
-        ));
-    }
-    Ok(())
+    leaktrace_common::private_dir::check(dir, uid)
 }
 
 /// At exit, or when standby could not start: the socket goes (only by the process that
@@ -369,6 +360,7 @@ fn switch_on(args: OnArgs) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::MetadataExt;
 
     #[test]
     fn an_on_request_carries_the_main_threads_pointer_and_the_output_directory() {

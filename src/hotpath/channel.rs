@@ -580,9 +580,18 @@ fn any_pending() -> bool {
 fn any_ready() -> bool {
     rings().any(|r| {
         let tail = r.producer.0.tail.load(Ordering::Acquire);
-        let end = tail.saturating_sub(LAG).max(r.lag.0.release_to.load(Ordering::Relaxed));
-        r.head.0.load(Ordering::Acquire) < end.min(tail)
+        r.head.0.load(Ordering::Acquire) < lagged_end(r, tail)
     })
+}
+
+/// Where a turn of the consumer's own (`drain_lagged`) stops in `ring`, whose tail is
+/// `tail`: before its last `LAG` events, unless they were published before the
+/// snapshot before last, or their producer moved on to another ring.
+fn lagged_end(ring: &ThreadRing, tail: u64) -> u64 {
+    if ring.superseded.load(Ordering::Acquire) {
+        return tail;
+    }
+    tail.saturating_sub(LAG).max(ring.lag.0.release_to.load(Ordering::Relaxed)).min(tail)
 }
 
 /// Wakes the consumer if it sleeps in `park_consumer`.
@@ -784,8 +793,8 @@ impl DrainState {
         // is claimed, not read.
         let contested = tail.saturating_sub(LAG);
         let end = match reach {
-            Reach::Lagged if !ring.superseded.load(Ordering::Acquire) => contested.max(ring.lag.0.release_to.load(Ordering::Relaxed)).min(tail),
-            _ => tail,
+            Reach::Lagged => lagged_end(ring, tail),
+            Reach::All => tail,
         };
         let mut head = ring.head.0.load(Ordering::Relaxed);
         let start = head;

@@ -288,18 +288,13 @@ fn late_host_tracking() -> String {
 /// describes the heap the program uses), not another allocator preloaded after us.
 fn malloc_is_glibcs() -> bool {
     let Some(f) = super::real::malloc() else { return false };
+    let is_libc = |path: &[u8]| path.rsplit(|&b| b == b'/').next().is_some_and(|base| base.starts_with(b"libc.so"));
     // The module by its mapped range (`_dl_find_object`): `dladdr` would also look for
     // the nearest symbol, a walk over the C library's whole symbol table (~25 us, at the
     // start of every process).
     if crate::hotpath::unwind::resolve_find_object() {
-        if let Some(o) = crate::hotpath::unwind::find_object(f as usize as u64) {
-            if o.name.is_null() {
-                return false;
-            }
-            // SAFETY: l_name is a NUL-terminated string owned by the loader, valid while
-            // the C library is loaded (always).
-            let name = unsafe { CStr::from_ptr(o.name) }.to_bytes();
-            return name.rsplit(|&b| b == b'/').next().is_some_and(|base| base.starts_with(b"libc.so"));
+        if let Some(m) = crate::hotpath::unwind::module_of(f as usize as u64) {
+            return is_libc(m.path.as_bytes());
         }
     }
     let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
@@ -308,8 +303,7 @@ fn malloc_is_glibcs() -> bool {
         if libc::dladdr(f as *const c_void, info.as_mut_ptr()) == 0 || (*info.as_ptr()).dli_fname.is_null() {
             return false;
         }
-        let name = CStr::from_ptr((*info.as_ptr()).dli_fname).to_bytes();
-        name.rsplit(|&b| b == b'/').next().is_some_and(|base| base.starts_with(b"libc.so"))
+        is_libc(CStr::from_ptr((*info.as_ptr()).dli_fname).to_bytes())
     }
 }
 

@@ -64,30 +64,7 @@ pub fn read_proc(rel: &str) -> std::io::Result<Vec<u8>> {
     let fd = open_proc(rel, libc::O_RDONLY)?;
     // SAFETY: a fresh descriptor of ours, owned by the File from here (closed on drop).
     let f = unsafe { std::fs::File::from_raw_fd(fd) };
-    // Whole pages at a time: a /proc file has no size to ask for, and the standard
-    // library's probing reads (32 bytes, then doubling) took nine calls for a small
-    // process's maps. Every short process pays this at its start and its exit.
-    let mut out: Vec<u8> = Vec::with_capacity(4096);
-    loop {
-        if out.capacity() - out.len() < 1024 {
-            out.reserve(out.capacity());
-        }
-        let spare = out.spare_capacity_mut();
-        // SAFETY: reads at most `spare.len()` bytes into the vector's spare capacity.
-        let n = unsafe { libc::read(f.as_raw_fd(), spare.as_mut_ptr() as *mut libc::c_void, spare.len()) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            return Ok(out);
-        }
-        // SAFETY: the kernel wrote `n` bytes there.
-        unsafe { out.set_len(out.len() + n as usize) };
-    }
+    super::read_whole(f.as_raw_fd())
 }
 
 /// `read_proc` as text (invalid UTF-8 replaced).

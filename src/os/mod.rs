@@ -41,6 +41,35 @@ pub fn copy_own<T: Plain>(from: u64, buf: &mut [T]) -> usize {
     n.max(0) as usize
 }
 
+/// The whole of `fd` from offset 0, a page at a time (`pread`: a descriptor held and
+/// read again, as `/proc/self/status`, needs no seek). A `/proc` file has no size to ask
+/// for, and the standard library's probing reads (32 bytes, then doubling) took nine
+/// calls for a small process's maps; every short process reads some at its start and
+/// its exit.
+pub fn read_whole(fd: i32) -> std::io::Result<Vec<u8>> {
+    let mut out: Vec<u8> = Vec::with_capacity(4096);
+    loop {
+        if out.capacity() - out.len() < 1024 {
+            out.reserve(out.capacity());
+        }
+        let spare = out.spare_capacity_mut();
+        // SAFETY: reads at most `spare.len()` bytes into the vector's spare capacity.
+        let n = unsafe { libc::pread(fd, spare.as_mut_ptr() as *mut libc::c_void, spare.len(), out.len() as libc::off_t) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Ok(out);
+        }
+        // SAFETY: the kernel wrote `n` bytes there.
+        unsafe { out.set_len(out.len() + n as usize) };
+    }
+}
+
 /// Saves errno and puts it back when dropped: the program sees exactly what it (or the
 /// real function a hook forwarded to) left there, whatever our bookkeeping did to it.
 pub struct ErrnoGuard(i32);

@@ -83,20 +83,9 @@ fn read(slot: &Held) -> String {
         slot.fd.store(-1, Ordering::Release);
         return String::new();
     }
-    let mut buf = vec![0u8; 8192];
-    let mut len = 0;
-    loop {
-        if len == buf.len() {
-            buf.resize(buf.len() * 2, 0);
-        }
-        // SAFETY: reads into the unused tail of `buf`, from offset `len` of our descriptor.
-        let n = unsafe { libc::pread(fd, buf[len..].as_mut_ptr() as *mut libc::c_void, buf.len() - len, len as libc::off_t) };
-        if n <= 0 {
-            break;
-        }
-        len += n as usize;
-    }
-    buf.truncate(len);
+    // What was read before an error is dropped with it: the parts read from the file
+    // are absent from this report, as for a file that could not be opened.
+    let buf = super::read_whole(fd).unwrap_or_default();
     String::from_utf8_lossy(&buf).into_owned()
 }
 
