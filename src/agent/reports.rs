@@ -448,7 +448,7 @@ fn held_wanted(
         by_size.select_nth_unstable_by(limit - 1, |a, b| b.cmp(a));
     }
     let mut wanted: HeldKeys = by_size.iter().take(limit).map(|&(_, stack, api)| (stack, api)).collect();
-    let steady: HeldKeys = snapshot.groups.iter().filter(|g| g.stats.steady() && g.api.kind() != Kind::Python).map(|g| (g.stack, g.api)).collect();
+    let steady: HeldKeys = snapshot.groups.iter().filter(|g| g.steady() && g.api.kind() != Kind::Python).map(|g| (g.stack, g.api)).collect();
     wanted.extend(steady);
     wanted.extend(followed.iter().copied());
     (wanted, growing.iter().copied().collect())

@@ -791,7 +791,8 @@ mod tests {
             api: Api::Malloc,
             device: None,
             group: 0,
-            stats: SnapStats { live_bytes: bytes, live_blocks: 1, ..Default::default() },
+            steady_growth_kib: 0,
+            stats: SnapStats { live_bytes: bytes, live_blocks: 1 },
         };
         // Collector order: largest first. Stack 1 is big but reachable; 3 is a small leak.
         let groups = vec![g(1, 1000), g(2, 500), g(3, 10), g(4, 5)];

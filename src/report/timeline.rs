@@ -183,8 +183,8 @@ impl Timeline {
     /// largest first; and the `JOIN_GROWING` that grew most of those growing steadily),
     /// and those of them not followed yet, each once, in that order.
     fn to_join(&self, snapshot: &Snapshot) -> (Vec<Key>, Vec<Key>) {
-        let mut growing: Vec<&crate::collector::state::GroupSnapshot> = snapshot.groups.iter().filter(|g| g.stats.steady()).collect();
-        growing.sort_by_key(|g| std::cmp::Reverse(g.stats.steady_growth));
+        let mut growing: Vec<&crate::collector::state::GroupSnapshot> = snapshot.groups.iter().filter(|g| g.steady()).collect();
+        growing.sort_by_key(|g| std::cmp::Reverse(g.steady_growth_kib));
         growing.truncate(JOIN_GROWING);
         let keep: Vec<Key> = snapshot.groups.iter().take(JOIN_TOP).chain(growing).map(|g| (g.stack, g.api)).collect();
         let mut newcomers: Vec<Key> = Vec::new();
@@ -340,7 +340,8 @@ mod tests {
                 api: Api::Malloc,
                 device: None,
                 group: 0,
-                stats: SnapStats { live_bytes: bytes, live_blocks: 1, ..Default::default() },
+                steady_growth_kib: 0,
+                stats: SnapStats { live_bytes: bytes, live_blocks: 1 },
             })
             .collect();
         gs.sort_by_key(|g| std::cmp::Reverse(g.stats.live_bytes));
@@ -456,7 +457,7 @@ mod tests {
             let mut g = s.groups[0].clone();
             (g.stack, g.stats.live_bytes) = (7, 2048 * (step + 1));
             // Up at every step: steady from the third (`Trend::steady`).
-            g.stats.steady_growth = if step >= 3 { 2048 * step } else { 0 };
+            g.steady_growth_kib = if step >= 3 { 2 * step as u32 } else { 0 };
             s.groups.push(g);
             t.record(step, &s);
         }
