@@ -34,14 +34,20 @@ pub fn fork_prepare() {
     adopt_if_cloned();
     crate::os::loader::fork_hold_loader_walks();
     STATE.lock_raw();
+    // Last: the collector allocates from it while holding the state.
+    crate::os::own_heap::fork_prepare();
 }
 
 pub fn fork_parent() {
+    crate::os::own_heap::fork_parent();
     STATE.unlock_raw();
     crate::os::loader::fork_release_loader_walks();
 }
 
 pub fn fork_child() {
+    // Parked by this thread in `fork_prepare`, or held by a thread this child does not
+    // have (a raw clone ran no handler): then abandoned.
+    crate::os::own_heap::after_fork_child();
     crate::os::loader::fork_release_loader_walks();
     super::reports::FORKED.store(true, Ordering::Relaxed);
     // A holder search of the parent's has no thread here.

@@ -13,6 +13,9 @@ pub struct ThreadState {
     busy: Cell<bool>,
     /// Set for the library's own threads (the collector): nothing they do is tracked.
     internal: Cell<bool>,
+    /// Set for the library's own threads from their start (never by `untracked`): their
+    /// small blocks come from the library's own heap (`os::own_heap`).
+    own_heap: Cell<bool>,
     tid: Cell<u32>,
     pub(crate) stack_lo: Cell<usize>,
     pub(crate) stack_hi: Cell<usize>,
@@ -254,9 +257,20 @@ pub fn in_cuda_call() -> bool {
     with(|s| s.in_cuda.get())
 }
 
-/// Marks the calling thread as the library's own: none of its allocations are tracked.
+/// Marks the calling thread as the library's own: none of its allocations are tracked,
+/// and its small blocks come from the library's own heap.
 pub fn mark_internal() {
-    with(|s| s.internal.set(true));
+    with(|s| {
+        s.internal.set(true);
+        s.own_heap.set(true);
+    });
+}
+
+/// Whether the calling thread is one of the library's own (`mark_internal`). False on a
+/// thread whose thread pointer is not the C library's (no state of ours to read there).
+#[inline]
+pub fn uses_own_heap() -> bool {
+    crate::os::threads::tls_is_glibcs() && with(|s| s.own_heap.get())
 }
 
 /// Runs `f` with tracking off for this thread, restoring the previous mark afterwards.

@@ -338,6 +338,16 @@ fn own_mapping(layout: Layout) -> bool {
     layout.size() >= crate::hotpath::mapping::OWN_MAPPING_MIN && layout.align() <= crate::hotpath::mapping::PAGE
 }
 
+/// A block of the library's own heap for `layout`, on the library's own threads (see
+/// `os::own_heap`); `None` elsewhere, or where that heap has none to give.
+#[inline]
+fn own_heap_alloc(layout: Layout) -> Option<*mut u8> {
+    if layout.align() > MIN_ALIGN || layout.size() > crate::os::own_heap::MAX_BLOCK || !crate::hotpath::thread::uses_own_heap() {
+        return None;
+    }
+    crate::os::own_heap::alloc(layout.size())
+}
+
 // SAFETY: blocks come from the real malloc family (or the never-freed bootstrap arena)
 // with at least the requested size and alignment, and are returned to the same family;
 // large ones are page-aligned private mappings (`own_mapping`), returned with munmap.
@@ -345,6 +355,9 @@ unsafe impl GlobalAlloc for RealAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if own_mapping(layout) {
             return crate::hotpath::mapping::map_buffer(layout.size()).unwrap_or(std::ptr::null_mut());
+        }
+        if let Some(p) = own_heap_alloc(layout) {
+            return p;
         }
         crate::os::own::heap_grew(layout.size());
         if layout.align() <= MIN_ALIGN {
@@ -372,6 +385,12 @@ unsafe impl GlobalAlloc for RealAllocator {
             // A fresh mapping is zero-filled.
             return crate::hotpath::mapping::map_buffer(layout.size()).unwrap_or(std::ptr::null_mut());
         }
+        if let Some(p) = own_heap_alloc(layout) {
+            // SAFETY: a fresh block of at least layout.size() bytes (a reused one may
+            // hold an earlier block's bytes).
+            unsafe { std::ptr::write_bytes(p, 0, layout.size()) };
+            return p;
+        }
         if layout.align() <= MIN_ALIGN {
             if let Some(f) = real::calloc() {
                 crate::os::own::heap_grew(layout.size());
@@ -392,6 +411,10 @@ unsafe impl GlobalAlloc for RealAllocator {
     unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
         if own_mapping(layout) {
             crate::hotpath::mapping::unmap_buffer(p, layout.size());
+            return;
+        }
+        if crate::os::own_heap::owns(p) {
+            crate::os::own_heap::free(p, crate::hotpath::thread::uses_own_heap());
             return;
         }
         crate::os::own::heap_shrank(layout.size());
@@ -415,6 +438,11 @@ unsafe impl GlobalAlloc for RealAllocator {
         }
         if own_mapping(layout) != own_mapping(new_layout) {
             // Between malloc and a mapping: allocate, copy, free (below).
+        } else if crate::os::own_heap::owns(p) {
+            if crate::os::own_heap::same_block(layout.size(), new_size) {
+                return p;
+            }
+            // Another class: allocate, copy, free (below).
         } else if layout.align() <= MIN_ALIGN && !real::arena_owns(p as *mut c_void) {
             if let Some(f) = real::realloc() {
                 // SAFETY: p came from the real malloc; new_size is non-zero (GlobalAlloc contract).

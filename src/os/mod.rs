@@ -13,6 +13,7 @@ pub mod loader;
 pub mod lock;
 pub mod mapped;
 pub mod own;
+pub mod own_heap;
 pub mod pagemap;
 pub mod procfs;
 pub mod signals;

@@ -42,12 +42,15 @@ pub enum Part {
     /// The library's large heap buffers (`hotpath::mapping::map_buffer`): the
     /// collector's groups, a report's snapshot, symbol tables.
     Buffers = 6,
+    /// The library's own heap (`os::own_heap`): the small blocks of its own threads.
+    Heap = 7,
     /// Anything else.
-    Other = 7,
+    Other = 8,
 }
 
 impl Part {
-    pub const ALL: [Part; 8] = [Part::StackFrames, Part::StackTable, Part::Python, Part::Rings, Part::Unwind, Part::Blocks, Part::Buffers, Part::Other];
+    pub const ALL: [Part; 9] =
+        [Part::StackFrames, Part::StackTable, Part::Python, Part::Rings, Part::Unwind, Part::Blocks, Part::Buffers, Part::Heap, Part::Other];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -58,6 +61,7 @@ impl Part {
             Part::Unwind => "unwind",
             Part::Blocks => "blocks",
             Part::Buffers => "buffers",
+            Part::Heap => "heap",
             Part::Other => "other",
         }
     }

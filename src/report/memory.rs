@@ -168,9 +168,12 @@ pub fn measure(known: Known) -> Memory {
     if copy_allowed {
         let mapped = crate::os::own::parts_resident();
         m.tracer += mapped.iter().sum::<u64>();
-        let named = crate::os::own::Part::ALL.iter().map(|p| (p.name(), mapped[*p as usize]));
+        // `heap`: the library's small blocks, in malloc (by their bytes) and in its own
+        // heap (by its pages resident).
+        use crate::os::own::Part;
+        let named = Part::ALL.iter().filter(|p| **p != Part::Heap).map(|p| (p.name(), mapped[*p as usize]));
         m.tracer_parts = named
-            .chain([("heap", own_heap)])
+            .chain([("heap", own_heap + mapped[Part::Heap as usize])])
             .filter(|&(_, bytes)| bytes > 0)
             .map(|(part, bytes)| leaktrace_common::memory::TracerPart { part: part.into(), bytes })
             .collect();
