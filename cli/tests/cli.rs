@@ -285,11 +285,17 @@ fn an_unusable_output_directory_still_gets_its_reports_found_and_checked() {
     // can point into a chain of leaked `Layer`s (each one's freed `weights` reused by
     // the next) — a conservative scan's answer, LeakSanitizer's too. Seen 1-3 runs in
     // 20 on a loaded machine, with the heap's layout as the tracer's own blocks leave it.
+    // And 16 bytes fewer (2160, or 2000 with the chain): the last step's `Layer` held by
+    // a word on the main thread's stack (the report names it: "stack of thread N",
+    // offset 0 of the part read), a stale copy of the pointer — the frames' layout
+    // decides it (every `leaktrace run` here since the library's own threads took their
+    // blocks from their own heap, 2026-12-02; the build before gave 2176 there, and plain
+    // `LD_PRELOAD` gives 2176 with both).
     let leaked: u64 = err
         .lines()
         .find_map(|l| l.strip_prefix("TOTAL: ").and_then(|t| t.split(' ').next()).and_then(|n| n.parse().ok()))
         .unwrap_or_else(|| panic!("no TOTAL line: {err}"));
-    assert!(leaked == 2016 || leaked == 2176, "{err}");
+    assert!([2000, 2016, 2160, 2176].contains(&leaked), "{err}");
 }
 
 /// `diff` counts as `check` does: a run against an empty run lists as new exactly the
