@@ -159,10 +159,14 @@ fn chunk_of(p: usize) -> Option<usize> {
     }
 }
 
+/// Set once the first chunk is mapped: until then (a short process, whose library
+/// threads allocated nothing), `owns` answers without reading the index's pages.
+static ANY_CHUNK: AtomicBool = AtomicBool::new(false);
+
 /// Whether `p` is a block of this heap.
 #[inline]
 pub fn owns(p: *const u8) -> bool {
-    chunk_of(p as usize).is_some()
+    ANY_CHUNK.load(Ordering::Acquire) && chunk_of(p as usize).is_some()
 }
 
 /// A block of `size` bytes (1..=`MAX_BLOCK`), aligned to 16; `None` where this heap
@@ -450,6 +454,7 @@ impl Heap {
             i = (i + 1) & (INDEX_SLOTS - 1);
         }
         INDEX[i].store(base | (c + 1), Ordering::Release);
+        ANY_CHUNK.store(true, Ordering::Release);
         Some(c)
     }
 
