@@ -350,7 +350,9 @@ fn own_heap_alloc(layout: Layout) -> Option<*mut u8> {
 
 // SAFETY: blocks come from the real malloc family (or the never-freed bootstrap arena)
 // with at least the requested size and alignment, and are returned to the same family;
-// large ones are page-aligned private mappings (`own_mapping`), returned with munmap.
+// large ones are page-aligned private mappings (`own_mapping`), returned with munmap;
+// the library's own threads' small ones (alignment up to 16) come from its own heap,
+// which any thread may hand back (`os::own_heap::owns` tells them apart).
 unsafe impl GlobalAlloc for RealAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if own_mapping(layout) {
