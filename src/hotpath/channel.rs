@@ -219,17 +219,17 @@ fn rings() -> impl Iterator<Item = &'static ThreadRing> {
     })
 }
 
-/// Appends to `out` (up to its spare capacity: nothing is allocated) the address of every
-/// event published and not yet applied that takes a block out of the live set: a free,
-/// a realloc's release, a CUDA free. A pointer scan that took the live set before it
-/// stopped the program's threads reads these (the consumers held off meanwhile): a block
-/// freed in between is no leak, whatever still points to it.
 /// The slots of every ring there is now: no more events than this wait in them (rings
 /// are never freed, only reused).
 pub fn slots_in_rings() -> usize {
     rings().map(|r| r.capacity as usize).sum()
 }
 
+/// Appends to `out` (up to its spare capacity: nothing is allocated) the address of every
+/// event published and not yet applied that takes a block out of the live set: a free,
+/// a realloc's release, a CUDA free. A pointer scan that took the live set before it
+/// stopped the program's threads reads these (the consumers held off meanwhile): a block
+/// freed in between is no leak, whatever still points to it.
 pub fn unapplied_frees(out: &mut Vec<u64>) {
     for ring in rings() {
         let tail = ring.producer.0.tail.load(Ordering::Acquire);
