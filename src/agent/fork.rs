@@ -54,7 +54,7 @@ pub fn fork_child() {
     super::reports::HOLDER_SEARCH.store(false, Ordering::SeqCst);
     super::reports::HOLDER_TID.store(0, Ordering::SeqCst);
     // Before the child can enter a sandbox: the measure then never opens a file.
-    crate::os::procfs::open();
+    crate::os::procfs::open(true);
     // The parent's collector thread does not exist here; ours starts below.
     LIFECYCLE.fork_child(std::process::id());
     crate::os::image::mark_own_image();

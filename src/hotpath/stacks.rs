@@ -748,12 +748,14 @@ fn make_record(t: &Tables, h: u64, epoch: u32, frames: &[u64], tail: Option<Shar
 
 /// First Python children handed out so far (ids without a record).
 pub fn children() -> u64 {
-    tables().map_or(0, |t| t.child_count.load(Ordering::Relaxed))
+    published_tables().map_or(0, |t| t.child_count.load(Ordering::Relaxed))
 }
 
 /// Number of ids handed out so far (some may not be ready yet).
 pub fn count() -> u32 {
-    tables().map(|t| t.next_id.load(Ordering::Acquire).min(MAX_STACKS as u32)).unwrap_or(1)
+    // Never makes the tables: a process that recorded nothing (the exit report of
+    // `/bin/true`) has interned nothing.
+    published_tables().map(|t| t.next_id.load(Ordering::Acquire).min(MAX_STACKS as u32)).unwrap_or(1)
 }
 
 /// The frames of a stack, or `None` while its record is still being written.
@@ -765,12 +767,12 @@ pub fn frames(id: u32) -> Option<Vec<u64>> {
 /// record is still being written.
 pub fn frames_and_epoch(id: u32) -> Option<(Vec<u64>, u32)> {
     if id >= CHILD_BASE {
-        return child_frames(tables()?, id);
+        return child_frames(published_tables()?, id);
     }
     if id == 0 {
         return Some((Vec::new(), 0));
     }
-    let t = tables()?;
+    let t = published_tables()?;
     let len = t.parts(id)?.len().min(MAX_FRAMES);
     let mut out = Vec::with_capacity(len);
     t.visit(id, 0, len, &mut |ip| out.push(ip)).then_some(())?;
@@ -785,7 +787,7 @@ pub fn innermost(id: u32) -> Option<u64> {
     if id == 0 {
         return None;
     }
-    let t = tables()?;
+    let t = published_tables()?;
     let mut two = [None; 2];
     let mut n = 0;
     t.visit(id, 0, 2, &mut |ip| {
@@ -801,7 +803,7 @@ pub fn innermost(id: u32) -> Option<u64> {
 
 /// How many stacks could not be interned (table full); their events carry id 0.
 pub fn overflows() -> u64 {
-    tables().map(|t| t.overflows.load(Ordering::Relaxed)).unwrap_or(0)
+    published_tables().map(|t| t.overflows.load(Ordering::Relaxed)).unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -14,59 +14,66 @@ use crate::agent;
 use crate::config::Config;
 use crate::lifecycle::LIFECYCLE;
 
-extern "C" fn on_load() {
+extern "C" fn on_load(argc: c_int, argv: *const *const std::ffi::c_char, envp: *const *const std::ffi::c_char) {
+    // SAFETY: glibc calls each `.init_array` entry with its `argc`, `argv` and `envp`,
+    // valid for the constructor's run (`note` checks their shape, `forget` ends it).
+    unsafe { crate::os::startup::WINDOW.note(argc, argv, envp) };
     // The constructor must never unwind into the dynamic loader.
-    let _ = std::panic::catch_unwind(|| {
-        real::ensure_resolved();
-        crate::os::fds::note_stderr();
-        // An internal error is one line on the program's stderr, never a backtrace.
-        std::panic::set_hook(Box::new(|info| crate::os::fds::stderr_line(&format!("leaktrace: internal error: {info}"))));
-        let config = Config::from_lookup(|k| std::env::var(k).ok(), |w| crate::os::fds::stderr_line(&w));
-        // Read here, in the constructor: the collector thread must not read the
-        // environment while the program's threads may `setenv`.
-        crate::os::spill::note_tmpdir();
-        if config.disabled {
-            super::threads::pass_through();
-            return;
-        }
-        if crate::os::loader::global_symbol(c"_vgnU_freeres").is_some() {
-            // valgrind's preloaded core: its tools replace malloc and check memory
-            // themselves (helgrind called our spin lock's atomics "possible data races"
-            // and failed --error-exitcode); the library stays off, as under a sanitizer.
-            super::threads::pass_through();
-            crate::os::fds::stderr_line("leaktrace: this program runs under valgrind, which replaces malloc and checks memory itself: leaktrace stays off in this process (use valgrind's own leak check)");
-            return;
-        }
-        if let Some(sanitizer) = sanitizer_runtime() {
-            super::threads::pass_through();
-            crate::os::fds::stderr_line(&format!(
-                "leaktrace: this program runs {sanitizer}, which replaces malloc and tracks allocations itself: leaktrace stays off in this process (use the sanitizer's own leak report, or a build without it)"
-            ));
-            return;
-        }
-        // Loaded into a running process (`leaktrace attach`): it waits for the switch as
-        // in standby, and the program's calls reach the hooks once routed to them.
-        let late = super::got::loaded_late();
-        let host_tracking = if late { late_host_tracking() } else { host_tracking_state() };
-        // pymalloc's arenas are known from before the interpreter maps its first one
-        // (in standby too: one table update per arena); the object allocator is wrapped
-        // only once tracking runs (`pyalloc::sample_from_now`).
-        if (config.scan || config.python_sample > 0) && !config.disabled {
-            super::pymalloc::install(if config.standby { 0 } else { config.python_sample });
-        }
-        let glibc_heap = host_tracking == "active" && malloc_is_glibcs();
-        super::mmap::enable(glibc_heap);
-        if config.standby || late {
-            // Nothing recorded until `leaktrace attach` switches it on.
-            let route = late.then_some(route_calls as fn());
-            agent::standby::listen(config, host_tracking, glibc_heap, route, started_from_standby, stopped_recording);
-            return;
-        }
-        let c = config.clone();
-        if agent::start(config, host_tracking, glibc_heap) {
-            after_start(&c);
-        }
-    });
+    let _ = std::panic::catch_unwind(on_load_steps);
+    crate::os::startup::WINDOW.forget();
+}
+
+/// The constructor's work, inside its `catch_unwind`.
+fn on_load_steps() {
+    real::ensure_resolved();
+    crate::os::fds::note_stderr();
+    // An internal error is one line on the program's stderr, never a backtrace.
+    std::panic::set_hook(Box::new(|info| crate::os::fds::stderr_line(&format!("leaktrace: internal error: {info}"))));
+    let config = Config::from_lookup(|k| std::env::var(k).ok(), |w| crate::os::fds::stderr_line(&w));
+    // Read here, in the constructor: the collector thread must not read the
+    // environment while the program's threads may `setenv`.
+    crate::os::spill::note_tmpdir();
+    if config.disabled {
+        super::threads::pass_through();
+        return;
+    }
+    if crate::os::loader::global_symbol(c"_vgnU_freeres").is_some() {
+        // valgrind's preloaded core: its tools replace malloc and check memory
+        // themselves (helgrind called our spin lock's atomics "possible data races"
+        // and failed --error-exitcode); the library stays off, as under a sanitizer.
+        super::threads::pass_through();
+        crate::os::fds::stderr_line("leaktrace: this program runs under valgrind, which replaces malloc and checks memory itself: leaktrace stays off in this process (use valgrind's own leak check)");
+        return;
+    }
+    if let Some(sanitizer) = sanitizer_runtime() {
+        super::threads::pass_through();
+        crate::os::fds::stderr_line(&format!(
+            "leaktrace: this program runs {sanitizer}, which replaces malloc and tracks allocations itself: leaktrace stays off in this process (use the sanitizer's own leak report, or a build without it)"
+        ));
+        return;
+    }
+    // Loaded into a running process (`leaktrace attach`): it waits for the switch as
+    // in standby, and the program's calls reach the hooks once routed to them.
+    let late = super::got::loaded_late();
+    let host_tracking = if late { late_host_tracking() } else { host_tracking_state() };
+    // pymalloc's arenas are known from before the interpreter maps its first one
+    // (in standby too: one table update per arena); the object allocator is wrapped
+    // only once tracking runs (`pyalloc::sample_from_now`).
+    if (config.scan || config.python_sample > 0) && !config.disabled {
+        super::pymalloc::install(if config.standby { 0 } else { config.python_sample });
+    }
+    let glibc_heap = host_tracking == "active" && malloc_is_glibcs();
+    super::mmap::enable(glibc_heap);
+    if config.standby || late {
+        // Nothing recorded until `leaktrace attach` switches it on.
+        let route = late.then_some(route_calls as fn());
+        agent::standby::listen(config, host_tracking, glibc_heap, route, started_from_standby, stopped_recording);
+        return;
+    }
+    let c = config.clone();
+    if agent::start(config, host_tracking, glibc_heap) {
+        after_start(&c);
+    }
 }
 
 /// Once tracking runs: the exit status handler, the fork handlers, the signals.
@@ -177,7 +184,7 @@ fn leave(real_exit: Option<real::ExitFn>, status: c_int) -> ! {
 #[cfg(not(test))]
 #[used]
 #[link_section = ".init_array"]
-static CONSTRUCTOR: extern "C" fn() = on_load;
+static CONSTRUCTOR: extern "C" fn(c_int, *const *const std::ffi::c_char, *const *const std::ffi::c_char) = on_load;
 
 #[cfg(not(test))]
 #[used]

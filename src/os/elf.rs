@@ -334,8 +334,69 @@ const SHN_UNDEF: u16 = 0;
 const STT_OBJECT: u8 = 1;
 const STT_FUNC: u8 = 2;
 
+/// Whether the ELF file `file` (64-bit, little-endian) has a section named `name`: its
+/// header, its section headers and their names read with `pread`, nothing mapped (an
+/// `munmap` in a process with two threads costs each core a TLB flush). `None` when
+/// the file is not such an ELF file or cannot be read.
+pub fn has_section(file: &std::fs::File, name: &[u8]) -> Option<bool> {
+    use std::os::unix::fs::FileExt;
+    /// More sections than any linker writes for a program: past it, not a real file.
+    const MAX_SECTIONS: usize = 1 << 16;
+    const MAX_NAMES: u64 = 1 << 20;
+    let u16_at = |b: &[u8], at: usize| u16::from_le_bytes([b[at], b[at + 1]]) as usize;
+    let u32_at = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap_or_default()) as usize;
+    let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default());
+    let mut header = [0u8; 64];
+    file.read_exact_at(&mut header, 0).ok()?;
+    // `\x7fELF`, 64-bit, little-endian.
+    if header[..4] != *b"\x7fELF" || header[4] != 2 || header[5] != 1 {
+        return None;
+    }
+    let (shoff, shentsize, shnum, shstrndx) = (u64_at(&header, 0x28), u16_at(&header, 0x3a), u16_at(&header, 0x3c), u16_at(&header, 0x3e));
+    if shentsize < 64 || shnum == 0 || shnum > MAX_SECTIONS || shstrndx >= shnum {
+        return None;
+    }
+    let mut table = vec![0u8; shentsize * shnum];
+    file.read_exact_at(&mut table, shoff).ok()?;
+    let names_header = &table[shstrndx * shentsize..];
+    let (names_at, names_len) = (u64_at(names_header, 0x18), u64_at(names_header, 0x20));
+    if names_len > MAX_NAMES {
+        return None;
+    }
+    let mut names = vec![0u8; names_len as usize];
+    file.read_exact_at(&mut names, names_at).ok()?;
+    let named = |at: usize| names.get(at..).and_then(|rest| rest.split(|&b| b == 0).next()) == Some(name);
+    Some(table.chunks_exact(shentsize).any(|section| named(u32_at(section, 0))))
+}
+
 #[cfg(test)]
 mod tests {
+
+    /// The section names read with `pread` are those the `object` crate reads from the
+    /// mapped file, for real programs and libraries of this machine.
+    #[test]
+    fn sections_are_found_as_the_object_crate_finds_them() {
+        use object::{Object, ObjectSection};
+        let files = ["/proc/self/exe", "/bin/sh", "/usr/bin/env", "/lib/x86_64-linux-gnu/libc.so.6", "/lib/x86_64-linux-gnu/libgcc_s.so.1"];
+        let mut checked = 0;
+        for path in files {
+            let Ok(file) = std::fs::File::open(path) else { continue };
+            // SAFETY: a read-only private mapping of a file no one writes during the test.
+            let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
+            let obj = object::File::parse(&*map).unwrap();
+            for name in [".text", ".go.buildinfo", ".gnu_debuglink", ".eh_frame", ".debug_info", ".tex"] {
+                let want = obj.sections().any(|s| s.name() == Ok(name));
+                assert_eq!(has_section(&file, name.as_bytes()), Some(want), "{path} {name}");
+                checked += 1;
+            }
+        }
+        assert!(checked >= 12, "too few files of this machine were read");
+        let text = std::env::temp_dir().join(format!("lt-not-elf-{}", std::process::id()));
+        std::fs::write(&text, b"#!/bin/sh\necho not an ELF file, long enough to fill a header ............................\n").unwrap();
+        assert_eq!(has_section(&std::fs::File::open(&text).unwrap(), b".text"), None);
+        let _ = std::fs::remove_file(&text);
+    }
+
     use super::*;
 
     #[test]

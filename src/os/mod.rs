@@ -3,7 +3,7 @@
 //! loader's module list and the modules' own symbol tables, a spin lock, and the files
 //! the program may move under us (standard error, `/proc` and the report directory
 //! across `chroot`), the program's unwind tables' pages, a file for an arena's written head,
-//! and copies of the process's own memory that never fault. Nothing here imports from the stages.
+//! copies of the process's own memory that never fault, and the constructor's arguments. Nothing here imports from the stages.
 pub mod anchor;
 pub mod elf;
 pub mod environ;
@@ -19,6 +19,7 @@ pub mod procfs;
 pub mod signals;
 pub mod spill;
 pub mod stack;
+pub mod startup;
 pub mod threads;
 pub mod unwind_tables;
 

@@ -604,7 +604,7 @@ mod tests {
     fn a_word_into_the_middle_of_a_block_is_marked_on_its_link() {
         // Copies are allowed once /proc/self/status says no seccomp filter: opened here,
         // not left to a test that ran before.
-        crate::os::procfs::open();
+        crate::os::procfs::open(false);
         let target: Box<[u64; 32]> = Box::new([0; 32]);
         let t = &*target as *const _ as u64;
         let holder: Box<[u64; 4]> = Box::new([0, t + 96, t + 16, t]);

@@ -48,7 +48,7 @@ static FMEMOPEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize
 
 /// Finds what the measure needs from the C library; call at the library's start.
 pub fn init() {
-    crate::os::procfs::open();
+    crate::os::procfs::open(false);
     if let Some(f) = crate::os::loader::global_symbol(c"mallinfo2") {
         MALLINFO2.store(f, std::sync::atomic::Ordering::Relaxed);
     }

@@ -58,10 +58,14 @@ impl ProcessInfo {
     pub fn current(forked_from: Option<u32>) -> ProcessInfo {
         let pid = std::process::id();
         let exe = crate::os::anchor::read_proc_link("self/exe").unwrap_or_default();
-        let argv: Vec<String> = crate::os::anchor::read_proc("self/cmdline")
+        // In the library's constructor, from the arguments the C library gave it.
+        let window = &crate::os::startup::WINDOW;
+        let argv: Vec<String> = window
+            .cmdline()
+            .map_or_else(|| crate::os::anchor::read_proc("self/cmdline"), Ok)
             .map(|raw| raw.split(|b| *b == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect())
             .unwrap_or_default();
-        let environ = crate::os::anchor::read_proc("self/environ").unwrap_or_default();
+        let environ = window.environ().map_or_else(|| crate::os::anchor::read_proc("self/environ"), Ok).unwrap_or_default();
         let host = hostname();
         let launch = leaktrace_common::launch::Launch::from_environ(&environ, &argv, host);
         ProcessInfo {
@@ -119,13 +123,8 @@ pub fn is_cgo_program() -> bool {
 /// `exit_group` system call itself, past every exit path a library can hook. Found by
 /// the `.go.buildinfo` section that every Go executable since Go 1.13 carries.
 pub fn final_report_unreachable(exe: &str) -> Option<&'static str> {
-    use object::{Object, ObjectSection};
     let file = crate::os::anchor::open_file(exe).ok()?;
-    // SAFETY: a read-only private mapping of the executable; a file changed under us
-    // yields wrong bytes, never undefined behaviour in this parse of section names.
-    let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
-    let obj = object::File::parse(&*map).ok()?;
-    obj.sections().any(|s| s.name() == Ok(".go.buildinfo")).then_some(GO_EXIT)
+    crate::os::elf::has_section(&file, b".go.buildinfo")?.then_some(GO_EXIT)
 }
 
 pub const GO_EXIT: &str =
