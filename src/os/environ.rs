@@ -13,6 +13,15 @@ extern "C" {
     static environ: *const *const u8;
 }
 
+/// The address of the C library's environment array now (`environ`): glibc's
+/// `setenv`/`putenv` of a variable the array does not hold yet moves it (the first time
+/// from the array the process started with, which it cannot grow), changing an existing
+/// one or `unsetenv` does not.
+pub fn array() -> usize {
+    // SAFETY: one aligned load of the C library's pointer, never dereferenced here.
+    unsafe { std::ptr::addr_of!(environ).read_volatile() as usize }
+}
+
 /// At most this many variables are looked at, and this many bytes of each.
 const MAX_VARS: u64 = 4096;
 const MAX_LEN: usize = 512;

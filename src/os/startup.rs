@@ -71,6 +71,14 @@ impl Window {
         Some(unsafe { joined(argv as *const *const c_char, self.argc.load(Ordering::Relaxed)) })
     }
 
+    /// The initial environment array's address while the constructor runs, else 0.
+    pub fn envp(&self) -> usize {
+        if self.argv.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
+        self.envp.load(Ordering::Relaxed)
+    }
+
     /// The environment the process started with, as `/proc/self/environ` holds it,
     /// while the constructor runs.
     pub fn environ(&self) -> Option<Vec<u8>> {
@@ -115,8 +123,9 @@ mod tests {
         unsafe { w.note(3, args.as_ptr(), env.as_ptr()) };
         assert_eq!(w.cmdline().unwrap(), b"prog\0--flag\0\0");
         assert_eq!(w.environ().unwrap(), b"A=1\0RANK=3\0");
+        assert_eq!(w.envp(), env.as_ptr() as usize);
         w.forget();
-        assert!(w.cmdline().is_none() && w.environ().is_none());
+        assert!(w.cmdline().is_none() && w.environ().is_none() && w.envp() == 0);
         // Not glibc's shape: no null after argc entries.
         // SAFETY: as above; only `args[..3]` is read.
         unsafe { w.note(2, args.as_ptr(), env.as_ptr()) };

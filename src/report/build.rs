@@ -642,6 +642,7 @@ mod tests {
             switched_on: false,
             launch: Default::default(),
             file_name: "f.json".into(),
+            environ_without_launch: 0,
         };
         let mut t = Totals::default();
         t.kinds[Kind::Host.index()] = KindTotals { live_bytes: 48, live_blocks: 3, total_allocs: 4, total_frees: 1, peak_live_bytes: 64 };

@@ -20,6 +20,10 @@ pub struct ProcessInfo {
     /// it is at a later report (`refresh_launch`).
     pub launch: leaktrace_common::launch::Launch,
     pub file_name: String,
+    /// The environment array the process started with (`os::environ::array`), when it
+    /// held none of the variables `Launch` reads; 0 otherwise. While the array is still
+    /// that one, no such variable was added since (`refresh_launch` reads nothing).
+    pub environ_without_launch: usize,
 }
 
 pub fn unix_ms() -> u64 {
@@ -66,6 +70,12 @@ impl ProcessInfo {
             .map(|raw| raw.split(|b| *b == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect())
             .unwrap_or_default();
         let environ = window.environ().map_or_else(|| crate::os::anchor::read_proc("self/environ"), Ok).unwrap_or_default();
+        // The array the constructor was given, still the C library's (no constructor
+        // before ours added a variable), holding no variable that `Launch` reads.
+        let initial = window.envp();
+        let has_launch_keys =
+            environ.split(|b| *b == 0).any(|kv| kv.iter().position(|&b| b == b'=').is_some_and(|eq| leaktrace_common::launch::Launch::reads(&kv[..eq])));
+        let environ_without_launch = if initial != 0 && initial == crate::os::environ::array() && !has_launch_keys { initial } else { 0 };
         let host = hostname();
         let launch = leaktrace_common::launch::Launch::from_environ(&environ, &argv, host);
         ProcessInfo {
@@ -78,6 +88,7 @@ impl ProcessInfo {
             started_unix_ms: unix_ms(),
             forked_from,
             switched_on: false,
+            environ_without_launch,
         }
     }
 
@@ -86,6 +97,12 @@ impl ProcessInfo {
     /// report reads the environment as it is now. A rank once found stays.
     pub fn refresh_launch(&mut self) {
         if self.launch.rank.is_some() || self.launch.launcher {
+            return;
+        }
+        // Nothing added to the environment since the start, which had no such variable:
+        // a read of `/proc/self/status` and a copy of the environment saved (every
+        // process's exit report).
+        if self.environ_without_launch != 0 && crate::os::environ::array() == self.environ_without_launch {
             return;
         }
         let Some(now) = crate::os::environ::current(leaktrace_common::launch::Launch::reads) else { return };
@@ -166,6 +183,29 @@ mod tests {
             assert!(final_report_unreachable(bin.to_str().unwrap()).unwrap().contains("exit_group"));
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A rank set after the start is read at the next report; an environment array that
+    /// is still the one the process started with, which held no launch variable, is not
+    /// read again.
+    #[test]
+    fn a_rank_set_later_is_read_unless_the_environment_is_the_one_that_had_none() {
+        // The copy of the environment is made once /proc/self/status says no seccomp filter.
+        crate::os::procfs::open(false);
+        let mut p = ProcessInfo::current(None);
+        if p.launch.rank.is_some() || p.launch.launcher {
+            eprintln!("skipped: this test process runs under a launcher");
+            return;
+        }
+        std::env::set_var("RANK", "7");
+        // As if the array were still the first one: nothing is read.
+        p.environ_without_launch = crate::os::environ::array();
+        p.refresh_launch();
+        assert_eq!(p.launch.rank, None);
+        p.environ_without_launch = 0;
+        p.refresh_launch();
+        std::env::remove_var("RANK");
+        assert_eq!(p.launch.rank, Some(7));
     }
 
     #[test]
