@@ -225,28 +225,31 @@ pub fn slots_in_rings() -> usize {
     rings().map(|r| r.capacity as usize).sum()
 }
 
-/// Appends to `out` (up to its spare capacity: nothing is allocated) the address of every
-/// event published and not yet applied that takes a block out of the live set: a free,
-/// a realloc's release, a CUDA free. A pointer scan that took the live set before it
-/// stopped the program's threads reads these (the consumers held off meanwhile): a block
-/// freed in between is no leak, whatever still points to it.
-pub fn unapplied_frees(out: &mut Vec<u64>) {
+/// Writes into `out` the address of every event published and not yet applied that
+/// takes a block out of the live set: a free, a realloc's release, a CUDA free; returns
+/// how many there are, which is more than `out` holds when it is too short (nothing is
+/// allocated here: the caller maps room for all and asks again). A pointer scan that
+/// took the live set before it stopped the program's threads reads these (the consumers
+/// held off meanwhile): a block freed in between is no leak, whatever still points to it.
+pub fn unapplied_frees(out: &mut [u64]) -> usize {
+    let mut n = 0;
     for ring in rings() {
         let tail = ring.producer.0.tail.load(Ordering::Acquire);
         let head = ring.head.0.load(Ordering::Acquire);
         for position in head..tail {
-            if out.len() == out.capacity() {
-                return;
-            }
             let slot = ring.slot(position);
             let addr = slot.addr.load(Ordering::Relaxed);
             if let Some(ev) = Event::unpack(slot.meta.load(Ordering::Relaxed), addr, slot.size.load(Ordering::Relaxed)) {
                 if matches!(ev.kind, EventKind::Free | EventKind::ReallocRelease | EventKind::ReallocFreed) {
-                    out.push(addr);
+                    if let Some(o) = out.get_mut(n) {
+                        *o = addr;
+                    }
+                    n += 1;
                 }
             }
         }
     }
+    n
 }
 
 /// A free ring of `capacity` slots, or a new one, owned by the calling thread from now.
@@ -1047,6 +1050,32 @@ mod tests {
         assert_eq!(small.owner.load(Ordering::Acquire), 0);
         assert!(!small.superseded.load(Ordering::Acquire));
         assert!(!drained.pending());
+    }
+
+    /// The frees waiting in the rings are all counted, those that fit written in order;
+    /// an allocation is not one of them.
+    #[test]
+    fn unapplied_frees_counts_them_all_and_writes_what_fits() {
+        let (_turn, mut state) = turn_with_rings_drained();
+        let drained = state.as_mut().unwrap();
+        std::thread::spawn(|| {
+            thread::with(|s| try_publish(s, EventKind::Alloc, Api::Malloc, 1, 0x5000_0000 << 4, 8, 1));
+            for i in 0..10u64 {
+                assert!(thread::with(|s| try_publish(s, EventKind::Free, Api::Malloc, 0, (0x5000_0001 + i) << 4, 0, 1)));
+            }
+        })
+        .join()
+        .unwrap();
+        let mut all = [0u64; 16];
+        assert_eq!(unapplied_frees(&mut all), 10);
+        let expected: Vec<u64> = (0..10u64).map(|i| (0x5000_0001 + i) << 4).collect();
+        assert_eq!(&all[..10], &expected[..]);
+        let mut short = [0u64; 4];
+        assert_eq!(unapplied_frees(&mut short), 10, "counted past the room");
+        assert_eq!(&short[..], &expected[..4]);
+        assert_eq!(unapplied_frees(&mut []), 10);
+        drained.drain(usize::MAX, false, |_e| {});
+        assert_eq!(unapplied_frees(&mut all), 0, "applied: none left");
     }
 
     #[test]

@@ -35,6 +35,52 @@ fn inherited_pages(inherited: &[(u64, u64)]) -> Vec<(u64, u64)> {
 /// grows into before the stop): 8 bytes each, reserved before the stop.
 const FREED_MEANWHILE: usize = 1 << 16;
 
+/// The frees read from the rings while the program's threads are held, in the buffer
+/// made for them before (`freed`), or, if the rings hold more (a ring added since it was
+/// sized), in a mapping made while the threads are held (no malloc then: a held thread
+/// may own its lock). None is left out: a free left out was a freed block read as a leak.
+enum FreedMeanwhile {
+    /// The first `n` words of the buffer.
+    InBuffer(usize),
+    /// A mapping of `bytes` holding `n` addresses.
+    Mapped { at: *mut u8, bytes: usize, n: usize },
+}
+
+impl FreedMeanwhile {
+    fn read(buffer: &mut [u64]) -> FreedMeanwhile {
+        let n = crate::hotpath::channel::unapplied_frees(buffer);
+        if n <= buffer.len() {
+            return FreedMeanwhile::InBuffer(n);
+        }
+        let words = n + FREED_MEANWHILE;
+        let bytes = words * std::mem::size_of::<u64>();
+        let Some(at) = crate::hotpath::mapping::map_buffer(bytes) else {
+            // The kernel refused: what the buffer holds (the frees past it read as leaks).
+            return FreedMeanwhile::InBuffer(buffer.len());
+        };
+        // SAFETY: a fresh zeroed mapping of `bytes`, ours alone, page-aligned.
+        let room = unsafe { std::slice::from_raw_parts_mut(at as *mut u64, words) };
+        let n = crate::hotpath::channel::unapplied_frees(room).min(words);
+        FreedMeanwhile::Mapped { at, bytes, n }
+    }
+
+    fn addresses<'a>(&'a self, buffer: &'a [u64]) -> &'a [u64] {
+        match *self {
+            FreedMeanwhile::InBuffer(n) => &buffer[..n],
+            // SAFETY: the mapping made in `read`, holding `n` written words, alive while `self` is.
+            FreedMeanwhile::Mapped { at, n, .. } => unsafe { std::slice::from_raw_parts(at as *const u64, n) },
+        }
+    }
+}
+
+impl Drop for FreedMeanwhile {
+    fn drop(&mut self) {
+        if let FreedMeanwhile::Mapped { at, bytes, .. } = *self {
+            crate::hotpath::mapping::unmap_buffer(at, bytes);
+        }
+    }
+}
+
 /// What a scan measured (the report's `scan` object, defined with the schema).
 pub use leaktrace_common::report_schema::Scan as ScanInfo;
 
@@ -168,8 +214,9 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
     // room for every event the rings can hold. A fixed 64k was not enough in an
     // allocation storm (8 threads freeing while the scan prepared, on a loaded machine):
     // the frees past it were dropped, and the blocks they freed read as leaks (3-5 detach
-    // reports in 100 called 5-60 freed blocks "definite").
-    let mut freed = Vec::with_capacity(crate::hotpath::channel::slots_in_rings() + FREED_MEANWHILE);
+    // reports in 100 called 5-60 freed blocks "definite"). More than that (a ring added
+    // since) go to a mapping made while the threads are held (`FreedMeanwhile`).
+    let mut freed = vec![0u64; crate::hotpath::channel::slots_in_rings() + FREED_MEANWHILE];
     // From here until `resume`: no allocation.
     labels.extend(label(&module_ranges, RootKind::Module));
     labels.extend(label(&runtime_module_ranges, RootKind::CudaLibrary));
@@ -177,7 +224,7 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
     let stopped = roots::stop_threads(&tids, &maps, &mut root_ranges, &mut regs, &mut labels);
     // With every program thread held, no free is published any more: the ones since the
     // live set was taken are all in the rings (the consumers are held off meanwhile).
-    crate::hotpath::channel::unapplied_frees(&mut freed);
+    let freed_meanwhile = FreedMeanwhile::read(&mut freed);
     // Read while the interpreter's threads are held (arenas come and go under the GIL).
     crate::scan::arenas::live_arenas(&mut python_arenas);
     crate::scan::arenas::live_frame_chunks(&mut python_frames);
@@ -216,7 +263,7 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
         python_changed: forked_child.then_some(&python_changed[..]),
         python_ints: crate::scan::arenas::int_layout(),
         python_types: crate::scan::arenas::object_types(),
-        freed_meanwhile: &freed,
+        freed_meanwhile: freed_meanwhile.addresses(&freed),
     };
     mark::classify_into(blocks, &all_roots, &memory, &mut scratch);
     roots::resume(stopped.asked);
