@@ -225,13 +225,13 @@ pub fn slots_in_rings() -> usize {
     rings().map(|r| r.capacity as usize).sum()
 }
 
-/// Writes into `out` the address of every event published and not yet applied that
+/// Calls `each` with the address of every event published and not yet applied that
 /// takes a block out of the live set: a free, a realloc's release, a CUDA free; returns
-/// how many there are, which is more than `out` holds when it is too short (nothing is
-/// allocated here: the caller maps room for all and asks again). A pointer scan that
-/// took the live set before it stopped the program's threads reads these (the consumers
-/// held off meanwhile): a block freed in between is no leak, whatever still points to it.
-pub fn unapplied_frees(out: &mut [u64]) -> usize {
+/// how many there were (nothing is allocated here: a caller whose room was too short
+/// maps room for all and asks again). A pointer scan that took the live set before it
+/// stopped the program's threads reads these (the consumers held off meanwhile): a
+/// block freed in between is no leak, whatever still points to it.
+pub fn unapplied_frees(mut each: impl FnMut(u64)) -> usize {
     let mut n = 0;
     for ring in rings() {
         let tail = ring.producer.0.tail.load(Ordering::Acquire);
@@ -241,9 +241,7 @@ pub fn unapplied_frees(out: &mut [u64]) -> usize {
             let addr = slot.addr.load(Ordering::Relaxed);
             if let Some(ev) = Event::unpack(slot.meta.load(Ordering::Relaxed), addr, slot.size.load(Ordering::Relaxed)) {
                 if matches!(ev.kind, EventKind::Free | EventKind::ReallocRelease | EventKind::ReallocFreed) {
-                    if let Some(o) = out.get_mut(n) {
-                        *o = addr;
-                    }
+                    each(addr);
                     n += 1;
                 }
             }
@@ -1052,10 +1050,10 @@ mod tests {
         assert!(!drained.pending());
     }
 
-    /// The frees waiting in the rings are all counted, those that fit written in order;
-    /// an allocation is not one of them.
+    /// The frees waiting in the rings are all handed over, in order, and counted; an
+    /// allocation is not one of them.
     #[test]
-    fn unapplied_frees_counts_them_all_and_writes_what_fits() {
+    fn unapplied_frees_hands_over_and_counts_them_all() {
         let (_turn, mut state) = turn_with_rings_drained();
         let drained = state.as_mut().unwrap();
         std::thread::spawn(|| {
@@ -1066,16 +1064,12 @@ mod tests {
         })
         .join()
         .unwrap();
-        let mut all = [0u64; 16];
-        assert_eq!(unapplied_frees(&mut all), 10);
+        let mut all = Vec::new();
+        assert_eq!(unapplied_frees(|a| all.push(a)), 10);
         let expected: Vec<u64> = (0..10u64).map(|i| (0x5000_0001 + i) << 4).collect();
-        assert_eq!(&all[..10], &expected[..]);
-        let mut short = [0u64; 4];
-        assert_eq!(unapplied_frees(&mut short), 10, "counted past the room");
-        assert_eq!(&short[..], &expected[..4]);
-        assert_eq!(unapplied_frees(&mut []), 10);
+        assert_eq!(all, expected);
         drained.drain(usize::MAX, false, |_e| {});
-        assert_eq!(unapplied_frees(&mut all), 0, "applied: none left");
+        assert_eq!(unapplied_frees(|_| {}), 0, "applied: none left");
     }
 
     #[test]

@@ -47,10 +47,16 @@ enum FreedMeanwhile {
 }
 
 impl FreedMeanwhile {
-    fn read(buffer: &mut [u64]) -> FreedMeanwhile {
-        let n = crate::hotpath::channel::unapplied_frees(buffer);
+    /// Reads the frees into `buffer`'s spare room (never grown: no allocation here), or
+    /// all of them into a new mapping if they are more.
+    fn read(buffer: &mut Vec<u64>) -> FreedMeanwhile {
+        let n = crate::hotpath::channel::unapplied_frees(|addr| {
+            if buffer.len() < buffer.capacity() {
+                buffer.push(addr);
+            }
+        });
         if n <= buffer.len() {
-            return FreedMeanwhile::InBuffer(n);
+            return FreedMeanwhile::InBuffer(buffer.len());
         }
         let words = n + FREED_MEANWHILE;
         let bytes = words * std::mem::size_of::<u64>();
@@ -60,8 +66,14 @@ impl FreedMeanwhile {
         };
         // SAFETY: a fresh zeroed mapping of `bytes`, ours alone, page-aligned.
         let room = unsafe { std::slice::from_raw_parts_mut(at as *mut u64, words) };
-        let n = crate::hotpath::channel::unapplied_frees(room).min(words);
-        FreedMeanwhile::Mapped { at, bytes, n }
+        let mut k = 0;
+        crate::hotpath::channel::unapplied_frees(|addr| {
+            if let Some(slot) = room.get_mut(k) {
+                *slot = addr;
+                k += 1;
+            }
+        });
+        FreedMeanwhile::Mapped { at, bytes, n: k }
     }
 
     fn addresses<'a>(&'a self, buffer: &'a [u64]) -> &'a [u64] {
@@ -216,7 +228,7 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
     // the frees past it were dropped, and the blocks they freed read as leaks (3-5 detach
     // reports in 100 called 5-60 freed blocks "definite"). More than that (a ring added
     // since) go to a mapping made while the threads are held (`FreedMeanwhile`).
-    let mut freed = vec![0u64; crate::hotpath::channel::slots_in_rings() + FREED_MEANWHILE];
+    let mut freed = Vec::with_capacity(crate::hotpath::channel::slots_in_rings() + FREED_MEANWHILE);
     // From here until `resume`: no allocation.
     labels.extend(label(&module_ranges, RootKind::Module));
     labels.extend(label(&runtime_module_ranges, RootKind::CudaLibrary));
