@@ -679,6 +679,13 @@ struct Memo {
     last: usize,
     /// This thread's `HitTree` (a separate mapping, made on first use), 0 when none.
     tree: usize,
+    /// Paths the tree answered that were copied into the memo in this window
+    /// (`PROMOTE_WINDOW`), and the memo's answers from such copies meanwhile.
+    promotions: u32,
+    promoted_hits: u32,
+    /// Tree answers still to leave uncopied: the copies of the last window were not
+    /// answered from (`promote`).
+    promote_pause: u32,
     /// `entries[i].sp`, kept together so a lookup scans one or two cache lines.
     sps: [u64; MEMO_ENTRIES],
     entries: [MemoEntry; MEMO_ENTRIES],
@@ -768,6 +775,15 @@ fn memo_for_thread(state: &ThreadState) -> Option<&'static mut Memo> {
 /// reads would only push each other out of 16 entries.
 const PROMOTE_READS: usize = 48;
 
+/// Copies are judged per this many: a window whose copies the memo answered from fewer
+/// than half as many times as it made them pauses the copying for `PROMOTE_PAUSE` tree
+/// answers. A copy costs a second walk of the path and ~0.8 KB written; with more paths
+/// in turn than the memo's 16 entries hold, each copy is pushed out before its path comes
+/// back (bash's loop: 6.2M copies, 0.5M answers from them; a PyTorch step: 690k, 32k),
+/// and the copying was a quarter of the bash loop's time.
+const PROMOTE_WINDOW: u32 = 1024;
+const PROMOTE_PAUSE: u32 = 16 * PROMOTE_WINDOW;
+
 /// Makes a memo entry of a path the hit tree answered. It has no frames, so it never
 /// lends outer frames to another unwind (`m.last` never points to it).
 fn promote(m: &mut Memo, sp0: u64, bp_key: Option<u64>, reads: &[(u64, u64)], epoch: u32, id: u32) {
@@ -785,6 +801,22 @@ fn promote(m: &mut Memo, sp0: u64, bp_key: Option<u64>, reads: &[(u64, u64)], ep
     e.nframes = 0;
     e.reads[..reads.len()].copy_from_slice(reads);
     e.nreads = reads.len() as u32;
+    #[cfg(test)]
+    PROMOTED_HERE.with(|c| c.set(c.get() + 1));
+    m.promotions += 1;
+    if m.promotions >= PROMOTE_WINDOW {
+        if m.promoted_hits < m.promotions / 2 {
+            m.promote_pause = PROMOTE_PAUSE;
+        }
+        m.promotions = 0;
+        m.promoted_hits = 0;
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Paths the tree answered that this thread copied into its memo.
+    static PROMOTED_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// The thread's hit tree behind the memo's `tree` slot, mapped on first use; `None` if
@@ -1113,6 +1145,9 @@ fn capture(state: &ThreadState, depth: usize, memoise: bool, before_intern: impl
             }
             if e.nframes > 0 {
                 m.last = i;
+            } else {
+                // A path the tree answered, copied here (`promote`).
+                m.promoted_hits = m.promoted_hits.saturating_add(1);
             }
             return e.stack_id;
         }
@@ -1121,6 +1156,14 @@ fn capture(state: &ThreadState, depth: usize, memoise: bool, before_intern: impl
             let tree = unsafe { &mut *(m.tree as *mut HitTree) };
             let mut path = [std::mem::MaybeUninit::<(u64, u64)>::uninit(); PROMOTE_READS];
             let (mut len, mut bp_key, mut fits) = (0usize, None, true);
+            let promoting = m.promote_pause == 0;
+            if !promoting {
+                m.promote_pause -= 1;
+                if m.promote_pause == 0 {
+                    // The next window counts the answers from its own copies only.
+                    m.promoted_hits = 0;
+                }
+            }
             let hit = tree.lookup(
                 sp0,
                 bp0,
@@ -1129,8 +1172,9 @@ fn capture(state: &ThreadState, depth: usize, memoise: bool, before_intern: impl
                 // to lie in this thread's stack, in [sp0, hi), when it was read with the
                 // same stack pointer, so it is mapped now.
                 |addr| unsafe { std::ptr::read(addr as *const u64) },
-                // The start RBP, if the path has it, is a read too.
-                PROMOTE_READS + 1,
+                // The start RBP, if the path has it, is a read too. Nothing to trace
+                // while copies are paused: the path is walked once.
+                if promoting { PROMOTE_READS + 1 } else { 0 },
                 |addr, val| match addr {
                     None => bp_key = Some(val),
                     Some(a) if len < PROMOTE_READS => {
@@ -1513,6 +1557,48 @@ mod tests {
             .unwrap();
         }
         assert!(SUFFIXES_TAKEN.load(Ordering::Relaxed) > 100, "the outer part was reused {} times", SUFFIXES_TAKEN.load(Ordering::Relaxed));
+    }
+
+    /// More paths in turn than the memo holds: each copy of a tree answer is pushed out
+    /// before its path comes back, so the copying stops after a window (answers stay
+    /// exact). A few paths taken again and again between others: their copies answer,
+    /// and the copying goes on.
+    #[test]
+    fn tree_answers_are_copied_into_the_memo_only_while_the_copies_answer() {
+        assert!(init());
+        let thrash = std::thread::spawn(|| {
+            for round in 0..80u32 {
+                for p in 0..60u32 {
+                    let (memoised, full) = down_f(p % 11, p.wrapping_mul(2_654_435_761) >> 7, 64);
+                    assert_eq!(memoised, full, "path {p} in round {round}");
+                }
+            }
+            PROMOTED_HERE.with(|c| c.get())
+        })
+        .join()
+        .unwrap();
+        assert!(thrash > 0, "no path was short enough to copy: the test says nothing");
+        assert!(thrash <= PROMOTE_WINDOW as u64 + 64, "{thrash} copies made while none answered");
+        let repeat = std::thread::spawn(|| {
+            for cycle in 0..400u32 {
+                // Six paths, ten times each (the memo answers from their copies) ...
+                for _ in 0..10 {
+                    for p in 0..6u32 {
+                        let (memoised, full) = down_f(p % 11, p.wrapping_mul(2_654_435_761) >> 7, 64);
+                        assert_eq!(memoised, full, "path {p} in cycle {cycle}");
+                    }
+                }
+                // ... then twenty others push them out.
+                for p in 20..40u32 {
+                    let (memoised, full) = down_f(p % 11, p.wrapping_mul(2_654_435_761) >> 7, 64);
+                    assert_eq!(memoised, full, "path {p} in cycle {cycle}");
+                }
+            }
+            PROMOTED_HERE.with(|c| c.get())
+        })
+        .join()
+        .unwrap();
+        assert!(repeat > 2 * PROMOTE_WINDOW as u64, "only {repeat} copies while the copies answered");
     }
 
     #[test]
