@@ -128,6 +128,16 @@ unsafe fn realloc_common(p: *mut c_void, size: usize, api: Api, call: impl FnOnc
         _ => usize::MAX,
     };
     let released = if tracking { agent::record_realloc_release(p as usize) } else { None };
+    if !tracking {
+        // After tracking stopped (the final report is being written): `p` may be gone
+        // inside the call — glibc moves a mapped block with `mremap` and may trim the
+        // heap under a freed one — while the exit scan, which holds this thread wherever
+        // it is, still has `p` live and would read unmapped memory (SIGSEGV in 1 of ~200
+        // runs of exit_free_race.c). So it is published first, as a release is while
+        // tracking; if the block stays (grown in place, or the call failed), the scan
+        // counts it reachable without reading it, as it reads no block made after the stop.
+        agent::record_late_free(p as u64, Api::Malloc);
+    }
     let q = call();
     if !q.is_null() && size > kept {
         // SAFETY: the new block has `size` bytes; the first `kept` are the program's.
@@ -139,10 +149,6 @@ unsafe fn realloc_common(p: *mut c_void, size: usize, api: Api, call: impl FnOnc
         // Nothing released: the outcome is recorded as a program thread's, if at all.
         let who = released.unwrap_or(agent::Releaser::Program);
         agent::record_realloc_outcome(who, p as usize, q as usize, size, api, freed_without_new_block);
-    } else if freed_without_new_block || (!q.is_null() && q != p) {
-        // After tracking stopped: only that `p` is gone matters (published after the
-        // call, since it may have failed; nothing records the new block).
-        agent::record_late_free(p as u64, Api::Malloc);
     }
     q
 }
