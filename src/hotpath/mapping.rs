@@ -272,23 +272,26 @@ unsafe impl<T: Zeroable + Sync> Sync for ZeroedArray<T> {}
 
 impl<T: Zeroable> ZeroedArray<T> {
     pub fn new(len: usize) -> ZeroedArray<T> {
+        ZeroedArray::mapped(len).unwrap_or_else(|| ZeroedArray { backing: Backing::Heap(vec![T::ZERO; len]) })
+    }
+
+    /// `new` without the heap: `None` where the kernel refuses the mapping (or `len` is
+    /// 0). Allocates nothing from malloc, so it may be called while the pointer scan
+    /// holds the program's threads (one of which may own malloc's lock).
+    pub fn mapped(len: usize) -> Option<ZeroedArray<T>> {
         let size = len.saturating_mul(std::mem::size_of::<T>());
-        let mapped = if size == 0 {
-            None
+        let (p, bytes) = if size == 0 {
+            return None;
         } else if size >= HUGE_PAGE {
             let bytes = size.next_multiple_of(HUGE_PAGE);
-            map_zeroed_aligned(bytes, Part::Blocks).map(|p| {
-                advise_huge_pages(p, bytes);
-                (p, bytes)
-            })
+            let p = map_zeroed_aligned(bytes, Part::Blocks)?;
+            advise_huge_pages(p, bytes);
+            (p, bytes)
         } else {
-            map_zeroed(size, Part::Blocks).map(|p| (p, size))
+            (map_zeroed(size, Part::Blocks)?, size)
         };
-        let backing = match mapped.and_then(|(p, bytes)| Some((std::ptr::NonNull::new(p as *mut T)?, bytes))) {
-            Some((ptr, bytes)) => Backing::Mapped { ptr, len, bytes },
-            None => Backing::Heap(vec![T::ZERO; len]),
-        };
-        ZeroedArray { backing }
+        let ptr = std::ptr::NonNull::new(p as *mut T)?;
+        Some(ZeroedArray { backing: Backing::Mapped { ptr, len, bytes } })
     }
 
     /// `new`, with every page faulted in at once: for an array about to be written all

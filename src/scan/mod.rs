@@ -12,6 +12,7 @@ pub mod roots;
 
 use std::time::Instant;
 
+use crate::hotpath::mapping::ZeroedArray;
 use mark::{Block, Scratch};
 
 /// The pages that blocks inherited from a parent process (sorted) lie on, as sorted,
@@ -37,13 +38,14 @@ const FREED_MEANWHILE: usize = 1 << 16;
 
 /// The frees read from the rings while the program's threads are held, in the buffer
 /// made for them before (`freed`), or, if the rings hold more (a ring added since it was
-/// sized), in a mapping made while the threads are held (no malloc then: a held thread
-/// may own its lock). None is left out: a free left out was a freed block read as a leak.
+/// sized), in a mapping made while the threads are held (`ZeroedArray::mapped`: no malloc
+/// then, a held thread may own its lock). None is left out: a free left out was a freed
+/// block read as a leak.
 enum FreedMeanwhile {
     /// The first `n` words of the buffer.
     InBuffer(usize),
-    /// A mapping of `bytes` holding `n` addresses.
-    Mapped { at: *mut u8, bytes: usize, n: usize },
+    /// The first `n` words of the mapping.
+    Mapped(ZeroedArray<u64>, usize),
 }
 
 impl FreedMeanwhile {
@@ -58,14 +60,10 @@ impl FreedMeanwhile {
         if n <= buffer.len() {
             return FreedMeanwhile::InBuffer(buffer.len());
         }
-        let words = n + FREED_MEANWHILE;
-        let bytes = words * std::mem::size_of::<u64>();
-        let Some(at) = crate::hotpath::mapping::map_buffer(bytes) else {
+        let Some(mut room) = ZeroedArray::mapped(n + FREED_MEANWHILE) else {
             // The kernel refused: what the buffer holds (the frees past it read as leaks).
             return FreedMeanwhile::InBuffer(buffer.len());
         };
-        // SAFETY: a fresh zeroed mapping of `bytes`, ours alone, page-aligned.
-        let room = unsafe { std::slice::from_raw_parts_mut(at as *mut u64, words) };
         let mut k = 0;
         crate::hotpath::channel::unapplied_frees(|addr| {
             if let Some(slot) = room.get_mut(k) {
@@ -73,22 +71,13 @@ impl FreedMeanwhile {
                 k += 1;
             }
         });
-        FreedMeanwhile::Mapped { at, bytes, n: k }
+        FreedMeanwhile::Mapped(room, k)
     }
 
     fn addresses<'a>(&'a self, buffer: &'a [u64]) -> &'a [u64] {
-        match *self {
-            FreedMeanwhile::InBuffer(n) => &buffer[..n],
-            // SAFETY: the mapping made in `read`, holding `n` written words, alive while `self` is.
-            FreedMeanwhile::Mapped { at, n, .. } => unsafe { std::slice::from_raw_parts(at as *const u64, n) },
-        }
-    }
-}
-
-impl Drop for FreedMeanwhile {
-    fn drop(&mut self) {
-        if let FreedMeanwhile::Mapped { at, bytes, .. } = *self {
-            crate::hotpath::mapping::unmap_buffer(at, bytes);
+        match self {
+            FreedMeanwhile::InBuffer(n) => &buffer[..*n],
+            FreedMeanwhile::Mapped(room, n) => &room[..*n],
         }
     }
 }
