@@ -1539,6 +1539,14 @@ mod tests {
         std::hint::black_box(r)
     }
 
+    /// Takes path `p` of the family `down_f` makes (one of 11 depths, a pattern of its
+    /// two frame sizes) and checks the capture against a full unwind; `when` names the
+    /// round in a failure.
+    fn path_is_unwound_exactly(p: u32, when: std::fmt::Arguments) {
+        let (memoised, full) = down_f(p % 11, p.wrapping_mul(2_654_435_761) >> 7, 64);
+        assert_eq!(memoised, full, "path {p} in {when}");
+    }
+
     #[test]
     fn a_reused_outer_part_is_exactly_what_a_full_unwind_finds() {
         assert!(init());
@@ -1569,8 +1577,7 @@ mod tests {
         let thrash = std::thread::spawn(|| {
             for round in 0..80u32 {
                 for p in 0..60u32 {
-                    let (memoised, full) = down_f(p % 11, p.wrapping_mul(2_654_435_761) >> 7, 64);
-                    assert_eq!(memoised, full, "path {p} in round {round}");
+                    path_is_unwound_exactly(p, format_args!("round {round}"));
                 }
             }
             PROMOTED_HERE.with(|c| c.get())
@@ -1584,14 +1591,12 @@ mod tests {
                 // Six paths, ten times each (the memo answers from their copies) ...
                 for _ in 0..10 {
                     for p in 0..6u32 {
-                        let (memoised, full) = down_f(p % 11, p.wrapping_mul(2_654_435_761) >> 7, 64);
-                        assert_eq!(memoised, full, "path {p} in cycle {cycle}");
+                        path_is_unwound_exactly(p, format_args!("cycle {cycle}"));
                     }
                 }
                 // ... then twenty others push them out.
                 for p in 20..40u32 {
-                    let (memoised, full) = down_f(p % 11, p.wrapping_mul(2_654_435_761) >> 7, 64);
-                    assert_eq!(memoised, full, "path {p} in cycle {cycle}");
+                    path_is_unwound_exactly(p, format_args!("cycle {cycle}"));
                 }
             }
             PROMOTED_HERE.with(|c| c.get())
@@ -1609,8 +1614,7 @@ mod tests {
         std::thread::spawn(|| {
             for round in 0..6u32 {
                 for p in 0..60u32 {
-                    let (memoised, full) = down_f(p % 11, p.wrapping_mul(2_654_435_761) >> 7, 64);
-                    assert_eq!(memoised, full, "path {p} in round {round}");
+                    path_is_unwound_exactly(p, format_args!("round {round}"));
                 }
             }
         })

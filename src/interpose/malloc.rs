@@ -127,17 +127,19 @@ unsafe fn realloc_common(p: *mut c_void, size: usize, api: Api, call: impl FnOnc
         Some(f) if tracking && agent::scanning() => unsafe { f(p) },
         _ => usize::MAX,
     };
-    let released = if tracking { agent::record_realloc_release(p as usize) } else { None };
-    if !tracking {
+    let released = if tracking {
+        agent::record_realloc_release(p as usize)
+    } else {
         // After tracking stopped (the final report is being written): `p` may be gone
         // inside the call — glibc moves a mapped block with `mremap` and may trim the
         // heap under a freed one — while the exit scan, which holds this thread wherever
-        // it is, still has `p` live and would read unmapped memory (SIGSEGV in 1 of ~200
+        // it is, still has `p` live and would read unmapped memory (SIGSEGV in 7 of 1,000
         // runs of exit_free_race.c). So it is published first, as a release is while
         // tracking; if the block stays (grown in place, or the call failed), the scan
         // counts it reachable without reading it, as it reads no block made after the stop.
         agent::record_late_free(p as u64, Api::Malloc);
-    }
+        None
+    };
     let q = call();
     if !q.is_null() && size > kept {
         // SAFETY: the new block has `size` bytes; the first `kept` are the program's.

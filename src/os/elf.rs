@@ -371,6 +371,7 @@ pub fn has_section(file: &std::fs::File, name: &[u8]) -> Option<bool> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     /// The section names read with `pread` are those the `object` crate reads from the
     /// mapped file, for real programs and libraries of this machine.
@@ -396,8 +397,6 @@ mod tests {
         assert_eq!(has_section(&std::fs::File::open(&text).unwrap(), b".text"), None);
         let _ = std::fs::remove_file(&text);
     }
-
-    use super::*;
 
     #[test]
     fn gnu_hash_matches_the_published_values() {

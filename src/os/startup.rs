@@ -82,10 +82,7 @@ impl Window {
     /// The environment the process started with, as `/proc/self/environ` holds it,
     /// while the constructor runs.
     pub fn environ(&self) -> Option<Vec<u8>> {
-        if self.argv.load(Ordering::Acquire) == 0 {
-            return None;
-        }
-        let envp = self.envp.load(Ordering::Relaxed);
+        let envp = self.envp();
         // SAFETY: as `cmdline`; the initial environment array is null-terminated.
         (envp != 0).then(|| unsafe { joined(envp as *const *const c_char, usize::MAX) })
     }
