@@ -29,6 +29,8 @@ pub mod report;
 pub mod scan;
 #[cfg(test)]
 mod test_rng;
+#[cfg(test)]
+mod test_skip;
 pub mod util;
 
 #[cfg(not(test))]

@@ -194,7 +194,7 @@ mod tests {
         crate::os::procfs::open(false);
         let mut p = ProcessInfo::current(None);
         if p.launch.rank.is_some() || p.launch.launcher {
-            eprintln!("skipped: this test process runs under a launcher");
+            crate::test_skip::skip_not_here("this test process runs under a launcher (a rank is set)");
             return;
         }
         std::env::set_var("RANK", "7");
