@@ -1,11 +1,17 @@
 //! The collector's groups (one per stack, entry point and device), stored compactly.
 //!
 //! `import torch` makes 1.08M groups, nearly all of one allocation of a few hundred
-//! bytes at import, and few of them hold anything by its end. As a plain `(GroupKey,
-//! GroupStats)` each took 88 bytes (95 MB). Here a group whose figures all fit 32 bits
-//! is 48 bytes; one that outgrows them (a hot loop's stack passes 4 GiB of allocations in
-//! all) moves for good to a full `GroupStats` kept aside, and its entry points there.
-//! Every figure stays exact: the compact form is only used while it holds the values.
+//! bytes at import. Each group has a 16-byte slot, its index: its key, process
+//! generation, flags and, in the small form, everything else. The small form holds a
+//! group of at most one allocation exactly (its bytes; whether that block is live,
+//! whether the timeline's last take saw it, and its trend: seen at reports holding the
+//! block, and maybe gone since); at `import torch`'s peak 492k of its 585k groups are
+//! such (one block each, still live). A group that needs more moves to a full entry
+//! kept aside (40 bytes: every figure in 32 bits) and its slot points there; one whose
+//! figures outgrow 32 bits (a hot loop's stack passes 4 GiB of allocations in all)
+//! moves for good to a whole `GroupStats` (`wide`). Every figure stays exact: a form is
+//! only used while it holds the values. Before, every group took 48 bytes (28 MB of
+//! `import torch`'s peak).
 //!
 //! Most of those groups hold nothing for the rest of the run. A group that holds
 //! nothing, never held anything at a report (no trend) and is in no list of changes can
@@ -18,20 +24,49 @@
 //!
 //! Plain safe Rust; unit tests below.
 use super::state::{GroupKey, GroupStats, Trend};
+use crate::hotpath::event::Api;
 
+/// In a slot: the group is in the list of changes (`GroupStats::changed`), any form.
 const CHANGED: u8 = 1;
-const SEEN: u8 = 2;
-const WIDE: u8 = 4;
+/// In a slot: the figures are in `Groups::full`, at the index in `Slot::word`.
+const FULL: u8 = 2;
+/// Small form: one allocation counted; `Slot::word` is its bytes (total and peak).
+const ALLOC: u8 = 4;
+/// Small form: that block is live.
+const LIVE: u8 = 8;
+/// Small form: `pointed_bytes` (the live bytes the timeline last took) are its bytes.
+const POINTED: u8 = 16;
+/// Small form: seen holding the block at a report: trend base and last its bytes,
+/// `Slot::steps` reports since.
+const SEEN: u8 = 32;
+/// Small form, seen: the block went at a later report (trend last 0, one step down).
+const GONE: u8 = 64;
 
-/// One group: its key, flags, and its figures in 32 bits each, or (`WIDE`) the index of
-/// its full figures in `Groups::wide` (in `live_bytes`).
+/// In a full entry: its trend is seen.
+const FULL_SEEN: u8 = 1;
+/// In a full entry: the figures are in `Groups::wide`, at the index in `live_bytes`.
+const WIDE: u8 = 2;
+
+/// A group's place: its key, generation and changed flag in every form, and the small
+/// form's figures (`FULL` clear) or the index of its full entry (`FULL`).
 #[derive(Clone, Copy, Debug)]
-struct Entry {
+struct Slot {
     stack: u32,
-    api: crate::hotpath::event::Api,
-    device: Option<u8>,
-    flags: u8,
+    word: u32,
     generation: u16,
+    steps: u16,
+    device: Option<u8>,
+    api: Api,
+    flags: u8,
+}
+
+const _: () = assert!(std::mem::size_of::<Slot>() == 16);
+
+/// A group's figures in 32 bits each (or, `WIDE`, the index of its whole figures in
+/// `Groups::wide`, in `live_bytes`).
+#[derive(Clone, Copy, Debug, Default)]
+struct Entry {
+    flags: u8,
     steps: u16,
     ups: u16,
     downs: u16,
@@ -45,7 +80,7 @@ struct Entry {
     pointed_bytes: u32,
 }
 
-const _: () = assert!(std::mem::size_of::<Entry>() == 48);
+const _: () = assert!(std::mem::size_of::<Entry>() == 40);
 
 /// Retired records at most: a token holds their index in 30 bits (see `Groups::retire`).
 pub const RETIRED_MAX: usize = (1 << 30) - 1;
@@ -76,6 +111,60 @@ fn narrow(s: &GroupStats) -> Option<[u32; 8]> {
     ])
 }
 
+/// `s` in the small form, if it holds it exactly: its flags (without `CHANGED`), its
+/// bytes and its trend's steps. `small_stats` reads it back.
+fn small(s: &GroupStats) -> Option<(u8, u32, u16)> {
+    let t = &s.trend;
+    if s.total_allocs == 0 {
+        let empty = s.total_bytes == 0 && s.live_bytes == 0 && s.live_blocks == 0 && s.peak_live_bytes == 0 && s.pointed_bytes == 0;
+        return (empty && *t == Trend::default()).then_some((0, 0, 0));
+    }
+    let bytes = u32::try_from(s.total_bytes).ok()?;
+    let b = s.total_bytes;
+    if s.total_allocs != 1 || s.peak_live_bytes != b || s.live_blocks > 1 || s.live_bytes != b * s.live_blocks {
+        return None;
+    }
+    let mut flags = ALLOC | if s.live_blocks == 1 { LIVE } else { 0 };
+    if s.pointed_bytes == b {
+        flags |= POINTED;
+    } else if s.pointed_bytes != 0 {
+        return None;
+    }
+    if !t.seen {
+        return (*t == Trend::default()).then_some((flags, bytes, 0));
+    }
+    if t.base != b || t.ups != 0 {
+        return None;
+    }
+    if t.last == 0 && t.downs == 1 {
+        flags |= GONE;
+    } else if t.last != b || t.downs != 0 {
+        return None;
+    }
+    Some((flags | SEEN, bytes, t.steps))
+}
+
+/// The figures of a small-form slot (see `small`).
+fn small_stats(s: &Slot) -> GroupStats {
+    let (b, f) = (u64::from(s.word), s.flags);
+    let (alloc, live, gone) = (f & ALLOC != 0, f & LIVE != 0, f & GONE != 0);
+    GroupStats {
+        live_bytes: if live { b } else { 0 },
+        live_blocks: live.into(),
+        total_allocs: alloc.into(),
+        total_bytes: if alloc { b } else { 0 },
+        peak_live_bytes: if alloc { b } else { 0 },
+        generation: s.generation,
+        trend: if f & SEEN != 0 {
+            Trend { seen: true, base: b, last: if gone { 0 } else { b }, steps: s.steps, ups: 0, downs: gone.into() }
+        } else {
+            Trend::default()
+        },
+        pointed_bytes: if f & POINTED != 0 { b } else { 0 },
+        changed: f & CHANGED != 0,
+    }
+}
+
 /// What a retired group keeps: its key and its totals (see `Groups::retire`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Retired {
@@ -83,19 +172,23 @@ struct Retired {
     total_allocs: u32,
     total_bytes: u32,
     peak_live_bytes: u32,
-    api: crate::hotpath::event::Api,
+    api: Api,
     device: Option<u8>,
 }
 
 const _: () = assert!(std::mem::size_of::<Retired>() == 20);
 
-/// The key of an entry that is free for reuse (no stack has this id).
+/// The key of a slot that is free for reuse (no stack has this id).
 const FREE_STACK: u32 = u32::MAX;
 
 #[derive(Default)]
 pub struct Groups {
-    entries: Vec<Entry>,
-    /// The full figures of the groups that outgrew 32 bits.
+    slots: Vec<Slot>,
+    /// The figures of the groups that need more than the small form.
+    full: Vec<Entry>,
+    /// Free places in `full`.
+    full_free: Vec<u32>,
+    /// The whole figures of the groups that outgrew 32 bits.
     wide: Vec<GroupStats>,
     /// Indices of retired groups, reused by `push`.
     free: Vec<u32>,
@@ -108,51 +201,45 @@ pub struct Groups {
 
 impl Groups {
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.slots.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.slots.is_empty()
     }
 
     /// A new group of `key` with no figures; its index (a retired group's, if any).
     pub fn push(&mut self, key: GroupKey) -> u32 {
-        let e = Self::fresh(key);
+        let s = Self::fresh(key);
         match self.free.pop() {
             Some(g) => {
-                self.entries[g as usize] = e;
+                self.slots[g as usize] = s;
                 g
             }
             None => {
-                self.entries.push(e);
-                (self.entries.len() - 1) as u32
+                self.slots.push(s);
+                (self.slots.len() - 1) as u32
             }
         }
     }
 
-    fn fresh((stack, api, device): GroupKey) -> Entry {
-        Entry {
-            stack,
-            api,
-            device,
-            flags: 0,
-            generation: 0,
-            steps: 0,
-            ups: 0,
-            downs: 0,
-            live_bytes: 0,
-            live_blocks: 0,
-            total_allocs: 0,
-            total_bytes: 0,
-            peak_live_bytes: 0,
-            base: 0,
-            last: 0,
-            pointed_bytes: 0,
-        }
+    fn fresh((stack, api, device): GroupKey) -> Slot {
+        Slot { stack, word: 0, generation: 0, steps: 0, device, api, flags: 0 }
     }
 
-    /// Retires group `g` if it holds nothing and keeps nothing but its totals: compact,
-    /// of `generation`, no live blocks, no trend (never seen holding anything at a
+    /// Frees slot `g` for the next new group, with its full entry if it has one.
+    fn release(&mut self, g: u32) {
+        let s = self.slots[g as usize];
+        if s.flags & FULL != 0 {
+            self.full[s.word as usize] = Entry::default();
+            self.full_free.push(s.word);
+        }
+        self.slots[g as usize] = Self::fresh((FREE_STACK, s.api, None));
+        self.free.push(g);
+    }
+
+    /// Retires group `g` if it holds nothing and keeps nothing but its totals: not
+    /// wide, of `generation`, no live blocks, no trend (never seen holding anything at a
     /// report), nothing to tell the timeline (no bytes when it last took the changes).
     /// Its index is free for the next new group from now on, so the caller must know
     /// that nothing else refers to it (no block, no index) and drop it from the list of
@@ -160,32 +247,27 @@ impl Groups {
     /// or (`ONCE`) the group's figures themselves, which need the place the token is
     /// kept at (its stack's `shared_index`) to name its stack again.
     pub fn retire(&mut self, g: u32, generation: u16) -> Option<u32> {
-        let e = self.entries[g as usize];
-        let idle = e.flags & !CHANGED == 0 && e.generation == generation && e.live_blocks == 0 && e.live_bytes == 0 && e.pointed_bytes == 0;
-        // The retired record's index shares a word with a flag in the collector's table
-        // by stack (`Collector::group_of`).
-        if !idle || e.stack == FREE_STACK || self.retired.len() >= RETIRED_MAX {
+        let slot = self.slots[g as usize];
+        if slot.stack == FREE_STACK || slot.generation != generation || self.is_wide(&slot) || self.retired.len() >= RETIRED_MAX {
             return None;
         }
-        use crate::hotpath::stacks::{at_place, is_first_child, shared_index};
-        let child = is_first_child(e.stack);
-        let once = e.total_allocs == 1 && e.total_bytes == e.peak_live_bytes && e.total_bytes < ONCE_SIZE_LIMIT && e.device.is_none() && (e.api as u32) < 8;
-        // Only a stack whose place names it again.
-        let placed = at_place(shared_index(e.stack), child) == e.stack;
-        if once && placed {
-            self.entries[g as usize] = Self::fresh((FREE_STACK, e.api, None));
-            self.free.push(g);
-            self.retired_once += 1;
-            return Some(ONCE | if child { ONCE_CHILD } else { 0 } | (e.api as u32) << ONCE_API_SHIFT | e.total_bytes);
+        let s = self.get(g);
+        if s.trend.seen || s.live_blocks != 0 || s.live_bytes != 0 || s.pointed_bytes != 0 {
+            return None;
         }
-        let r = Retired {
-            stack: e.stack,
-            total_allocs: e.total_allocs,
-            total_bytes: e.total_bytes,
-            peak_live_bytes: e.peak_live_bytes,
-            api: e.api,
-            device: e.device,
-        };
+        // Not wide: every figure fits 32 bits.
+        let (total_allocs, total_bytes, peak_live_bytes) = (s.total_allocs as u32, s.total_bytes as u32, s.peak_live_bytes as u32);
+        use crate::hotpath::stacks::{at_place, is_first_child, shared_index};
+        let child = is_first_child(slot.stack);
+        let once = total_allocs == 1 && total_bytes == peak_live_bytes && total_bytes < ONCE_SIZE_LIMIT && slot.device.is_none() && (slot.api as u32) < 8;
+        // Only a stack whose place names it again.
+        let placed = at_place(shared_index(slot.stack), child) == slot.stack;
+        self.release(g);
+        if once && placed {
+            self.retired_once += 1;
+            return Some(ONCE | if child { ONCE_CHILD } else { 0 } | (slot.api as u32) << ONCE_API_SHIFT | total_bytes);
+        }
+        let r = Retired { stack: slot.stack, total_allocs, total_bytes, peak_live_bytes, api: slot.api, device: slot.device };
         let idx = match self.retired_free.pop() {
             Some(i) => {
                 self.retired[i as usize] = r;
@@ -196,8 +278,6 @@ impl Groups {
                 (self.retired.len() - 1) as u32
             }
         };
-        self.entries[g as usize] = Self::fresh((FREE_STACK, e.api, None));
-        self.free.push(g);
         Some(idx)
     }
 
@@ -212,7 +292,7 @@ impl Groups {
             total_allocs: 1,
             total_bytes: bytes,
             peak_live_bytes: bytes,
-            api: crate::hotpath::event::Api::from_bits(((r & !(ONCE | ONCE_CHILD)) >> ONCE_API_SHIFT) as u8),
+            api: Api::from_bits(((r & !(ONCE | ONCE_CHILD)) >> ONCE_API_SHIFT) as u8),
             device: None,
         }
     }
@@ -240,8 +320,13 @@ impl Groups {
             self.retired_once -= 1;
         }
         let g = self.push((rec.stack, rec.api, rec.device));
-        let e = &mut self.entries[g as usize];
-        (e.total_allocs, e.total_bytes, e.peak_live_bytes) = (rec.total_allocs, rec.total_bytes, rec.peak_live_bytes);
+        let totals = GroupStats {
+            total_allocs: rec.total_allocs.into(),
+            total_bytes: rec.total_bytes.into(),
+            peak_live_bytes: rec.peak_live_bytes.into(),
+            ..GroupStats::default()
+        };
+        self.set(g, totals);
         g
     }
 
@@ -252,16 +337,25 @@ impl Groups {
 
     #[inline]
     pub fn key(&self, g: u32) -> GroupKey {
-        let e = &self.entries[g as usize];
-        (e.stack, e.api, e.device)
+        let s = &self.slots[g as usize];
+        (s.stack, s.api, s.device)
+    }
+
+    fn is_wide(&self, s: &Slot) -> bool {
+        s.flags & FULL != 0 && self.full[s.word as usize].flags & WIDE != 0
     }
 
     /// The figures of group `g`.
     #[inline]
     pub fn get(&self, g: u32) -> GroupStats {
-        let e = &self.entries[g as usize];
+        let s = &self.slots[g as usize];
+        if s.flags & FULL == 0 {
+            return small_stats(s);
+        }
+        let e = &self.full[s.word as usize];
+        let changed = s.flags & CHANGED != 0;
         if e.flags & WIDE != 0 {
-            return self.wide[e.live_bytes as usize];
+            return GroupStats { generation: s.generation, changed, ..self.wide[e.live_bytes as usize] };
         }
         GroupStats {
             live_bytes: e.live_bytes.into(),
@@ -269,30 +363,63 @@ impl Groups {
             total_allocs: e.total_allocs.into(),
             total_bytes: e.total_bytes.into(),
             peak_live_bytes: e.peak_live_bytes.into(),
-            generation: e.generation,
-            trend: Trend { seen: e.flags & SEEN != 0, base: e.base.into(), last: e.last.into(), steps: e.steps, ups: e.ups, downs: e.downs },
+            generation: s.generation,
+            trend: Trend { seen: e.flags & FULL_SEEN != 0, base: e.base.into(), last: e.last.into(), steps: e.steps, ups: e.ups, downs: e.downs },
             pointed_bytes: e.pointed_bytes.into(),
-            changed: e.flags & CHANGED != 0,
+            changed,
         }
     }
 
-    /// Sets the figures of group `g`.
+    /// Sets the figures of group `g`: in the small form where it holds them, else in a
+    /// full entry (a wide one stays wide).
     #[inline]
     pub fn set(&mut self, g: u32, s: GroupStats) {
-        let e = &mut self.entries[g as usize];
-        if e.flags & WIDE != 0 {
-            self.wide[e.live_bytes as usize] = s;
+        let slot = &mut self.slots[g as usize];
+        slot.generation = s.generation;
+        let changed = if s.changed { CHANGED } else { 0 };
+        if slot.flags & FULL != 0 {
+            let i = slot.word;
+            if self.full[i as usize].flags & WIDE != 0 {
+                slot.flags = FULL | changed;
+                self.wide[self.full[i as usize].live_bytes as usize] = s;
+                return;
+            }
+            if let Some((flags, word, steps)) = small(&s) {
+                (slot.flags, slot.word, slot.steps) = (flags | changed, word, steps);
+                self.full[i as usize] = Entry::default();
+                self.full_free.push(i);
+                return;
+            }
+            slot.flags = FULL | changed;
+            self.set_full(i, &s);
             return;
         }
-        let Some([live_bytes, live_blocks, total_allocs, total_bytes, peak_live_bytes, base, last, pointed_bytes]) = narrow(&s) else {
+        if let Some((flags, word, steps)) = small(&s) {
+            (slot.flags, slot.word, slot.steps) = (flags | changed, word, steps);
+            return;
+        }
+        let i = match self.full_free.pop() {
+            Some(i) => i,
+            None => {
+                self.full.push(Entry::default());
+                (self.full.len() - 1) as u32
+            }
+        };
+        (slot.flags, slot.word, slot.steps) = (FULL | changed, i, 0);
+        self.set_full(i, &s);
+    }
+
+    /// Full entry `i` (not wide) holds `s` from now on: in 32 bits each if they fit,
+    /// else, for good, wide.
+    fn set_full(&mut self, i: u32, s: &GroupStats) {
+        let e = &mut self.full[i as usize];
+        let Some([live_bytes, live_blocks, total_allocs, total_bytes, peak_live_bytes, base, last, pointed_bytes]) = narrow(s) else {
             // For good: a group this large stays wide (no going back and forth).
-            e.flags |= WIDE;
-            e.live_bytes = self.wide.len() as u32;
-            self.wide.push(s);
+            *e = Entry { flags: WIDE, live_bytes: self.wide.len() as u32, ..Entry::default() };
+            self.wide.push(*s);
             return;
         };
-        e.flags = if s.changed { CHANGED } else { 0 } | if s.trend.seen { SEEN } else { 0 };
-        e.generation = s.generation;
+        e.flags = if s.trend.seen { FULL_SEEN } else { 0 };
         (e.steps, e.ups, e.downs) = (s.trend.steps, s.trend.ups, s.trend.downs);
         (e.live_bytes, e.live_blocks, e.total_allocs, e.total_bytes) = (live_bytes, live_blocks, total_allocs, total_bytes);
         (e.peak_live_bytes, e.base, e.last, e.pointed_bytes) = (peak_live_bytes, base, last, pointed_bytes);
@@ -307,43 +434,89 @@ impl Groups {
         r
     }
 
-    /// The collector's per-event steps on a compact group of `generation`, without
+    /// The collector's per-event steps on a group of `generation`, in place, without
     /// widening it (`get`/`set` copy every figure, a fifth of the collector's time per
     /// event in `bench/malloc_bench.c`). Each returns false, changing nothing, where the
-    /// caller must take the general path (`update`): a wide group, one of an earlier
-    /// process generation, or a figure about to outgrow 32 bits.
+    /// caller must take the general path (`update`): a small group the step takes out
+    /// of the small form, a wide group, one of an earlier process generation, or a
+    /// figure about to outgrow 32 bits.
+    ///
+    /// `alloc_live`: a new allocation of `size` bytes, live (counted and added).
+    #[inline(always)]
+    pub fn alloc_live(&mut self, g: u32, generation: u16, size: u64) -> bool {
+        let Some((slot, size)) = self.slot_of(g, generation, size) else { return false };
+        if slot.flags & FULL == 0 {
+            // A group's first allocation stays small; a second one takes the general path.
+            if slot.flags & !CHANGED != 0 {
+                return false;
+            }
+            (slot.flags, slot.word) = (slot.flags | ALLOC | LIVE, size);
+            return true;
+        }
+        let i = slot.word as usize;
+        let Some(e) = Self::narrow_entry(&mut self.full, i) else { return false };
+        let (Some(total), Some(allocs), Some(bytes), Some(blocks)) =
+            (e.total_bytes.checked_add(size), e.total_allocs.checked_add(1), e.live_bytes.checked_add(size), e.live_blocks.checked_add(1))
+        else {
+            return false;
+        };
+        (e.total_bytes, e.total_allocs, e.live_bytes, e.live_blocks) = (total, allocs, bytes, blocks);
+        e.peak_live_bytes = e.peak_live_bytes.max(bytes);
+        true
+    }
+
+    /// See `alloc_live`: a block of `size` bytes live again (a failed realloc's).
     #[inline(always)]
     pub fn add_live(&mut self, g: u32, generation: u16, size: u64) -> bool {
-        let Some((e, size)) = self.compact_entry(g, generation, size) else { return false };
+        let Some((slot, size)) = self.slot_of(g, generation, size) else { return false };
+        if slot.flags & FULL == 0 {
+            // Its one block back: the figures it had.
+            if slot.flags & (ALLOC | LIVE) != ALLOC || slot.word != size {
+                return false;
+            }
+            slot.flags |= LIVE;
+            return true;
+        }
+        let i = slot.word as usize;
+        let Some(e) = Self::narrow_entry(&mut self.full, i) else { return false };
         let (Some(bytes), Some(blocks)) = (e.live_bytes.checked_add(size), e.live_blocks.checked_add(1)) else { return false };
         (e.live_bytes, e.live_blocks) = (bytes, blocks);
         e.peak_live_bytes = e.peak_live_bytes.max(bytes);
         true
     }
 
-    /// See `add_live`.
+    /// See `alloc_live`: a block of `size` bytes no longer live.
     #[inline(always)]
     pub fn remove_live(&mut self, g: u32, generation: u16, size: u64) -> bool {
-        let Some((e, size)) = self.compact_entry(g, generation, size) else { return false };
+        let Some((slot, size)) = self.slot_of(g, generation, size) else { return false };
+        if slot.flags & FULL == 0 {
+            if slot.flags & LIVE == 0 || slot.word != size {
+                return false;
+            }
+            slot.flags &= !LIVE;
+            return true;
+        }
+        let i = slot.word as usize;
+        let Some(e) = Self::narrow_entry(&mut self.full, i) else { return false };
         let (Some(bytes), Some(blocks)) = (e.live_bytes.checked_sub(size), e.live_blocks.checked_sub(1)) else { return false };
         (e.live_bytes, e.live_blocks) = (bytes, blocks);
         true
     }
 
-    /// See `add_live`.
-    #[inline(always)]
-    pub fn count_alloc(&mut self, g: u32, generation: u16, size: u64) -> bool {
-        let Some((e, size)) = self.compact_entry(g, generation, size) else { return false };
-        let (Some(bytes), Some(allocs)) = (e.total_bytes.checked_add(size), e.total_allocs.checked_add(1)) else { return false };
-        (e.total_bytes, e.total_allocs) = (bytes, allocs);
-        true
-    }
-
-    /// See `add_live`: an allocation freed before the collector took it
+    /// See `alloc_live`: an allocation freed before the collector took it
     /// (`EventKind::Transient`) counts as allocated, and its bytes as live for a moment.
     #[inline(always)]
     pub fn count_transient(&mut self, g: u32, generation: u16, size: u64) -> bool {
-        let Some((e, size)) = self.compact_entry(g, generation, size) else { return false };
+        let Some((slot, size)) = self.slot_of(g, generation, size) else { return false };
+        if slot.flags & FULL == 0 {
+            if slot.flags & !CHANGED != 0 {
+                return false;
+            }
+            (slot.flags, slot.word) = (slot.flags | ALLOC, size);
+            return true;
+        }
+        let i = slot.word as usize;
+        let Some(e) = Self::narrow_entry(&mut self.full, i) else { return false };
         let (Some(bytes), Some(allocs), Some(momentary)) = (e.total_bytes.checked_add(size), e.total_allocs.checked_add(1), e.live_bytes.checked_add(size))
         else {
             return false;
@@ -353,26 +526,29 @@ impl Groups {
         true
     }
 
-    /// Group `g`'s compact entry and `size` in 32 bits, where a per-event step may work
-    /// on them in place: the group is compact and of `generation`, the size fits.
+    /// Group `g`'s slot and `size` in 32 bits, where a per-event step may work on them
+    /// in place: the group is of `generation` and the size fits.
     #[inline(always)]
-    fn compact_entry(&mut self, g: u32, generation: u16, size: u64) -> Option<(&mut Entry, u32)> {
-        let e = &mut self.entries[g as usize];
+    fn slot_of(&mut self, g: u32, generation: u16, size: u64) -> Option<(&mut Slot, u32)> {
+        let s = &mut self.slots[g as usize];
         let size = u32::try_from(size).ok()?;
-        (e.flags & WIDE == 0 && e.generation == generation).then_some((e, size))
+        (s.generation == generation).then_some((s, size))
     }
 
-    /// Marks group `g` changed; whether it was not already (without widening it: this
-    /// runs for every event).
+    /// Full entry `i` unless it is wide.
+    #[inline(always)]
+    fn narrow_entry(full: &mut [Entry], i: usize) -> Option<&mut Entry> {
+        let e = &mut full[i];
+        (e.flags & WIDE == 0).then_some(e)
+    }
+
+    /// Marks group `g` changed; whether it was not already (in its slot, whatever its
+    /// form: this runs for every event).
     #[inline]
     pub fn mark_changed(&mut self, g: u32) -> bool {
-        let e = &mut self.entries[g as usize];
-        if e.flags & WIDE != 0 {
-            let s = &mut self.wide[e.live_bytes as usize];
-            return !std::mem::replace(&mut s.changed, true);
-        }
-        let was = e.flags & CHANGED != 0;
-        e.flags |= CHANGED;
+        let s = &mut self.slots[g as usize];
+        let was = s.flags & CHANGED != 0;
+        s.flags |= CHANGED;
         !was
     }
 
@@ -380,6 +556,12 @@ impl Groups {
     #[cfg(test)]
     pub fn wide_count(&self) -> usize {
         self.wide.len()
+    }
+
+    /// Groups in a full entry now (for tests and diagnostics).
+    #[cfg(test)]
+    pub fn full_count(&self) -> usize {
+        self.full.len() - self.full_free.len()
     }
 }
 
@@ -479,7 +661,7 @@ mod tests {
             // Sizes up to 3 GiB: some groups outgrow 32 bits on the way.
             let size = if rng.below(50) == 0 { rng.below(3 << 30) } else { rng.below(4096) };
             if rng.below(3) > 0 || live[g as usize].is_empty() {
-                if !(fast.count_alloc(g, 2, size) && fast.add_live(g, 2, size)) {
+                if !fast.alloc_live(g, 2, size) {
                     // A refused step changed nothing: the general path does both.
                     fast.update(g, |s| {
                         s.total_allocs += 1;
@@ -516,7 +698,184 @@ mod tests {
         }
         assert!(fast.wide_count() > 0, "no group outgrew 32 bits");
         // Another generation's group is never touched by a step.
-        assert!(!fast.add_live(0, 3, 1) && !fast.count_alloc(0, 3, 1) && !fast.remove_live(0, 3, 1));
+        assert!(!fast.add_live(0, 3, 1) && !fast.alloc_live(0, 3, 1) && !fast.remove_live(0, 3, 1) && !fast.count_transient(0, 3, 1));
+    }
+
+    /// Any figures read back exactly, and those of a group of at most one allocation
+    /// (live or gone, seen at reports, taken by the timeline) take no full entry.
+    #[test]
+    fn the_small_form_holds_exactly_what_it_takes_and_nothing_else() {
+        let mut rng = crate::test_rng::TestRng::new(11);
+        let mut g = Groups::default();
+        let mut id = g.push((5, Api::Malloc, None));
+        let (mut small_seen, mut full_seen) = (0, 0);
+        for round in 0..50_000 {
+            // Figures near the small form's shapes, each bent now and then.
+            let b = [0, 1, 48, 4096, u64::from(u32::MAX), 1 << 33][rng.below(6) as usize];
+            let pick = |rng: &mut crate::test_rng::TestRng, usual: u64| if rng.below(8) == 0 { rng.below(3) } else { usual };
+            let allocs = pick(&mut rng, 1);
+            let one = rng.below(2);
+            let blocks = pick(&mut rng, one);
+            let seen = rng.below(2) == 0;
+            let gone = rng.below(2) == 0;
+            let s = GroupStats {
+                live_bytes: pick(&mut rng, b * blocks),
+                live_blocks: blocks,
+                total_allocs: allocs,
+                total_bytes: pick(&mut rng, b * allocs.min(1)),
+                peak_live_bytes: pick(&mut rng, b * allocs.min(1)),
+                generation: rng.below(3) as u16,
+                trend: if seen {
+                    Trend {
+                        seen,
+                        base: pick(&mut rng, b),
+                        last: pick(&mut rng, if gone { 0 } else { b }),
+                        steps: rng.below(5) as u16,
+                        ups: pick(&mut rng, 0) as u16,
+                        downs: pick(&mut rng, gone as u64) as u16,
+                    }
+                } else {
+                    Trend::default()
+                },
+                pointed_bytes: {
+                    let usual = [0, b][rng.below(2) as usize];
+                    pick(&mut rng, usual)
+                },
+                changed: rng.below(2) == 0,
+            };
+            // One slot goes through every form and back (wide ones need a new group).
+            if g.is_wide(&g.slots[id as usize]) {
+                id = g.push((5, Api::Malloc, None));
+            }
+            g.set(id, s);
+            assert_eq!(g.get(id), s, "round {round}");
+            if small(&s).is_some() {
+                small_seen += 1;
+                assert_eq!(g.slots[id as usize].flags & FULL, 0, "{s:?}");
+            } else {
+                full_seen += 1;
+            }
+        }
+        assert!(small_seen > 5_000 && full_seen > 5_000, "{small_seen} small, {full_seen} full");
+        // Entries freed by groups that went back to the small form are reused.
+        assert!(g.full.len() <= g.wide.len() + 1, "{} full entries", g.full.len());
+        // A group of one block, seen at reports, taken by the timeline, then freed.
+        let mut g = Groups::default();
+        let id = g.push((9, Api::Malloc, None));
+        assert!(g.alloc_live(id, 0, 300));
+        g.update(id, |s| {
+            s.trend.step(s.live_bytes);
+            s.trend.step(s.live_bytes);
+            s.pointed_bytes = s.live_bytes;
+        });
+        assert!(g.remove_live(id, 0, 300));
+        g.update(id, |s| s.trend.step(s.live_bytes));
+        let s = g.get(id);
+        assert_eq!((s.total_allocs, s.peak_live_bytes, s.live_blocks, s.trend.steps, s.trend.downs), (1, 300, 0, 2, 1));
+        assert_eq!(g.full_count(), 0);
+        // A second allocation moves it to a full entry.
+        assert!(!g.alloc_live(id, 0, 10));
+        g.update(id, |s| {
+            s.total_allocs += 1;
+            s.total_bytes += 10;
+        });
+        assert_eq!((g.full_count(), g.get(id).total_bytes), (1, 310));
+    }
+
+    /// Many groups of few allocations each, in every form, through the per-event steps
+    /// and the general path; the same figures as the general path alone.
+    #[test]
+    fn the_per_event_steps_agree_with_the_general_path_for_small_groups() {
+        let mut fast = Groups::default();
+        let mut slow = Groups::default();
+        let mut rng = crate::test_rng::TestRng::new(5);
+        const N: u32 = 64;
+        for i in 0..N {
+            fast.push((i, Api::Malloc, None));
+            slow.push((i, Api::Malloc, None));
+        }
+        let mut live: Vec<Vec<u64>> = vec![Vec::new(); N as usize];
+        for _ in 0..50_000 {
+            let g = rng.below(u64::from(N)) as u32;
+            let size = rng.below(512);
+            match rng.below(16) {
+                // A new block (rarely: groups stay small for a while).
+                0 => {
+                    let step = |s: &mut GroupStats| {
+                        s.total_allocs += 1;
+                        s.total_bytes += size;
+                        s.live_bytes += size;
+                        s.live_blocks += 1;
+                        s.peak_live_bytes = s.peak_live_bytes.max(s.live_bytes);
+                    };
+                    if !fast.alloc_live(g, 0, size) {
+                        fast.update(g, step);
+                    }
+                    slow.update(g, step);
+                    live[g as usize].push(size);
+                }
+                // Freed before the collector took it.
+                1 => {
+                    let step = |s: &mut GroupStats| {
+                        s.total_allocs += 1;
+                        s.total_bytes += size;
+                        s.peak_live_bytes = s.peak_live_bytes.max(s.live_bytes + size);
+                    };
+                    if !fast.count_transient(g, 0, size) {
+                        fast.update(g, step);
+                    }
+                    slow.update(g, step);
+                }
+                // A report's trend step, or the timeline's take.
+                2 => {
+                    for x in [&mut fast, &mut slow] {
+                        x.update(g, |s| s.trend.step(s.live_bytes));
+                    }
+                }
+                3 => {
+                    for x in [&mut fast, &mut slow] {
+                        x.update(g, |s| {
+                            s.pointed_bytes = s.live_bytes;
+                            s.changed = false;
+                        });
+                    }
+                }
+                4 => {
+                    assert_eq!(fast.mark_changed(g), slow.mark_changed(g));
+                }
+                // A free, or a failed realloc's release and restore.
+                _ if !live[g as usize].is_empty() => {
+                    let size = *live[g as usize].last().unwrap();
+                    let restore = rng.below(2) == 0;
+                    let down = |s: &mut GroupStats| {
+                        s.live_bytes -= size;
+                        s.live_blocks -= 1;
+                    };
+                    let up = |s: &mut GroupStats| {
+                        s.live_bytes += size;
+                        s.live_blocks += 1;
+                        s.peak_live_bytes = s.peak_live_bytes.max(s.live_bytes);
+                    };
+                    if !fast.remove_live(g, 0, size) {
+                        fast.update(g, down);
+                    }
+                    slow.update(g, down);
+                    if restore {
+                        if !fast.add_live(g, 0, size) {
+                            fast.update(g, up);
+                        }
+                        slow.update(g, up);
+                    } else {
+                        live[g as usize].pop();
+                    }
+                }
+                _ => {}
+            }
+            assert_eq!(fast.get(g), slow.get(g));
+        }
+        for g in 0..N {
+            assert_eq!(fast.get(g), slow.get(g));
+        }
     }
 
     #[test]

@@ -604,7 +604,9 @@ impl Collector {
         LiveEntry { addr, size: b.size, mark: b.mark, ignored: b.ignored, stack, api, device }
     }
 
-    fn add_live(&mut self, space: Space, addr: u64, block: LiveBlock) {
+    /// `block` is live at `addr`; `new`: a new allocation, which its group also counts
+    /// (a block back from a failed realloc, or adopted, is not).
+    fn add_live(&mut self, space: Space, addr: u64, block: LiveBlock, new: bool) {
         let old = match space {
             Space::Heap => self.live.insert(addr, block),
             _ => self.cuda_live.insert((space, addr), block),
@@ -629,8 +631,14 @@ impl Collector {
             return;
         }
         let kind = self.kind_of(&block);
-        if !self.groups.add_live(block.group, self.generation, block.size) {
+        let stepped =
+            if new { self.groups.alloc_live(block.group, self.generation, block.size) } else { self.groups.add_live(block.group, self.generation, block.size) };
+        if !stepped {
             self.update_group(block.group, |g| {
+                if new {
+                    g.total_allocs += 1;
+                    g.total_bytes += block.size;
+                }
                 g.live_bytes += block.size;
                 g.live_blocks += 1;
                 g.peak_live_bytes = g.peak_live_bytes.max(g.live_bytes);
@@ -753,14 +761,8 @@ impl Collector {
                 let size = ev.bytes();
                 let group = self.group_of((ev.stack, ev.api, ev.device()));
                 let block = LiveBlock { size, group, generation: self.generation, mark: self.mark, ignored: false };
-                if !self.groups.count_alloc(group, self.generation, size) {
-                    self.update_group(group, |g| {
-                        g.total_allocs += 1;
-                        g.total_bytes += size;
-                    });
-                }
                 self.totals.kinds[ev.api.kind().index()].total_allocs += 1;
-                self.add_live(space, ev.addr, block);
+                self.add_live(space, ev.addr, block, true);
             }
             EventKind::Free => match self.take_live(space, ev.addr) {
                 Some(block) => {
@@ -782,7 +784,7 @@ impl Collector {
             }
             EventKind::ReallocRestore => {
                 if let Some((addr, block)) = self.realloc_in_flight.remove(&(ev.tid, space)) {
-                    self.add_live(space, addr, block);
+                    self.add_live(space, addr, block, false);
                 }
             }
             EventKind::ReallocFreed => {
@@ -878,7 +880,7 @@ impl Collector {
         let generation = self.generation;
         for &(addr, size) in chunks {
             if self.live.get(addr).is_none() {
-                self.add_live(Space::Heap, addr, LiveBlock { size, group, generation, mark: 0, ignored: false });
+                self.add_live(Space::Heap, addr, LiveBlock { size, group, generation, mark: 0, ignored: false }, false);
             }
         }
         self.fork_boundary();
