@@ -460,7 +460,9 @@ pub unsafe extern "C" fn exit(status: c_int) -> ! {
             None => leave(real::exit_now(), status),
         }
     }
-    if LIFECYCLE.exit_called(crate::os::threads::identity(), std::process::id()) {
+    // SAFETY: gettid has no preconditions and cannot fail.
+    let me = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
+    if LIFECYCLE.exit_called(me, std::process::id()) {
         final_report_here();
     }
     match real::exit() {
