@@ -271,6 +271,8 @@ mod tests {
     #[test]
     fn this_process_is_measured_and_its_parts_stay_within_its_memory() {
         init();
+        // Measured as a forked child's report: with `smaps_rollup` (USS, PSS).
+        crate::os::procfs::open(true);
         let m = measure(Known { heap_live: 0, glibc_malloc: true, forked_child: true });
         assert!(m.rss > 0 && m.rss >= m.rss_anon && m.rss_anon > 0, "{m:?}");
         assert!(m.heap_free.is_some() && m.heap_other.is_some(), "{m:?}");
