@@ -2,6 +2,7 @@
 pub mod build;
 pub mod cached;
 pub mod checks;
+pub mod dwarf_units;
 pub mod held;
 pub mod memory;
 pub mod process;

@@ -70,8 +70,24 @@ const RELEASE_EVERY_SYMBOLS: usize = 1 << 15;
 /// 546k symbols and 78 MB of names, ~120 ms of each forked worker's final report.
 struct ModuleFile {
     file: object::File<'static>,
-    dwarf: Option<addr2line::Context<Reader>>,
+    dwarf: Option<Debug>,
     map: &'static memmap2::Mmap,
+}
+
+/// A module's DWARF: one addr2line context for the whole file, or, for a large file
+/// whose units addr2line could only find through all their ranges, a unit at a time
+/// (`dwarf_units`): the unit of the batch's last address open until the batch ends.
+enum Debug {
+    Whole(addr2line::Context<Reader>),
+    ByUnit {
+        /// Boxed: the sections' readers are ~600 bytes, the whole-file variant ~60.
+        sections: Box<gimli::DwarfSections<Reader>>,
+        endian: gimli::RunTimeEndian,
+        units: super::dwarf_units::UnitIndex,
+        open: std::cell::RefCell<Option<super::dwarf_units::OneUnit>>,
+        /// The whole file's context, made the first time a unit alone cannot answer.
+        whole: std::cell::OnceCell<Option<addr2line::Context<Reader>>>,
+    },
 }
 
 /// A function symbol: `start`, `end` (`start` when its size is unknown), its index and
@@ -211,6 +227,54 @@ pub struct DataSymbol {
     pub offset: u64,
 }
 
+impl Debug {
+    /// The whole file's context, or by unit for a large `.debug_info` without
+    /// `.debug_aranges` (`dwarf_units`). `None` when the DWARF cannot be read.
+    fn new(sections: gimli::DwarfSections<Reader>, endian: gimli::RunTimeEndian) -> Option<Debug> {
+        use gimli::Section;
+        let by_unit = sections.debug_aranges.reader().is_empty() && sections.debug_info.reader().len() >= super::dwarf_units::BY_UNIT_MIN_BYTES;
+        Self::with(sections, endian, by_unit)
+    }
+
+    fn with(sections: gimli::DwarfSections<Reader>, endian: gimli::RunTimeEndian, by_unit: bool) -> Option<Debug> {
+        if by_unit {
+            let units = super::dwarf_units::UnitIndex::build(&sections.borrow(|s| *s));
+            return Some(Debug::ByUnit { sections: Box::new(sections), endian, units, open: Default::default(), whole: Default::default() });
+        }
+        addr2line::Context::from_dwarf(sections.borrow(|s| *s)).ok().map(Debug::Whole)
+    }
+}
+
+/// The frames (innermost inlined first) of `probe` in `ctx`, and whether the lookup
+/// met no error (a unit read alone fails where an entry refers into another unit).
+fn frames_in(ctx: &addr2line::Context<Reader>, probe: u64) -> (Vec<SymFrame>, bool) {
+    let mut out = Vec::new();
+    let mut complete = false;
+    if let Ok(mut iter) = ctx.find_frames(probe).skip_all_loads() {
+        loop {
+            match iter.next() {
+                Ok(Some(frame)) => {
+                    let function = frame.function.as_ref().and_then(|f| f.demangle().ok()).map(|c| Arc::from(c.as_ref()));
+                    let (file, line) = match frame.location {
+                        Some(loc) => (loc.file.map(Arc::from), loc.line),
+                        None => (None, None),
+                    };
+                    out.push(SymFrame { function, file, line, inlined: true });
+                }
+                Ok(None) => {
+                    complete = true;
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+    }
+    if let Some(last) = out.last_mut() {
+        last.inlined = false;
+    }
+    (out, complete)
+}
+
 impl ModuleFile {
     /// The data object (variable) symbol covering `offset` (file terms): its name and
     /// start. `.symtab` first (static variables are there only), then `.dynsym`.
@@ -237,7 +301,7 @@ impl ModuleFile {
         let file = object::File::parse(&map[..]).ok()?;
         let endian = if file.is_little_endian() { gimli::RunTimeEndian::Little } else { gimli::RunTimeEndian::Big };
         let dwarf = file.section_by_name(".debug_info").is_some().then(|| {
-            let dwarf = gimli::Dwarf::load(|id| -> Result<Reader, gimli::Error> {
+            let sections = gimli::DwarfSections::load(|id| -> Result<Reader, gimli::Error> {
                 let data: &'static [u8] = match file.section_by_name(id.name()).map(|s| s.uncompressed_data()) {
                     Some(Ok(std::borrow::Cow::Borrowed(b))) => b,
                     // Compressed debug sections: kept, like the mapping, for the process.
@@ -245,8 +309,9 @@ impl ModuleFile {
                     _ => &[],
                 };
                 Ok(gimli::EndianSlice::new(data, endian))
-            });
-            dwarf.ok().and_then(|d| addr2line::Context::from_dwarf(d).ok())
+            })
+            .ok()?;
+            Debug::new(sections, endian)
         });
         Some(ModuleFile { file, dwarf: dwarf.flatten(), map })
     }
@@ -264,22 +329,51 @@ impl ModuleFile {
     }
 
     fn frames(&self, probe: u64) -> Vec<SymFrame> {
-        let mut out = Vec::new();
-        let Some(ctx) = &self.dwarf else { return out };
-        if let Ok(mut iter) = ctx.find_frames(probe).skip_all_loads() {
-            while let Ok(Some(frame)) = iter.next() {
-                let function = frame.function.as_ref().and_then(|f| f.demangle().ok()).map(|c| Arc::from(c.as_ref()));
-                let (file, line) = match frame.location {
-                    Some(loc) => (loc.file.map(Arc::from), loc.line),
-                    None => (None, None),
-                };
-                out.push(SymFrame { function, file, line, inlined: true });
+        match &self.dwarf {
+            Some(Debug::Whole(ctx)) => frames_in(ctx, probe).0,
+            Some(Debug::ByUnit { sections, endian, units, open, whole }) => {
+                // An address in no unit's ranges is in no context's either.
+                let Some((offset, end)) = units.unit_of(probe) else { return Vec::new() };
+                let mut open = open.borrow_mut();
+                if open.as_ref().is_none_or(|u| u.offset != offset) {
+                    // The last unit goes before the next is read.
+                    *open = None;
+                    *open = super::dwarf_units::OneUnit::open(sections, offset, end, *endian);
+                }
+                match open.as_ref().map(|u| frames_in(&u.ctx, probe)) {
+                    Some((frames, true)) => frames,
+                    // An entry of the unit refers into another unit: the whole file's
+                    // context, made once, answers as before.
+                    _ => whole
+                        .get_or_init(|| addr2line::Context::from_dwarf(sections.borrow(|s| *s)).ok())
+                        .as_ref()
+                        .map(|c| frames_in(c, probe).0)
+                        .unwrap_or_default(),
+                }
             }
+            None => Vec::new(),
         }
-        if let Some(last) = out.last_mut() {
-            last.inlined = false;
+    }
+
+    /// `frames` of each of `probes`, those of one unit read alone together (a module's
+    /// static constructors lie together in `.text.startup`, whatever their units: in
+    /// address order, their units alternate).
+    fn frames_of_all(&self, probes: &[u64]) -> Vec<Vec<SymFrame>> {
+        let Some(Debug::ByUnit { units, .. }) = &self.dwarf else { return probes.iter().map(|&p| self.frames(p)).collect() };
+        let mut order: Vec<usize> = (0..probes.len()).collect();
+        order.sort_by_key(|&i| (units.unit_of(probes[i]).map(|u| u.0), probes[i]));
+        let mut out = vec![Vec::new(); probes.len()];
+        for i in order {
+            out[i] = self.frames(probes[i]);
         }
         out
+    }
+
+    /// The end of a batch of lookups: a unit read alone is dropped.
+    fn end_batch(&self) {
+        if let Some(Debug::ByUnit { open, .. }) = &self.dwarf {
+            *open.borrow_mut() = None;
+        }
     }
 
     /// `items` (read from the file's mapping), giving the file's pages back every
@@ -458,7 +552,7 @@ impl Symbolizer {
                 Some(file) => {
                     // A return address points after the call; look up the call instruction.
                     let calls: Vec<u64> = offsets.iter().map(|o| o.saturating_sub(1)).collect();
-                    let mut frames: Vec<Vec<SymFrame>> = calls.iter().map(|&c| file.frames(c)).collect();
+                    let mut frames = file.frames_of_all(&calls);
                     let unnamed: Vec<usize> = (0..frames.len()).filter(|&i| frames[i].iter().all(|f| f.function.is_none())).collect();
                     let probes: Vec<u64> = unnamed.iter().map(|&i| calls[i]).collect();
                     for (i, name) in unnamed.into_iter().zip(file.symbol_names(&probes, allowed)) {
@@ -468,6 +562,7 @@ impl Symbolizer {
                             None => frames[i].push(SymFrame { function: Some(name.into()), ..Default::default() }),
                         }
                     }
+                    file.end_batch();
                     file.release_pages(allowed);
                     frames
                 }
@@ -491,6 +586,60 @@ impl Symbolizer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file's DWARF read a unit at a time names what the whole file's context names:
+    /// the frames (functions, inlined ones, files and lines) of addresses spread over
+    /// the test binary's own functions.
+    #[test]
+    fn by_unit_frames_are_the_whole_contexts() {
+        use object::{Object, ObjectSection, ObjectSymbol};
+        let path = std::env::current_exe().unwrap();
+        let Some(file) = ModuleFile::open(path.to_str().unwrap()) else { panic!("cannot open {}", path.display()) };
+        let endian = gimli::RunTimeEndian::Little;
+        let load = || {
+            gimli::DwarfSections::load(|id| -> Result<Reader, gimli::Error> {
+                let data: &'static [u8] = match file.file.section_by_name(id.name()).map(|s| s.uncompressed_data()) {
+                    Some(Ok(std::borrow::Cow::Borrowed(b))) => b,
+                    Some(Ok(std::borrow::Cow::Owned(b))) => Box::leak(b.into_boxed_slice()),
+                    _ => &[],
+                };
+                Ok(gimli::EndianSlice::new(data, endian))
+            })
+            .unwrap()
+        };
+        let whole = ModuleFile { dwarf: Debug::with(load(), endian, false), ..ModuleFile::open(path.to_str().unwrap()).unwrap() };
+        let by_unit = ModuleFile { dwarf: Debug::with(load(), endian, true), ..ModuleFile::open(path.to_str().unwrap()).unwrap() };
+        let Some(Debug::ByUnit { units, .. }) = &by_unit.dwarf else { panic!("not by unit") };
+        assert!(units.spans() > 10, "{} spans", units.spans());
+        let mut starts: Vec<u64> = file.file.symbols().filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 16).map(|s| s.address()).collect();
+        starts.sort_unstable();
+        let probes: Vec<u64> = starts.iter().step_by(starts.len() / 400 + 1).flat_map(|&a| [a, a + 7, a + 16]).collect();
+        let (mut named, mut inlined) = (0, 0);
+        for &p in &probes {
+            let (a, b) = (whole.frames(p), by_unit.frames(p));
+            assert_eq!(a, b, "probe {p:#x}");
+            named += usize::from(a.iter().any(|f| f.function.is_some() && f.line.is_some()));
+            inlined += usize::from(a.len() > 1);
+        }
+        by_unit.end_batch();
+        // A batch, grouped by unit, gives each probe its frames in place.
+        let wanted: Vec<Vec<SymFrame>> = probes.iter().map(|&p| whole.frames(p)).collect();
+        assert!(by_unit.frames_of_all(&probes) == wanted, "a batch by unit differs");
+        by_unit.end_batch();
+        assert!(named > probes.len() / 2 && inlined > 0, "{named} named, {inlined} with inlined frames, of {}", probes.len());
+        // Units alone answered some (the rest refer into other units: the whole file's
+        // context answered those).
+        let Some(Debug::ByUnit { sections, units, .. }) = &by_unit.dwarf else { panic!() };
+        let alone = probes
+            .iter()
+            .filter(|&&p| {
+                let Some((o, e)) = units.unit_of(p) else { return false };
+                super::super::dwarf_units::OneUnit::open(sections, o, e, endian).is_some_and(|u| frames_in(&u.ctx, p).1)
+            })
+            .count();
+        assert!(alone > 0, "no unit answered alone");
+        eprintln!("{alone} of {} probes answered by their unit alone", probes.len());
+    }
 
     #[test]
     fn only_mangled_names_are_demangled() {

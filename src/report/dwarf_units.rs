@@ -1,0 +1,189 @@
+//! DWARF of one compilation unit at a time, for a module whose units addr2line could
+//! only find through a table of all their ranges.
+//!
+//! addr2line's context keeps, for the whole file, every address range of every unit:
+//! 32 bytes a range. A file without `.debug_aranges` whose units list a range per
+//! function (`-ffunction-sections`) has hundreds of thousands: triton's `libtriton.so`
+//! (142 MB of `.debug_info`, 307 units, 9.6 MB of `.debug_ranges`), which `import torch`
+//! loads and whose static constructors allocate: its context, with the units a report
+//! had parsed, held ~44 MB of the library's heap in the PyTorch job from the first
+//! report that named one of its frames until the process ended.
+//!
+//! Here a unit's ranges are merged where they touch (a unit's functions lie together
+//! in the file's text) into a small table of our own, and the report's addresses of one
+//! unit are looked up in a context of that unit alone, dropped after the report's
+//! batch. That context reads a copy of `.debug_info` in which the unit stands at its own
+//! offset (references between entries stay valid) and everything before it is one
+//! empty type unit, which addr2line passes over: a reference into another unit finds
+//! no unit and gives no name, never a wrong one. The copy is a zeroed mapping (the
+//! library's large buffers are), so only the unit's own pages are written.
+//!
+//! Plain safe Rust but for one lifetime (`OneUnit`); unit tests below.
+use gimli::{EndianSlice, RunTimeEndian};
+
+pub type Reader = EndianSlice<'static, RunTimeEndian>;
+
+/// `.debug_info` of at least this size and without `.debug_aranges` is read by unit.
+pub const BY_UNIT_MIN_BYTES: usize = 32 << 20;
+
+/// Addresses `[begin, end)` of the unit at `offset` (its entries end at `end_offset`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Span {
+    begin: u64,
+    end: u64,
+    offset: usize,
+    end_offset: usize,
+}
+
+/// The units' merged ranges, by address.
+#[derive(Debug, Default)]
+pub struct UnitIndex {
+    spans: Vec<Span>,
+}
+
+impl UnitIndex {
+    /// Every compilation unit's ranges, read once (each unit's abbreviations and root
+    /// entry, then dropped).
+    pub fn build(sections: &gimli::Dwarf<Reader>) -> UnitIndex {
+        let mut spans = Vec::new();
+        let mut units = sections.units();
+        let mut ranges = Vec::new();
+        while let Ok(Some(header)) = units.next() {
+            let Some(offset) = header.debug_info_offset() else { continue };
+            if !matches!(header.type_(), gimli::UnitType::Compilation | gimli::UnitType::Skeleton(_)) {
+                continue;
+            }
+            let end_offset = offset.0 + header.length_including_self();
+            let Ok(unit) = sections.unit(header) else { continue };
+            let Ok(mut iter) = sections.unit_ranges(&unit) else { continue };
+            ranges.clear();
+            while let Ok(Some(r)) = iter.next() {
+                if r.begin < r.end {
+                    ranges.push((r.begin, r.end));
+                }
+            }
+            merge_into(&mut spans, &mut ranges, offset.0, end_offset);
+        }
+        spans.sort_unstable_by_key(|s: &Span| (s.begin, s.offset));
+        spans.shrink_to_fit();
+        UnitIndex { spans }
+    }
+
+    /// The unit (`.debug_info` offset and end) whose ranges hold `probe`.
+    pub fn unit_of(&self, probe: u64) -> Option<(usize, usize)> {
+        let after = self.spans.partition_point(|s| s.begin <= probe);
+        // Units' ranges rarely overlap; look back a little for one that does.
+        self.spans[..after].iter().rev().take(16).find(|s| probe < s.end).map(|s| (s.offset, s.end_offset))
+    }
+
+    /// Merged ranges held (for tests and diagnostics).
+    pub fn spans(&self) -> usize {
+        self.spans.len()
+    }
+}
+
+/// Adds a unit's `ranges` (any order) to `spans`, merged where they touch or overlap.
+fn merge_into(spans: &mut Vec<Span>, ranges: &mut [(u64, u64)], offset: usize, end_offset: usize) {
+    ranges.sort_unstable();
+    let first = spans.len();
+    for &(begin, end) in ranges.iter() {
+        match spans[first..].last_mut() {
+            Some(last) if begin <= last.end => last.end = last.end.max(end),
+            _ => spans.push(Span { begin, end, offset, end_offset }),
+        }
+    }
+}
+
+/// The header of an empty DWARF 5 type unit: 4 bytes of length, version, unit type,
+/// address size, abbreviations offset, signature and type offset.
+const FILLER_HEADER: usize = 24;
+
+/// A copy of `info` (`.debug_info`) up to `end` in which the unit at `offset` is where
+/// it was and all before it is one empty type unit (or, before the filler's header
+/// fits, the units there as they were). `None` if the range is not in `info`.
+pub fn unit_alone(info: &[u8], offset: usize, end: usize, big_endian: bool) -> Option<Vec<u8>> {
+    let unit = info.get(offset..end)?;
+    // Zeroed pages, mapped and not written (`RealAllocator` maps large zeroed blocks).
+    let mut out = vec![0u8; end];
+    out[offset..].copy_from_slice(unit);
+    if offset < FILLER_HEADER {
+        out[..offset].copy_from_slice(&info[..offset]);
+        return Some(out);
+    }
+    let length = u32::try_from(offset - 4).ok()?;
+    let mut header = [0u8; FILLER_HEADER];
+    let put = |b: &mut [u8], v: &[u8]| b.copy_from_slice(v);
+    if big_endian {
+        put(&mut header[0..4], &length.to_be_bytes());
+        put(&mut header[4..6], &5u16.to_be_bytes());
+    } else {
+        put(&mut header[0..4], &length.to_le_bytes());
+        put(&mut header[4..6], &5u16.to_le_bytes());
+    }
+    header[6] = gimli::constants::DW_UT_type.0;
+    header[7] = 8;
+    // Abbreviations at 0, signature 0, type offset 0: never read (addr2line passes over
+    // type units before parsing them).
+    out[..FILLER_HEADER].copy_from_slice(&header);
+    Some(out)
+}
+
+/// A context of one unit (`unit_alone`) and the copy it reads.
+pub struct OneUnit {
+    /// Declared before `_info`: dropped first, while what it borrows is still there.
+    pub ctx: addr2line::Context<Reader>,
+    pub offset: usize,
+    _info: Vec<u8>,
+}
+
+impl OneUnit {
+    /// The unit at `offset..end` of `sections`' `.debug_info`, alone.
+    pub fn open(sections: &gimli::DwarfSections<Reader>, offset: usize, end: usize, endian: RunTimeEndian) -> Option<OneUnit> {
+        use gimli::Section;
+        let info = unit_alone(sections.debug_info.reader().slice(), offset, end, endian == RunTimeEndian::Big)?;
+        // SAFETY: the slice points into `info`'s heap buffer, which stays where it is
+        // (a `Vec` moved keeps its buffer) and lives in the same `OneUnit` as the
+        // context that reads it, dropped after it (fields drop in order); nothing
+        // else holds the context or the slice.
+        let data: &'static [u8] = unsafe { std::slice::from_raw_parts(info.as_ptr(), info.len()) };
+        let mut dwarf = sections.borrow(|s| *s);
+        dwarf.debug_info = gimli::DebugInfo::from(EndianSlice::new(data, endian));
+        let ctx = addr2line::Context::from_dwarf(dwarf).ok()?;
+        Some(OneUnit { ctx, offset, _info: info })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_units_ranges_merge_where_they_touch_and_units_are_found_by_address() {
+        let mut spans = Vec::new();
+        merge_into(&mut spans, &mut [(30, 40), (10, 20), (20, 25), (12, 18), (50, 60)], 100, 200);
+        merge_into(&mut spans, &mut [(40, 50), (70, 80)], 200, 300);
+        spans.sort_unstable_by_key(|s: &Span| (s.begin, s.offset));
+        let index = UnitIndex { spans };
+        assert_eq!(index.spans(), 5, "{index:?}");
+        for (probe, unit) in
+            [(10, Some(100)), (24, Some(100)), (25, None), (39, Some(100)), (40, Some(200)), (55, Some(100)), (79, Some(200)), (80, None), (5, None)]
+        {
+            assert_eq!(index.unit_of(probe).map(|u| u.0), unit, "probe {probe}");
+        }
+    }
+
+    #[test]
+    fn a_unit_alone_keeps_its_offset_behind_an_empty_type_unit() {
+        let info: Vec<u8> = (0..200u32).map(|i| i as u8).collect();
+        let out = unit_alone(&info, 100, 150, false).unwrap();
+        assert_eq!(out.len(), 150);
+        assert_eq!(&out[100..], &info[100..150]);
+        let header = gimli::DebugInfo::new(&out, gimli::LittleEndian).units().next().unwrap().unwrap();
+        assert_eq!(header.length_including_self(), 100);
+        assert!(matches!(header.type_(), gimli::UnitType::Type { .. }));
+        assert!(out[FILLER_HEADER..100].iter().all(|&b| b == 0));
+        // Too close to the start for the filler: the bytes before stay.
+        assert_eq!(unit_alone(&info, 10, 20, false).unwrap(), info[..20].to_vec());
+        assert!(unit_alone(&info, 150, 250, false).is_none());
+    }
+}
