@@ -18,7 +18,8 @@
 //! no unit and gives no name, never a wrong one. The copy is a zeroed mapping (the
 //! library's large buffers are), so only the unit's own pages are written.
 //!
-//! Plain safe Rust but for one lifetime (`OneUnit`); unit tests below.
+//! Plain safe Rust but for one lifetime (`OneUnit`) and a fallible zeroed allocation
+//! (`zeroed`); unit tests below.
 use gimli::{EndianSlice, RunTimeEndian};
 
 pub type Reader = EndianSlice<'static, RunTimeEndian>;
@@ -103,8 +104,7 @@ const FILLER_HEADER: usize = 24;
 /// fits, the units there as they were). `None` if the range is not in `info`.
 pub fn unit_alone(info: &[u8], offset: usize, end: usize, big_endian: bool) -> Option<Vec<u8>> {
     let unit = info.get(offset..end)?;
-    // Zeroed pages, mapped and not written (`RealAllocator` maps large zeroed blocks).
-    let mut out = vec![0u8; end];
+    let mut out = zeroed(end)?;
     out[offset..].copy_from_slice(unit);
     if offset < FILLER_HEADER {
         out[..offset].copy_from_slice(&info[..offset]);
@@ -126,6 +126,22 @@ pub fn unit_alone(info: &[u8], offset: usize, end: usize, big_endian: bool) -> O
     // type units before parsing them).
     out[..FILLER_HEADER].copy_from_slice(&header);
     Some(out)
+}
+
+/// `len` zero bytes, or `None` where the allocator has none: zeroed pages, mapped and
+/// not written (`RealAllocator` maps large zeroed blocks), so only what is written
+/// becomes resident. Not `vec![0; len]`, which would end the program where a mapping of
+/// the whole `.debug_info`'s size is refused (an address-space limit).
+fn zeroed(len: usize) -> Option<Vec<u8>> {
+    let layout = std::alloc::Layout::array::<u8>(len).ok().filter(|l| l.size() > 0)?;
+    // SAFETY: a layout of nonzero size.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: `p` is a fresh allocation of the global allocator of `len` zeroed bytes
+    // with `u8`'s layout: a vector of that length and capacity owns it.
+    Some(unsafe { Vec::from_raw_parts(p, len, len) })
 }
 
 /// A context of one unit (`unit_alone`) and the copy it reads.
@@ -185,5 +201,6 @@ mod tests {
         // Too close to the start for the filler: the bytes before stay.
         assert_eq!(unit_alone(&info, 10, 20, false).unwrap(), info[..20].to_vec());
         assert!(unit_alone(&info, 150, 250, false).is_none());
+        assert!(zeroed(0).is_none() && zeroed(1 << 20).is_some_and(|z| z.len() == 1 << 20 && z.iter().all(|&b| b == 0)));
     }
 }
