@@ -570,6 +570,25 @@ mod tests {
     use super::*;
     use crate::hotpath::event::Api;
 
+    /// The general path's figures for a new live block of `size` bytes.
+    fn alloc_step(size: u64) -> impl Fn(&mut GroupStats) + Copy {
+        move |s| {
+            s.total_allocs += 1;
+            s.total_bytes += size;
+            s.live_bytes += size;
+            s.live_blocks += 1;
+            s.peak_live_bytes = s.peak_live_bytes.max(s.live_bytes);
+        }
+    }
+
+    /// The general path's figures for a block of `size` bytes no longer live.
+    fn free_step(size: u64) -> impl Fn(&mut GroupStats) + Copy {
+        move |s| {
+            s.live_bytes -= size;
+            s.live_blocks -= 1;
+        }
+    }
+
     #[test]
     fn figures_read_back_exactly_narrow_or_wide() {
         let mut g = Groups::default();
@@ -663,34 +682,16 @@ mod tests {
             if rng.below(3) > 0 || live[g as usize].is_empty() {
                 if !fast.alloc_live(g, 2, size) {
                     // A refused step changed nothing: the general path does both.
-                    fast.update(g, |s| {
-                        s.total_allocs += 1;
-                        s.total_bytes += size;
-                        s.live_bytes += size;
-                        s.live_blocks += 1;
-                        s.peak_live_bytes = s.peak_live_bytes.max(s.live_bytes);
-                    });
+                    fast.update(g, alloc_step(size));
                 }
-                slow.update(g, |s| {
-                    s.total_allocs += 1;
-                    s.total_bytes += size;
-                    s.live_bytes += size;
-                    s.live_blocks += 1;
-                    s.peak_live_bytes = s.peak_live_bytes.max(s.live_bytes);
-                });
+                slow.update(g, alloc_step(size));
                 live[g as usize].push(size);
             } else {
                 let size = live[g as usize].pop().unwrap();
                 if !fast.remove_live(g, 2, size) {
-                    fast.update(g, |s| {
-                        s.live_bytes -= size;
-                        s.live_blocks -= 1;
-                    });
+                    fast.update(g, free_step(size));
                 }
-                slow.update(g, |s| {
-                    s.live_bytes -= size;
-                    s.live_blocks -= 1;
-                });
+                slow.update(g, free_step(size));
             }
         }
         for g in 0..4 {
@@ -801,13 +802,7 @@ mod tests {
             match rng.below(16) {
                 // A new block (rarely: groups stay small for a while).
                 0 => {
-                    let step = |s: &mut GroupStats| {
-                        s.total_allocs += 1;
-                        s.total_bytes += size;
-                        s.live_bytes += size;
-                        s.live_blocks += 1;
-                        s.peak_live_bytes = s.peak_live_bytes.max(s.live_bytes);
-                    };
+                    let step = alloc_step(size);
                     if !fast.alloc_live(g, 0, size) {
                         fast.update(g, step);
                     }
@@ -847,10 +842,7 @@ mod tests {
                 _ if !live[g as usize].is_empty() => {
                     let size = *live[g as usize].last().unwrap();
                     let restore = rng.below(2) == 0;
-                    let down = |s: &mut GroupStats| {
-                        s.live_bytes -= size;
-                        s.live_blocks -= 1;
-                    };
+                    let down = free_step(size);
                     let up = |s: &mut GroupStats| {
                         s.live_bytes += size;
                         s.live_blocks += 1;

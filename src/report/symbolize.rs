@@ -245,6 +245,21 @@ impl Debug {
     }
 }
 
+/// The DWARF sections of `file` (empty where absent).
+fn dwarf_sections(file: &object::File<'static>, endian: gimli::RunTimeEndian) -> Option<gimli::DwarfSections<Reader>> {
+    use object::{Object, ObjectSection};
+    gimli::DwarfSections::load(|id| -> Result<Reader, gimli::Error> {
+        let data: &'static [u8] = match file.section_by_name(id.name()).map(|s| s.uncompressed_data()) {
+            Some(Ok(std::borrow::Cow::Borrowed(b))) => b,
+            // Compressed debug sections: kept, like the mapping, for the process.
+            Some(Ok(std::borrow::Cow::Owned(b))) => Box::leak(b.into_boxed_slice()),
+            _ => &[],
+        };
+        Ok(gimli::EndianSlice::new(data, endian))
+    })
+    .ok()
+}
+
 /// The frames (innermost inlined first) of `probe` in `ctx`, and whether the lookup
 /// met no error (a unit read alone fails where an entry refers into another unit).
 fn frames_in(ctx: &addr2line::Context<Reader>, probe: u64) -> (Vec<SymFrame>, bool) {
@@ -296,23 +311,11 @@ impl ModuleFile {
     }
 
     fn open(path: &str) -> Option<ModuleFile> {
-        use object::{Object, ObjectSection};
+        use object::Object;
         let map: &'static memmap2::Mmap = Box::leak(Box::new(crate::hotpath::mapping::map_file(path)?));
         let file = object::File::parse(&map[..]).ok()?;
         let endian = if file.is_little_endian() { gimli::RunTimeEndian::Little } else { gimli::RunTimeEndian::Big };
-        let dwarf = file.section_by_name(".debug_info").is_some().then(|| {
-            let sections = gimli::DwarfSections::load(|id| -> Result<Reader, gimli::Error> {
-                let data: &'static [u8] = match file.section_by_name(id.name()).map(|s| s.uncompressed_data()) {
-                    Some(Ok(std::borrow::Cow::Borrowed(b))) => b,
-                    // Compressed debug sections: kept, like the mapping, for the process.
-                    Some(Ok(std::borrow::Cow::Owned(b))) => Box::leak(b.into_boxed_slice()),
-                    _ => &[],
-                };
-                Ok(gimli::EndianSlice::new(data, endian))
-            })
-            .ok()?;
-            Debug::new(sections, endian)
-        });
+        let dwarf = file.section_by_name(".debug_info").is_some().then(|| Debug::new(dwarf_sections(&file, endian)?, endian));
         Some(ModuleFile { file, dwarf: dwarf.flatten(), map })
     }
 
@@ -592,21 +595,11 @@ mod tests {
     /// the test binary's own functions.
     #[test]
     fn by_unit_frames_are_the_whole_contexts() {
-        use object::{Object, ObjectSection, ObjectSymbol};
+        use object::{Object, ObjectSymbol};
         let path = std::env::current_exe().unwrap();
         let Some(file) = ModuleFile::open(path.to_str().unwrap()) else { panic!("cannot open {}", path.display()) };
         let endian = gimli::RunTimeEndian::Little;
-        let load = || {
-            gimli::DwarfSections::load(|id| -> Result<Reader, gimli::Error> {
-                let data: &'static [u8] = match file.file.section_by_name(id.name()).map(|s| s.uncompressed_data()) {
-                    Some(Ok(std::borrow::Cow::Borrowed(b))) => b,
-                    Some(Ok(std::borrow::Cow::Owned(b))) => Box::leak(b.into_boxed_slice()),
-                    _ => &[],
-                };
-                Ok(gimli::EndianSlice::new(data, endian))
-            })
-            .unwrap()
-        };
+        let load = || dwarf_sections(&file.file, endian).unwrap();
         let whole = ModuleFile { dwarf: Debug::with(load(), endian, false), ..ModuleFile::open(path.to_str().unwrap()).unwrap() };
         let by_unit = ModuleFile { dwarf: Debug::with(load(), endian, true), ..ModuleFile::open(path.to_str().unwrap()).unwrap() };
         let Some(Debug::ByUnit { units, .. }) = &by_unit.dwarf else { panic!("not by unit") };
