@@ -3,7 +3,9 @@
 # leaktrace and under the peers that are installed, interleaved, and prints for each
 # the medians of: wall time, CPU time (user + system, the whole process tree), peak RSS
 # (of the largest process, as /usr/bin/time reports it) and the size of the tool's own
-# output files; with ratios to the plain run (RSS and files: MiB added).
+# files: its output files, and for leaktrace also its stack tables' spill files (unnamed
+# while it runs: each process's final report gives their size, `memory.tracer_files`);
+# with ratios to the plain run (RSS and files: MiB added).
 #
 #   scripts/bench.sh [RUNS] [SET]   RUNS per cell, interleaved (default 5; valgrind runs once)
 #   BENCH_FORMAT=md                 a Markdown table (the README's)
@@ -115,6 +117,20 @@ frameworks)
 *) echo "unknown set $SET: cost, malloc or frameworks" >&2; exit 2 ;;
 esac
 
+# The spill files of every process traced in DIR (their final reports' `memory.tracer_files`).
+spill_bytes() {
+    "$PY" - "$1" <<'PY'
+import json, pathlib, sys
+total = 0
+for f in pathlib.Path(sys.argv[1]).rglob("leaktrace.*.json"):
+    try:
+        total += json.loads(f.read_text()).get("memory", {}).get("tracer_files", 0)
+    except (OSError, ValueError):
+        pass
+print(total)
+PY
+}
+
 run_once() { # tool, VAR=value list, command... -> "wall cpu rss_kib files_bytes", "fail" or "hung"
     local tool=$1 vars=$2; shift 2
     # shellcheck disable=SC2086
@@ -146,6 +162,9 @@ run_once() { # tool, VAR=value list, command... -> "wall cpu rss_kib files_bytes
     if [ "$rc" -ne 0 ] || [ -z "$t" ]; then echo fail; return; fi
     local files
     files=$(du -sb "$out" | cut -f1)
+    case $tool in
+        leaktrace*) files=$((files + $(spill_bytes "$out"))) ;;
+    esac
     # shellcheck disable=SC2086
     set -- $t
     echo "$1 $(echo "$2 + $3" | bc) $4 $files"

@@ -94,6 +94,15 @@ pub struct Memory {
     /// other large tables), `heap` (small heap blocks), `other`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tracer_parts: Vec<TracerPart>,
+    /// The size of leaktrace's own files beside the reports: the stack table's spill
+    /// files (unnamed, so no directory listing shows them), whose pages the page cache
+    /// holds and charges to the process's cgroup. Part of neither `rss` nor `tracer`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tracer_files: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// One part of the tracer's own memory (`Memory::tracer_parts`).
@@ -420,11 +429,15 @@ pub fn explain(points: &[(u64, Memory)], forked_child: bool) -> Vec<Finding> {
             from: from.tracer,
             to: to.tracer,
             what: format!(
-                "leaktrace's own memory is {} ({}% of RSS){}",
+                "leaktrace's own memory is {} ({}% of RSS){}{}",
                 human(to.tracer),
                 percent(to.tracer, rss),
                 // The parts as last measured (only the last point keeps them).
-                points.iter().rev().find(|(_, m)| !m.tracer_parts.is_empty()).map_or(String::new(), |(_, m)| largest_tracer_parts(m))
+                points.iter().rev().find(|(_, m)| !m.tracer_parts.is_empty()).map_or(String::new(), |(_, m)| largest_tracer_parts(m)),
+                match to.tracer_files {
+                    0 => String::new(),
+                    f => format!(", and its stack table's file {} more in the page cache", human(f)),
+                }
             ),
             remedy: "not the program's: subtract it from RSS; a lower LEAKTRACE_STACK_DEPTH keeps less".into(),
         });

@@ -178,6 +178,7 @@ pub fn measure(known: Known) -> Memory {
             .map(|(part, bytes)| leaktrace_common::memory::TracerPart { part: part.into(), bytes })
             .collect();
     }
+    m.tracer_files = crate::hotpath::stacks::spill_file_bytes();
     if known.glibc_malloc {
         if let Some((in_use, free)) = malloc_heap() {
             m.heap_free = Some(free);
