@@ -14,7 +14,11 @@
 //! from an earlier stack, the record keeps only its own frames and a reference to the
 //! earlier stack's frames it shares. Chains are at most `MAX_CHAIN` records long, so
 //! reading a stack back stays cheap; identity is still the whole frame list (hash, then
-//! frame by frame).
+//! frame by frame). Where the earlier stack's chain is full, the record refers to the
+//! first record of that chain instead, taking on as its own the frames of the records
+//! passed over (at most `REBASE_GROWTH` more). Before, it kept all its frames: in
+//! `import torch` 94k of 880k native stacks kept 45 frames where 4 were new, and the
+//! frame arena held 41.6 MB; now 30.2 MB.
 //!
 //! **Three indexes, one probe sequence.** A stack's probes go first to a window of
 //! `FIRST_PROBES` slots in a small index (256 KiB), then to a window of `MAX_PROBES` in
@@ -63,6 +67,9 @@ const FRAME_BYTES: usize = 1 << 30;
 const MAX_PROBES: usize = 64;
 /// Longest run of records that refer to one another for their outer frames.
 const MAX_CHAIN: u64 = 8;
+/// The most frames a record takes on as its own to share a tail past a full chain
+/// (`Tables::checked_tail`); more, and it keeps all its frames.
+const REBASE_GROWTH: usize = 16;
 /// The most frames a stack can have (the unwinder's limit).
 const MAX_FRAMES: usize = super::unwind::MAX_DEPTH;
 /// The most bytes a record's own frames take (a `[PY_STACK, native, python]` stack has
@@ -370,6 +377,21 @@ impl SpilledArena {
         let spilled = self.spilled.load(Ordering::Relaxed);
         spilled != 0 && spilled != usize::MAX
     }
+
+    /// The bytes of its file: the arena's head from its start (0 when nothing spilled).
+    fn file_bytes(&self) -> u64 {
+        if self.active() {
+            self.spilled.load(Ordering::Relaxed) as u64
+        } else {
+            0
+        }
+    }
+}
+
+/// The size of the stack table's spill files now (`memory.tracer_files`): page cache
+/// that leaktrace's RSS does not show.
+pub fn spill_file_bytes() -> u64 {
+    FRAMES_SPILL.file_bytes() + RECORDS_SPILL.file_bytes()
 }
 
 /// Moves the written heads of the frame arena and the record array to their spill
@@ -535,6 +557,38 @@ impl Tables {
         true
     }
 
+    /// `tail` of a new stack of `len` frames as its record will share it, and the record's
+    /// chain length; `None` where it is not what it claims to be, or where sharing it
+    /// would cost more than `REBASE_GROWTH` more frames (then the record keeps all its
+    /// frames, and starts a chain). A parent whose chain is already `MAX_CHAIN` long is
+    /// passed over for the first record of its chain (`rebase_past`, one record at a
+    /// time).
+    fn checked_tail(&self, tail: SharedTail, len: usize) -> Option<(SharedTail, u64)> {
+        if tail.count == 0 || tail.own + tail.count != len {
+            return None;
+        }
+        let mut s = tail;
+        // A parent's chain is its own parent's plus one: the bound only guards against
+        // a torn record.
+        for _ in 0..=MAX_CHAIN {
+            if s.parent == 0 || s.parent as usize >= MAX_STACKS {
+                return None;
+            }
+            let parent = self.parts(s.parent)?;
+            if s.first + s.count > parent.len() {
+                return None;
+            }
+            if parent.chain < MAX_CHAIN && (s.parent == tail.parent || parent.chain == 0) {
+                return Some((s, parent.chain + 1));
+            }
+            s = rebase_past(s, &parent)?;
+            if s.own > tail.own + REBASE_GROWTH {
+                return None;
+            }
+        }
+        None
+    }
+
     /// Whether stack `id` is exactly `frames`.
     fn equals(&self, id: u32, frames: &[u64]) -> bool {
         self.parts(id).map(|p| p.len()) == Some(frames.len()) && self.reads_as(id, 0, frames)
@@ -551,6 +605,22 @@ impl Tables {
         });
         complete && same && i == expect.len()
     }
+}
+
+/// The same tail, taken from `parent`'s own parent instead of `parent` (whose parts
+/// are given): the frames of the tail that are `parent`'s own become the new stack's own
+/// ones. `None` where the tail lies wholly in `parent`'s own frames, or `parent` shares
+/// none.
+fn rebase_past(s: SharedTail, parent: &Parts) -> Option<SharedTail> {
+    if parent.parent == 0 {
+        return None;
+    }
+    // The tail's frames [first, first + count) of `parent`: those below `own_len` are its
+    // own; frame `own_len + k` is frame `parent.first + k` of its parent.
+    let from_own = parent.own_len.saturating_sub(s.first);
+    let count = s.count.checked_sub(from_own).filter(|&c| c > 0)?;
+    let first = parent.first + (s.first + from_own - parent.own_len);
+    (first + count <= parent.first + parent.count).then_some(SharedTail { own: s.own + from_own, parent: parent.parent, first, count })
 }
 
 /// Starts loading the index line that `intern_hashed` with hash `h` probes first: for a
@@ -707,15 +777,7 @@ fn make_record(t: &Tables, h: u64, epoch: u32, frames: &[u64], tail: Option<Shar
         t.records_written.fetch_add(1, Ordering::Release);
         return None;
     }
-    // Share the tail only if it is what it claims to be, and the parent's chain leaves
-    // room for one more link; the new record's chain is one longer.
-    let tail = tail.and_then(|s| {
-        if s.count == 0 || s.own + s.count != frames.len() || s.parent as usize >= MAX_STACKS {
-            return None;
-        }
-        let parent = t.parts(s.parent)?;
-        (parent.chain < MAX_CHAIN && s.first + s.count <= parent.len()).then_some((s, parent.chain + 1))
-    });
+    let tail = tail.and_then(|s| t.checked_tail(s, frames.len()));
     debug_assert!(tail.is_none_or(|(s, _)| t.reads_as(s.parent, s.first, &frames[s.own..])));
     let own = tail.map_or(frames.len(), |(s, _)| s.own).min(MAX_FRAMES + 3);
     let mut encoded = [0u8; MAX_ENCODED];
@@ -1069,5 +1131,41 @@ mod tests {
         let bogus = SharedTail { own: 1, parent, first: 0, count: 500 };
         let id = intern_hashed(3, &[1, 2, 3], Some(bogus), hash_frames(3, &[1, 2, 3]));
         assert_eq!(frames(id).unwrap(), [1, 2, 3]);
+    }
+
+    #[test]
+    fn a_parent_whose_chain_is_full_is_skipped_for_its_own_parent() {
+        // Each stack takes the previous one's outer frames after its own: either all of
+        // them (the tail starts in the parent's own frames) or past the parent's own.
+        let mut rng = crate::test_rng::TestRng::new(11);
+        let t = tables().unwrap();
+        let (mut rebased, mut kept_parent) = (0, 0);
+        for round in 0..20u64 {
+            let base: Vec<u64> = (0..30).map(|i| 0x7200_0000 + round * 0x10_0000 + i * 16).collect();
+            let mut parent = intern(5, &base);
+            let mut parent_frames = base.clone();
+            let mut parent_own = base.len();
+            for step in 0..40u64 {
+                let own: Vec<u64> = (0..1 + rng.below(3)).map(|j| 0x5200_0000 + round * 0x10_0000 + step * 64 + j).collect();
+                // From the parent's own frames on or past them; never more than it has.
+                let first = (rng.below(parent_own as u64 + 1) as usize).min(parent_frames.len() - 1);
+                let mut whole = own.clone();
+                whole.extend_from_slice(&parent_frames[first..]);
+                whole.truncate(MAX_FRAMES);
+                let tail = SharedTail { own: own.len(), parent, first, count: whole.len() - own.len() };
+                let id = intern_hashed(5, &whole, Some(tail), hash_frames(5, &whole));
+                assert_eq!(frames(id).unwrap(), whole, "round {round} step {step}");
+                let p = t.parts(id).unwrap();
+                assert!(p.chain <= MAX_CHAIN, "round {round} step {step}: chain {}", p.chain);
+                // Its own frames: its new ones and at most `REBASE_GROWTH` more, or all.
+                assert!(p.own_len <= own.len() + REBASE_GROWTH || (p.parent == 0 && p.own_len == whole.len()), "round {round} step {step}");
+                // Rebased: sharing the frames of an earlier record of the parent's chain.
+                rebased += (p.parent != 0 && p.parent != parent) as u32;
+                kept_parent += (p.parent == parent) as u32;
+                assert_eq!(intern(5, &whole), id);
+                (parent, parent_frames, parent_own) = (id, whole, p.own_len);
+            }
+        }
+        assert!(rebased > 50 && kept_parent > 400, "{rebased} rebased, {kept_parent} on their parent");
     }
 }
