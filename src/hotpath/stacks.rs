@@ -76,23 +76,53 @@ const MAX_FRAMES: usize = super::unwind::MAX_DEPTH;
 /// three).
 const MAX_ENCODED: usize = (MAX_FRAMES + 3) * 10;
 
-/// 24 bytes a stack (`import torch` has 1.2M records).
+/// 16 bytes a stack (`import torch` has 1.1M records; 24 bytes each were 27 MB).
 struct Record {
-    /// The low half of the stack's hash: with the index slot's tag, it tells stacks
-    /// apart before their frames are compared.
-    hash: AtomicU32,
-    epoch: AtomicU32,
-    /// The stack whose frames follow this record's own ones (0: none).
-    parent: AtomicU32,
-    /// Which of the parent's frames follow: first (8 bits) | count (8 bits) << 8 |
-    /// chain length (8 bits) << 16.
-    shared: AtomicU32,
-    /// own frames' byte offset (32 bits) | their bytes (16 bits) << 32 | their number
-    /// (8 bits) << 48 | ready bit 63
+    /// Own frames' byte offset in the arena (`OFF_BITS`) | their bytes (`BYTES_BITS`) |
+    /// their number (8 bits) | `HASH_BITS` of the stack's hash | the ready bit (63).
+    /// With the index slot's tag, the hash bits tell stacks apart before their frames
+    /// are compared.
     location: AtomicU64,
+    /// The stack whose frames follow the own ones (`ID_BITS`; 0: none) | which of its
+    /// frames: the first (8 bits), how many (8 bits) | the chain's length (4 bits) | the
+    /// dlclose epoch the stack was captured in (`EPOCH_BITS`).
+    link: AtomicU64,
 }
 
-const _: () = assert!(std::mem::size_of::<Record>() == 24 && MAX_FRAMES + 3 <= 255 && FRAME_BYTES <= 1 << 32 && MAX_ENCODED < 1 << 16);
+const OFF_BITS: u32 = 30;
+const BYTES_BITS: u32 = 11;
+const HASH_SHIFT: u32 = OFF_BITS + BYTES_BITS + 8;
+const HASH_BITS: u32 = 12;
+const LINK_FIRST: u32 = ID_BITS;
+const LINK_COUNT: u32 = LINK_FIRST + 8;
+const LINK_CHAIN: u32 = LINK_COUNT + 8;
+const LINK_EPOCH: u32 = LINK_CHAIN + 4;
+const EPOCH_BITS: u32 = 64 - LINK_EPOCH;
+/// Stacks captured after this many `dlclose` calls get no record (id 0, as a full
+/// table): their epoch would not fit one.
+pub const MAX_EPOCH: u32 = (1 << EPOCH_BITS) - 1;
+
+const _: () = assert!(
+    std::mem::size_of::<Record>() == 16
+        && MAX_FRAMES + 3 <= 255
+        && FRAME_BYTES <= 1 << OFF_BITS
+        && MAX_ENCODED < 1 << BYTES_BITS
+        && HASH_SHIFT + HASH_BITS < 63
+        && MAX_CHAIN < 16
+        && EPOCH_BITS >= 20
+);
+
+impl Record {
+    /// Whether this (ready) record's hash bits are those of hash `h`.
+    #[inline(always)]
+    fn hash_matches(location: u64, h: u64) -> bool {
+        (location >> HASH_SHIFT) & ((1 << HASH_BITS) - 1) == h & ((1 << HASH_BITS) - 1)
+    }
+
+    fn epoch(&self) -> u32 {
+        (self.link.load(Ordering::Relaxed) >> LINK_EPOCH) as u32
+    }
+}
 
 /// A record's own frames as the arena keeps them: each frame's difference from the one
 /// before it (the first one's from 0), zigzag-encoded, in 7-bit groups, low first (the
@@ -155,6 +185,12 @@ impl Iterator for Decoded {
 }
 
 const READY: u64 = 1 << 63;
+
+/// The number of own frames of a record with `location`.
+#[inline(always)]
+fn own_count(location: u64) -> usize {
+    ((location >> (OFF_BITS + BYTES_BITS)) & 0xff) as usize
+}
 
 /// A record as read back: its own frames, then `count` frames of stack `parent` from
 /// its frame `first` (none when `parent` is 0), `chain` records deep.
@@ -506,13 +542,13 @@ impl Tables {
 
     /// The own frames of a record with `location`.
     fn frames_of(&self, location: u64) -> Decoded {
-        let off = (location as u32 as usize).min(FRAME_BYTES);
-        let bytes = (((location >> 32) & 0xffff) as usize).min(FRAME_BYTES - off);
+        let off = ((location & ((1 << OFF_BITS) - 1)) as usize).min(FRAME_BYTES);
+        let bytes = (((location >> OFF_BITS) & ((1 << BYTES_BITS) - 1)) as usize).min(FRAME_BYTES - off);
         // SAFETY: [off, off+bytes) lies in the arena (clamped above); it was reserved by
         // fetch_add and fully written before the record's READY bit was published with
         // Release, and is never written again.
         let bytes = unsafe { std::slice::from_raw_parts(self.frames.add(off), bytes) };
-        Decoded { bytes, at: 0, prev: 0, left: ((location >> 48) & 0xff) as usize }
+        Decoded { bytes, at: 0, prev: 0, left: own_count(location) }
     }
 
     /// A ready record, decoded.
@@ -522,15 +558,14 @@ impl Tables {
         if loc & READY == 0 {
             return None;
         }
-        let shared = rec.shared.load(Ordering::Relaxed);
-        let parent = rec.parent.load(Ordering::Relaxed);
+        let link = rec.link.load(Ordering::Relaxed);
         Some(Parts {
             own: self.frames_of(loc),
-            own_len: ((loc >> 48) & 0xff) as usize,
-            parent,
-            first: (shared & 0xff) as usize,
-            count: ((shared >> 8) & 0xff) as usize,
-            chain: u64::from((shared >> 16) & 0xff),
+            own_len: own_count(loc),
+            parent: (link & ID_MASK as u64) as u32,
+            first: ((link >> LINK_FIRST) & 0xff) as usize,
+            count: ((link >> LINK_COUNT) & 0xff) as usize,
+            chain: (link >> LINK_CHAIN) & 0xf,
         })
     }
 
@@ -665,7 +700,7 @@ pub fn intern_hashed(epoch: u32, frames: &[u64], tail: Option<SharedTail>, h: u6
                 let id = cur & ID_MASK;
                 if cur & !ID_MASK == tag {
                     let rec = t.record(id);
-                    if rec.hash.load(Ordering::Relaxed) == h as u32 && rec.epoch.load(Ordering::Relaxed) == epoch && t.equals(id, frames) {
+                    if Record::hash_matches(rec.location.load(Ordering::Relaxed), h) && rec.epoch() == epoch && t.equals(id, frames) {
                         return id;
                     }
                 }
@@ -768,10 +803,13 @@ fn child_frames(t: &Tables, id: u32) -> Option<(Vec<u64>, u32)> {
     t.parts(native)?;
     // SAFETY: native < MAX_STACKS, the children array's length.
     let python = unsafe { &*t.children.add(native as usize) }.load(Ordering::Acquire);
-    Some((vec![super::python::PY_STACK, native as u64, python as u64], t.record(native).epoch.load(Ordering::Relaxed)))
+    Some((vec![super::python::PY_STACK, native as u64, python as u64], t.record(native).epoch()))
 }
 
 fn make_record(t: &Tables, h: u64, epoch: u32, frames: &[u64], tail: Option<SharedTail>) -> Option<u32> {
+    if epoch > MAX_EPOCH {
+        return None;
+    }
     let id = t.next_id.fetch_add(1, Ordering::Relaxed);
     if id as usize >= MAX_STACKS {
         t.records_written.fetch_add(1, Ordering::Release);
@@ -796,14 +834,12 @@ fn make_record(t: &Tables, h: u64, epoch: u32, frames: &[u64], tail: Option<Shar
     }
     t.frames_written.fetch_add(bytes as u64, Ordering::Release);
     let rec = t.record(id);
-    rec.hash.store(h as u32, Ordering::Relaxed);
-    rec.epoch.store(epoch, Ordering::Relaxed);
-    if let Some((s, chain)) = tail {
-        rec.parent.store(s.parent, Ordering::Relaxed);
-        // All below 256: a stack has at most MAX_FRAMES + 3 frames.
-        rec.shared.store(s.first as u32 | (s.count as u32) << 8 | (chain as u32) << 16, Ordering::Relaxed);
-    }
-    rec.location.store(off | (bytes as u64) << 32 | (own as u64) << 48 | READY, Ordering::Release);
+    // First, count and chain fit their bits: a stack has at most MAX_FRAMES + 3 frames,
+    // a chain at most MAX_CHAIN links (checked above).
+    let shared = tail.map_or(0, |(s, chain)| s.parent as u64 | (s.first as u64) << LINK_FIRST | (s.count as u64) << LINK_COUNT | chain << LINK_CHAIN);
+    rec.link.store(shared | (epoch as u64) << LINK_EPOCH, Ordering::Relaxed);
+    let hash = (h & ((1 << HASH_BITS) - 1)) << HASH_SHIFT;
+    rec.location.store(off | (bytes as u64) << OFF_BITS | (own as u64) << (OFF_BITS + BYTES_BITS) | hash | READY, Ordering::Release);
     t.records_written.fetch_add(1, Ordering::Release);
     Some(id)
 }
@@ -838,7 +874,7 @@ pub fn frames_and_epoch(id: u32) -> Option<(Vec<u64>, u32)> {
     let len = t.parts(id)?.len().min(MAX_FRAMES);
     let mut out = Vec::with_capacity(len);
     t.visit(id, 0, len, &mut |ip| out.push(ip)).then_some(())?;
-    Some((out, t.record(id).epoch.load(Ordering::Relaxed)))
+    Some((out, t.record(id).epoch()))
 }
 
 /// The innermost frame of a stack, without reading the rest.
@@ -885,6 +921,33 @@ mod tests {
         let b = [1u64, 2, 4];
         assert_ne!(intern(0, &b), id1);
         assert!(count() > id3);
+        // The largest epoch a record holds reads back; past it, no record (id 0).
+        let high = intern(MAX_EPOCH, &a);
+        assert!(high != 0 && high != id1 && high != id3);
+        assert_eq!(frames_and_epoch(high), Some((a.to_vec(), MAX_EPOCH)));
+        assert_eq!(intern(MAX_EPOCH, &a), high);
+        assert_eq!(intern(MAX_EPOCH + 1, &a), 0);
+    }
+
+    #[test]
+    fn a_record_reads_back_its_largest_fields() {
+        // A parent of MAX_FRAMES + 3 frames, a child taking its last frames from the
+        // farthest one, in the highest epoch: every field at its widest.
+        let parent_frames: Vec<u64> = (0..MAX_FRAMES as u64 + 3).map(|i| 0x7300_0000_0000 + i * 0x1_0000_0000).collect();
+        let parent = intern(MAX_EPOCH, &parent_frames);
+        assert_ne!(parent, 0);
+        let first = parent_frames.len() - 1;
+        // (A stack reads back as at most MAX_FRAMES frames.)
+        let mut whole = vec![0x5300_0000u64; MAX_FRAMES - 1];
+        whole.push(parent_frames[first]);
+        let tail = SharedTail { own: MAX_FRAMES - 1, parent, first, count: 1 };
+        let id = intern_hashed(MAX_EPOCH, &whole, Some(tail), hash_frames(MAX_EPOCH, &whole));
+        assert_eq!(frames_and_epoch(id), Some((whole.clone(), MAX_EPOCH)));
+        let t = tables().unwrap();
+        let p = t.parts(id).unwrap();
+        assert_eq!((p.parent, p.first, p.count, p.chain, p.own_len), (parent, first, 1, 1, MAX_FRAMES - 1));
+        assert_eq!(t.parts(parent).unwrap().len(), MAX_FRAMES + 3);
+        assert_eq!(frames_and_epoch(parent), Some((parent_frames[..MAX_FRAMES].to_vec(), MAX_EPOCH)));
     }
 
     #[test]
