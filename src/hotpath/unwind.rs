@@ -1085,9 +1085,13 @@ fn python_part_id(cache: Option<&mut super::python::ThreadCache>, epoch: u32, wo
     if let Some(id) = cache.as_deref().and_then(|c| c.part(h)) {
         return id;
     }
-    let id = stacks::intern_hashed(epoch, words, None, h);
+    let tail = cache.as_deref().and_then(|c| c.shared_tail(words, epoch));
+    let id = stacks::intern_hashed(epoch, words, tail, h);
     if let Some(c) = cache {
         c.put_part(h, id);
+        if id != 0 {
+            c.put_last_part(words, id, epoch);
+        }
     }
     id
 }
