@@ -79,7 +79,8 @@ const MAX_ENCODED: usize = (MAX_FRAMES + 3) * 10;
 /// 16 bytes a stack (`import torch` has 1.1M records; 24 bytes each were 27 MB).
 struct Record {
     /// Own frames' byte offset in the arena (`OFF_BITS`) | their bytes (`BYTES_BITS`) |
-    /// their number (8 bits) | `HASH_BITS` of the stack's hash | the ready bit (63).
+    /// their number (8 bits) | `HASH_BITS` of the stack's hash (`check_bits`) | the
+    /// ready bit (63).
     /// With the index slot's tag, the hash bits tell stacks apart before their frames
     /// are compared.
     location: AtomicU64,
@@ -112,11 +113,22 @@ const _: () = assert!(
         && EPOCH_BITS >= 20
 );
 
+/// The `HASH_BITS` of hash `h` a record keeps: mixed from all of its bits. Its low bits
+/// are not of use there: the stacks a probe meets in one window of an index share them
+/// (the slot is the hash's low bits plus the probe), and so do the high ones (the
+/// slot's tag) and those from 24 on (the overflow index's slot).
+#[inline(always)]
+fn check_bits(h: u64) -> u64 {
+    // splitmix64's finalizer.
+    let z = (h ^ h >> 30).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    (z ^ z >> 27).wrapping_mul(0x94d0_49bb_1331_11eb) >> (64 - HASH_BITS)
+}
+
 impl Record {
     /// Whether this (ready) record's hash bits are those of hash `h`.
     #[inline(always)]
     fn hash_matches(location: u64, h: u64) -> bool {
-        (location >> HASH_SHIFT) & ((1 << HASH_BITS) - 1) == h & ((1 << HASH_BITS) - 1)
+        (location >> HASH_SHIFT) & ((1 << HASH_BITS) - 1) == check_bits(h)
     }
 
     fn epoch(&self) -> u32 {
@@ -414,18 +426,18 @@ impl SpilledArena {
         spilled != 0 && spilled != usize::MAX
     }
 
-    /// The bytes of its file: the arena's head from its start (0 when nothing spilled).
+    /// The bytes of this process's own file (`Spill::own_bytes`).
     fn file_bytes(&self) -> u64 {
         if self.active() {
-            self.spilled.load(Ordering::Relaxed) as u64
+            self.spill.own_bytes()
         } else {
             0
         }
     }
 }
 
-/// The size of the stack table's spill files now (`memory.tracer_files`): page cache
-/// that leaktrace's RSS does not show.
+/// The size of this process's stack table spill files now (`memory.tracer_files`):
+/// page cache that leaktrace's RSS does not show.
 pub fn spill_file_bytes() -> u64 {
     FRAMES_SPILL.file_bytes() + RECORDS_SPILL.file_bytes()
 }
@@ -838,7 +850,7 @@ fn make_record(t: &Tables, h: u64, epoch: u32, frames: &[u64], tail: Option<Shar
     // a chain at most MAX_CHAIN links (checked above).
     let shared = tail.map_or(0, |(s, chain)| s.parent as u64 | (s.first as u64) << LINK_FIRST | (s.count as u64) << LINK_COUNT | chain << LINK_CHAIN);
     rec.link.store(shared | (epoch as u64) << LINK_EPOCH, Ordering::Relaxed);
-    let hash = (h & ((1 << HASH_BITS) - 1)) << HASH_SHIFT;
+    let hash = check_bits(h) << HASH_SHIFT;
     rec.location.store(off | (bytes as u64) << OFF_BITS | (own as u64) << (OFF_BITS + BYTES_BITS) | hash | READY, Ordering::Release);
     t.records_written.fetch_add(1, Ordering::Release);
     Some(id)
@@ -927,6 +939,18 @@ mod tests {
         assert_eq!(frames_and_epoch(high), Some((a.to_vec(), MAX_EPOCH)));
         assert_eq!(intern(MAX_EPOCH, &a), high);
         assert_eq!(intern(MAX_EPOCH + 1, &a), 0);
+    }
+
+    #[test]
+    fn a_records_hash_bits_tell_apart_stacks_that_share_a_window_and_a_tag() {
+        // Hashes of one probe window of the large index (low 21 bits), one tag (high 10)
+        // and one overflow slot (bits 24..46): the record's bits still differ.
+        // The 11 bits left free (21..24 and 46..54) take all their 2,048 values; into
+        // 4,096 values at random, ~1,600 distinct.
+        let fixed = 0xab00_0000_0000_0000u64 | 0x0000_3fff_ff00_0000 | 0x15_5555;
+        let distinct: std::collections::HashSet<u64> =
+            (0..2048u64).map(|v| check_bits(fixed | (v & 7) << 21 | (v >> 3) << 46)).collect();
+        assert!(distinct.len() > 1500, "{} of 2048", distinct.len());
     }
 
     #[test]

@@ -74,6 +74,28 @@ impl Spill {
         Some(fd)
     }
 
+    /// The bytes of disk (and page cache) this process's own file holds: a forked child
+    /// maps its parent's file but counts only the one it made, whose blocks start where
+    /// the parent's spill had come to (the file is sparse below). 0 without one.
+    pub fn own_bytes(&self) -> u64 {
+        let _errno = super::ErrnoGuard::save();
+        let fd = self.fd.load(Ordering::Acquire);
+        if fd < 0 || self.pid.load(Ordering::Relaxed) != std::process::id() {
+            return 0;
+        }
+        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+        // SAFETY: the kernel's `struct stat` on x86-64 is libc's; written on success.
+        if unsafe { libc::syscall(libc::SYS_fstat, fd, st.as_mut_ptr()) } != 0 {
+            return 0;
+        }
+        // SAFETY: initialised by the successful call.
+        let st = unsafe { st.assume_init() };
+        if (st.st_dev, st.st_ino) != (self.dev.load(Ordering::Relaxed), self.ino.load(Ordering::Relaxed)) {
+            return 0;
+        }
+        st.st_blocks as u64 * 512
+    }
+
     /// Moves `[from, to)` of the arena at `base` to the file (page-aligned offsets, the
     /// arena's offsets): blocks allocated, bytes copied, then the same addresses mapped
     /// from the file over the anonymous pages. The range must be written and never be
@@ -217,11 +239,14 @@ mod tests {
             skip_not_here("no directory on a disk takes an unnamed file (O_TMPFILE) here");
             return;
         }
+        assert_eq!(spill.own_bytes(), 0);
         // SAFETY: the head of the mapping above, written, never written again.
         unsafe {
             assert!(spill.spill(base, 0, 32 << 12));
             assert!(spill.spill(base, 32 << 12, 48 << 12));
         }
+        // The file's size counts (whole blocks: at least the bytes spilled).
+        assert!((48 << 12..=(48 << 12) + (64 << 10)).contains(&spill.own_bytes()), "{}", spill.own_bytes());
         // SAFETY: reads inside the mapping.
         let now = unsafe { std::slice::from_raw_parts(base, len) };
         assert!(now == &bytes[..], "the same bytes after the spill");
@@ -285,8 +310,9 @@ mod tests {
         // The parent keeps its file open (here: a copy of the descriptor).
         // SAFETY: duplicates a descriptor of ours; closed below.
         let parent_copy = unsafe { libc::dup(fd) };
-        // As a child sees it: the descriptor is its parent's.
+        // As a child sees it: the descriptor is its parent's, whose file it does not count.
         spill.pid.store(1, Ordering::Relaxed);
+        assert_eq!(spill.own_bytes(), 0);
         let again = spill.file().unwrap();
         assert!(again >= super::super::anchor::HIGH_FD);
         let own = super::super::fds::identity(again).unwrap();
