@@ -97,12 +97,8 @@ pub struct Memory {
     /// The size of leaktrace's own files beside the reports: the stack table's spill
     /// files (unnamed, so no directory listing shows them), whose pages the page cache
     /// holds and charges to the process's cgroup. Part of neither `rss` nor `tracer`.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::report_schema::is_zero")]
     pub tracer_files: u64,
-}
-
-fn is_zero(v: &u64) -> bool {
-    *v == 0
 }
 
 /// One part of the tracer's own memory (`Memory::tracer_parts`).
@@ -436,7 +432,7 @@ pub fn explain(points: &[(u64, Memory)], forked_child: bool) -> Vec<Finding> {
                 points.iter().rev().find(|(_, m)| !m.tracer_parts.is_empty()).map_or(String::new(), |(_, m)| largest_tracer_parts(m)),
                 match to.tracer_files {
                     0 => String::new(),
-                    f => format!(", and its stack table's file {} more in the page cache", human(f)),
+                    f => format!(", and its stack table's files {} more in the page cache", human(f)),
                 }
             ),
             remedy: "not the program's: subtract it from RSS; a lower LEAKTRACE_STACK_DEPTH keeps less".into(),

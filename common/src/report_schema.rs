@@ -781,7 +781,7 @@ impl Report<Inline> {
     }
 }
 
-fn is_zero(v: &u64) -> bool {
+pub(crate) fn is_zero(v: &u64) -> bool {
     *v == 0
 }
 

@@ -1221,7 +1221,7 @@ mod tests {
     }
 
     #[test]
-    fn a_parent_whose_chain_is_full_is_skipped_for_its_own_parent() {
+    fn a_stack_past_a_full_chain_shares_the_chains_first_record() {
         // Each stack takes the previous one's outer frames after its own: either all of
         // them (the tail starts in the parent's own frames) or past the parent's own.
         let mut rng = crate::test_rng::TestRng::new(11);

@@ -10,20 +10,24 @@ static STDERR_INO: AtomicU64 = AtomicU64::new(0);
 /// at start-up; 2: it was closed (never write).
 static STDERR_STATE: AtomicU64 = AtomicU64::new(0);
 
-/// The (device, inode) of the file open on `fd`. The `fstat` system call itself, not
-/// glibc's `fstat` (since 2.33 a `newfstatat(fd, "", AT_EMPTY_PATH)`): Chromium's seccomp
-/// policy traps that form and emulates it in a SIGSYS handler, and on a thread of ours
-/// (every signal blocked) the trap's SIGSYS is forced: renderers died at their first
-/// timeline point after their sandbox went on (docs/reliability.md).
+/// The (device, inode) of the file open on `fd` (`stat`).
 pub fn identity(fd: i32) -> Option<(u64, u64)> {
+    stat(fd).map(|st| (st.st_dev, st.st_ino))
+}
+
+/// The status of the file open on `fd`. The `fstat` system call itself, not glibc's
+/// `fstat` (since 2.33 a `newfstatat(fd, "", AT_EMPTY_PATH)`): Chromium's seccomp policy
+/// traps that form and emulates it in a SIGSYS handler, and on a thread of ours (every
+/// signal blocked) the trap's SIGSYS is forced: renderers died at their first timeline
+/// point after their sandbox went on (docs/reliability.md).
+pub fn stat(fd: i32) -> Option<libc::stat> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
     // SAFETY: the kernel's `struct stat` on x86-64 is libc's; written on success.
     if unsafe { libc::syscall(libc::SYS_fstat, fd, st.as_mut_ptr()) } != 0 {
         return None;
     }
     // SAFETY: initialised by the successful call.
-    let st = unsafe { st.assume_init() };
-    Some((st.st_dev, st.st_ino))
+    Some(unsafe { st.assume_init() })
 }
 
 /// Records what fd 2 is. Called once from the constructor.

@@ -83,17 +83,10 @@ impl Spill {
         if fd < 0 || self.pid.load(Ordering::Relaxed) != std::process::id() {
             return 0;
         }
-        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-        // SAFETY: the kernel's `struct stat` on x86-64 is libc's; written on success.
-        if unsafe { libc::syscall(libc::SYS_fstat, fd, st.as_mut_ptr()) } != 0 {
-            return 0;
+        match super::fds::stat(fd) {
+            Some(st) if (st.st_dev, st.st_ino) == (self.dev.load(Ordering::Relaxed), self.ino.load(Ordering::Relaxed)) => st.st_blocks as u64 * 512,
+            _ => 0,
         }
-        // SAFETY: initialised by the successful call.
-        let st = unsafe { st.assume_init() };
-        if (st.st_dev, st.st_ino) != (self.dev.load(Ordering::Relaxed), self.ino.load(Ordering::Relaxed)) {
-            return 0;
-        }
-        st.st_blocks as u64 * 512
     }
 
     /// Moves `[from, to)` of the arena at `base` to the file (page-aligned offsets, the

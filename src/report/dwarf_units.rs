@@ -112,14 +112,9 @@ pub fn unit_alone(info: &[u8], offset: usize, end: usize, big_endian: bool) -> O
     }
     let length = u32::try_from(offset - 4).ok()?;
     let mut header = [0u8; FILLER_HEADER];
-    let put = |b: &mut [u8], v: &[u8]| b.copy_from_slice(v);
-    if big_endian {
-        put(&mut header[0..4], &length.to_be_bytes());
-        put(&mut header[4..6], &5u16.to_be_bytes());
-    } else {
-        put(&mut header[0..4], &length.to_le_bytes());
-        put(&mut header[4..6], &5u16.to_le_bytes());
-    }
+    let (length, version) = if big_endian { (length.to_be_bytes(), 5u16.to_be_bytes()) } else { (length.to_le_bytes(), 5u16.to_le_bytes()) };
+    header[0..4].copy_from_slice(&length);
+    header[4..6].copy_from_slice(&version);
     header[6] = gimli::constants::DW_UT_type.0;
     header[7] = 8;
     // Abbreviations at 0, signature 0, type offset 0: never read (addr2line passes over
