@@ -13,8 +13,8 @@
 //! code object (its type is `PyCode_Type`) before anything is read from it; a mismatch
 //! turns Python frames off. An unknown or free-threaded interpreter turns them off with
 //! one line on stderr; native stacks keep working either way.
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use super::stacks::SharedTail;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// At most this many Python frames per stack (the innermost ones).
 pub const MAX_PY_FRAMES: usize = 96;

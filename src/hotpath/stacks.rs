@@ -948,8 +948,7 @@ mod tests {
         // The 11 bits left free (21..24 and 46..54) take all their 2,048 values; into
         // 4,096 values at random, ~1,600 distinct.
         let fixed = 0xab00_0000_0000_0000u64 | 0x0000_3fff_ff00_0000 | 0x15_5555;
-        let distinct: std::collections::HashSet<u64> =
-            (0..2048u64).map(|v| check_bits(fixed | (v & 7) << 21 | (v >> 3) << 46)).collect();
+        let distinct: std::collections::HashSet<u64> = (0..2048u64).map(|v| check_bits(fixed | (v & 7) << 21 | (v >> 3) << 46)).collect();
         assert!(distinct.len() > 1500, "{} of 2048", distinct.len());
     }
 
