@@ -16,7 +16,28 @@ fn libc_has(symbol: &str) -> bool {
     Command::new(cc).arg(&src).arg("-o").arg(&bin).output().map(|o| o.status.success()).unwrap_or(false)
 }
 
+/// Links the unwinder statically: the standard library asks for `-lgcc_s`, and a
+/// directory searched first that holds a `libgcc_s.a` (GCC's static unwinder,
+/// `libgcc_eh.a`) answers it. A process that does not load libgcc_s itself then does
+/// not load it for us: loading it (its constructor runs CPUID, a trap under a
+/// hypervisor) was a fifth of the library's start-up (issue 55). Where the compiler has
+/// no static unwinder, the shared one stays.
+fn static_unwinder() {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let Ok(out) = Command::new(&cc).arg("-print-file-name=libgcc_eh.a").output() else { return };
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    if !out.status.success() || !path.is_absolute() || !path.is_file() {
+        return;
+    }
+    let dir = PathBuf::from(std::env::var("OUT_DIR").unwrap_or_else(|_| ".".into())).join("static-unwinder");
+    if std::fs::create_dir_all(&dir).is_err() || std::fs::copy(&path, dir.join("libgcc_s.a")).is_err() {
+        return;
+    }
+    println!("cargo:rustc-link-search=native={}", dir.display());
+}
+
 fn main() {
+    static_unwinder();
     println!("cargo:rustc-check-cfg=cfg(has_free_sized)");
     println!("cargo:rerun-if-changed=build.rs");
     if libc_has("free_sized") {

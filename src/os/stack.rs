@@ -161,6 +161,10 @@ const STACK_SLOTS: usize = 4096;
 static STACK_TIDS: [AtomicUsize; STACK_SLOTS] = [const { AtomicUsize::new(0) }; STACK_SLOTS];
 static STACK_LO: [AtomicUsize; STACK_SLOTS] = [const { AtomicUsize::new(0) }; STACK_SLOTS];
 static STACK_HI: [AtomicUsize; STACK_SLOTS] = [const { AtomicUsize::new(0) }; STACK_SLOTS];
+/// Slots at and past this were never used: the measure reads only the ones before (a
+/// process with one thread read 32 KiB of never-touched zero pages at its exit report,
+/// 8 page faults of its start-up cost, issue 55).
+static STACK_USED: AtomicUsize = AtomicUsize::new(0);
 
 /// Lists the calling thread's stack `[lo, hi)`.
 pub fn list_stack(tid: u32, lo: usize, hi: usize) {
@@ -169,6 +173,7 @@ pub fn list_stack(tid: u32, lo: usize, hi: usize) {
             STACK_LO[i].store(lo, Ordering::Relaxed);
             STACK_HI[i].store(hi, Ordering::Relaxed);
             STACK_TIDS[i].store(tid as usize, Ordering::Release);
+            STACK_USED.fetch_max(i + 1, Ordering::AcqRel);
             return;
         }
     }
@@ -178,7 +183,7 @@ pub fn list_stack(tid: u32, lo: usize, hi: usize) {
 /// `/proc/self/status` has it as `VmStk`); threads that are gone are unlisted.
 pub fn resident_stacks() -> u64 {
     let mut total = 0;
-    for i in 0..STACK_SLOTS {
+    for i in 0..STACK_USED.load(Ordering::Acquire).min(STACK_SLOTS) {
         let tid = STACK_TIDS[i].load(Ordering::Acquire);
         if tid == 0 || tid == usize::MAX {
             continue;
