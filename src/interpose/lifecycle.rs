@@ -29,7 +29,8 @@ fn on_load_steps() {
     crate::os::fds::note_stderr();
     // An internal error is one line on the program's stderr, never a backtrace.
     std::panic::set_hook(Box::new(|info| crate::os::fds::stderr_line(&format!("leaktrace: internal error: {info}"))));
-    let config = Config::from_lookup(|k| std::env::var(k).ok(), |w| crate::os::fds::stderr_line(&w));
+    let vars = crate::os::environ::at_start_with_prefix("LEAKTRACE_");
+    let config = Config::from_lookup(|k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()), |w| crate::os::fds::stderr_line(&w));
     // Read here, in the constructor: the collector thread must not read the
     // environment while the program's threads may `setenv`.
     crate::os::spill::note_tmpdir();

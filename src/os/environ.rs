@@ -22,6 +22,40 @@ pub fn array() -> usize {
     unsafe { std::ptr::addr_of!(environ).read_volatile() as usize }
 }
 
+/// The variables whose name starts with `prefix`, as (name, value), read in one pass
+/// over the environment: the constructor's 18 settings were 18 `getenv`s, each reading
+/// the whole environment again and copying its name first (issue 55's start-up). A
+/// name or value that is not UTF-8 is left out, as `std::env::var` leaves it out.
+///
+/// Only where nothing changes the environment meanwhile, as `getenv` itself: the
+/// library constructor, before the program's `main` (or a test that sets nothing).
+pub fn at_start_with_prefix(prefix: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    // SAFETY: `environ` is the C library's NULL-terminated array of NUL-terminated
+    // strings; nothing changes it while the constructor runs (see above), so reading it
+    // is what `getenv` does.
+    unsafe {
+        let mut at = std::ptr::addr_of!(environ).read_volatile();
+        if at.is_null() {
+            return out;
+        }
+        while !(*at).is_null() {
+            let kv = std::ffi::CStr::from_ptr(*at as *const std::ffi::c_char).to_bytes();
+            at = at.add(1);
+            if !kv.starts_with(prefix.as_bytes()) {
+                continue;
+            }
+            let Some(eq) = kv.iter().position(|&b| b == b'=') else { continue };
+            if let (Ok(name), Ok(value)) = (std::str::from_utf8(&kv[..eq]), std::str::from_utf8(&kv[eq + 1..])) {
+                if !out.iter().any(|(n, _): &(String, String)| n == name) {
+                    out.push((name.to_owned(), value.to_owned()));
+                }
+            }
+        }
+    }
+    out
+}
+
 /// At most this many variables are looked at, and this many bytes of each.
 const MAX_VARS: u64 = 4096;
 const MAX_LEN: usize = 512;
@@ -101,5 +135,16 @@ mod tests {
         assert_eq!(got, b"LEAKTRACE_TEST_ENVIRON_NOW=set later\0");
         std::env::remove_var("LEAKTRACE_TEST_ENVIRON_NOW");
         assert_eq!(copied(|name| name.starts_with(b"LEAKTRACE_TEST_ENVIRON")).unwrap(), b"");
+    }
+
+    #[test]
+    fn the_one_pass_read_finds_what_getenv_finds() {
+        // Read-only: the harness's other tests may set variables of their own prefix.
+        for (name, value) in at_start_with_prefix("PATH").iter().chain(&at_start_with_prefix("HOME")) {
+            assert_eq!(std::env::var(name).ok().as_deref(), Some(value.as_str()), "{name}");
+        }
+        let path = at_start_with_prefix("PATH");
+        assert_eq!(path.iter().find(|(n, _)| n == "PATH").map(|(_, v)| v.clone()), std::env::var("PATH").ok());
+        assert!(at_start_with_prefix("LEAKTRACE_NO_SUCH_VARIABLE_").is_empty());
     }
 }
