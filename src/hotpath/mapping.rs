@@ -173,15 +173,45 @@ pub fn prefetch_line<T>(p: &T) {
 /// Intel since Broadwell); set once by `detect_prefetch_for_write`.
 static PREFETCHW: AtomicBool = AtomicBool::new(false);
 
-/// Looks the CPU up for `prefetch_line_for_write`; called once from the library
-/// constructor (before that, it prefetches for reading).
+/// Looks the CPU up for `prefetch_line_for_write`, in the C library's own copy of the
+/// answer where it has one; called once from the library constructor (before that, it
+/// prefetches for reading).
 pub fn detect_prefetch_for_write() {
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::x86_64::__cpuid;
-        let has = __cpuid(0x8000_0000).eax >= 0x8000_0001 && __cpuid(0x8000_0001).ecx & (1 << 8) != 0;
+        let has = match glibc_extended_ecx() {
+            Some(ecx) => ecx & (1 << 8) != 0,
+            None => {
+                use std::arch::x86_64::__cpuid;
+                __cpuid(0x8000_0000).eax >= 0x8000_0001 && __cpuid(0x8000_0001).ecx & (1 << 8) != 0
+            }
+        };
         PREFETCHW.store(has, Ordering::Relaxed);
     }
+}
+
+/// ECX of CPUID leaf 0x8000_0001 as the C library read it at its start
+/// (`__x86_get_cpuid_feature_leaf`, glibc 2.33+, `<sys/platform/x86.h>`): a `CPUID`
+/// instruction traps to the hypervisor on a virtual machine, 5.6 µs each here, and the
+/// two the check took were 11 µs of every process's start (issue 55). `None` where the
+/// C library has no such entry point.
+#[cfg(target_arch = "x86_64")]
+fn glibc_extended_ecx() -> Option<u32> {
+    /// `struct cpuid_feature`: the registers as read, then the ones the C library uses.
+    #[repr(C)]
+    struct CpuidFeature {
+        cpuid: [u32; 4],
+        active: [u32; 4],
+    }
+    /// `CPUID_INDEX_80000001` of glibc's enum.
+    const INDEX_80000001: u32 = 2;
+    const ECX: usize = 2;
+    let f = crate::os::loader::global_symbol(c"__x86_get_cpuid_feature_leaf")?;
+    // SAFETY: the C library's `const struct cpuid_feature *__x86_get_cpuid_feature_leaf
+    // (unsigned int)`, found by its name; it reads a table filled before any constructor.
+    let leaf = unsafe { std::mem::transmute::<usize, extern "C" fn(u32) -> *const CpuidFeature>(f)(INDEX_80000001) };
+    // SAFETY: a non-null answer points to the C library's static table, never freed.
+    (!leaf.is_null()).then(|| unsafe { (*leaf).cpuid[ECX] })
 }
 
 /// Starts taking the cache line of `p` for writing: a line another core read last
@@ -347,6 +377,19 @@ impl<T: Zeroable> Default for ZeroedArray<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn the_c_librarys_copy_of_the_extended_cpuid_leaf_is_what_cpuid_says() {
+        let Some(ecx) = glibc_extended_ecx() else {
+            crate::test_skip::skip_not_here("this C library has no __x86_get_cpuid_feature_leaf (glibc < 2.33)");
+            return;
+        };
+        use std::arch::x86_64::__cpuid;
+        assert!(__cpuid(0x8000_0000).eax >= 0x8000_0001, "glibc filled a leaf the CPU does not have");
+        // Bit 8, PREFETCHW (the C library may clear bits it must not use elsewhere).
+        assert_eq!(ecx & (1 << 8), __cpuid(0x8000_0001).ecx & (1 << 8));
+    }
 
     #[test]
     fn a_buffer_keeps_its_contents_as_it_grows_and_shrinks_and_the_heap_goes_through_it() {
