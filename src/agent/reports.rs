@@ -182,6 +182,11 @@ pub(super) fn write_report(reason: Reason) {
         // Tracking has stopped: the events in flight remain, and the frees of threads
         // that run on (`Lifecycle::frees_still_wanted`).
         drain_everything(c);
+        if reason == Reason::Exit {
+            // Every event this report counts is in; the process ends (a detached one
+            // may record again, and keeps them).
+            stacks::release_index();
+        }
     } else {
         // The program keeps allocating: take what is there now, never chase it (and
         // never force the order while producers are live).
