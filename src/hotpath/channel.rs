@@ -80,6 +80,12 @@ const _: () = assert!(LAG * 4 <= SMALL_SLOTS);
 const LARGE_SLOTS: u64 = 32768;
 /// The ring of a thread that filled its large one while the consumer was stalled (8 MiB).
 const HUGE_SLOTS: u64 = 1 << 18;
+/// A thread on a huge ring moves back to a large one at its next check once the
+/// consumer is no longer stalled and has caught up to within this many events; the huge
+/// ring's slots go back to the system once it is drained. It stayed the thread's for
+/// good before: 8 MiB resident in a PyTorch job's main thread after `import torch`
+/// (its tables grew), and in each DataLoader worker forked from it, copied as written.
+const SHRINK_BELOW: u64 = LARGE_SLOTS / 2;
 /// A producer that finds its ring this full wakes a sleeping consumer: at 10+ M events
 /// a second a small ring fills in under a millisecond, about the consumer's idle sleep.
 /// The same for both sizes: a large ring is there to absorb the consumer's wake-up.
@@ -99,6 +105,7 @@ const ZERO_TICKETS: Padded<AtomicU64> = Padded(AtomicU64::new(0));
 static TICKETS: [Padded<AtomicU64>; BUCKETS] = [ZERO_TICKETS; BUCKETS];
 static FULL_WAITS: AtomicU64 = AtomicU64::new(0);
 static RINGS_GROWN: AtomicU64 = AtomicU64::new(0);
+static RINGS_SHRUNK: AtomicU64 = AtomicU64::new(0);
 static CLOSED: AtomicBool = AtomicBool::new(false);
 /// How many long steps that take no events the consumer is in (see `ConsumerStall`).
 static CONSUMER_STALLS: AtomicU32 = AtomicU32::new(0);
@@ -347,13 +354,50 @@ fn next_capacity(capacity: u64) -> Option<u64> {
 /// Returns `None` (the caller waits instead) when no memory can be had.
 #[cold]
 fn grow(state: &ThreadState, old: &'static ThreadRing, capacity: u64) -> Option<&'static ThreadRing> {
+    let ring = move_to(state, old, capacity)?;
+    RINGS_GROWN.fetch_add(1, Ordering::Relaxed);
+    Some(ring)
+}
+
+/// Moves the calling thread from `old` to a ring of `capacity` slots, with `old` as its
+/// predecessor (emptied by the consumer first, so the thread's events keep their order).
+fn move_to(state: &ThreadState, old: &'static ThreadRing, capacity: u64) -> Option<&'static ThreadRing> {
     let ring = take_ring(capacity)?;
     old.superseded.store(true, Ordering::Release);
     // Release: the consumer that sees the link sees every event published into `old`.
     ring.predecessor.store(old as *const ThreadRing as *mut ThreadRing, Ordering::Release);
     adopt(state, ring);
-    RINGS_GROWN.fetch_add(1, Ordering::Relaxed);
     Some(ring)
+}
+
+/// Whether a thread on `ring` (write position `t`, consumer at `h`) should move back to
+/// a large ring: a huge one, the stall that sent it there over, its events taken.
+#[inline]
+fn should_shrink(ring: &ThreadRing, t: u64, h: u64) -> bool {
+    ring.capacity == HUGE_SLOTS && CONSUMER_STALLS.load(Ordering::Relaxed) == 0 && t.wrapping_sub(h) < SHRINK_BELOW
+}
+
+/// The consumer lets go of `ring` (drained, unlinked, its producer gone or moved on):
+/// a huge ring's slots go back to the system first (a large or small one is reused
+/// soon enough to keep its pages), then any thread may take the ring again.
+fn let_go(ring: &ThreadRing) {
+    if ring.capacity == HUGE_SLOTS {
+        give_back_slots(ring);
+    }
+    ring.owner.store(0, Ordering::Release);
+}
+
+/// The whole pages of `ring`'s slots go back to the system (they read as zeros, the
+/// empty slot, when next written); the header stays.
+fn give_back_slots(r: &ThreadRing) {
+    let page = super::mapping::PAGE;
+    let start = (r.slots as usize).next_multiple_of(page);
+    let end = (r.slots as usize + r.capacity as usize * std::mem::size_of::<Slot>()) / page * page;
+    if start < end {
+        // SAFETY: whole pages inside the ring's own mapping (its slots); private
+        // anonymous memory reads back as zeros after MADV_DONTNEED.
+        unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+    }
 }
 
 #[inline(always)]
@@ -532,6 +576,15 @@ enum Room {
 #[inline(never)]
 fn make_room(state: &ThreadState, ring: &'static ThreadRing, t: u64, ahead: u64, mut help: Option<impl FnMut()>) -> Room {
     let mut h = ring.head.0.load(Ordering::Acquire);
+    if should_shrink(ring, t + ahead, h) {
+        if let Some(large) = move_to(state, ring, LARGE_SLOTS) {
+            RINGS_SHRUNK.fetch_add(1, Ordering::Relaxed);
+            return match make_room(state, large, large.producer.0.tail.load(Ordering::Relaxed), ahead, help) {
+                Room::Ready => Room::Moved(large),
+                other => other,
+            };
+        }
+    }
     if (t + ahead).wrapping_sub(h) >= ring.capacity {
         if let Some(capacity) = next_capacity(ring.capacity) {
             if let Some(larger) = grow(state, ring, capacity) {
@@ -638,6 +691,11 @@ pub fn rings_grown() -> u64 {
     RINGS_GROWN.load(Ordering::Relaxed)
 }
 
+/// How many times a thread moved from a huge ring back to a large one.
+pub fn rings_shrunk() -> u64 {
+    RINGS_SHRUNK.load(Ordering::Relaxed)
+}
+
 pub fn close() {
     CLOSED.store(true, Ordering::SeqCst);
 }
@@ -662,14 +720,7 @@ pub fn reopen() -> DrainState {
 /// still inside a hook that writes a slot gets a fresh zero page, in bounds.
 pub fn release_slots() {
     for r in rings() {
-        let page = super::mapping::PAGE;
-        let start = (r.slots as usize).next_multiple_of(page);
-        let end = (r.slots as usize + r.capacity as usize * std::mem::size_of::<Slot>()) / page * page;
-        if start < end {
-            // SAFETY: whole pages inside the ring's own mapping (its slots); private
-            // anonymous memory reads back as zeros after MADV_DONTNEED.
-            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
-        }
+        give_back_slots(r);
     }
 }
 
@@ -767,7 +818,7 @@ impl DrainState {
                     && crate::os::threads::thread_is_gone(ring.tid.load(Ordering::Acquire))
                 {
                     ring.retired.store(false, Ordering::Release);
-                    ring.owner.store(0, Ordering::Release);
+                    let_go(ring);
                 }
             }
             total += progress;
@@ -793,7 +844,7 @@ impl DrainState {
             ring.predecessor.store(std::ptr::null_mut(), Ordering::Release);
             p.superseded.store(false, Ordering::Release);
             p.retired.store(false, Ordering::Release);
-            p.owner.store(0, Ordering::Release);
+            let_go(p);
         }
         let tail = ring.producer.0.tail.load(Ordering::Acquire);
         // Its producer cancels allocations from here on (`cancel_alloc`): a slot here
@@ -1150,6 +1201,62 @@ mod tests {
         let want: Vec<u64> = (0..N).map(|i| (0x6000_0000 + i) << 4).collect();
         assert!(addrs == want, "every event once, in publish order");
         assert!(!drained.pending());
+    }
+
+    #[test]
+    fn once_the_stall_is_over_a_thread_moves_back_from_its_huge_ring_which_gives_its_pages_back() {
+        use std::sync::mpsc;
+        let (_turn, mut state) = turn_with_rings_drained();
+        let drained = state.as_mut().unwrap();
+        const N: u64 = SMALL_SLOTS + LARGE_SLOTS + 1000;
+        const M: u64 = 3 * WAKE_AT;
+        let shrunk_before = rings_shrunk();
+        let (to_producer, go) = mpsc::channel::<()>();
+        let (to_test, published) = mpsc::channel::<()>();
+        let stall = ConsumerStall::begin();
+        let producer = std::thread::spawn(move || {
+            let ring_now = || thread::with(|s| s.ring.get());
+            for i in 0..N {
+                publish_here(EventKind::Alloc, Api::Malloc, 1, (0x6100_0000 + i) << 4, 8, || panic!("waited at event {i}"));
+            }
+            let huge = ring_now();
+            to_test.send(()).unwrap();
+            go.recv().unwrap();
+            // The consumer caught up and is not stalled: at its next check the thread
+            // moves back to a large ring.
+            for i in N..N + M {
+                publish_here(EventKind::Alloc, Api::Malloc, 1, (0x6100_0000 + i) << 4, 8, || {});
+            }
+            (huge, ring_now(), thread::tid())
+        });
+        published.recv().unwrap();
+        drop(stall);
+        let mut addrs = Vec::new();
+        let take = |drained: &mut DrainState, addrs: &mut Vec<u64>| {
+            while drained.drain(4096, false, |e: Event| {
+                if (0x6100_0000..0x6100_0000 + N + M).contains(&(e.addr >> 4)) {
+                    addrs.push(e.addr)
+                }
+            }) > 0
+            {}
+        };
+        // Everything but the last `LAG` events (the consumer's own turns leave those).
+        take(drained, &mut addrs);
+        to_producer.send(()).unwrap();
+        let (huge, now, _tid) = producer.join().unwrap();
+        take(drained, &mut addrs);
+        // SAFETY: rings are never freed.
+        let (huge, now) = unsafe { (&*(huge as *const ThreadRing), &*(now as *const ThreadRing)) };
+        assert_eq!(huge.capacity, HUGE_SLOTS);
+        assert_eq!(now.capacity, LARGE_SLOTS, "moved back to a large ring");
+        assert_eq!(rings_shrunk(), shrunk_before + 1);
+        let want: Vec<u64> = (0..N + M).map(|i| (0x6100_0000 + i) << 4).collect();
+        assert!(addrs == want, "every event once, in publish order ({} of {})", addrs.len(), want.len());
+        // Drained and unlinked: let go, its slots given back.
+        assert_eq!(huge.owner.load(Ordering::Acquire), 0, "the huge ring is free again");
+        let slots_bytes = HUGE_SLOTS as usize * std::mem::size_of::<Slot>();
+        let resident = crate::os::own::resident(huge.slots as usize, slots_bytes);
+        assert!(resident <= 2 * super::super::mapping::PAGE as u64, "{resident} bytes of its slots still resident");
     }
 
     #[test]
