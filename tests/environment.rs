@@ -491,3 +491,32 @@ print(name)
         let _ = std::fs::remove_file(&report);
     }
 }
+
+/// The library brings no shared library of its own beyond the C library: its unwinder
+/// (which catches its own panics) is GCC's static one (`build.rs`). A process that does
+/// not use `libgcc_s` itself did map, relocate and start it for us: its constructor's
+/// `CPUID`s trap to the hypervisor, a fifth of the library's start-up on a virtual
+/// machine (issue 55).
+#[test]
+fn a_program_that_does_not_use_libgcc_s_does_not_load_it_for_us() {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let eh = Command::new(&cc).arg("-print-file-name=libgcc_eh.a").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+    if !Path::new(&eh).is_absolute() {
+        skip::not_here(&format!("{cc} has no static unwinder (libgcc_eh.a): the library links libgcc_s"));
+        return;
+    }
+    // `cat` links the C library only.
+    let plain = run_plain({
+        let mut c = Command::new("cat");
+        c.arg("/proc/self/maps");
+        c
+    });
+    assert!(!String::from_utf8_lossy(&plain.stdout).contains("libgcc_s"), "cat maps libgcc_s by itself here");
+    let mut cmd = Command::new("cat");
+    cmd.arg("/proc/self/maps");
+    let run = run_traced(cmd, "no_libgcc_s");
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let maps = run.stdout();
+    assert!(maps.contains("libleaktrace"), "the library is loaded: {maps}");
+    assert!(!maps.contains("libgcc_s"), "libgcc_s loaded for the library:\n{maps}");
+}
