@@ -345,6 +345,26 @@ impl Groups {
         s.flags & FULL != 0 && self.full[s.word as usize].flags & WIDE != 0
     }
 
+    /// Whether group `g` holds a live block in process generation `generation`:
+    /// `get(g)`'s `live_blocks > 0 && generation == generation`, reading only the slot
+    /// for a group in the small form (most of them). A report's snapshot asks this of
+    /// every group before it copies the live ones (`import torch` leaves 600k groups).
+    #[inline]
+    pub fn holds_live(&self, g: u32, generation: u16) -> bool {
+        let s = &self.slots[g as usize];
+        if s.generation != generation {
+            return false;
+        }
+        if s.flags & FULL == 0 {
+            return s.flags & LIVE != 0;
+        }
+        let e = &self.full[s.word as usize];
+        if e.flags & WIDE != 0 {
+            return self.wide[e.live_bytes as usize].live_blocks > 0;
+        }
+        e.live_blocks > 0
+    }
+
     /// The figures of group `g`.
     #[inline]
     pub fn get(&self, g: u32) -> GroupStats {
@@ -750,6 +770,9 @@ mod tests {
             }
             g.set(id, s);
             assert_eq!(g.get(id), s, "round {round}");
+            for generation in 0..3 {
+                assert_eq!(g.holds_live(id, generation), s.live_blocks > 0 && s.generation == generation, "round {round}: {s:?}");
+            }
             if small(&s).is_some() {
                 small_seen += 1;
                 assert_eq!(g.slots[id as usize].flags & FULL, 0, "{s:?}");

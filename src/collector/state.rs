@@ -1043,23 +1043,23 @@ impl Collector {
                 Box::new(self.touched.iter().copied())
             }
         };
-        let live = |stats: &GroupStats| stats.live_blocks > 0 && stats.generation == self.generation;
-        let count = candidates().filter(|&group| live(&self.groups.get(group))).count();
+        let live = |group: u32| self.groups.holds_live(group, self.generation);
+        let count = candidates().filter(|&group| live(group)).count();
         if buf.capacity() < count {
             // The last report's buffer goes before the new one is mapped.
             buf = Vec::new();
             buf.reserve_exact(count);
         }
-        buf.extend(candidates().filter_map(|group| {
+        buf.extend(candidates().filter(|&group| live(group)).map(|group| {
             let ((stack, api, device), stats) = (self.groups.key(group), self.groups.get(group));
-            live(&stats).then_some(GroupSnapshot {
+            GroupSnapshot {
                 stack,
                 group,
                 api,
                 device,
                 steady_growth_kib: if stats.trend.steady() { growth_kib(stats.trend.growth()).max(1) } else { 0 },
                 stats: SnapStats { live_bytes: stats.live_bytes, live_blocks: stats.live_blocks },
-            })
+            }
         }));
         Snapshot { totals: self.totals, groups: buf }
     }
