@@ -473,18 +473,16 @@ pub fn release_spilled() {
 /// made with them gone). Nothing reads a stack by its frames after tracking stopped:
 /// the report reads records by id. A thread still inside a hook then finds no stack
 /// and files its stack again under a new id; its event comes after the drain, in no
-/// report. Returns the bytes given back (resident before).
-pub fn release_index() -> u64 {
-    let Some(t) = published_tables() else { return 0 };
+/// report.
+pub fn release_index() {
+    let Some(t) = published_tables() else { return };
     // Not under a seccomp filter, which may answer `madvise` with SIGSYS.
     if !crate::os::procfs::unfiltered_now() {
-        return 0;
+        return;
     }
     let _errno = crate::os::ErrnoGuard::save();
-    let mut given = 0;
     for (base, slots) in [(t.first_index, FIRST_INDEX_SLOTS), (t.index, INDEX_SLOTS), (t.overflow, OVERFLOW_SLOTS)] {
         let (p, len) = (base as *mut libc::c_void, slots * 4);
-        given += crate::os::own::resident(base as usize, len);
         // SAFETY: whole mappings of ours (page-aligned, `slots * 4` bytes long) whose
         // cells are atomics read as zero afterwards: an empty slot. Small pages from
         // now on, so that a straggler's filing faults in 4 KiB, not a huge page.
@@ -493,7 +491,6 @@ pub fn release_index() -> u64 {
             libc::madvise(p, len, libc::MADV_DONTNEED);
         }
     }
-    given
 }
 
 /// Called by the collector between drains (never on the hot path: the collapse copies
