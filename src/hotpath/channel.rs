@@ -718,8 +718,12 @@ pub fn reopen() -> DrainState {
 
 /// After a recording ended with the process running on (`agent::detach`): the rings'
 /// slots go back to the system. Their headers stay, and so do the mappings: a thread
-/// still inside a hook that writes a slot gets a fresh zero page, in bounds.
+/// still inside a hook that writes a slot gets a fresh zero page, in bounds. Not under
+/// a seccomp filter, which may answer `madvise` with SIGSYS (as `let_go`).
 pub fn release_slots() {
+    if !crate::os::procfs::unfiltered_now() {
+        return;
+    }
     for r in rings() {
         give_back_slots(r);
     }
