@@ -43,7 +43,7 @@ fn checkpoint_inner(label: &str, scope: checks::Scope) -> Option<checks::Check> 
         drain_into(c, backlog, false);
         (c.model.live_blocks(), c.model.mark(), ScanPause::start())
     };
-    let out = classify_live(&input, 0);
+    let out = classify_live(&input);
     drop(pause);
     let verdicts = &out.verdicts;
     let mut by_group: HashMap<(u32, Api, Option<u8>), build::Reachability> = Default::default();

@@ -52,7 +52,8 @@ pub fn fork_child() {
     super::reports::FORKED.store(true, Ordering::Relaxed);
     // A holder search of the parent's has no thread here.
     super::reports::HOLDER_SEARCH.store(false, Ordering::SeqCst);
-    super::reports::HOLDER_TID.store(0, Ordering::SeqCst);
+    // Nor any other thread of ours.
+    crate::os::threads::forget_after_fork();
     // Before the child can enter a sandbox: the measure then never opens a file.
     crate::os::procfs::open(true);
     // The parent's collector thread does not exist here; ours starts below.

@@ -4,9 +4,9 @@
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::config::Config;
 use crate::hotpath::{channel, stacks, thread};
@@ -229,7 +229,7 @@ pub(super) fn write_report(reason: Reason) {
     }
     // The scan stops the other threads: it runs holding none of our locks.
     let why = WHY_REACHABLE.get().cloned();
-    let scan = live.as_ref().map(|live| reachability_scan(live, presymbolizer.as_ref().map_or(0, Presymbolizer::tid), &wanted, &through_python, why.is_some()));
+    let scan = live.as_ref().map(|live| reachability_scan(live, &wanted, &through_python, why.is_some()));
     if final_report {
         LIFECYCLE.final_threads_held();
     }
@@ -489,7 +489,7 @@ pub(super) fn held_before_exit() {
     let pause = ScanPause::start();
     // This thread's stack is the program's (the callback runs on its main thread).
     crate::scan::roots::mark_entry();
-    let scan = reachability_scan(&live, 0, &wanted, &wanted, false);
+    let scan = reachability_scan(&live, &wanted, &wanted, false);
     drop(pause);
     let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(30)) else { return };
     let Some(r) = report.as_mut() else { return };
@@ -605,10 +605,9 @@ pub(super) fn held_while_growing() {
     }
 }
 
-/// Set while a holder search (`held_while_growing`) runs; its thread's kernel id, kept
-/// after it ends (a scan leaves that thread's stack out while it may still exist).
+/// Set while a holder search (`held_while_growing`) runs (a scan leaves its thread out,
+/// as every thread of ours: `os::threads::own_tids_settled`).
 pub(super) static HOLDER_SEARCH: AtomicBool = AtomicBool::new(false);
-pub(super) static HOLDER_TID: AtomicU32 = AtomicU32::new(0);
 
 /// Before a scan: the holder search running now ends first (at most 10 s), so that no
 /// thread of ours reads the program's memory while the scan holds it.
@@ -618,7 +617,6 @@ pub(super) fn wait_for_holder_search() {
 
 extern "C" fn holder_search_main(arg: *mut std::ffi::c_void) -> *mut std::ffi::c_void {
     thread::mark_internal();
-    HOLDER_TID.store(thread::tid(), Ordering::SeqCst);
     // SAFETY: arg is the box `held_while_growing` leaked for this thread.
     let lines = unsafe { Box::from_raw(arg as *mut Vec<crate::report::python::UserLine>) };
     let _ = catch_unwind(AssertUnwindSafe(|| search_holders(*lines)));
@@ -776,7 +774,6 @@ struct Presymbolizer {
 
 struct PresymbolizerShared {
     ids: Vec<u32>,
-    tid: AtomicU32,
     done: AtomicBool,
 }
 
@@ -784,7 +781,6 @@ extern "C" fn presymbolizer_main(arg: *mut std::ffi::c_void) -> *mut std::ffi::c
     thread::mark_internal();
     // SAFETY: arg is the reference `Presymbolizer::start` leaked for this thread.
     let shared = unsafe { Arc::from_raw(arg as *const PresymbolizerShared) };
-    shared.tid.store(thread::tid(), Ordering::SeqCst);
     let _ = catch_unwind(AssertUnwindSafe(|| {
         if let Some(mut r) = lock_bounded(&REPORT, Duration::from_secs(30)) {
             if let Some(r) = r.as_mut() {
@@ -804,7 +800,7 @@ impl Presymbolizer {
             // Nothing to name (a process that allocated nothing): no thread to start.
             return None;
         }
-        let shared = Arc::new(PresymbolizerShared { ids, tid: AtomicU32::new(0), done: AtomicBool::new(false) });
+        let shared = Arc::new(PresymbolizerShared { ids, done: AtomicBool::new(false) });
         let arg = Arc::into_raw(shared.clone()) as *mut std::ffi::c_void;
         // SAFETY: the thread takes over the reference `arg` is (or it is dropped below).
         if unsafe { crate::os::threads::spawn_raw(presymbolizer_main, arg) }.is_err() {
@@ -813,18 +809,6 @@ impl Presymbolizer {
             return None;
         }
         Some(Presymbolizer { shared })
-    }
-
-    /// The thread's kernel id (0 if it has not started yet): the scan must not stop it.
-    fn tid(&self) -> u32 {
-        let start = Instant::now();
-        loop {
-            let t = self.shared.tid.load(Ordering::SeqCst);
-            if t != 0 || self.shared.done.load(Ordering::SeqCst) || start.elapsed() > Duration::from_millis(100) {
-                return t;
-            }
-            std::thread::yield_now();
-        }
     }
 }
 

@@ -2,12 +2,10 @@
 //! roots only the agent knows (ignored blocks, pending thread arguments, the loader's
 //! own blocks).
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::Ordering;
 
 use crate::collector::state::ScanInput;
 use crate::hotpath::event::Kind;
 use crate::hotpath::stacks;
-use crate::lifecycle::LIFECYCLE;
 use crate::report::build::{self, Tally};
 use crate::scan::mark::{self, Verdict};
 
@@ -44,7 +42,7 @@ const PATH_LINKS: usize = 12;
 /// host memory is read like the heap.
 /// The pointer scan's verdict on each of `input.blocks` (in order), the index of the
 /// leaked block each indirect one hangs from, and what the scan measured.
-pub(super) fn classify_live(input: &ScanInput, names_thread: u32) -> crate::scan::ScanOut {
+pub(super) fn classify_live(input: &ScanInput) -> crate::scan::ScanOut {
     let live = &input.blocks;
     let blocks: Vec<mark::Block> = live
         .iter()
@@ -58,13 +56,6 @@ pub(super) fn classify_live(input: &ScanInput, names_thread: u32) -> crate::scan
             not_a_reference: if b.api.kind() == Kind::Host { mark::glibc_next_chunk_header(b.addr, b.size) } else { 0 },
         })
         .collect();
-    // The collector, running or on its way out (the final report stops its loop: a
-    // thread that is exiting never answers the stop signal).
-    let collector = LIFECYCLE.collector_tid();
-    // And the thread of a holder search (`reports::held_while_growing`) that may be on
-    // its way out: its stack holds the addresses it searched for.
-    let holders = super::reports::HOLDER_TID.load(Ordering::SeqCst);
-    let own: Vec<u32> = [collector, names_thread, holders].into_iter().filter(|&t| t != 0).collect();
     // Ignored blocks are roots (what they point to is not leaked either), and so are
     // the regions the program registered (LeakSanitizer's interface).
     let mut extra_roots = crate::scan::roots::root_regions();
@@ -73,7 +64,7 @@ pub(super) fn classify_live(input: &ScanInput, names_thread: u32) -> crate::scan
     let pending = crate::scan::roots::pending_args();
     extra_roots.push((pending.as_ptr() as u64, (pending.len() * 8) as u64));
     extra_roots.extend(live.iter().filter(|b| b.ignored).map(|b| (b.addr, b.size)));
-    let mut out = crate::scan::scan(&blocks, &input.inherited, &own, &extra_roots);
+    let mut out = crate::scan::scan(&blocks, &input.inherited, &extra_roots);
     let verdicts = &mut out.verdicts;
     for (b, v) in live.iter().zip(verdicts.iter_mut()) {
         if b.ignored {
@@ -102,13 +93,12 @@ pub(super) fn classify_live(input: &ScanInput, names_thread: u32) -> crate::scan
 /// the growing ones).
 pub(super) fn reachability_scan(
     input: &ScanInput,
-    names_thread: u32,
     wanted: &std::collections::HashSet<(u32, crate::hotpath::event::Api)>,
     through_python: &std::collections::HashSet<(u32, crate::hotpath::event::Api)>,
     keep: bool,
 ) -> ScanResult {
     let live = &input.blocks;
-    let crate::scan::ScanOut { verdicts, owners, parent, via, labels, info } = classify_live(input, names_thread);
+    let crate::scan::ScanOut { verdicts, owners, parent, via, labels, info } = classify_live(input);
     let mut by_group: HashMap<GroupKey, build::Reachability> = Default::default();
     let mut indirect_from: HashMap<GroupKey, BTreeMap<u32, (u64, u64)>> = Default::default();
     let mut totals = build::KindReachability::default();

@@ -5,7 +5,7 @@
 //! `std::thread` machinery (which needs a pthread key: a program that used them all
 //! would be aborted by an exit-time thread of ours).
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 type CreateFn = unsafe extern "C" fn(*mut libc::pthread_t, *const libc::pthread_attr_t, extern "C" fn(*mut c_void) -> *mut c_void, *mut c_void) -> c_int;
 
@@ -42,23 +42,115 @@ pub fn with_signals_blocked<R>(f: impl FnOnce() -> R) -> R {
     }
 }
 
-/// Starts a detached thread running `start(arg)` with every signal blocked. Returns the
-/// error number of `pthread_create` on failure. Errno is kept.
+/// The library's own threads, by kernel id, for the pointer scan, which must neither
+/// hold them nor read their stacks as roots (they hold the addresses of the events they
+/// just processed, which the program may have lost). A fixed table (no allocation: a
+/// thread of ours may be started in a fork handler or at exit). Each thread writes its
+/// id as the first thing it does; a slot stays `STARTING` from before `pthread_create`
+/// until then, so that a scan can wait for the ids of the threads already created
+/// (`own_tids_settled`): an id read once the collector was created but before it ran
+/// once let the scan read its stack as the program's (a leak called reachable).
+const OWN_SLOTS: usize = 32;
+const FREE: u32 = 0;
+const STARTING: u32 = 1;
+const RUNNING: u32 = 2;
+/// Its start routine returned; the thread may exist a moment longer (its exit path).
+const ENDED: u32 = 3;
+
+struct OwnSlot {
+    state: AtomicU32,
+    tid: AtomicU32,
+    start: AtomicUsize,
+    arg: AtomicUsize,
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const EMPTY_SLOT: OwnSlot = OwnSlot { state: AtomicU32::new(FREE), tid: AtomicU32::new(0), start: AtomicUsize::new(0), arg: AtomicUsize::new(0) };
+static OWN: [OwnSlot; OWN_SLOTS] = [EMPTY_SLOT; OWN_SLOTS];
+
+/// A slot for a thread about to be created, marked `STARTING`: a free one, or one whose
+/// thread has ended and is gone.
+fn claim_slot() -> Option<usize> {
+    for (i, s) in OWN.iter().enumerate() {
+        let st = s.state.load(Ordering::SeqCst);
+        let reusable = st == FREE || (st == ENDED && thread_is_gone(s.tid.load(Ordering::SeqCst)));
+        if reusable && s.state.compare_exchange(st, STARTING, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+            s.tid.store(0, Ordering::SeqCst);
+            return Some(i);
+        }
+    }
+    None
+}
+
+extern "C" fn own_thread_start(arg: *mut c_void) -> *mut c_void {
+    let slot = &OWN[arg as usize % OWN_SLOTS];
+    // SAFETY: gettid cannot fail.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
+    slot.tid.store(tid, Ordering::SeqCst);
+    let start = slot.start.load(Ordering::SeqCst);
+    let arg = slot.arg.load(Ordering::SeqCst) as *mut c_void;
+    slot.state.store(RUNNING, Ordering::SeqCst);
+    // SAFETY: `start` is the start routine `spawn_raw` stored for this slot.
+    let start = unsafe { std::mem::transmute::<usize, extern "C" fn(*mut c_void) -> *mut c_void>(start) };
+    let r = start(arg);
+    slot.state.store(ENDED, Ordering::SeqCst);
+    r
+}
+
+/// The kernel ids of the library's threads that may exist now, once every thread of
+/// ours already created has written its id (at most `wait`: a thread that has not run
+/// by then has run none of our code yet). To be called after the program's threads
+/// were listed: a thread of ours in that list has then written its id before this reads
+/// it. Ended threads that are gone are freed (their ids may be reused).
+pub fn own_tids_settled(wait: std::time::Duration) -> Vec<u32> {
+    let begin = std::time::Instant::now();
+    while OWN.iter().any(|s| s.state.load(Ordering::SeqCst) == STARTING) && begin.elapsed() < wait {
+        std::thread::yield_now();
+    }
+    let mut tids = Vec::with_capacity(OWN_SLOTS);
+    for s in OWN.iter() {
+        let st = s.state.load(Ordering::SeqCst);
+        let tid = s.tid.load(Ordering::SeqCst);
+        if st == ENDED && thread_is_gone(tid) {
+            let _ = s.state.compare_exchange(ENDED, FREE, Ordering::SeqCst, Ordering::SeqCst);
+        } else if st != FREE && tid != 0 {
+            tids.push(tid);
+        }
+    }
+    tids
+}
+
+/// In a forked child: none of the parent's threads of ours exists here.
+pub fn forget_after_fork() {
+    for s in OWN.iter() {
+        s.tid.store(0, Ordering::SeqCst);
+        s.state.store(FREE, Ordering::SeqCst);
+    }
+}
+
+/// Starts a detached thread running `start(arg)` with every signal blocked, known to
+/// the scan as one of ours from its first instruction (`own_tids_settled`). Returns the
+/// error number of `pthread_create` on failure (EAGAIN: 32 threads of ours at once).
+/// Errno is kept.
 ///
 /// # Safety
 /// `arg` must be what `start` expects, valid for as long as the new thread uses it.
 pub unsafe fn spawn_raw(start: extern "C" fn(*mut c_void) -> *mut c_void, arg: *mut c_void) -> Result<libc::pthread_t, i32> {
     let _errno = super::ErrnoGuard::save();
     let Some(create) = create_fn() else { return Err(libc::ENOSYS) };
-    with_signals_blocked(|| {
+    let Some(slot) = claim_slot() else { return Err(libc::EAGAIN) };
+    OWN[slot].start.store(start as usize, Ordering::SeqCst);
+    OWN[slot].arg.store(arg as usize, Ordering::SeqCst);
+    let created = with_signals_blocked(|| {
         // SAFETY: a standard attribute object, initialised and destroyed here; the start
-        // routine is an extern "C" fn that receives `arg` as its caller intends.
+        // routine is an extern "C" fn that receives the slot, which holds `arg` for the
+        // routine the caller gave.
         unsafe {
             let mut attr = std::mem::MaybeUninit::<libc::pthread_attr_t>::uninit();
             libc::pthread_attr_init(attr.as_mut_ptr());
             libc::pthread_attr_setdetachstate(attr.as_mut_ptr(), libc::PTHREAD_CREATE_DETACHED);
             let mut tid: libc::pthread_t = 0;
-            let rc = create(&mut tid, attr.as_ptr(), start, arg);
+            let rc = create(&mut tid, attr.as_ptr(), own_thread_start, slot as *mut c_void);
             libc::pthread_attr_destroy(attr.as_mut_ptr());
             if rc == 0 {
                 Ok(tid)
@@ -66,7 +158,11 @@ pub unsafe fn spawn_raw(start: extern "C" fn(*mut c_void) -> *mut c_void, arg: *
                 Err(rc)
             }
         }
-    })
+    });
+    if created.is_err() {
+        OWN[slot].state.store(FREE, Ordering::SeqCst);
+    }
+    created
 }
 
 /// Whether the thread `tid` of this process has exited.
@@ -129,7 +225,7 @@ pub fn tls_is_glibcs() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicU32;
+    use std::sync::atomic::AtomicBool;
 
     static SEEN: AtomicU32 = AtomicU32::new(0);
 
@@ -151,5 +247,35 @@ mod tests {
         }
         assert_eq!(SEEN.load(Ordering::SeqCst), 1, "the new thread had a signal unblocked");
         assert_eq!(blocks(libc::SIGUSR2), before);
+    }
+
+    static HOLD: AtomicBool = AtomicBool::new(true);
+    static ITS_TID: AtomicU32 = AtomicU32::new(0);
+
+    extern "C" fn held(_: *mut c_void) -> *mut c_void {
+        // SAFETY: gettid cannot fail.
+        ITS_TID.store(unsafe { libc::syscall(libc::SYS_gettid) } as u32, Ordering::SeqCst);
+        while HOLD.load(Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        std::ptr::null_mut()
+    }
+
+    #[test]
+    fn a_thread_of_ours_is_known_by_its_id_from_the_moment_it_is_created_until_it_is_gone() {
+        // SAFETY: the routine ignores its argument.
+        unsafe { spawn_raw(held, std::ptr::null_mut()) }.expect("spawn");
+        // At once, before the new thread may have run: the call waits for its id.
+        let own = own_tids_settled(std::time::Duration::from_secs(30));
+        let tid = ITS_TID.load(Ordering::SeqCst);
+        assert!(tid != 0, "own_tids_settled returned before the thread ran");
+        assert!(own.contains(&tid), "{own:?} lacks {tid}");
+        HOLD.store(false, Ordering::SeqCst);
+        let start = std::time::Instant::now();
+        while !thread_is_gone(tid) && start.elapsed().as_secs() < 30 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(thread_is_gone(tid));
+        assert!(!own_tids_settled(std::time::Duration::from_secs(30)).contains(&tid), "an ended thread that is gone is no longer ours");
     }
 }

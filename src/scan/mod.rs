@@ -10,7 +10,7 @@ pub mod pymalloc;
 pub mod referrers;
 pub mod roots;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::hotpath::mapping::ZeroedArray;
 use mark::{Block, Scratch};
@@ -143,13 +143,13 @@ pub struct ScanOut {
 
 /// Classifies `blocks` (sorted by start, not overlapping) against the process's roots.
 /// `inherited`: in a forked child, the parent's blocks (sorted), which may point to the
-/// child's (see `mark::Roots`). `own_threads` (the library's collector) are neither
-/// stopped nor roots: their stacks hold the addresses of the events they just
-/// processed, which the program does not.
+/// child's (see `mark::Roots`). The library's own threads (`os::threads`: the
+/// collector, the namer, a holder search) are neither stopped nor roots: their stacks
+/// hold the addresses of the events they just processed, which the program may not.
 ///
 /// `extra_roots`: ranges the program declared roots (`__lsan_register_root_region`,
 /// ignored blocks): read like module data.
-pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], extra_roots: &[(u64, u64)]) -> ScanOut {
+pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], extra_roots: &[(u64, u64)]) -> ScanOut {
     if blocks.is_empty() && inherited.is_empty() {
         // Nothing live to classify (a process that allocated nothing, or freed it all):
         // the verdict needs no roots, and no thread of the program is stopped.
@@ -159,6 +159,8 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], own_threads: &[u32], ext
     let t0 = Instant::now();
     let have_signal = roots::install();
     let mut tids = if have_signal { roots::other_threads() } else { Vec::new() };
+    // Read after the list: a thread of ours in it has written its id by now.
+    let own_threads = crate::os::threads::own_tids_settled(Duration::from_secs(5));
     tids.retain(|t| !own_threads.contains(t));
     let (tids, blocking) = roots::split_blocking(&tids);
     let blocking_stacks = roots::copy_blocking_stacks(&blocking, &roots::writable_mappings());
