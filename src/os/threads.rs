@@ -138,14 +138,17 @@ pub fn forget_after_fork() {
 pub unsafe fn spawn_raw(start: extern "C" fn(*mut c_void) -> *mut c_void, arg: *mut c_void) -> Result<libc::pthread_t, i32> {
     let _errno = super::ErrnoGuard::save();
     let Some(create) = create_fn() else { return Err(libc::ENOSYS) };
-    let Some(slot) = claim_slot() else { return Err(libc::EAGAIN) };
-    OWN[slot].start.store(start as usize, Ordering::SeqCst);
-    OWN[slot].arg.store(arg as usize, Ordering::SeqCst);
-    let created = with_signals_blocked(|| {
+    // The slot is claimed with the signals blocked too: a termination signal's final
+    // report taken between the claim and the creation would wait on a slot that stays
+    // `STARTING` until its handler returns (5 s, `own_tids_settled`).
+    with_signals_blocked(|| {
+        let slot = claim_slot().ok_or(libc::EAGAIN)?;
+        OWN[slot].start.store(start as usize, Ordering::SeqCst);
+        OWN[slot].arg.store(arg as usize, Ordering::SeqCst);
         // SAFETY: a standard attribute object, initialised and destroyed here; the start
         // routine is an extern "C" fn that receives the slot, which holds `arg` for the
         // routine the caller gave.
-        unsafe {
+        let created = unsafe {
             let mut attr = std::mem::MaybeUninit::<libc::pthread_attr_t>::uninit();
             libc::pthread_attr_init(attr.as_mut_ptr());
             libc::pthread_attr_setdetachstate(attr.as_mut_ptr(), libc::PTHREAD_CREATE_DETACHED);
@@ -157,12 +160,12 @@ pub unsafe fn spawn_raw(start: extern "C" fn(*mut c_void) -> *mut c_void, arg: *
             } else {
                 Err(rc)
             }
+        };
+        if created.is_err() {
+            OWN[slot].state.store(FREE, Ordering::SeqCst);
         }
-    });
-    if created.is_err() {
-        OWN[slot].state.store(FREE, Ordering::SeqCst);
-    }
-    created
+        created
+    })
 }
 
 /// Whether the thread `tid` of this process has exited.
