@@ -84,14 +84,17 @@ macro_rules! apis {
                 match self { $(Api::$variant => $name,)* }
             }
 
+            #[inline(always)]
             pub fn kind(self) -> Kind {
                 match self { $(Api::$variant => Kind::$kind,)* }
             }
 
+            #[inline(always)]
             pub fn space(self) -> Space {
                 match self { $(Api::$variant => Space::$space,)* }
             }
 
+            #[inline(always)]
             pub fn from_bits(b: u8) -> Api {
                 match b { $($n => Api::$variant,)* _ => Api::Malloc }
             }
@@ -231,6 +234,7 @@ impl EventKind {
         matches!(self, EventKind::Free | EventKind::ReallocRelease)
     }
 
+    #[inline(always)]
     pub fn from_bits(b: u8) -> Option<EventKind> {
         Some(match b {
             1 => EventKind::Alloc,
@@ -271,6 +275,7 @@ impl Event {
         (self.stack as u64) | (((self.tid & ((1 << TID_BITS) - 1)) as u64) << 32) | transient | ((kind & 0x7) << 54) | ((self.api as u64 & 0x7f) << 57)
     }
 
+    #[inline(always)]
     pub fn unpack(meta: u64, addr: u64, size: u64) -> Option<Event> {
         let mut kind = EventKind::from_bits(((meta >> 54) & 0x7) as u8)?;
         let mut meta = meta;
