@@ -35,11 +35,14 @@ macro_rules! real_table {
         /// module without a GNU hash table, or a name no module defines): 23 `dlsym`
         /// calls were ~15 us of every process's start.
         fn resolve_all() {
-            let found = crate::os::elf::next_definitions([$($name),*], resolve_all as *const () as usize);
+            use crate::os::elf::Found;
+            let found = crate::os::elf::next_definitions_found([$($name),*], resolve_all as *const () as usize);
             let mut found = found.iter();
             $(
                 let p = match found.next() {
-                    Some(&p) if p != 0 => p,
+                    Some(&Found::At(p)) => p,
+                    // A name this C library does not have (`free_sized` before glibc 2.39).
+                    Some(&Found::Nowhere) => 0,
                     _ => lookup($name),
                 };
                 TABLE.$field.store(p, Ordering::Release);
@@ -122,6 +125,7 @@ pub fn ensure_resolved() {
         return;
     }
     resolve_all();
+    crate::os::threads::know_create(TABLE.pthread_create.load(Ordering::Acquire));
     RESOLVED.store(true, Ordering::Release);
     RESOLVING.store(false, Ordering::Release);
 }

@@ -19,7 +19,72 @@ pub fn gnu_hash(name: &[u8]) -> u32 {
 /// after it in load order that defines the name, or failing that the first one before
 /// it. 0 for a name that no searched module defines.
 pub fn next_definitions<const N: usize>(names: [&CStr; N], from: usize) -> [usize; N] {
+    definitions(names, from, false).map(Found::address)
+}
+
+/// What the modules' own tables say of a name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Found {
+    /// Its default-version definition, a function or an object.
+    At(usize),
+    /// Every module was searched and none defines the name, in any version or form:
+    /// `dlsym` could only fail. A failed `dlsym` formats an error message in a
+    /// `malloc`ed buffer: ~0.5 us each, ~8 us the first one in a process.
+    Nowhere,
+    /// The tables cannot tell (an IFUNC, a hidden version only, or a module without a
+    /// GNU hash table): ask the loader.
+    Unknown,
+}
+
+impl Found {
+    pub fn address(self) -> usize {
+        match self {
+            Found::At(p) => p,
+            _ => 0,
+        }
+    }
+}
+
+/// `next_definitions`, telling a name that no module defines (`Found::Nowhere`) from
+/// one that the tables cannot resolve.
+pub fn next_definitions_found<const N: usize>(names: [&CStr; N], from: usize) -> [Found; N] {
     definitions(names, from, false)
+}
+
+/// Whether `dlsym(RTLD_DEFAULT, name)` can only fail: no module the loader lists
+/// defines `name` in any version or form, and every module's tables could tell. One
+/// walk of the module list under the loader's lock (`loader::iterate_modules`), so a
+/// module unloaded meanwhile is never read; no allocation.
+pub fn defined_nowhere(name: &CStr) -> bool {
+    struct Search<'a> {
+        name: &'a [u8],
+        /// Set once a module defines the name or cannot tell.
+        maybe: bool,
+    }
+    unsafe extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> std::ffi::c_int {
+        // SAFETY: `data` is the `Search` passed below; `info` describes a loaded module
+        // whose program headers and dynamic section stay mapped while the walk holds
+        // the loader's lock.
+        unsafe {
+            let search = &mut *(data as *mut Search);
+            let info = &*info;
+            let phdrs: &[libc::Elf64_Phdr] = if info.dlpi_phdr.is_null() { &[] } else { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
+            // A module without a dynamic section exports nothing.
+            let Some(dynamic) = phdrs.iter().find(|ph| ph.p_type == libc::PT_DYNAMIC) else { return 0 };
+            let base = info.dlpi_addr as usize;
+            let defines = match DynamicSymbols::read(base, base + dynamic.p_vaddr as usize) {
+                Some(table) => table.defines_any(search.name),
+                None => true,
+            };
+            search.maybe |= defines;
+            // Non-zero ends the walk.
+            defines as std::ffi::c_int
+        }
+    }
+    let mut search = Search { name: name.to_bytes(), maybe: false };
+    // SAFETY: `visit` treats its data as the `Search` given here, which outlives the walk.
+    unsafe { super::loader::iterate_modules(Some(visit), &mut search as *mut Search as *mut c_void) };
+    !search.maybe
 }
 
 /// The head of `struct link_map` (`<link.h>`): the loader's public, stable part.
@@ -43,13 +108,13 @@ struct LinkMap {
 /// call comes here. It runs once, at the process's first symbol lookup (possibly
 /// inside one of our own module walks, or inside another interposer's first `malloc`),
 /// takes no lock and allocates nothing.
-fn definitions<const N: usize>(names: [&CStr; N], from: usize, within: bool) -> [usize; N] {
+fn definitions<const N: usize>(names: [&CStr; N], from: usize, within: bool) -> [Found; N] {
     use super::loader::{dladdr1, RTLD_DL_LINKMAP};
     let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
     let mut home: *mut c_void = std::ptr::null_mut();
     // SAFETY: dladdr1 fills info and, with RTLD_DL_LINKMAP, the module's link_map.
     if unsafe { dladdr1(from as *const c_void, info.as_mut_ptr(), &mut home, RTLD_DL_LINKMAP) } == 0 || home.is_null() {
-        return [0; N];
+        return [Found::Unknown; N];
     }
     let home = home as *const LinkMap;
     let mut first = home;
@@ -58,26 +123,39 @@ fn definitions<const N: usize>(names: [&CStr; N], from: usize, within: bool) -> 
         first = prev;
     }
     let (mut after, mut before, mut passed) = ([0; N], [0; N], within);
+    // Per name: whether a searched module defines it in a form `lookup` does not give;
+    // and whether a module's tables could not be read (then no absence is certain).
+    let (mut other_forms, mut unreadable) = ([false; N], false);
     let mut m = first;
     while !m.is_null() {
         // SAFETY: as above.
         let module = unsafe { &*m };
         let is_home = std::ptr::eq(m, home);
-        // SAFETY: l_ld is the module's mapped, DT_NULL-terminated dynamic section.
-        let table = if is_home == within && !module.ld.is_null() { unsafe { DynamicSymbols::read(module.addr, module.ld as usize) } } else { None };
-        if let Some(table) = table {
-            let found = if passed { &mut after } else { &mut before };
-            for (slot, name) in found.iter_mut().zip(names) {
-                if *slot == 0 {
-                    // SAFETY: the tables were just read from this module's dynamic section.
-                    *slot = unsafe { table.lookup(name.to_bytes()) }.unwrap_or(0);
+        if is_home == within && !module.ld.is_null() {
+            // SAFETY: l_ld is the module's mapped, DT_NULL-terminated dynamic section.
+            match unsafe { DynamicSymbols::read(module.addr, module.ld as usize) } {
+                Some(table) => {
+                    let found = if passed { &mut after } else { &mut before };
+                    for (k, name) in names.iter().enumerate() {
+                        if found[k] == 0 {
+                            // SAFETY: the tables were just read from this module's dynamic section.
+                            found[k] = unsafe { table.lookup(name.to_bytes()) }.unwrap_or(0);
+                            // SAFETY: as above.
+                            other_forms[k] |= found[k] == 0 && unsafe { table.defines_any(name.to_bytes()) };
+                        }
+                    }
                 }
+                None => unreadable = true,
             }
         }
         passed |= is_home;
         m = module.next;
     }
-    std::array::from_fn(|k| if after[k] != 0 { after[k] } else { before[k] })
+    std::array::from_fn(|k| match (after[k], before[k]) {
+        (0, 0) if other_forms[k] || unreadable => Found::Unknown,
+        (0, 0) => Found::Nowhere,
+        (0, p) | (p, _) => Found::At(p),
+    })
 }
 
 /// The address of each of `names`' definitions in the module containing `within`
@@ -85,7 +163,7 @@ fn definitions<const N: usize>(names: [&CStr; N], from: usize, within: bool) -> 
 /// exported function in Rust gives the program's first definition of its name (through
 /// the GOT), which is another interposer's when one comes before us.
 pub fn own_definitions<const N: usize>(names: [&CStr; N], within: usize) -> [usize; N] {
-    definitions(names, within, true)
+    definitions(names, within, true).map(Found::address)
 }
 
 /// A module's dynamic symbol table, string table, GNU hash table and version table.
@@ -128,7 +206,45 @@ impl DynamicSymbols {
     /// # Safety
     /// The tables are those of a loaded module, as `read` found them.
     unsafe fn lookup(&self, name: &[u8]) -> Option<usize> {
+        // SAFETY: the caller's contract.
+        unsafe { self.first_in_chain(name, |i| self.definition(i, name)) }
+    }
+
+    /// Whether the module defines `name` at all: in any version, of any type (an IFUNC
+    /// too), whatever `dlsym` would make of it.
+    ///
+    /// # Safety
+    /// As `lookup`.
+    unsafe fn defines_any(&self, name: &[u8]) -> bool {
+        // SAFETY: the caller's contract; the indices come from the hash chains.
+        unsafe { self.first_in_chain(name, |i| ((*self.symtab.add(i)).st_shndx != SHN_UNDEF && self.named(i, name)).then_some(())) }.is_some()
+    }
+
+    /// Whether symbol `i`'s name is `name`.
+    ///
+    /// # Safety
+    /// `i` indexes the module's symbol table (it came from its hash chains).
+    unsafe fn named(&self, i: usize, name: &[u8]) -> bool {
+        // SAFETY: the caller's contract; st_name is an offset into the string table,
+        // checked against its size before the name is read.
+        unsafe {
+            let off = (*self.symtab.add(i)).st_name as usize;
+            if off + name.len() >= self.strsz {
+                return false;
+            }
+            let stored = std::slice::from_raw_parts(self.strtab.add(off), name.len() + 1);
+            stored[..name.len()] == *name && stored[name.len()] == 0
+        }
+    }
+
+    /// The first `Some` that `pick` gives for a symbol in `name`'s hash chain.
+    ///
+    /// # Safety
+    /// As `lookup`; `pick` is given indices into the module's symbol table.
+    #[inline(always)]
+    unsafe fn first_in_chain<T>(&self, name: &[u8], mut pick: impl FnMut(usize) -> Option<T>) -> Option<T> {
         let h = gnu_hash(name);
+
         // SAFETY (this block): the GNU hash table's layout — four u32 words (buckets,
         // first hashed symbol, bloom words, bloom shift), the 64-bit bloom filter, the
         // buckets, then one chain word per hashed symbol, the last of a chain odd.
@@ -148,8 +264,8 @@ impl DynamicSymbols {
             loop {
                 let chain = *chains.add((i - symoffset) as usize);
                 if (chain | 1) == (h | 1) {
-                    if let Some(addr) = self.definition(i as usize, name) {
-                        return Some(addr);
+                    if let Some(v) = pick(i as usize) {
+                        return Some(v);
                     }
                 }
                 if chain & 1 == 1 {
@@ -165,20 +281,11 @@ impl DynamicSymbols {
     /// # Safety
     /// `i` indexes the module's symbol table (it came from its hash chains).
     unsafe fn definition(&self, i: usize, name: &[u8]) -> Option<usize> {
-        // SAFETY: the caller's contract; st_name is an offset into the string table,
-        // checked against its size before the name is read.
+        // SAFETY: the caller's contract.
         unsafe {
             let sym = &*self.symtab.add(i);
             let kind = sym.st_info & 0xf;
-            if sym.st_shndx == SHN_UNDEF || sym.st_value == 0 || !(kind == STT_FUNC || kind == STT_OBJECT) {
-                return None;
-            }
-            let off = sym.st_name as usize;
-            if off + name.len() >= self.strsz {
-                return None;
-            }
-            let stored = std::slice::from_raw_parts(self.strtab.add(off), name.len() + 1);
-            if stored[..name.len()] != *name || stored[name.len()] != 0 {
+            if sym.st_shndx == SHN_UNDEF || sym.st_value == 0 || !(kind == STT_FUNC || kind == STT_OBJECT) || !self.named(i, name) {
                 return None;
             }
             // Version index 0 is local, 0x8000 marks a hidden (non-default) version.
@@ -446,6 +553,33 @@ mod tests {
         // SAFETY: dlsym with a valid handle and a NUL-terminated name.
         let malloc = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) } as usize;
         assert!(seen.iter().any(|(n, k, v)| n == b"malloc" && (*v == malloc || (*k == SlotKind::Plt && *v >= m.lo && *v < m.hi))), "{seen:?}");
+    }
+
+    #[test]
+    fn a_name_defined_nowhere_is_told_from_one_the_tables_cannot_resolve() {
+        // In the test binary nothing is interposed: dlsym's answers are the truth. glibc's
+        // `memcpy` is an IFUNC (the tables cannot give its target), `free_sized` exists
+        // from glibc 2.39 only; whichever this C library has, the answers must agree.
+        let here = a_name_defined_nowhere_is_told_from_one_the_tables_cannot_resolve as *const () as usize;
+        let names = [c"malloc", c"memcpy", c"pthread_cond_wait", c"free_sized", c"leaktrace_no_such_symbol_anywhere"];
+        let found = next_definitions_found(names, here);
+        for (name, got) in names.iter().zip(found) {
+            // SAFETY: dlsym with a valid handle and a NUL-terminated name.
+            let want = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) } as usize;
+            match got {
+                Found::At(p) => assert_eq!(p, want, "{name:?}"),
+                Found::Nowhere => assert_eq!(want, 0, "{name:?} said to be defined nowhere"),
+                Found::Unknown => {}
+            }
+            assert_eq!(defined_nowhere(name), want == 0 && got != Found::Unknown, "{name:?}");
+        }
+        assert!(matches!(found[0], Found::At(_)));
+        assert_eq!(found[4], Found::Nowhere);
+        assert!(defined_nowhere(c"leaktrace_no_such_symbol_anywhere"));
+        assert!(!defined_nowhere(c"malloc"));
+        // An IFUNC is defined: never "nowhere", whatever the lookup makes of it.
+        assert!(!defined_nowhere(c"memcpy"));
+        assert_ne!(found[1], Found::Nowhere);
     }
 
     #[test]

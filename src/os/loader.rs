@@ -17,7 +17,13 @@ pub const RTLD_DL_SYMENT: std::ffi::c_int = 1;
 pub const RTLD_DL_LINKMAP: std::ffi::c_int = 2;
 
 /// The address of `name` as the program sees it (`dlsym(RTLD_DEFAULT)`), if defined.
+/// Most names asked at the start are defined nowhere (a sanitizer's, Go's, Python's in
+/// a program without them): those are answered from the modules' own tables, without
+/// the failed `dlsym` and the error message it formats.
 pub fn global_symbol(name: &std::ffi::CStr) -> Option<usize> {
+    if super::elf::defined_nowhere(name) {
+        return None;
+    }
     // SAFETY: dlsym with a valid handle and a NUL-terminated name.
     let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) } as usize;
     (p != 0).then_some(p)
