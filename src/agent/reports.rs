@@ -493,11 +493,17 @@ pub(super) fn held_before_exit() {
     drop(pause);
     let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(30)) else { return };
     let Some(r) = report.as_mut() else { return };
+    let mut roots = Vec::new();
+    for path in scan.held_by.values() {
+        crate::report::held::data_roots(path, &mut roots);
+    }
+    r.symbolizer.prefetch_data_symbols(&roots);
     for (&(stack, api, _), path) in &scan.held_by {
         let links = crate::report::held::resolve(path, &mut r.symbolizer);
         let also = crate::report::held::resolve_also(path, &mut r.symbolizer);
         r.held_before_exit.insert((stack, api), (links, also));
     }
+    r.symbolizer.forget_data_symbols();
     // Per line, the bytes of the largest group that has a holder.
     let mut named_bytes: HashMap<crate::report::python::UserLine, u64> = HashMap::new();
     for (line, groups) in by_line {
@@ -714,6 +720,31 @@ fn grew(bytes: &[u64]) -> bool {
 /// the final scan found none (the interpreter freed the memory at teardown), the
 /// holders found before it.
 fn name_holders(
+    scan: &super::verdicts::ScanResult,
+    before_exit: &std::collections::HashMap<(u32, &'static str), Named>,
+    groups: &mut [build::Group],
+    timeline: &mut build::TimelineOut,
+    sym: &mut crate::report::symbolize::Symbolizer,
+) {
+    // The variables that hold them, found in one pass over each module's symbols.
+    let mut roots = Vec::new();
+    for g in groups.iter() {
+        if let Some(path) = scan.held_by.get(&(g.stack_id, g.api.as_ref(), g.device.and_then(|d| u8::try_from(d).ok()))) {
+            crate::report::held::data_roots(path, &mut roots);
+        }
+    }
+    for s in timeline.series.iter() {
+        if let Some(path) = scan.held_by.get(&(s.stack_id, s.api.as_ref(), None)) {
+            crate::report::held::data_roots(path, &mut roots);
+        }
+    }
+    sym.prefetch_data_symbols(&roots);
+    name_holders_found(scan, before_exit, groups, timeline, sym);
+    sym.forget_data_symbols();
+}
+
+/// `name_holders`, its data symbols found ahead.
+fn name_holders_found(
     scan: &super::verdicts::ScanResult,
     before_exit: &std::collections::HashMap<(u32, &'static str), Named>,
     groups: &mut [build::Group],

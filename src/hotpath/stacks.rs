@@ -436,6 +436,30 @@ impl SpilledArena {
     }
 }
 
+/// The stack table's arenas, for `os::own::parts_resident` to look at only where they
+/// were touched. Each is written from its start up (the records and the frames by
+/// `next_id` and `next_frame`; the first-children array by stack id, below `next_id`),
+/// the records and frames also faulted in ahead (`populate_range`), and from
+/// `HUGE_ARENA_AT` on backed by 2 MiB pages that the kernel may fill around a written
+/// page: nothing lies past the larger extent rounded up to 2 MiB. An arena whose
+/// populating failed part-way is not cut.
+pub fn touched_arenas() -> Vec<crate::os::own::Touched> {
+    let Some(t) = published_tables() else { return Vec::new() };
+    let stacks = (t.next_id.load(Ordering::Acquire) as usize).min(MAX_STACKS);
+    let arena = |base: *const u8, len: usize, used: usize, populated: usize| {
+        let start = base as usize;
+        let extent = if populated == usize::MAX { len } else { used.max(populated) };
+        let touched_end = (start.saturating_add(extent)).div_ceil(HUGE_PAGE).saturating_mul(HUGE_PAGE).min(start + len);
+        crate::os::own::Touched { start, len, touched_end }
+    };
+    let record = std::mem::size_of::<Record>();
+    vec![
+        arena(t.records as *const u8, MAX_STACKS * record, stacks * record, RECORDS_POPULATED.load(Ordering::Relaxed)),
+        arena(t.frames, FRAME_BYTES, (t.next_frame.load(Ordering::Acquire) as usize).min(FRAME_BYTES), FRAMES_POPULATED.load(Ordering::Relaxed)),
+        arena(t.children as *const u8, MAX_STACKS * 4, stacks * 4, 0),
+    ]
+}
+
 /// The size of this process's stack table spill files now (`memory.tracer_files`):
 /// page cache that leaktrace's RSS does not show.
 pub fn spill_file_bytes() -> u64 {
@@ -945,6 +969,26 @@ pub fn overflows() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nothing_of_the_arenas_is_resident_past_where_they_were_touched() {
+        for k in 0..2_000u64 {
+            assert_ne!(intern(0, &[0x5eed_0000 + k, k, 7]), 0);
+        }
+        let arenas: Vec<_> = touched_arenas().iter().map(|a| (a.start, a.len)).collect();
+        assert_eq!(arenas.len(), 3);
+        // The whole reservations first, the cut ones after: other tests may intern
+        // meanwhile, which only adds pages (nothing is spilled at this size).
+        let whole: Vec<u64> = arenas.iter().map(|&(s, l)| crate::os::own::resident(s, l)).collect();
+        let cut = touched_arenas();
+        for (k, a) in cut.iter().enumerate() {
+            assert_eq!((a.start, a.len), arenas[k]);
+            assert!(a.touched_end > a.start && a.touched_end <= a.start + a.len, "{a:?}");
+            assert!(crate::os::own::resident(a.start, a.touched_end - a.start) >= whole[k], "arena {k}: {a:?}");
+        }
+        // The frame arena's 1 GiB reservation is looked at for a few MiB at most here.
+        assert!(cut[1].touched_end - cut[1].start <= 64 << 20, "{:?}", cut[1]);
+    }
 
     #[test]
     fn same_frames_same_id_different_epoch_different_id() {

@@ -192,6 +192,21 @@ pub fn resolve(path: &RawPath, sym: &mut Symbolizer) -> Vec<HeldLink> {
     links
 }
 
+/// The addresses of `path`'s roots in a module's data (its second holder's too): the
+/// words `resolve` names by their variable (`Symbolizer::prefetch_data_symbols`).
+pub fn data_roots(path: &RawPath, out: &mut Vec<u64>) {
+    for l in &path.links {
+        if let RawLink::Root { addr, label: Some(label) } = l {
+            if matches!(label.kind, RootKind::Module | RootKind::CudaLibrary) {
+                out.push(*addr);
+            }
+        }
+    }
+    if let Some(a) = &path.also {
+        data_roots(&a.path, out);
+    }
+}
+
 /// `path`'s second holder (`RawPath::also`), named as `resolve` names a path.
 pub fn resolve_also(path: &RawPath, sym: &mut Symbolizer) -> Option<leaktrace_common::report_schema::OtherHolder> {
     let a = path.also.as_ref()?;

@@ -166,7 +166,7 @@ pub fn measure(known: Known) -> Memory {
     let own_heap = crate::os::own::heap_bytes();
     m.tracer = own_heap;
     if copy_allowed {
-        let mapped = crate::os::own::parts_resident();
+        let mapped = crate::os::own::parts_resident(&crate::hotpath::stacks::touched_arenas());
         m.tracer += mapped.iter().sum::<u64>();
         // `heap`: the library's small blocks, in malloc (by their bytes) and in its own
         // heap (by its pages resident).
