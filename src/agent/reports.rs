@@ -132,6 +132,11 @@ static CHANGES_BUFFER: SpinLock<Vec<crate::collector::state::Change>> = SpinLock
 /// timeline's sums. In a training loop that is a few thousand groups, not the 600k that
 /// a report copies after `import torch`.
 pub(super) fn record_point() {
+    crate::os::procfs::one_seccomp_check(record_point_steps);
+}
+
+/// `record_point`'s steps.
+fn record_point_steps() {
     let (totals, changes) = {
         let Some(mut state) = lock_bounded(&STATE, Duration::from_secs(5)) else { return };
         let Some(c) = state.as_mut() else { return };
@@ -157,6 +162,11 @@ pub(super) fn record_point() {
 }
 
 pub(super) fn write_report(reason: Reason) {
+    crate::os::procfs::one_seccomp_check(|| write_report_steps(reason));
+}
+
+/// `write_report`'s steps.
+fn write_report_steps(reason: Reason) {
     let final_report = reason == Reason::Exit || reason == Reason::Detach;
     if final_report {
         // Before taking the collector: the preparation needs it to install its list.
@@ -625,7 +635,7 @@ extern "C" fn holder_search_main(arg: *mut std::ffi::c_void) -> *mut std::ffi::c
     thread::mark_internal();
     // SAFETY: arg is the box `held_while_growing` leaked for this thread.
     let lines = unsafe { Box::from_raw(arg as *mut Vec<crate::report::python::UserLine>) };
-    let _ = catch_unwind(AssertUnwindSafe(|| search_holders(*lines)));
+    let _ = catch_unwind(AssertUnwindSafe(|| crate::os::procfs::one_seccomp_check(|| search_holders(*lines))));
     HOLDER_SEARCH.store(false, Ordering::SeqCst);
     std::ptr::null_mut()
 }

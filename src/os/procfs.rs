@@ -12,7 +12,7 @@
 //! descriptor or close them all, and one of its own is never read or closed as ours
 //! (a shell's `exec 3<>/dev/tcp/...` over a low descriptor of ours was closed in its
 //! forked child: memcached's test lost its socket).
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 struct Held {
     fd: AtomicI32,
@@ -104,8 +104,60 @@ pub fn unfiltered(status: &str) -> bool {
 /// Whether no seccomp filter is in place now (`unfiltered` of `status()`): what may be
 /// answered with SIGSYS under one (`process_vm_readv`, `mincore`, most `madvise`) is
 /// asked for once per report or lookup, not per call.
+///
+/// A filter, once in place, stays: a filtered answer is kept for good. Inside
+/// `one_seccomp_check` (a report) the first answer serves the rest: its steps asked one
+/// after the other, 32 reads of `/proc/self/status` (~15 us each here) at the exit of
+/// `git --version`, and each step's own calls already follow its check by as long.
 pub fn unfiltered_now() -> bool {
-    unfiltered(&status())
+    if FILTERED.load(Ordering::Acquire) {
+        return false;
+    }
+    let scoped = SCOPE_DEPTH.load(Ordering::Acquire) > 0;
+    let generation = SCOPE_GENERATION.load(Ordering::Acquire);
+    if scoped {
+        let a = SCOPED_ANSWER.load(Ordering::Acquire);
+        if a >> 1 == generation && a != 0 {
+            return a & 1 == 1;
+        }
+    }
+    let status = status();
+    #[cfg(test)]
+    STATUS_CHECKS.fetch_add(1, Ordering::Relaxed);
+    let ok = unfiltered(&status);
+    if !ok && status.contains("Seccomp:") {
+        // Read and filtered (not merely unreadable): for good.
+        FILTERED.store(true, Ordering::Release);
+    }
+    if scoped {
+        SCOPED_ANSWER.store(generation << 1 | ok as u64, Ordering::Release);
+    }
+    ok
+}
+
+static FILTERED: AtomicBool = AtomicBool::new(false);
+#[cfg(test)]
+static STATUS_CHECKS: AtomicU64 = AtomicU64::new(0);
+/// Scopes of `one_seccomp_check` running now, and the number of the outermost one: an
+/// answer is kept with the number of the scope it was found in, so that one found as a
+/// scope ended never serves the next.
+static SCOPE_DEPTH: AtomicU32 = AtomicU32::new(0);
+static SCOPE_GENERATION: AtomicU64 = AtomicU64::new(1);
+static SCOPED_ANSWER: AtomicU64 = AtomicU64::new(0);
+
+/// Runs `f` (a report's steps) with `unfiltered_now` read at most once.
+pub fn one_seccomp_check<R>(f: impl FnOnce() -> R) -> R {
+    struct Scope;
+    impl Drop for Scope {
+        fn drop(&mut self) {
+            if SCOPE_DEPTH.fetch_sub(1, Ordering::AcqRel) == 1 {
+                SCOPE_GENERATION.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+    }
+    SCOPE_DEPTH.fetch_add(1, Ordering::AcqRel);
+    let _scope = Scope;
+    f()
 }
 
 /// `/proc/self/status` now, or "" when it could not be opened.
@@ -120,6 +172,26 @@ pub fn smaps_rollup() -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_report_reads_the_seccomp_state_once_and_the_next_one_reads_it_again() {
+        use std::sync::atomic::Ordering;
+        super::open(false);
+        let truth = super::unfiltered(&super::status());
+        // Other tests may check meanwhile: count only this thread's view of its scope.
+        let within = super::one_seccomp_check(|| {
+            let before = super::STATUS_CHECKS.load(Ordering::Relaxed);
+            let answers: Vec<bool> = (0..20).map(|_| super::unfiltered_now()).collect();
+            (answers, super::STATUS_CHECKS.load(Ordering::Relaxed) - before)
+        });
+        assert!(within.0.iter().all(|&a| a == truth));
+        assert!(within.1 <= 1, "{} reads in one scope", within.1);
+        let before = super::STATUS_CHECKS.load(Ordering::Relaxed);
+        super::one_seccomp_check(|| assert_eq!(super::unfiltered_now(), truth));
+        // Outside a scope every call reads.
+        assert_eq!(super::unfiltered_now(), truth);
+        assert!(super::STATUS_CHECKS.load(Ordering::Relaxed) - before >= 1);
+    }
+
     #[test]
     fn the_files_are_read_again_each_time() {
         super::open(true);
