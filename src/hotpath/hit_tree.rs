@@ -303,12 +303,17 @@ impl HitTree {
     }
 
     fn reset(&mut self, tag: u32) {
+        // A tree never filed into is still the zeroed mapping: its roots are empty
+        // already (filling them faulted in 64 KiB of every capturing thread's pages).
+        let fresh = self.used == 0;
         self.epoch_tag = tag;
         self.nodes[0] = Node { val: 0, off: STOP, sibling: 0 };
         self.used = 1;
         self.answered = 0;
         self.filed = 0;
-        self.roots.fill(Root::default());
+        if !fresh {
+            self.roots.fill(Root::default());
+        }
     }
 
     /// Starts the tree empty again at its first limit and gives back its nodes past it:
@@ -357,6 +362,21 @@ mod tests {
     fn empty() -> Box<HitTree> {
         // SAFETY: HitTree is plain integers; all-zero is its documented empty state.
         unsafe { Box::<HitTree>::new_zeroed().assume_init() }
+    }
+
+    /// A fresh tree's first filing writes its one root, not all of them: the roots of
+    /// every thread that captures were 64 KiB of pages faulted in for zeros.
+    #[test]
+    fn a_fresh_tree_touches_only_the_root_it_files_under() {
+        let mut t = empty();
+        let (roots, len) = (t.roots.as_ptr() as usize, std::mem::size_of_val(&t.roots));
+        let page = super::super::mapping::PAGE;
+        let (from, to) = (roots.next_multiple_of(page), (roots + len) / page * page);
+        assert_eq!(crate::os::own::resident(from, to - from), 0, "a zeroed allocation starts untouched");
+        t.insert(0x7000_0000 - 8, None, &distinct_path(0x7000_0000, 1, 4), 0, 1);
+        assert!(crate::os::own::resident(from, to - from) <= page as u64, "one root's page at most");
+        let read = |a: u64| if (0x7000_0000..0x7000_0020).contains(&a) { 1000 + (a - 0x7000_0000) / 8 } else { 0 };
+        assert_eq!(t.lookup(0x7000_0000 - 8, 0, 0, read, 0, |_, _| {}), Some(1));
     }
 
     /// Path `p` of `len` reads of the stack words from `base` up, its values its own.
