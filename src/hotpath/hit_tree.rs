@@ -368,15 +368,21 @@ mod tests {
     /// every thread that captures were 64 KiB of pages faulted in for zeros.
     #[test]
     fn a_fresh_tree_touches_only_the_root_it_files_under() {
-        let mut t = empty();
+        // Mapped as the unwinder maps a thread's tree: fresh zero pages.
+        let bytes = std::mem::size_of::<HitTree>();
+        let m = super::super::mapping::map_zeroed(bytes, super::super::mapping::Part::Other).expect("a mapping");
+        // SAFETY: a fresh zeroed mapping of the tree's size and page alignment; all-zero
+        // is the empty tree; unmapped below, after the last use.
+        let t = unsafe { &mut *(m as *mut HitTree) };
         let (roots, len) = (t.roots.as_ptr() as usize, std::mem::size_of_val(&t.roots));
         let page = super::super::mapping::PAGE;
         let (from, to) = (roots.next_multiple_of(page), (roots + len) / page * page);
-        assert_eq!(crate::os::own::resident(from, to - from), 0, "a zeroed allocation starts untouched");
+        assert_eq!(crate::os::own::resident(from, to - from), 0, "a fresh mapping starts untouched");
         t.insert(0x7000_0000 - 8, None, &distinct_path(0x7000_0000, 1, 4), 0, 1);
         assert!(crate::os::own::resident(from, to - from) <= page as u64, "one root's page at most");
         let read = |a: u64| if (0x7000_0000..0x7000_0020).contains(&a) { 1000 + (a - 0x7000_0000) / 8 } else { 0 };
         assert_eq!(t.lookup(0x7000_0000 - 8, 0, 0, read, 0, |_, _| {}), Some(1));
+        super::super::mapping::unmap(m, bytes);
     }
 
     /// Path `p` of `len` reads of the stack words from `base` up, its values its own.

@@ -338,6 +338,12 @@ fn why_not_ours(their_name: &str) -> String {
 /// our hook: for one call, our hook forwards to a probe that notes it was reached. Our
 /// own code allocates nothing meanwhile; another thread's call that reaches our hook in
 /// that moment is equally a call that reaches us.
+///
+/// One call is made first with our table as it is: an interposer that finds the next
+/// `malloc` at its first call (with `dlvsym(RTLD_NEXT, "malloc", "GLIBC_2.2.5")`, which
+/// our `dlvsym` answers with our hook only when the definition found is the one our
+/// table holds) must not find it while the probe stands there. Nothing records yet:
+/// the block goes to the C library and back.
 fn reaches_us(bound: usize) -> bool {
     static REAL: AtomicUsize = AtomicUsize::new(0);
     static REACHED: AtomicBool = AtomicBool::new(false);
@@ -347,17 +353,23 @@ fn reaches_us(bound: usize) -> bool {
         unsafe { std::mem::transmute::<usize, real::MallocFn>(REAL.load(Ordering::Acquire))(size) }
     }
     let Some(saved) = real::malloc().map(|f| f as usize) else { return false };
-    REAL.store(saved, Ordering::Release);
-    real::swap_malloc(probe as *const () as usize);
-    // SAFETY: `bound` is the program's malloc, as dlsym(RTLD_DEFAULT) returned it.
-    let p = unsafe { std::mem::transmute::<usize, real::MallocFn>(bound)(24) };
-    real::swap_malloc(saved);
-    // SAFETY: the program's free for the program's malloc's block (NULL is fine).
+    // SAFETY: the program's free, as dlsym(RTLD_DEFAULT) returned it.
     let free = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"free".as_ptr()) };
-    if !free.is_null() {
-        // SAFETY: as above.
-        unsafe { std::mem::transmute::<*mut c_void, real::FreeFn>(free)(p) };
-    }
+    // SAFETY: `bound` is the program's malloc, as dlsym(RTLD_DEFAULT) returned it.
+    let allocate = || unsafe { std::mem::transmute::<usize, real::MallocFn>(bound)(24) };
+    let release = |p: *mut c_void| {
+        if !free.is_null() {
+            // SAFETY: the program's free for the program's malloc's block (NULL is fine).
+            unsafe { std::mem::transmute::<*mut c_void, real::FreeFn>(free)(p) };
+        }
+    };
+    release(allocate());
+    REAL.store(saved, Ordering::Release);
+    REACHED.store(false, Ordering::Relaxed);
+    real::swap_malloc(probe as *const () as usize);
+    let p = allocate();
+    real::swap_malloc(saved);
+    release(p);
     REACHED.load(Ordering::Relaxed)
 }
 
