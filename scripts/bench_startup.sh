@@ -1,8 +1,9 @@
 #!/bin/sh
-# Start-up cost of the library on a process that does nothing (issue 55's third
-# target): /bin/true plain, under an empty preloaded library, under leaktrace disabled
-# and recording (its exit report written to tmpfs and to the report directory's disk),
-# interleaved round by round.
+# Start-up cost of the library (issue 55's third target): /bin/true, which does
+# nothing, then short real programs that allocate and leave blocks for the exit report
+# (git --version, sort of 1,000 lines), each plain, under an empty preloaded library,
+# under leaktrace disabled and recording (its exit report written to tmpfs), interleaved
+# round by round.
 #   scripts/bench_startup.sh [ROUNDS] [LIB] [BASE_LIB]
 # BASE_LIB (optional): a second build of the library, measured in the same rounds.
 set -eu
@@ -18,10 +19,24 @@ cc -shared -fPIC -o "$work/empty.so" "$work/empty.c"
 shm=/dev/shm/leaktrace-bench-$$
 disk=$work/reports
 mkdir -p "$shm" "$disk"
-set -- "plain:PLAIN=1" "empty preload:LD_PRELOAD=$work/empty.so" "leaktrace disabled:LD_PRELOAD=$lib LEAKTRACE_DISABLE=1" \
-    "leaktrace, report tmpfs:LD_PRELOAD=$lib LEAKTRACE_OUTPUT=$shm" "leaktrace, report disk:LD_PRELOAD=$lib LEAKTRACE_OUTPUT=$disk"
-if [ -n "$base" ]; then
-    set -- "$@" "base, report tmpfs:LD_PRELOAD=$base LEAKTRACE_OUTPUT=$shm" "base, report disk:LD_PRELOAD=$base LEAKTRACE_OUTPUT=$disk"
+seq 1000 | sort -R > "$work/lines"
+bench() {
+    n=$1
+    shift
+    set -- "plain:PLAIN=1" "empty preload:LD_PRELOAD=$work/empty.so" "leaktrace disabled:LD_PRELOAD=$lib LEAKTRACE_DISABLE=1" \
+        "leaktrace, report tmpfs:LD_PRELOAD=$lib LEAKTRACE_OUTPUT=$shm LEAKTRACE_SUMMARY=0" "leaktrace, report disk:LD_PRELOAD=$lib LEAKTRACE_OUTPUT=$disk LEAKTRACE_SUMMARY=0" \
+        ${base:+"base, report tmpfs:LD_PRELOAD=$base LEAKTRACE_OUTPUT=$shm LEAKTRACE_SUMMARY=0"} "$@"
+    "$work/spawn_bench" "$n" "$@"
+    rm -rf "$shm"/* "$disk"/*
+}
+echo "== /bin/true"
+bench "$rounds" -- /bin/true
+# Real programs take longer: a quarter of the rounds.
+short=$((rounds / 4 > 20 ? rounds / 4 : 20))
+if command -v git >/dev/null; then
+    echo "== git --version"
+    bench "$short" -- git --version
 fi
-"$work/spawn_bench" "$rounds" /bin/true "$@"
+echo "== sort -n (1,000 lines)"
+bench "$short" -- sort -n "$work/lines"
 rm -rf "$shm"
