@@ -163,7 +163,9 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], extra_roots: &[(u64, u64
     let own_threads = crate::os::threads::own_tids_settled(Duration::from_secs(5));
     tids.retain(|t| !own_threads.contains(t));
     let (tids, blocking) = roots::split_blocking(&tids);
-    let blocking_stacks = roots::copy_blocking_stacks(&blocking, &roots::writable_mappings());
+    // `/proc/self/maps` read for them only when a thread blocks (a process with
+    // thousands of mappings takes milliseconds to read it; it is read again below).
+    let blocking_stacks = if blocking.is_empty() { Vec::new() } else { roots::copy_blocking_stacks(&blocking, &roots::writable_mappings()) };
     let mut regs: Vec<u64> = Vec::with_capacity((tids.len() + 1) * 24);
     // Labels for every root range pushed below (no allocation once threads are held).
     let mut labels: Vec<RootLabel> = Vec::with_capacity(2 * tids.len() + blocking.len() + 64);
