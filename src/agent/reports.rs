@@ -738,7 +738,7 @@ fn name_holders(
 ) {
     // The variables that hold them, found in one pass over each module's symbols.
     let mut roots = Vec::new();
-    for g in groups.iter() {
+    for g in groups.iter().filter(|g| g.reachability.is_some_and(|r| r.reachable.bytes > 0)) {
         if let Some(path) = scan.held_by.get(&(g.stack_id, g.api.as_ref(), g.device.and_then(|d| u8::try_from(d).ok()))) {
             crate::report::held::data_roots(path, &mut roots);
         }
@@ -749,18 +749,6 @@ fn name_holders(
         }
     }
     sym.prefetch_data_symbols(&roots);
-    name_holders_found(scan, before_exit, groups, timeline, sym);
-    sym.forget_data_symbols();
-}
-
-/// `name_holders`, its data symbols found ahead.
-fn name_holders_found(
-    scan: &super::verdicts::ScanResult,
-    before_exit: &std::collections::HashMap<(u32, &'static str), Named>,
-    groups: &mut [build::Group],
-    timeline: &mut build::TimelineOut,
-    sym: &mut crate::report::symbolize::Symbolizer,
-) {
     for g in groups.iter_mut() {
         let reachable = g.reachability.is_some_and(|r| r.reachable.bytes > 0);
         if let Some(path) = scan.held_by.get(&(g.stack_id, g.api.as_ref(), g.device.and_then(|d| u8::try_from(d).ok()))).filter(|_| reachable) {
@@ -780,6 +768,7 @@ fn name_holders_found(
             }
         }
     }
+    sym.forget_data_symbols();
 }
 
 /// Per CUDA device: the live device memory of every group, and what of it the listed

@@ -69,10 +69,10 @@ pub fn defined_nowhere(name: &CStr) -> bool {
             let search = &mut *(data as *mut Search);
             let info = &*info;
             let phdrs: &[libc::Elf64_Phdr] = if info.dlpi_phdr.is_null() { &[] } else { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
-            // A module without a dynamic section exports nothing.
-            let Some(dynamic) = phdrs.iter().find(|ph| ph.p_type == libc::PT_DYNAMIC) else { return 0 };
             let base = info.dlpi_addr as usize;
-            let defines = match DynamicSymbols::read(base, base + dynamic.p_vaddr as usize) {
+            // A module without a dynamic section exports nothing.
+            let Some(dynamic) = super::loader::dynamic_section(base, phdrs) else { return 0 };
+            let defines = match DynamicSymbols::read(base, dynamic) {
                 Some(table) => table.defines_any(search.name),
                 None => true,
             };
@@ -244,7 +244,6 @@ impl DynamicSymbols {
     #[inline(always)]
     unsafe fn first_in_chain<T>(&self, name: &[u8], mut pick: impl FnMut(usize) -> Option<T>) -> Option<T> {
         let h = gnu_hash(name);
-
         // SAFETY (this block): the GNU hash table's layout — four u32 words (buckets,
         // first hashed symbol, bloom words, bloom shift), the 64-bit bloom filter, the
         // buckets, then one chain word per hashed symbol, the last of a chain odd.

@@ -67,6 +67,11 @@ pub fn span(base: usize, phdrs: &[libc::Elf64_Phdr]) -> (usize, usize) {
     })
 }
 
+/// Where a module's dynamic section (PT_DYNAMIC) is mapped, if it has one.
+pub fn dynamic_section(base: usize, phdrs: &[libc::Elf64_Phdr]) -> Option<usize> {
+    phdrs.iter().find(|ph| ph.p_type == libc::PT_DYNAMIC).map(|ph| base + ph.p_vaddr as usize)
+}
+
 /// A loaded ELF module: its path as the loader knows it (empty for the main program)
 /// and the span of its PT_LOAD segments.
 pub struct LoadedModule {
@@ -88,7 +93,7 @@ pub fn loaded_modules() -> Vec<LoadedModule> {
             let i = &*info;
             let phdrs = std::slice::from_raw_parts(i.dlpi_phdr, i.dlpi_phnum as usize);
             let (lo, hi) = span(i.dlpi_addr as usize, phdrs);
-            let dynamic = phdrs.iter().find(|ph| ph.p_type == libc::PT_DYNAMIC).map_or(0, |ph| i.dlpi_addr as usize + ph.p_vaddr as usize);
+            let dynamic = dynamic_section(i.dlpi_addr as usize, phdrs).unwrap_or(0);
             let path = if i.dlpi_name.is_null() { std::ffi::CString::default() } else { std::ffi::CStr::from_ptr(i.dlpi_name).to_owned() };
             if lo < hi {
                 out.push(LoadedModule { path, base: i.dlpi_addr as usize, lo, hi, dynamic });

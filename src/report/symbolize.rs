@@ -294,17 +294,12 @@ fn frames_in(ctx: &addr2line::Context<Reader>, probe: u64) -> (Vec<SymFrame>, bo
 }
 
 impl ModuleFile {
-    /// The data object (variable) symbol covering `offset` (file terms): its name and
-    /// start. `.symtab` first (static variables are there only), then `.dynsym`.
-    fn object_symbol(&self, offset: u64, allowed: bool) -> Option<(String, u64)> {
-        self.object_symbols(&[offset], allowed).pop().flatten()
-    }
-
-    /// `object_symbol` for each of `offsets` (ascending), in one pass over the symbol
-    /// tables: the first data symbol of `.symtab` that covers an offset, else of
-    /// `.dynsym`, as one lookup each would find. A report names the holders of dozens
-    /// of groups; one pass each over libc's or git's tables, their pages given back
-    /// after each, was ~1.5 ms of a short process's final report.
+    /// For each of `offsets` (ascending, file terms), in one pass over the symbol
+    /// tables: the data object (variable) symbol that covers it, its name and start:
+    /// the first of `.symtab` (static variables are there only), else of `.dynsym`. A
+    /// report names the holders of dozens of groups; one pass each over libc's or git's
+    /// tables, their pages given back after each, was ~1.5 ms of a short process's
+    /// final report.
     fn object_symbols(&self, offsets: &[u64], allowed: bool) -> Vec<Option<(String, u64)>> {
         use object::{Object, ObjectSymbol, SymbolKind};
         debug_assert!(offsets.is_sorted());
@@ -518,39 +513,33 @@ impl Symbolizer {
         if let Some(d) = self.data_symbols.get(&addr) {
             return Some(d.clone());
         }
-        let m = unwind::module_of(addr)?;
-        let idx = self.module_index(m.path, m.base, m.start, m.end);
-        let module = self.modules[idx as usize].path.clone();
-        let offset = addr.wrapping_sub(self.modules[idx as usize].base);
-        let allowed = crate::os::procfs::unfiltered_now();
-        let found = self.file(idx).and_then(|f| {
-            let found = f.object_symbol(offset, allowed);
-            f.release_pages(allowed);
-            found
-        });
-        Some(match found {
-            Some((name, start)) => DataSymbol { module, name: Some(name), offset: offset - start },
-            None => DataSymbol { module, name: None, offset },
-        })
+        self.find_data_symbols(&[addr]).pop().map(|(_, d)| d)
     }
 
     /// Finds the data symbols of `addrs` at once (`data_symbol` then answers them from
-    /// memory): one pass over each module's symbol tables for all the addresses in it,
-    /// and one look at whether `madvise` is allowed.
+    /// memory).
     pub fn prefetch_data_symbols(&mut self, addrs: &[u64]) {
+        let wanted: Vec<u64> = addrs.iter().copied().filter(|a| !self.data_symbols.contains_key(a)).collect();
+        for (addr, d) in self.find_data_symbols(&wanted) {
+            self.data_symbols.insert(addr, d);
+        }
+    }
+
+    /// `data_symbol` of each of `addrs` in a module (the others are left out): one pass
+    /// over each module's symbol tables for all its addresses, and one look at whether
+    /// `madvise` is allowed.
+    fn find_data_symbols(&mut self, addrs: &[u64]) -> Vec<(u64, DataSymbol)> {
         let mut by_module: std::collections::BTreeMap<u32, Vec<(u64, u64)>> = Default::default();
         for &addr in addrs {
-            if self.data_symbols.contains_key(&addr) {
-                continue;
-            }
             let Some(m) = unwind::module_of(addr) else { continue };
             let idx = self.module_index(m.path, m.base, m.start, m.end);
             by_module.entry(idx).or_default().push((addr.wrapping_sub(self.modules[idx as usize].base), addr));
         }
         if by_module.is_empty() {
-            return;
+            return Vec::new();
         }
         let allowed = crate::os::procfs::unfiltered_now();
+        let mut out = Vec::with_capacity(addrs.len());
         for (idx, mut wanted) in by_module {
             wanted.sort_unstable();
             wanted.dedup();
@@ -566,9 +555,10 @@ impl Symbolizer {
                     Some((name, start)) => DataSymbol { module: module.clone(), name: Some(name), offset: offset - start },
                     None => DataSymbol { module: module.clone(), name: None, offset },
                 };
-                self.data_symbols.insert(addr, d);
+                out.push((addr, d));
             }
         }
+        out
     }
 
     /// Drops what `prefetch_data_symbols` found (the modules may change before the next
