@@ -20,12 +20,16 @@
 //! `import torch` 94k of 880k native stacks kept 45 frames where 4 were new, and the
 //! frame arena held 41.6 MB; now 30.2 MB.
 //!
-//! **Three indexes, one probe sequence.** A stack's probes go first to a window of
-//! `FIRST_PROBES` slots in a small index (256 KiB), then to a window of `MAX_PROBES` in
-//! the large one (8 MiB), then, only where that window is full, to the overflow index
-//! (16 MiB, untouched until then). A program with a few thousand stacks (a Python
-//! interpreter starting up: 14k) never touches the large index: spread over it, its
-//! stacks had faulted in 3,300 pages of it, two page faults each. Once on huge pages the
+//! **Four indexes, one probe sequence.** A stack's probes go first to a window of
+//! `TINY_PROBES` slots in a tiny index (8 KiB), then of `FIRST_PROBES` in a small one
+//! (256 KiB), then to a window of `MAX_PROBES` in the large one (8 MiB), then, only
+//! where that window is full, to the overflow index (16 MiB, untouched until then). A
+//! short program (`git --version`: ~70 stacks) stays in the tiny index: spread over the
+//! small one, its stacks faulted in 37 of its 64 pages, two page faults each (a read
+//! maps the zero page, the claim copies it), ~0.25 ms of a 1.4 ms run. A program with a
+//! few thousand stacks (a Python interpreter starting up: 14k) never touches the large
+//! index: spread over it, its stacks had faulted in 3,300 pages of it, two page faults
+//! each. Once on huge pages the
 //! large index is all resident: `import torch`'s 1.2M records fill 57% of its 2M slots
 //! (a 4M-slot index, 16 MiB resident, was 29% full; an 8M-slot one 14%). A window of
 //! 64 slots is full for no stack at that load, and for 1 in 1,000 at 80% (a simulation
@@ -55,6 +59,9 @@ use super::mapping::HUGE_PAGE;
 const ID_BITS: u32 = 22;
 const ID_MASK: u32 = (1 << ID_BITS) - 1;
 const MAX_STACKS: usize = 1 << ID_BITS;
+const TINY_INDEX_SLOTS: usize = 1 << 11;
+/// Probes in the tiny index before the small one: one or two cache lines.
+const TINY_PROBES: usize = 16;
 const FIRST_INDEX_SLOTS: usize = 1 << 16;
 /// Probes in the small index before the large one: one or two cache lines.
 const FIRST_PROBES: usize = 16;
@@ -65,6 +72,9 @@ const OVERFLOW_SLOTS: usize = 1 << 22;
 const FRAME_BYTES: usize = 1 << 30;
 /// Probes in the large index.
 const MAX_PROBES: usize = 64;
+/// Where the probes of the small index, and those of the large one, end.
+const SMALL_END: usize = TINY_PROBES + FIRST_PROBES;
+const LARGE_END: usize = SMALL_END + MAX_PROBES;
 /// Longest run of records that refer to one another for their outer frames.
 const MAX_CHAIN: u64 = 8;
 /// The most frames a record takes on as its own to share a tail past a full chain
@@ -239,6 +249,8 @@ struct Tables {
     children: *const AtomicU32,
     /// First children handed out.
     child_count: AtomicU64,
+    /// The tiny index, followed in the same mapping by the small one (`first_index`).
+    tiny_index: *const AtomicU32,
     first_index: *const AtomicU32,
     index: *const AtomicU32,
     frames: *mut u8,
@@ -251,6 +263,8 @@ struct Tables {
     /// `next_id`.
     records_written: AtomicU32,
     overflows: AtomicU64,
+    /// Stacks whose slot is in the small index.
+    in_first_index: AtomicU32,
     /// Stacks whose slot is in the large index.
     in_large_index: AtomicU32,
     /// Stacks past a full window of the large index, in the overflow index.
@@ -282,7 +296,9 @@ fn published_tables() -> Option<&'static Tables> {
 fn init_tables() -> Option<&'static Tables> {
     let records = map_anonymous(MAX_STACKS * std::mem::size_of::<Record>(), Part::StackTable)?;
     let children = map_anonymous(MAX_STACKS * 4, Part::StackTable)?;
-    let first_index = map_anonymous(FIRST_INDEX_SLOTS * 4, Part::StackTable)?;
+    let tiny_index = map_anonymous((TINY_INDEX_SLOTS + FIRST_INDEX_SLOTS) * 4, Part::StackTable)? as *const AtomicU32;
+    // SAFETY: the small index follows the tiny one inside the same mapping.
+    let first_index = unsafe { tiny_index.add(TINY_INDEX_SLOTS) };
     let index = super::mapping::map_zeroed_aligned(INDEX_SLOTS * 4, Part::StackTable)?;
     let overflow = super::mapping::map_zeroed_aligned(OVERFLOW_SLOTS * 4, Part::StackTable)?;
     let frames = map_anonymous(FRAME_BYTES, Part::StackFrames)?;
@@ -293,7 +309,8 @@ fn init_tables() -> Option<&'static Tables> {
             records: records as *const Record,
             children: children as *const AtomicU32,
             child_count: AtomicU64::new(0),
-            first_index: first_index as *const AtomicU32,
+            tiny_index,
+            first_index,
             index: index as *const AtomicU32,
             frames,
             // id 0 is reserved for "no stack".
@@ -302,6 +319,7 @@ fn init_tables() -> Option<&'static Tables> {
             frames_written: AtomicU64::new(0),
             records_written: AtomicU32::new(1),
             overflows: AtomicU64::new(0),
+            in_first_index: AtomicU32::new(0),
             in_large_index: AtomicU32::new(0),
             overflow: overflow as *const AtomicU32,
             in_overflow: AtomicU32::new(0),
@@ -505,7 +523,7 @@ pub fn release_index() {
         return;
     }
     let _errno = crate::os::ErrnoGuard::save();
-    for (base, slots) in [(t.first_index, FIRST_INDEX_SLOTS), (t.index, INDEX_SLOTS), (t.overflow, OVERFLOW_SLOTS)] {
+    for (base, slots) in [(t.tiny_index, TINY_INDEX_SLOTS + FIRST_INDEX_SLOTS), (t.index, INDEX_SLOTS), (t.overflow, OVERFLOW_SLOTS)] {
         let (p, len) = (base as *mut libc::c_void, slots * 4);
         // SAFETY: whole mappings of ours (page-aligned, `slots * 4` bytes long) whose
         // cells are atomics read as zero afterwards: an empty slot. Small pages from
@@ -583,20 +601,24 @@ impl Tables {
         unsafe { &*self.records.add(id as usize) }
     }
 
-    /// Probe `k` of the sequence of hash `h`: the small index's window, then the large
-    /// index's, then the overflow index's (from other bits of the hash: the stacks that
-    /// come there share a window of the large index).
+    /// Probe `k` of the sequence of hash `h`: the tiny index's window, the small
+    /// index's, then the large index's, then the overflow index's (from other bits of
+    /// the hash: the stacks that come there share a window of the large index).
     fn probe(&self, h: u64, k: usize) -> &AtomicU32 {
-        if k < FIRST_PROBES {
-            let i = (h as usize).wrapping_add(k) & (FIRST_INDEX_SLOTS - 1);
+        if k < TINY_PROBES {
+            let i = (h as usize).wrapping_add(k) & (TINY_INDEX_SLOTS - 1);
+            // SAFETY: i < TINY_INDEX_SLOTS, the tiny index's length.
+            unsafe { &*self.tiny_index.add(i) }
+        } else if k < SMALL_END {
+            let i = (h as usize).wrapping_add(k - TINY_PROBES) & (FIRST_INDEX_SLOTS - 1);
             // SAFETY: i < FIRST_INDEX_SLOTS, the small index's length.
             unsafe { &*self.first_index.add(i) }
-        } else if k < FIRST_PROBES + MAX_PROBES {
-            let i = (h as usize).wrapping_add(k - FIRST_PROBES) & (INDEX_SLOTS - 1);
+        } else if k < LARGE_END {
+            let i = (h as usize).wrapping_add(k - SMALL_END) & (INDEX_SLOTS - 1);
             // SAFETY: i < INDEX_SLOTS, the large index's length.
             unsafe { &*self.index.add(i) }
         } else {
-            let i = ((h >> 24) as usize).wrapping_add(k - FIRST_PROBES - MAX_PROBES) & (OVERFLOW_SLOTS - 1);
+            let i = ((h >> 24) as usize).wrapping_add(k - LARGE_END) & (OVERFLOW_SLOTS - 1);
             // SAFETY: i < OVERFLOW_SLOTS, the overflow index's length.
             unsafe { &*self.overflow.add(i) }
         }
@@ -727,8 +749,11 @@ fn rebase_past(s: SharedTail, parent: &Parts) -> Option<SharedTail> {
 pub fn prefetch_index(h: u64) {
     if let Some(t) = tables() {
         super::mapping::prefetch_line(t.probe(h, 0));
+        if t.in_first_index.load(Ordering::Relaxed) != 0 {
+            super::mapping::prefetch_line(t.probe(h, TINY_PROBES));
+        }
         if t.in_large_index.load(Ordering::Relaxed) != 0 {
-            super::mapping::prefetch_line(t.probe(h, FIRST_PROBES));
+            super::mapping::prefetch_line(t.probe(h, SMALL_END));
         }
     }
 }
@@ -753,7 +778,7 @@ pub fn intern_hashed(epoch: u32, frames: &[u64], tail: Option<SharedTail>, h: u6
     let Some(t) = tables() else { return 0 };
     let tag = tag_of(h);
     let mut new_id = 0u32;
-    for k in 0..FIRST_PROBES + 2 * MAX_PROBES {
+    for k in 0..LARGE_END + MAX_PROBES {
         let slot = t.probe(h, k);
         // A slot goes from empty to filled once: a failed claim reads it again.
         loop {
@@ -778,10 +803,12 @@ pub fn intern_hashed(epoch: u32, frames: &[u64], tail: Option<SharedTail>, h: u6
                 }
             }
             if slot.compare_exchange(0, new_id | tag, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-                if k >= FIRST_PROBES + MAX_PROBES {
+                if k >= LARGE_END {
                     t.in_overflow.fetch_add(1, Ordering::Relaxed);
-                } else if k >= FIRST_PROBES {
+                } else if k >= SMALL_END {
                     t.in_large_index.fetch_add(1, Ordering::Relaxed);
+                } else if k >= TINY_PROBES {
+                    t.in_first_index.fetch_add(1, Ordering::Relaxed);
                 }
                 return new_id;
             }
@@ -1047,9 +1074,9 @@ mod tests {
     fn the_index_moves_to_huge_pages_once_large_and_keeps_every_id() {
         // Enough stacks of our own to pass the threshold whatever the other tests
         // interned; another thread keeps interning while the kernel collapses the index.
-        // The small index holds at most FIRST_INDEX_SLOTS of them.
+        // The tiny and small indexes hold at most TINY_INDEX_SLOTS + FIRST_INDEX_SLOTS of them.
         let stack = |i: u64| [0x7000_0000 + i, 0x7100_0000 + i * 3, 0xfeed_0000];
-        let n = (FIRST_INDEX_SLOTS + HUGE_INDEX_AT as usize + 100) as u64;
+        let n = (TINY_INDEX_SLOTS + FIRST_INDEX_SLOTS + HUGE_INDEX_AT as usize + 100) as u64;
         let ids: Vec<u32> = (0..n).map(|i| intern(7, &stack(i))).collect();
         assert!(tables().unwrap().in_large_index.load(Ordering::Relaxed) >= HUGE_INDEX_AT);
         assert!(ids.iter().all(|&id| id != 0));
@@ -1071,10 +1098,10 @@ mod tests {
 
     #[test]
     fn stacks_past_a_full_window_of_the_large_index_go_to_the_overflow_and_are_found_again() {
-        // Hashes equal in their low 24 bits: one window of the small and of the large
-        // index for all of them; the overflow's slot comes from the bits above.
+        // Hashes equal in their low 24 bits: one window of the tiny, the small and the
+        // large index for all of them; the overflow's slot comes from the bits above.
         let h = hash_frames(11, &[0xdef]) & !((1u64 << 54) - 1);
-        let n = (FIRST_PROBES + MAX_PROBES + 40) as u64;
+        let n = (LARGE_END + 40) as u64;
         let stacks: Vec<[u64; 2]> = (0..n).map(|i| [0x5151_0000, i]).collect();
         let hash = |i: u64| h | 0x00ab_cdef | (i << 24);
         let before = tables().map_or(0, |t| t.in_overflow.load(Ordering::Relaxed));
@@ -1091,12 +1118,40 @@ mod tests {
         }
     }
 
+    /// The probe sequence's windows, in order: the tiny index (its first pages only, for
+    /// a program with a few hundred stacks), the small, the large, the overflow.
+    #[test]
+    fn probes_go_to_the_tiny_index_first_then_the_small_large_and_overflow_ones() {
+        let t = tables().unwrap();
+        let within = |p: &AtomicU32, base: *const AtomicU32, slots: usize| {
+            let (a, b) = (p as *const AtomicU32 as usize, base as usize);
+            a >= b && a < b + slots * 4
+        };
+        for h in [1u64, 0x7ff, 0x1234_5678_9abc_def1, u64::MAX] {
+            for k in 0..LARGE_END + MAX_PROBES {
+                let p = t.probe(h, k);
+                let want = if k < TINY_PROBES {
+                    within(p, t.tiny_index, TINY_INDEX_SLOTS)
+                } else if k < SMALL_END {
+                    within(p, t.first_index, FIRST_INDEX_SLOTS)
+                } else if k < LARGE_END {
+                    within(p, t.index, INDEX_SLOTS)
+                } else {
+                    within(p, t.overflow, OVERFLOW_SLOTS)
+                };
+                assert!(want, "probe {k} of {h:#x}");
+            }
+        }
+        // 8 KiB: two pages hold every slot a short program's stacks take.
+        assert_eq!(TINY_INDEX_SLOTS * 4, 2 * 4096);
+    }
+
     #[test]
     fn stacks_that_share_a_tag_and_a_window_are_told_apart_by_their_frames() {
         // Hashes equal in the bits that pick the slot and the tag: only the record's
-        // full hash and frames tell these stacks apart, in the small index and past it.
+        // full hash and frames tell these stacks apart, in the tiny index and past it.
         let h = hash_frames(9, &[0xabc]) & !(((1u64 << 54) - 1) ^ ((1 << 23) - 1));
-        let stacks: Vec<[u64; 2]> = (0..FIRST_PROBES as u64 + 8).map(|i| [0x4242_0000, i]).collect();
+        let stacks: Vec<[u64; 2]> = (0..SMALL_END as u64 + 8).map(|i| [0x4242_0000, i]).collect();
         let ids: Vec<u32> = stacks.iter().enumerate().map(|(i, f)| intern_hashed(9, f, None, h | (i as u64) << 23)).collect();
         let mut distinct = ids.clone();
         distinct.sort_unstable();
