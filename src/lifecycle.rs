@@ -228,13 +228,23 @@ impl Lifecycle {
     pub fn final_on_signal(&self, sig: i32) -> bool {
         if self.final_in_progress() {
             // The process is already ending (exit, _exit) and writing its last report:
-            // let it finish; it ends right after. Killing it now would lose the report.
+            // let it finish; it ends right after, by this signal (`agent::finish`).
+            // Killing it now would lose the report.
+            let _ = self.terminating_signal.compare_exchange(0, sig, Ordering::AcqRel, Ordering::Acquire);
             return true;
         }
         if !self.tracking() || !self.collector.running.load(Ordering::Acquire) || self.owner_pid.load(Ordering::Relaxed) == 0 {
             return false;
         }
         self.terminating_signal.compare_exchange(0, sig, Ordering::AcqRel, Ordering::Acquire).is_ok()
+    }
+
+    /// The termination signal process `pid` must end by once its final report is
+    /// written: one came before or during the report. `None` in another process (a
+    /// vfork child shares our memory) and before the report is written.
+    pub fn ends_by_signal(&self, pid: u32) -> Option<i32> {
+        let sig = self.terminating_signal.load(Ordering::Acquire);
+        (sig != 0 && self.owner_pid.load(Ordering::SeqCst) == pid && self.phase() == Phase::Finished).then_some(sig)
     }
 
     /// The termination signal the collector must write the final report for (0: none).
@@ -452,6 +462,33 @@ mod tests {
         l.fork_child(9);
         assert_eq!(l.terminating_signal(), 0);
         assert!(l.no_collector_lives());
+    }
+
+    #[test]
+    fn a_signal_before_or_during_the_final_report_ends_the_process_after_it() {
+        let l = fresh();
+        l.start(7, 8);
+        l.collector_spawning();
+        l.collector_running(42);
+        assert!(l.final_on_signal(15));
+        assert_eq!(l.ends_by_signal(7), None, "not before the report is written");
+        assert_eq!(l.begin_final(7), FinalTurn::Mine);
+        l.final_written();
+        assert_eq!(l.ends_by_signal(7), Some(15));
+        assert_eq!(l.ends_by_signal(8), None, "another process sharing our memory");
+        // A signal while the exit path writes the report: taken, and ends it after.
+        let l = fresh();
+        l.start(7, 8);
+        assert_eq!(l.begin_final(7), FinalTurn::Mine);
+        assert!(l.final_on_signal(2), "the report being written is not cut short");
+        l.final_written();
+        assert_eq!(l.ends_by_signal(7), Some(2));
+        // No signal: the exit's own status.
+        let l = fresh();
+        l.start(7, 8);
+        assert_eq!(l.begin_final(7), FinalTurn::Mine);
+        l.final_written();
+        assert_eq!(l.ends_by_signal(7), None);
     }
 
     #[test]

@@ -290,6 +290,43 @@ fn sigterm_writes_the_final_report_then_terminates_as_before() {
     assert_eq!(sum(&groups_with(r, "leak_then_wait"), "bytes"), 2222);
 }
 
+/// A SIGTERM from outside cuts the program's `sleep` short (the handler returns, so that
+/// the thread it stopped can release what the report needs); the program then runs on
+/// to its `return 0`. Without the library it would have died by the signal, and so it
+/// must still: a test runner that stops a hung test with SIGTERM saw it exit 0.
+#[test]
+fn sigterm_during_a_sleep_the_program_returns_from_still_ends_it_by_the_signal() {
+    use std::os::unix::process::ExitStatusExt;
+    let bin = build_fixture("sleep_once.c", &[]);
+    for round in 0..5 {
+        let dir = fresh_dir("sleep-once");
+        let child = Command::new(&bin)
+            .arg("3333")
+            .env("LD_PRELOAD", lib_path())
+            .env("LEAKTRACE_OUTPUT", &dir)
+            .env("LEAKTRACE_SUMMARY", "0")
+            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Until the library runs (its collector thread exists), then past the leak.
+        let task = format!("/proc/{}/task", child.id());
+        let start = std::time::Instant::now();
+        while std::fs::read_dir(&task).map_or(0, |d| d.count()) < 2 && start.elapsed() < time_limit() {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        // SAFETY: plain kill of our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let out = wait_within(child);
+        assert_eq!(out.status.signal(), Some(libc::SIGTERM), "round {round}: {:?}, {}", out.status, String::from_utf8_lossy(&out.stderr));
+        let reports = reports_in(&dir);
+        assert_eq!(reports.len(), 1, "round {round}");
+        assert_eq!(reports[0]["reason"], "exit");
+        assert_eq!(sum(&groups_with(&reports[0], "leak_then_sleep"), "bytes"), 3333, "round {round}");
+    }
+}
+
 #[test]
 fn dlopen_dlclose_churn_keeps_every_leak_named() {
     let plugin = build_fixture("plugin.c", &["-shared", "-fPIC"]);

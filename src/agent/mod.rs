@@ -160,13 +160,27 @@ fn start_tracking(config: Config, host_tracking: String, glibc_heap: bool, befor
 /// caller must die at once: tracking is off, no collector runs, or this is the second
 /// signal.
 pub fn request_final_on_signal(sig: i32) -> bool {
-    LIFECYCLE.final_on_signal(sig)
+    let asked = LIFECYCLE.final_on_signal(sig);
+    if asked {
+        // The collector may be asleep (up to 2 ms between idle turns): a futex wake,
+        // which leaves errno as the interrupted code had it.
+        let _errno = crate::os::ErrnoGuard::save();
+        channel::wake_consumer();
+    }
+    asked
 }
 
-/// The final report at an exit (`exit`, `_exit`, the library's destructor).
+/// The final report at an exit (`exit`, `_exit`, the library's destructor). A process
+/// that a termination signal asked to end before (its handler returned: an interrupted
+/// `sleep` or `read` then let the program run on to its exit) ends by that signal once
+/// the report is written, as it would have without us: not with the status its exit
+/// gives (a test runner that stops a hung test with SIGTERM saw it exit 0).
 pub fn finish() {
     fork::adopt_if_cloned();
     reports::final_report();
+    if let Some(sig) = LIFECYCLE.ends_by_signal(std::process::id()) {
+        crate::os::signals::die_by_signal(sig);
+    }
 }
 
 /// Ends a recording that `leaktrace attach` switched on while the process runs on (on

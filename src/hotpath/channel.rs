@@ -657,7 +657,7 @@ fn lagged_end(ring: &ThreadRing, tail: u64) -> u64 {
 
 /// Wakes the consumer if it sleeps in `park_consumer`.
 #[inline(always)]
-fn wake_consumer() {
+pub fn wake_consumer() {
     // No fence: a producer that misses the consumer parking (its load of the flag passed
     // the consumer's store) looks again `RECHECK_EVERY` events later, and the sleep is
     // bounded anyway.
