@@ -39,8 +39,35 @@ pub fn copy_own<T: Plain>(from: u64, buf: &mut [T]) -> usize {
     let remote = libc::iovec { iov_base: from as *mut std::ffi::c_void, iov_len: len };
     // SAFETY: writes at most `len` bytes, `buf`'s own, of a type any bytes are a value of
     // (`Plain`); the kernel checks the remote range and fails rather than faulting.
-    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    let n = unsafe { libc::process_vm_readv(image::own_pid(), &local, 1, &remote, 1, 0) };
     n.max(0) as usize
+}
+
+/// The words at `addrs` (each 8-byte aligned) of this process's own memory, as
+/// `copy_own` reads them, in as few system calls as the kernel allows: one
+/// `process_vm_readv` takes up to 1,024 of them, and stops at the first that is not
+/// mapped, which is then skipped (`None`).
+pub fn copy_own_words(addrs: &[u64]) -> Vec<Option<u64>> {
+    const MAX_IOV: usize = 1024;
+    let mut out = vec![None; addrs.len()];
+    let mut values = vec![0u64; addrs.len()];
+    let mut at = 0;
+    while at < addrs.len() {
+        let n = (addrs.len() - at).min(MAX_IOV);
+        let local = libc::iovec { iov_base: values[at..].as_mut_ptr() as *mut std::ffi::c_void, iov_len: n * 8 };
+        let remote: Vec<libc::iovec> = addrs[at..at + n].iter().map(|&a| libc::iovec { iov_base: a as *mut std::ffi::c_void, iov_len: 8 }).collect();
+        // SAFETY: writes at most `n * 8` bytes into `values[at..at + n]`; the kernel checks
+        // each remote range and stops at the first it cannot read instead of faulting.
+        let got = unsafe { libc::process_vm_readv(image::own_pid(), &local, 1, remote.as_ptr(), n as libc::c_ulong, 0) };
+        // Whole words only: an aligned word never straddles a page.
+        let whole = (got.max(0) as usize / 8).min(n);
+        for k in at..at + whole {
+            out[k] = Some(values[k]);
+        }
+        // Short: the word after those that came could not be read, and is skipped.
+        at += if whole == n { n } else { whole + 1 };
+    }
+    out
 }
 
 /// The whole of `fd` from offset 0, a page at a time (`pread`: a descriptor held and
@@ -96,4 +123,36 @@ impl Drop for ErrnoGuard {
 pub fn errno() -> i32 {
     // SAFETY: __errno_location always returns this thread's valid errno slot.
     unsafe { *libc::__errno_location() }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn words_are_read_in_one_call_and_an_unmapped_one_is_skipped_not_the_rest() {
+        let data: Vec<u64> = (0..3000u64).map(|i| i * 7 + 1).collect();
+        // SAFETY: one fresh page, then unmapped: an address that cannot be read.
+        let gone = unsafe {
+            let p = libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_READ, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+            assert_ne!(p, libc::MAP_FAILED);
+            libc::munmap(p, 4096);
+            p as u64
+        };
+        let at = |i: usize| data.as_ptr() as u64 + 8 * i as u64;
+        // More than one call's worth (1,024), with unreadable words first, inside and last.
+        let mut addrs: Vec<u64> = vec![gone];
+        addrs.extend((0..2500).map(|i| at(i % 3000)));
+        addrs.insert(1500, gone + 8);
+        addrs.push(gone + 16);
+        let got = super::copy_own_words(&addrs);
+        assert_eq!(got.len(), addrs.len());
+        for (k, (&a, v)) in addrs.iter().zip(&got).enumerate() {
+            if a >= gone && a < gone + 4096 {
+                assert_eq!(*v, None, "word {k}");
+            } else {
+                // SAFETY: an address inside `data`.
+                assert_eq!(*v, Some(unsafe { *(a as *const u64) }), "word {k}");
+            }
+        }
+        assert!(super::copy_own_words(&[]).is_empty());
+    }
 }
