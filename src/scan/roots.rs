@@ -332,10 +332,20 @@ fn is_system_frame(ip: u64) -> bool {
 
 /// The roots on the stack of the thread that writes the final report, when it is a
 /// program thread: every program frame whole; of the C library's, the loader's and the
-/// library's own frames, only the registers they saved; and the callee-saved registers
-/// as they are now (pushed onto `regs`). Where the walk cannot go on, the rest of the
-/// stack is a root whole. Call before threads are stopped (the walk allocates). Each
-/// range is labelled in `labels` with the function whose frame it is.
+/// library's own frames, the registers the program had there; and the callee-saved
+/// registers as they are now where no such frame below the program's saved them (pushed
+/// onto `regs`). Where the walk cannot go on, the rest of the stack is a root whole.
+/// Call before threads are stopped (the walk allocates). Each range is labelled in
+/// `labels` with the function whose frame it is.
+///
+/// A run of such frames between two program frames saves the outer program frame's
+/// registers: for each register, the slot of the outermost frame of the run that saved
+/// it holds the program's value. A slot that an inner frame of the run saved the same
+/// register in holds what the run's own code had put there (the report's own variables
+/// among them: the address of a block it was looking at), and so does a register that
+/// a frame below the innermost program frame saved. Reading those as roots kept a
+/// block the program had lost "reachable" (tests/fixtures/exit_roots.c, its stale slot
+/// in a dead frame, once the report's code changed which registers it saved).
 pub fn own_stack(maps: &[(u64, u64)], roots: &mut Vec<(u64, u64)>, regs: &mut Vec<u64>, labels: &mut Vec<super::RootLabel>) {
     let tid = ENTRY_TID.load(Ordering::Relaxed);
     if tid == 0 || tid != crate::hotpath::thread::tid() {
@@ -348,17 +358,28 @@ pub fn own_stack(maps: &[(u64, u64)], roots: &mut Vec<(u64, u64)>, regs: &mut Ve
     let end = crate::hotpath::unwind::walk_own_stack(stack_end, &mut callee_saved, |f| spans.push(*f));
     let frame = |ip: u64| super::RootKind::Stack { tid, ip, copied: false };
     let first = roots.len();
-    for f in &spans {
+    let saves = program_register_slots(&spans, is_system_frame);
+    for (f, own) in spans.iter().zip(&saves) {
         let from = roots.len();
         // The registers a system frame saved are its caller's: no function named.
-        let ip = if is_system_frame(f.ip) {
-            roots.extend(f.saved.iter().flatten().map(|&a| (a, 8)));
-            0
-        } else {
-            roots.push((f.sp, f.cfa - f.sp));
-            f.ip
+        let ip = match own {
+            Some(slots) => {
+                roots.extend(slots.iter().flatten().map(|&a| (a, 8)));
+                0
+            }
+            None => {
+                roots.push((f.sp, f.cfa - f.sp));
+                f.ip
+            }
         };
         labels.extend(roots[from..].iter().map(|&(start, len)| super::RootLabel { start, len, kind: frame(ip) }));
+    }
+    // What a frame below the innermost program frame saved is the program's in its slot;
+    // the register itself now holds the library's value.
+    for (k, value) in callee_saved.iter_mut().enumerate() {
+        if spans.iter().zip(&saves).take_while(|(_, own)| own.is_some()).any(|(f, _)| f.saved[k].is_some()) {
+            *value = 0;
+        }
     }
     if regs.len() + callee_saved.len() <= regs.capacity() {
         let at = regs.as_ptr() as u64 + 8 * regs.len() as u64;
@@ -370,6 +391,38 @@ pub fn own_stack(maps: &[(u64, u64)], roots: &mut Vec<(u64, u64)>, regs: &mut Ve
         labels.push(super::RootLabel { start: from, len: stack_end - from, kind: frame(0) });
     }
     debug_assert!(roots.len() >= first);
+}
+
+/// Per frame of `spans` (innermost first): `None` for a program frame (a root whole);
+/// for a system frame, the slots among those it saved that hold a program frame's
+/// registers: the register's save by the outermost system frame of its run (the frames
+/// between two program frames, or outside the last one). See `own_stack`.
+fn program_register_slots(spans: &[crate::hotpath::unwind::FrameSpan], is_system: impl Fn(u64) -> bool) -> Vec<Option<[Option<u64>; 6]>> {
+    let mut out: Vec<Option<[Option<u64>; 6]>> = spans.iter().map(|f| is_system(f.ip).then_some([None; 6])).collect();
+    // Per register, the frame of the current run that saved it last (outermost so far).
+    let mut last: [Option<usize>; 6] = [None; 6];
+    let flush = |last: &mut [Option<usize>; 6], out: &mut Vec<Option<[Option<u64>; 6]>>| {
+        for (k, at) in last.iter_mut().enumerate() {
+            if let Some(i) = at.take() {
+                if let Some(slots) = out[i].as_mut() {
+                    slots[k] = spans[i].saved[k];
+                }
+            }
+        }
+    };
+    for (i, f) in spans.iter().enumerate() {
+        if out[i].is_none() {
+            flush(&mut last, &mut out);
+            continue;
+        }
+        for (k, slot) in f.saved.iter().enumerate() {
+            if slot.is_some() {
+                last[k] = Some(i);
+            }
+        }
+    }
+    flush(&mut last, &mut out);
+    out
 }
 
 /// Reads live process memory word by word, skipping anything not in `readable`.
@@ -924,6 +977,33 @@ mod tests {
         assert!(seen == expected);
         // SAFETY: the mapping made above (its holes are fine to unmap again).
         unsafe { libc::munmap(base as *mut c_void, (pages * page) as usize) };
+    }
+
+    /// Between two program frames, each register's program value is in the slot of the
+    /// outermost system frame that saved it; an inner frame's save of the same register
+    /// holds the system code's own value, and is no root.
+    #[test]
+    fn only_the_outermost_save_of_a_run_of_system_frames_holds_the_programs_register() {
+        use crate::hotpath::unwind::FrameSpan;
+        let span = |ip: u64, saved: [Option<u64>; 6]| FrameSpan { ip, sp: 0, cfa: 0, saved };
+        // ip 1: system frames, ip 2: program frames; innermost first.
+        let spans = [
+            span(1, [Some(0x10), Some(0x18), None, None, None, None]),
+            span(1, [Some(0x20), None, Some(0x28), None, None, None]),
+            span(2, [Some(0x30), None, None, None, None, None]),
+            span(1, [None, None, None, Some(0x40), None, None]),
+            span(1, [None, None, None, Some(0x50), None, Some(0x58)]),
+            span(2, [None; 6]),
+            span(1, [Some(0x60), None, None, None, None, None]),
+        ];
+        let got = program_register_slots(&spans, |ip| ip == 1);
+        assert_eq!(got[0], Some([None, Some(0x18), None, None, None, None]), "rbx: saved again further out");
+        assert_eq!(got[1], Some([Some(0x20), None, Some(0x28), None, None, None]));
+        assert_eq!(got[2], None, "a program frame is a root whole");
+        assert_eq!(got[3], Some([None; 6]), "r13: saved again further out");
+        assert_eq!(got[4], Some([None, None, None, Some(0x50), None, Some(0x58)]));
+        assert_eq!(got[5], None);
+        assert_eq!(got[6], Some([Some(0x60), None, None, None, None, None]), "outside the last program frame");
     }
 
     /// Roots on the scanning thread's own stack (the registers its callers saved) are
