@@ -130,11 +130,11 @@ mod tests {
     #[test]
     fn words_are_read_in_one_call_and_an_unmapped_one_is_skipped_not_the_rest() {
         let data: Vec<u64> = (0..3000u64).map(|i| i * 7 + 1).collect();
-        // SAFETY: one fresh page, then unmapped: an address that cannot be read.
+        // SAFETY: one fresh page that nothing may read, kept mapped until the end (an
+        // unmapped one could be mapped again meanwhile by another test's thread).
         let gone = unsafe {
-            let p = libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_READ, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+            let p = libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
             assert_ne!(p, libc::MAP_FAILED);
-            libc::munmap(p, 4096);
             p as u64
         };
         let at = |i: usize| data.as_ptr() as u64 + 8 * i as u64;
@@ -154,5 +154,7 @@ mod tests {
             }
         }
         assert!(super::copy_own_words(&[]).is_empty());
+        // SAFETY: the page mapped above.
+        unsafe { libc::munmap(gone as *mut libc::c_void, 4096) };
     }
 }
