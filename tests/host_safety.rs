@@ -246,15 +246,9 @@ fn a_program_that_resets_sigterm_to_its_default_still_gets_its_final_report() {
     let bin = build_fixture("sigterm_reset.c", &[]);
     for how in ["sigaction", "signal"] {
         let dir = fresh_dir("sigterm-reset");
-        let mut child = Command::new(&bin)
-            .arg(how)
-            .env("LD_PRELOAD", lib_path())
-            .env("LEAKTRACE_OUTPUT", &dir)
-            .env("LEAKTRACE_SUMMARY", "0")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut cmd = Command::new(&bin);
+        cmd.arg(how);
+        let mut child = spawn_traced(cmd, &dir);
         // The line comes after the reset and the query; the leak right after it.
         let mut line = String::new();
         std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();

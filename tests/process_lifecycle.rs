@@ -300,15 +300,9 @@ fn sigterm_during_a_sleep_the_program_returns_from_still_ends_it_by_the_signal()
     let bin = build_fixture("sleep_once.c", &[]);
     for round in 0..5 {
         let dir = fresh_dir("sleep-once");
-        let child = Command::new(&bin)
-            .arg("3333")
-            .env("LD_PRELOAD", lib_path())
-            .env("LEAKTRACE_OUTPUT", &dir)
-            .env("LEAKTRACE_SUMMARY", "0")
-            .stderr(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut cmd = Command::new(&bin);
+        cmd.arg("3333");
+        let child = spawn_traced(cmd, &dir);
         // Until the library runs (its collector thread exists), then past the leak.
         let task = format!("/proc/{}/task", child.id());
         let start = std::time::Instant::now();

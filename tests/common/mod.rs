@@ -245,20 +245,28 @@ pub fn sleeper_until(signal: i32, bytes: u64, env: &[(&str, &str)]) -> (Output, 
     let bin = build_fixture("sleeper.c", &[]);
     let out_dir = fresh_dir("sleeper");
     let mut cmd = Command::new(&bin);
-    cmd.arg(bytes.to_string())
-        .env("LD_PRELOAD", lib_path())
-        .env("LEAKTRACE_OUTPUT", &out_dir)
-        .env("LEAKTRACE_SUMMARY", "0")
-        .stderr(std::process::Stdio::piped());
+    cmd.arg(bytes.to_string());
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let child = cmd.spawn().unwrap();
+    let child = spawn_traced(cmd, &out_dir);
     std::thread::sleep(std::time::Duration::from_millis(300));
     // SAFETY: plain kill of our own child.
     unsafe { libc::kill(child.id() as i32, signal) };
     let out = wait_within(child);
     (out, reports_in(&out_dir))
+}
+
+/// Starts `cmd` under the library, its reports in `dir`, without the exit summary, its
+/// stdout and stderr piped (for `wait_within`, or read as it runs).
+pub fn spawn_traced(mut cmd: Command, dir: &Path) -> std::process::Child {
+    cmd.env("LD_PRELOAD", lib_path())
+        .env("LEAKTRACE_OUTPUT", dir)
+        .env("LEAKTRACE_SUMMARY", "0")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
 /// `Child::wait_with_output` under `time_limit()`: a child still running then is killed
