@@ -288,6 +288,8 @@ mod tests {
             grown_bytes: grown,
             bytes_per_minute: 0,
             points: 10,
+            first_unix_ms: 0,
+            last_unix_ms: 0,
             stack: vec![Frame { function: Some("step".into()), file: Some("train.py".into()), line: Some(line), ..Default::default() }],
             cached_by: None,
             held_by: vec![],

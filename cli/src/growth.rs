@@ -36,6 +36,10 @@ pub struct Growth {
     pub grown_bytes: u64,
     pub bytes_per_minute: u64,
     pub points: usize,
+    /// When the points of `first_bytes` and `last_bytes` were taken (ms since the epoch):
+    /// the span `bytes_per_minute` is measured over.
+    pub first_unix_ms: u64,
+    pub last_unix_ms: u64,
     pub stack: Vec<Frame>,
     /// The caching allocator that holds this stack's memory (a CUDA segment of
     /// PyTorch's allocator, say): the stack is then that of the allocation that found
@@ -101,8 +105,17 @@ pub const PYTHON_LINE: &str = "python line";
 /// The `kind` of a Python line's growth, which counts host and CUDA memory together.
 pub const ALL_KINDS: &str = "all";
 
-/// (first, last, points, bytes per minute) of a series that grows steadily.
-fn steady_growth(bytes: &[u64], points: &[Point], cut: usize, min_bytes: u64) -> Option<(u64, u64, usize, u64)> {
+/// A series that grows steadily, over the span its rate is measured on.
+struct Steady {
+    first: u64,
+    last: u64,
+    points: usize,
+    per_minute: u64,
+    first_unix_ms: u64,
+    last_unix_ms: u64,
+}
+
+fn steady_growth(bytes: &[u64], points: &[Point], cut: usize, min_bytes: u64) -> Option<Steady> {
     let values = &bytes[..bytes.len().saturating_sub(cut)];
     if values.len() != points.len() {
         return None;
@@ -116,8 +129,10 @@ fn steady_growth(bytes: &[u64], points: &[Point], cut: usize, min_bytes: u64) ->
     }
     let start = values.len() / 4;
     let (first, last) = (values[start], *values.last()?);
-    let minutes = (points.last()?.unix_ms.saturating_sub(points[start].unix_ms)) as f64 / 60_000.0;
-    Some((first, last, values.len(), if minutes > 0.0 { ((last - first) as f64 / minutes) as u64 } else { 0 }))
+    let (first_unix_ms, last_unix_ms) = (points[start].unix_ms, points.last()?.unix_ms);
+    let minutes = last_unix_ms.saturating_sub(first_unix_ms) as f64 / 60_000.0;
+    let per_minute = if minutes > 0.0 { ((last - first) as f64 / minutes) as u64 } else { 0 };
+    Some(Steady { first, last, points: values.len(), per_minute, first_unix_ms, last_unix_ms })
 }
 
 /// Whether a stack's Python frames pass through the import machinery.
@@ -152,15 +167,17 @@ pub fn detect(report: &Report, min_bytes: u64) -> Vec<Growth> {
         run = run.min(all.len().saturating_sub(1));
     }
     let (points, cut) = (&all[..run], all.len() - run);
-    let growth = |kind: &str, api: &str, stack_id: u32, (first, last, n, per_minute): (u64, u64, usize, u64), stack: Vec<Frame>| Growth {
+    let growth = |kind: &str, api: &str, stack_id: u32, g: Steady, stack: Vec<Frame>| Growth {
         kind: kind.into(),
         api: api.into(),
         stack_id,
-        first_bytes: first,
-        last_bytes: last,
-        grown_bytes: last - first,
-        bytes_per_minute: per_minute,
-        points: n,
+        first_bytes: g.first,
+        last_bytes: g.last,
+        grown_bytes: g.last - g.first,
+        bytes_per_minute: g.per_minute,
+        points: g.points,
+        first_unix_ms: g.first_unix_ms,
+        last_unix_ms: g.last_unix_ms,
         stack,
         cached_by: None,
         held_by: Vec::new(),
@@ -272,6 +289,9 @@ mod tests {
         assert_eq!((found[0].api.as_str(), found[0].kind.as_str()), (PYTHON_LINE, ALL_KINDS));
         assert_eq!((found[0].stack[0].file.as_deref(), found[0].stack[0].line), (Some("/w/train.py"), Some(41)));
         assert!(found[0].bytes_per_minute > 5_000_000, "{}", found[0].bytes_per_minute);
+        // The rate's span: from the point a quarter in (after warm-up) to the last.
+        assert_eq!((found[0].first_unix_ms, found[0].last_unix_ms), (5_000, 19_000));
+        assert_eq!(found[0].bytes_per_minute, (found[0].grown_bytes as f64 / (14_000.0 / 60_000.0)) as u64);
         assert_eq!(found[1].api, "malloc");
     }
 
