@@ -709,6 +709,33 @@ struct MemoEntry {
     hashes: [u64; MAX_DEPTH],
 }
 
+/// Paths the hit tree answered, copied for the memo to answer next time (`promote`):
+/// kept apart from the full entries, which they used to push out (a full entry lends
+/// its outer frames to the next unwind; a copy has none to lend), in entries of their
+/// own size (a full entry is 6.9 KB, a copy's reads fit in 0.8), and found by their
+/// stack pointer's set of `PATH_WAYS`, not by a scan of them all.
+const PATH_SETS: usize = 64;
+const PATH_WAYS: usize = 4;
+const PATHS: usize = PATH_SETS * PATH_WAYS;
+
+/// The set of `path_sps` (and `paths`) a capture at stack pointer `sp0` looks in.
+#[inline(always)]
+fn path_set(sp0: u64) -> usize {
+    ((sp0 >> 3).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58) as usize & (PATH_SETS - 1)
+}
+
+/// A copied path: the stack words an unwind read from `sp` on, and its stack id.
+#[repr(C)]
+struct PathEntry {
+    sp: u64,
+    bp: u64,
+    bp_used: bool,
+    epoch: u32,
+    stack_id: u32,
+    nreads: u32,
+    reads: [(u64, u64); PROMOTE_READS],
+}
+
 const L1_RULES: usize = 1024;
 
 struct Memo {
@@ -728,6 +755,11 @@ struct Memo {
     /// `entries[i].sp`, kept together so a lookup scans one or two cache lines.
     sps: [u64; MEMO_ENTRIES],
     entries: [MemoEntry; MEMO_ENTRIES],
+    /// Per set of `paths`, the way a copy overwrites next (in turn).
+    path_next: [u8; PATH_SETS],
+    /// `paths[set * PATH_WAYS + way].sp`, a set's in one half line.
+    path_sps: [[u64; PATH_WAYS]; PATH_SETS],
+    paths: [PathEntry; PATHS],
     /// Direct-mapped per-thread copy of hot rule-cache entries (key, rule): the shared
     /// table is large and its lines are usually cold; the frames near `main` and the
     /// program's allocation helpers repeat on every capture.
@@ -823,21 +855,26 @@ const PROMOTE_READS: usize = 48;
 const PROMOTE_WINDOW: u32 = 1024;
 const PROMOTE_PAUSE: u32 = 16 * PROMOTE_WINDOW;
 
-/// Makes a memo entry of a path the hit tree answered. It has no frames, so it never
-/// lends outer frames to another unwind (`m.last` never points to it).
+/// Copies a path the hit tree answered into the memo's `paths`, in turn. It has no
+/// frames, so it never lends outer frames to another unwind.
 fn promote(m: &mut Memo, sp0: u64, bp_key: Option<u64>, reads: &[(u64, u64)], epoch: u32, id: u32) {
-    let slot = m.take_slot(sp0);
-    if m.last == slot {
-        m.last = usize::MAX;
-    }
-    let e = &mut m.entries[slot];
+    let set = path_set(sp0);
+    // An empty way first, else the set's ways in turn.
+    let way = match m.path_sps[set].iter().position(|&sp| sp == 0) {
+        Some(way) => way,
+        None => {
+            let way = m.path_next[set] as usize % PATH_WAYS;
+            m.path_next[set] = m.path_next[set].wrapping_add(1);
+            way
+        }
+    };
+    m.path_sps[set][way] = sp0;
+    let e = &mut m.paths[set * PATH_WAYS + way];
     e.sp = sp0;
     e.bp = bp_key.unwrap_or(0);
     e.bp_used = bp_key.is_some();
-    e.by_depth = false;
     e.epoch = epoch;
     e.stack_id = id;
-    e.nframes = 0;
     e.reads[..reads.len()].copy_from_slice(reads);
     e.nreads = reads.len() as u32;
     #[cfg(test)]
@@ -1171,6 +1208,28 @@ fn capture(state: &ThreadState, depth: usize, memoise: bool, before_intern: impl
     let epoch = epoch();
     let mut memo = if memoise { memo_for_thread(state) } else { None };
     if let Some(m) = memo.as_deref_mut() {
+        // Copies of paths the tree answered first: in a steady loop most captures are
+        // theirs, and the full entries below share their stack pointers.
+        let set = path_set(sp0);
+        'paths: for (way, sp) in m.path_sps[set].iter().enumerate() {
+            if *sp != sp0 {
+                continue;
+            }
+            let e = &m.paths[set * PATH_WAYS + way];
+            if e.sp != sp0 || e.epoch != epoch || e.nreads == 0 || (e.bp_used && e.bp != bp0) {
+                continue;
+            }
+            for &(addr, val) in &e.reads[..e.nreads as usize] {
+                // SAFETY: addr was read (bounds-checked against this thread's stack) by an
+                // unwind from the same stack pointer, above it, so it is mapped.
+                if unsafe { std::ptr::read(addr as *const u64) } != val {
+                    continue 'paths;
+                }
+            }
+            // A path the tree answered, copied here (`promote`).
+            m.promoted_hits = m.promoted_hits.saturating_add(1);
+            return e.stack_id;
+        }
         'entries: for (i, sp) in m.sps.iter().enumerate() {
             if *sp != sp0 {
                 continue;
@@ -1188,9 +1247,6 @@ fn capture(state: &ThreadState, depth: usize, memoise: bool, before_intern: impl
             }
             if e.nframes > 0 {
                 m.last = i;
-            } else {
-                // A path the tree answered, copied here (`promote`).
-                m.promoted_hits = m.promoted_hits.saturating_add(1);
             }
             return e.stack_id;
         }
@@ -1636,16 +1692,17 @@ mod tests {
         assert!(SUFFIXES_TAKEN.load(Ordering::Relaxed) > 100, "the outer part was reused {} times", SUFFIXES_TAKEN.load(Ordering::Relaxed));
     }
 
-    /// More paths in turn than the memo holds: each copy of a tree answer is pushed out
+    /// More paths in turn than the memo's copies hold: each copy of a tree answer is pushed out
     /// before its path comes back, so the copying stops after a window (answers stay
     /// exact). A few paths taken again and again between others: their copies answer,
     /// and the copying goes on.
     #[test]
     fn tree_answers_are_copied_into_the_memo_only_while_the_copies_answer() {
         assert!(init());
+        // 600 paths of a few dozen stack pointers: many more to a set than its ways.
         let thrash = std::thread::spawn(|| {
-            for round in 0..80u32 {
-                for p in 0..60u32 {
+            for round in 0..20u32 {
+                for p in 0..600u32 {
                     path_is_unwound_exactly(p, format_args!("round {round}"));
                 }
             }
@@ -1663,8 +1720,8 @@ mod tests {
                         path_is_unwound_exactly(p, format_args!("cycle {cycle}"));
                     }
                 }
-                // ... then twenty others push them out.
-                for p in 20..40u32 {
+                // ... then others push them out.
+                for p in 100..400u32 {
                     path_is_unwound_exactly(p, format_args!("cycle {cycle}"));
                 }
             }
@@ -1682,13 +1739,13 @@ mod tests {
         // the memo has lost each one by the time it comes back, and the tree answers.
         std::thread::spawn(|| {
             for round in 0..6u32 {
-                for p in 0..60u32 {
+                for p in 0..600u32 {
                     path_is_unwound_exactly(p, format_args!("round {round}"));
                 }
             }
         })
         .join()
         .unwrap();
-        assert!(TREE_ANSWERS.load(Ordering::Relaxed) > 60, "the tree answered {} captures", TREE_ANSWERS.load(Ordering::Relaxed));
+        assert!(TREE_ANSWERS.load(Ordering::Relaxed) > 100, "the tree answered {} captures", TREE_ANSWERS.load(Ordering::Relaxed));
     }
 }
