@@ -20,7 +20,7 @@ for t in old new; do
         valgrind --tool=callgrind --callgrind-out-file="$work/$t.out" "$@" >/dev/null 2>"$work/$t.err" ||
         { echo "$t: valgrind failed:" >&2; tail -5 "$work/$t.err" >&2; exit 1; }
     total=$(callgrind_annotate "$work/$t.out" | awk '/PROGRAM TOTALS/ {print $1}')
-    capture=$(callgrind_annotate --inclusive=yes "$work/$t.out" | awk '/capture_stack_id \[/ && !done {print $1; done = 1}')
+    capture=$(callgrind_annotate --inclusive=yes "$work/$t.out" | awk '/unwind.rs:leaktrace::hotpath::unwind::capture_stack_id \[/ && !done {print $1; done = 1}')
     echo "| $t | $total | ${capture:-0} |"
 done
 echo "(callgrind: $*)"
