@@ -19,8 +19,10 @@ for t in old new; do
     LEAKTRACE_TEST_UNDER_CALLGRIND=1 LD_PRELOAD=$L LEAKTRACE_OUTPUT="$work/reports" LEAKTRACE_SUMMARY=0 \
         valgrind --tool=callgrind --callgrind-out-file="$work/$t.out" "$@" >/dev/null 2>"$work/$t.err" ||
         { echo "$t: valgrind failed:" >&2; tail -5 "$work/$t.err" >&2; exit 1; }
-    total=$(callgrind_annotate "$work/$t.out" | awk '/PROGRAM TOTALS/ {print $1}')
-    capture=$(callgrind_annotate --inclusive=yes "$work/$t.out" | awk '/unwind.rs:leaktrace::hotpath::unwind::capture_stack_id \[/ && !done {print $1; done = 1}')
+    # Annotated from the scratch directory: from inside the source tree callgrind_annotate
+    # shortens the paths of some entries and splits a function's inclusive count.
+    total=$(cd "$work" && callgrind_annotate "$t.out" | awk '/PROGRAM TOTALS/ {print $1}')
+    capture=$(cd "$work" && callgrind_annotate --inclusive=yes "$t.out" | awk '/unwind.rs:leaktrace::hotpath::unwind::capture_stack_id \[/ && !done {print $1; done = 1}')
     echo "| $t | $total | ${capture:-0} |"
 done
 echo "(callgrind: $*)"
