@@ -1735,8 +1735,9 @@ mod tests {
     #[test]
     fn paths_the_memo_no_longer_holds_are_answered_by_the_tree_exactly() {
         assert!(init());
-        // More paths than the memo has entries, taken in turn: from the second round on
-        // the memo has lost each one by the time it comes back, and the tree answers.
+        // More paths than the memo's entries and copies hold, taken in turn: from the
+        // second round on, the paths whose copies were pushed out come back to the tree
+        // (a few hundred of them), and every answer is checked against a full unwind.
         std::thread::spawn(|| {
             for round in 0..6u32 {
                 for p in 0..600u32 {
