@@ -57,7 +57,11 @@ pub(super) fn drain_into(c: &mut Consumer, max: usize, force: bool) -> usize {
         return 0;
     }
     let Consumer { model, order } = c;
-    order.drain(max, force, model)
+    let n = order.drain(max, force, &mut *model);
+    // Whoever drains here reads the groups next, or lets a report do: their transients
+    // go in first (the collector thread's own turns leave them summed).
+    model.settle_transients();
+    n
 }
 
 /// The collector thread's own turn (`DrainState::drain_lagged`): the last events of

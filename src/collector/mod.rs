@@ -2,3 +2,4 @@
 pub mod address_table;
 pub mod groups;
 pub mod state;
+pub mod transients;

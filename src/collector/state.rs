@@ -3,6 +3,7 @@
 
 use super::address_table::{AddressTable, Packed};
 use super::groups::Groups;
+use super::transients::{Pending, Transients};
 use crate::hotpath::channel::Sink;
 use crate::hotpath::event::{Api, Event, EventKind, Kind, Space, INTERNAL_FREE, LATE_FREE};
 
@@ -11,7 +12,14 @@ pub use crate::util::{FxHasher, FxMap};
 impl Sink for &mut Collector {
     #[inline(always)]
     fn apply(&mut self, ev: Event) {
-        Collector::apply(self, &ev);
+        // A transient (nearly every event of a loop that allocates and frees at once)
+        // takes a few additions here, inlined in the drain; the rest the general step.
+        if ev.kind == EventKind::Transient {
+            self.totals.events += 1;
+            self.count_transient(&ev);
+        } else {
+            Collector::apply(self, &ev);
+        }
     }
     #[inline(always)]
     fn prefetch(&self, addr: u64) {
@@ -389,6 +397,8 @@ pub struct Collector {
     /// The length of `changed` at which `retire_idle_changed` runs next (at least
     /// `RETIRE_PASS_MIN`).
     retire_at: usize,
+    /// Transients not yet applied to their groups, summed by key (see `transients`).
+    transients: Transients,
 }
 
 /// `Collector::retire_idle_changed` runs once this many groups changed, at least (in
@@ -539,6 +549,8 @@ impl Collector {
     /// Empties the list of changed groups, giving each that moved to `moved`; their
     /// bytes now are the next call's "before".
     fn drain_changed(&mut self, mut moved: impl FnMut(Change)) {
+        // A group of transients only is in the list once they are applied.
+        self.settle_transients();
         let changed = std::mem::take(&mut self.changed);
         // Blocks between a realloc's release and its outcome name their groups.
         let in_flight: Vec<u32> = self.realloc_in_flight.values().map(|(_, b)| b.group).collect();
@@ -630,7 +642,10 @@ impl Collector {
             self.totals.inherited_live_blocks += 1;
             return;
         }
-        let kind = self.kind_of(&block);
+        // The group's live bytes change: its transients first (their peak is over these).
+        let key = self.groups.key(block.group);
+        self.settle_group(&key);
+        let kind = key.1.kind();
         let stepped =
             if new { self.groups.alloc_live(block.group, self.generation, block.size) } else { self.groups.add_live(block.group, self.generation, block.size) };
         if !stepped {
@@ -657,7 +672,10 @@ impl Collector {
             self.totals.inherited_live_blocks -= 1;
             return;
         }
-        let kind = self.kind_of(block);
+        // The group's live bytes change: its transients first (their peak is over these).
+        let key = self.groups.key(block.group);
+        self.settle_group(&key);
+        let kind = key.1.kind();
         if !self.groups.remove_live(block.group, self.generation, block.size) {
             self.update_group(block.group, |g| {
                 g.live_bytes -= block.size;
@@ -806,25 +824,60 @@ impl Collector {
 
     /// An allocation its own thread freed before this event was taken from its ring
     /// (`EventKind::Transient`): an allocation and a free in the totals and its group's,
-    /// its bytes live for a moment in the peaks, never in the live set. The group is
-    /// noted as changed, as an allocation's would be, so that a group of such
-    /// allocations only is retired like any other that holds nothing.
+    /// its bytes live for a moment in the peaks, never in the live set. The totals take
+    /// it now; its group, with the other transients of its key, before anything reads
+    /// the group or its live bytes change (`transients`).
+    #[inline(always)]
     fn count_transient(&mut self, ev: &Event) {
         let size = ev.bytes();
-        let group = self.group_of((ev.stack, ev.api, ev.device()));
-        if !self.groups.count_transient(group, self.generation, size) {
-            self.update_group(group, |g| {
-                g.total_allocs += 1;
-                g.total_bytes += size;
-                g.peak_live_bytes = g.peak_live_bytes.max(g.live_bytes + size);
-            });
+        if let Some(other) = self.transients.add((ev.stack, ev.api, ev.device()), size) {
+            self.apply_transients(other);
+            // Between events, as in `apply`: the group may have joined the list of changes.
+            if self.changed.len() >= self.retire_at.max(RETIRE_PASS_MIN) {
+                self.retire_idle_changed();
+            }
         }
-        self.note_changed(group);
         self.totals.merged_frees += 1;
         let t = &mut self.totals.kinds[ev.api.kind().index()];
         t.total_allocs += 1;
         t.total_frees += 1;
         t.peak_live_bytes = t.peak_live_bytes.max(t.live_bytes + size);
+    }
+
+    /// A key's transients, into its group: each counts as allocated, the largest's bytes
+    /// live for a moment over the group's live bytes (unchanged since they came). The
+    /// group is noted as changed, as an allocation's would be, so that a group of such
+    /// allocations only is retired like any other that holds nothing.
+    #[cold]
+    #[inline(never)]
+    fn apply_transients(&mut self, p: Pending) {
+        let group = self.group_of(p.key);
+        let stepped = p.count == 1 && self.groups.count_transient(group, self.generation, p.bytes);
+        if !stepped {
+            self.update_group(group, |g| {
+                g.total_allocs += p.count;
+                g.total_bytes += p.bytes;
+                g.peak_live_bytes = g.peak_live_bytes.max(g.live_bytes + p.largest);
+            });
+        }
+        self.note_changed(group);
+    }
+
+    /// Applies the transients of `key`'s group before its live bytes change.
+    #[inline(always)]
+    fn settle_group(&mut self, key: &GroupKey) {
+        if let Some(p) = self.transients.take(key) {
+            self.apply_transients(p);
+        }
+    }
+
+    /// Applies every transient counted so far to its group: called before the groups'
+    /// figures are read (`agent::consumer::drain_into` does after every drain but the
+    /// collector thread's own turns).
+    pub fn settle_transients(&mut self) {
+        while let Some(p) = self.transients.take_any() {
+            self.apply_transients(p);
+        }
     }
 
     /// The current checkpoint region (see `LiveBlock::mark`).
@@ -894,6 +947,8 @@ impl Collector {
     /// copies per worker). Blocks and group statistics of an older generation read as
     /// inherited and as zero.
     pub fn fork_boundary(&mut self) {
+        // The parent's transients count in the parent's generation.
+        self.settle_transients();
         // A realloc in flight in another thread of the parent will never complete here.
         self.realloc_in_flight.clear();
         let t = &self.totals;
@@ -1127,12 +1182,101 @@ mod tests {
         assert_eq!((totals(&merged).total_allocs, totals(&merged).total_frees, totals(&merged).live_blocks, totals(&merged).peak_live_bytes), (2, 1, 1, 96));
         assert!(merged.live.get(0x200).is_none());
         let details = |c: &mut Collector| {
+            c.settle_transients();
             let g = c.group_of((4, Api::Malloc, None));
             let s = c.groups.get(g);
             (s.total_allocs, s.total_bytes, s.live_bytes, s.peak_live_bytes)
         };
         assert_eq!(details(&mut paired), details(&mut merged));
         assert_eq!(details(&mut merged), (1, 32, 0, 32));
+    }
+
+    /// Transients summed by key before their groups take them (`transients`) give every
+    /// figure that the same allocations and frees applied one by one give: the totals,
+    /// each group's totals and peak (a transient's bytes over its group's live bytes of
+    /// the moment), the timeline's changes, with groups retired and revived meanwhile,
+    /// over more keys than the sums' table has places, across a fork boundary.
+    #[test]
+    fn transients_summed_by_key_give_the_figures_of_their_events_one_by_one() {
+        let mut rng = crate::test_rng::TestRng::new(0x7a11);
+        let (mut summed, mut paired) = (Collector::new(), Collector::new());
+        let mut live: Vec<(u64, u32, Api)> = Vec::new();
+        let mut next_addr = 0x1_0000u64;
+        let (mut changes_s, mut changes_p) = (Vec::new(), Vec::new());
+        let mut transients_since_fork = 0u64;
+        let mut moved: [FxMap<(u32, Api), i64>; 2] = Default::default();
+        let pick = |rng: &mut crate::test_rng::TestRng| {
+            // A few hot keys and many rare ones (more than the table's places).
+            let stack = if rng.below(4) == 0 { 100 + rng.below(3000) as u32 } else { 10 + rng.below(8) as u32 };
+            (stack, if rng.below(5) == 0 { Api::PyObject } else { Api::Malloc })
+        };
+        for step in 0..60_000u32 {
+            let roll = rng.below(10);
+            if roll < 6 {
+                let (stack, api) = pick(&mut rng);
+                let large = rng.below(50) == 0;
+                let size = 1 + rng.below(if large { 1 << 20 } else { 256 });
+                summed.apply(&ev(EventKind::Transient, api, 1, stack, next_addr, size));
+                transients_since_fork += 1;
+                paired.apply(&ev(EventKind::Alloc, api, 1, stack, next_addr, size));
+                paired.apply(&ev(EventKind::Free, api, 1, 0, next_addr, 0));
+                next_addr += 0x100;
+            } else if roll < 8 || live.is_empty() {
+                let (stack, api) = pick(&mut rng);
+                let size = 1 + rng.below(4096);
+                for c in [&mut summed, &mut paired] {
+                    c.apply(&ev(EventKind::Alloc, api, 1, stack, next_addr, size));
+                }
+                live.push((next_addr, stack, api));
+                next_addr += 0x100;
+            } else {
+                let (addr, _, api) = live.swap_remove(rng.below(live.len() as u64) as usize);
+                for c in [&mut summed, &mut paired] {
+                    c.apply(&ev(EventKind::Free, api, 1, 0, addr, 0));
+                }
+            }
+            if step % 509 == 0 {
+                summed.take_changes(&mut changes_s);
+                paired.take_changes(&mut changes_p);
+                for (m, changes) in moved.iter_mut().zip([&changes_s, &changes_p]) {
+                    for ch in changes.iter() {
+                        *m.entry((ch.stack, ch.api)).or_default() += ch.now as i64 - ch.before as i64;
+                    }
+                }
+            }
+            if step == 40_000 {
+                summed.fork_boundary();
+                paired.fork_boundary();
+                transients_since_fork = 0;
+            }
+        }
+        summed.settle_transients();
+        assert!(summed.groups.retired_count() > 0, "no group was retired");
+        let mut t = summed.totals();
+        assert_eq!(t.merged_frees, transients_since_fork, "the transients since the fork boundary");
+        (t.merged_frees, t.events) = (0, paired.totals().events);
+        assert_eq!(t, paired.totals());
+        assert_eq!(moved[0], moved[1], "the timeline's changes");
+        let figures = |c: &Collector| {
+            let mut all: Vec<_> = (0..c.groups.len() as u32)
+                .filter(|&g| c.groups.get(g).generation == c.generation)
+                .map(|g| {
+                    let s = c.groups.get(g);
+                    (c.groups.key(g), s.total_allocs, s.total_bytes, s.live_bytes, s.live_blocks, s.peak_live_bytes)
+                })
+                .collect();
+            all.sort_by_key(|f| (f.0 .0, f.0 .1 as u8));
+            all
+        };
+        let (a, b) = (figures(&summed), figures(&paired));
+        assert!(a.len() > 100, "{} groups", a.len());
+        assert_eq!(a, b);
+        // Retired groups keep their totals: every key's, whatever its form now.
+        for key in b.iter().map(|f| f.0) {
+            let (gs, gp) = (summed.group_of(key), paired.group_of(key));
+            let (ss, sp) = (summed.groups.get(gs), paired.groups.get(gp));
+            assert_eq!((ss.total_allocs, ss.total_bytes, ss.peak_live_bytes), (sp.total_allocs, sp.total_bytes, sp.peak_live_bytes), "{key:?}");
+        }
     }
 
     #[test]

@@ -94,9 +94,16 @@ macro_rules! apis {
                 match self { $(Api::$variant => Space::$space,)* }
             }
 
+            /// The API of an event's 7 bits (`Malloc` for a value no API has): a
+            /// table, not a match (the consumer decodes every event).
             #[inline(always)]
             pub fn from_bits(b: u8) -> Api {
-                match b { $($n => Api::$variant,)* _ => Api::Malloc }
+                const TABLE: [Api; 128] = {
+                    let mut t = [Api::Malloc; 128];
+                    $(t[$n] = Api::$variant;)*
+                    t
+                };
+                TABLE[(b & 0x7f) as usize]
             }
         }
     };
@@ -234,18 +241,20 @@ impl EventKind {
         matches!(self, EventKind::Free | EventKind::ReallocRelease)
     }
 
+    /// The kind of an event's 3 bits (`None`: an empty slot). A table, not a match.
     #[inline(always)]
     pub fn from_bits(b: u8) -> Option<EventKind> {
-        Some(match b {
-            1 => EventKind::Alloc,
-            2 => EventKind::Free,
-            3 => EventKind::ReallocRelease,
-            4 => EventKind::ReallocRestore,
-            5 => EventKind::ReallocFreed,
-            6 => EventKind::Mark,
-            7 => EventKind::Ignore,
-            _ => return None,
-        })
+        const TABLE: [Option<EventKind>; 8] = [
+            None,
+            Some(EventKind::Alloc),
+            Some(EventKind::Free),
+            Some(EventKind::ReallocRelease),
+            Some(EventKind::ReallocRestore),
+            Some(EventKind::ReallocFreed),
+            Some(EventKind::Mark),
+            Some(EventKind::Ignore),
+        ];
+        TABLE.get(b as usize).copied().flatten()
     }
 }
 
