@@ -82,7 +82,10 @@ fn state() -> &'static ThreadState {
             "mov {p}, qword ptr fs:[0]",
             "add {p}, qword ptr [rip + leaktrace_thread_state_block@GOTTPOFF]",
             p = out(reg) p,
-            options(pure, readonly, nostack, preserves_flags)
+            // Not `preserves_flags`: the `add` writes them. Declared so, the compiler
+            // once kept a comparison's flags across this block and branched on the
+            // `add`'s (a collector thread created fine was taken for a failed one).
+            options(pure, readonly, nostack)
         );
         &*(p as *const ThreadState)
     }
