@@ -77,9 +77,30 @@ pub enum CollectorStart {
     /// drained by the program's thread, and there are no periodic reports and no final
     /// report on SIGTERM.
     Lazy,
+    /// When the process first needs it: its second thread, its 4,096th allocation or
+    /// its first allocation after 50 ms (`agent::collector_thread::ON_DEMAND_*`), a
+    /// termination or snapshot signal. A short program (`/bin/true`, `git --version`,
+    /// a build's compiler runs) never pays for a thread's start and exit (~0.12 ms of
+    /// each process on this machine); its exit report drains what it published.
+    OnDemand,
     /// `Lazy` in processes known to require a single thread (a Chromium or Electron
-    /// zygote: `--type=zygote`), `Thread` elsewhere.
+    /// zygote: `--type=zygote`); `Thread` when a report period was set
+    /// (`LEAKTRACE_INTERVAL_MS`: periodic reports are asked for from the start);
+    /// `OnDemand` elsewhere.
     Auto,
+}
+
+impl CollectorStart {
+    /// The choice for a process with these arguments, `interval_set` when
+    /// `LEAKTRACE_INTERVAL_MS` was given.
+    pub fn resolve(self, argv: &[String], interval_set: bool) -> CollectorStart {
+        match self {
+            CollectorStart::Auto if argv.iter().any(|a| a == "--type=zygote") => CollectorStart::Lazy,
+            CollectorStart::Auto if interval_set => CollectorStart::Thread,
+            CollectorStart::Auto => CollectorStart::OnDemand,
+            other => other,
+        }
+    }
 }
 
 /// The first periodic reports of a run whose period was not set come this often...
@@ -112,17 +133,6 @@ pub fn point_period(config_ms: u64, set: bool, elapsed_ms: u64) -> u64 {
         return report;
     }
     (elapsed_ms / 32).clamp(FIRST_POINT_MS.min(report), report)
-}
-
-impl CollectorStart {
-    /// The choice for a process with these arguments.
-    pub fn resolve(self, argv: &[String]) -> CollectorStart {
-        match self {
-            CollectorStart::Auto if argv.iter().any(|a| a == "--type=zygote") => CollectorStart::Lazy,
-            CollectorStart::Auto => CollectorStart::Thread,
-            other => other,
-        }
-    }
 }
 
 /// When the exit summary goes to stderr (LEAKTRACE_SUMMARY).
@@ -179,7 +189,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("LEAKTRACE_SUPPRESSIONS", "LeakSanitizer-style suppressions file (leak:PATTERN) for the exit summary"),
     ("LEAKTRACE_DEFAULT_SUPPRESSIONS", "1/0: also suppress the leaks that libraries make on their own in every process (PyTorch's static initializer block) (default 1)"),
     ("LEAKTRACE_REPORT_GROUPS", "leak groups listed with their stacks per report, the rest added up (default 2000)"),
-    ("LEAKTRACE_COLLECTOR", "thread, lazy or auto: start the collector thread at once, or only with the program's second thread (default auto: lazy in a Chromium zygote, which must stay single-threaded)"),
+    ("LEAKTRACE_COLLECTOR", "thread, demand, lazy or auto: start the collector thread at once; when first needed (a second thread, the 4,096th allocation or the first after 50 ms, a termination or snapshot signal); or only with the program's second thread (default auto: demand; lazy in a Chromium zygote, which must stay single-threaded; thread when LEAKTRACE_INTERVAL_MS is set)"),
     ("LEAKTRACE_EXIT_CODE", "1..255: a process that leaks (after suppressions) and would have exited with 0 exits with this status, as LeakSanitizer's exitcode (default: off, the program's own status)"),
     ("LEAKTRACE_PYTHON_SAMPLE", "1/0: sample Python's small objects (one per 64 KiB allocated), so that a pure-Python growth is found at its line; or the mean bytes between samples, 1024..1073741824 (default 1)"),
     ("LEAKTRACE_PYTHON", "1/0: Python frames (function, file, line) in the stacks of a CPython 3.9-3.13 process (default 1)"),
@@ -324,8 +334,9 @@ impl Config {
             match v.trim().to_ascii_lowercase().as_str() {
                 "thread" => c.collector = CollectorStart::Thread,
                 "lazy" => c.collector = CollectorStart::Lazy,
+                "demand" | "on-demand" => c.collector = CollectorStart::OnDemand,
                 "auto" => c.collector = CollectorStart::Auto,
-                _ => bad("LEAKTRACE_COLLECTOR", &v, "thread, lazy or auto", "auto".into()),
+                _ => bad("LEAKTRACE_COLLECTOR", &v, "thread, demand, lazy or auto", "auto".into()),
             }
         }
         if let Some(v) = get("LEAKTRACE_EXIT_CODE") {
@@ -420,17 +431,22 @@ mod tests {
     }
 
     #[test]
-    fn collector_start_is_lazy_only_in_a_zygote_by_default() {
+    fn collector_start_is_on_demand_by_default_lazy_in_a_zygote_and_at_once_with_a_period() {
         let (c, w) = parse(&[("LEAKTRACE_COLLECTOR", "bogus")]);
         assert_eq!(c.collector, CollectorStart::Auto);
         assert_eq!(w.len(), 1);
         let zygote = ["/usr/lib/chromium/chromium".to_string(), "--type=zygote".to_string()];
         let browser = ["/usr/lib/chromium/chromium".to_string(), "--headless".to_string()];
-        assert_eq!(CollectorStart::Auto.resolve(&zygote), CollectorStart::Lazy);
-        assert_eq!(CollectorStart::Auto.resolve(&browser), CollectorStart::Thread);
-        assert_eq!(CollectorStart::Thread.resolve(&zygote), CollectorStart::Thread);
+        assert_eq!(CollectorStart::Auto.resolve(&zygote, false), CollectorStart::Lazy);
+        assert_eq!(CollectorStart::Auto.resolve(&zygote, true), CollectorStart::Lazy);
+        assert_eq!(CollectorStart::Auto.resolve(&browser, false), CollectorStart::OnDemand);
+        assert_eq!(CollectorStart::Auto.resolve(&browser, true), CollectorStart::Thread);
+        assert_eq!(CollectorStart::Thread.resolve(&zygote, false), CollectorStart::Thread);
+        assert_eq!(CollectorStart::OnDemand.resolve(&browser, true), CollectorStart::OnDemand);
         let (c, _) = parse(&[("LEAKTRACE_COLLECTOR", "Lazy")]);
         assert_eq!(c.collector, CollectorStart::Lazy);
+        let (c, _) = parse(&[("LEAKTRACE_COLLECTOR", "demand")]);
+        assert_eq!(c.collector, CollectorStart::OnDemand);
     }
 
     #[test]

@@ -56,8 +56,10 @@ struct Collector {
     /// Collector threads created and not yet finished (counted from before
     /// pthread_create, so a thread that has not started running yet is counted too).
     live: AtomicU32,
-    /// Set while the collector waits for the program's own second thread.
-    deferred: AtomicBool,
+    /// What the collector waits for: `NOT_DEFERRED`, `UNTIL_THREAD` (the program's own
+    /// second thread only) or `ON_DEMAND` (that, or the allocations and signals of
+    /// `CollectorStart::OnDemand`).
+    deferred: AtomicU8,
     failures: AtomicU32,
 }
 
@@ -66,8 +68,15 @@ struct Collector {
 #[repr(C, align(128))]
 struct ReadMostly {
     phase: AtomicU8,
+    /// Set while the collector waits on demand: the allocation hooks then count towards
+    /// its start (`agent::collector_thread::on_demand_alloc`).
+    demand: AtomicBool,
     depth: AtomicUsize,
 }
+
+const NOT_DEFERRED: u8 = 0;
+const UNTIL_THREAD: u8 = 1;
+const ON_DEMAND: u8 = 2;
 
 pub struct Lifecycle {
     hot: ReadMostly,
@@ -111,7 +120,7 @@ pub const COLLECTOR_RESTARTS: u32 = 2;
 impl Lifecycle {
     pub const fn new() -> Lifecycle {
         Lifecycle {
-            hot: ReadMostly { phase: AtomicU8::new(Phase::Off as u8), depth: AtomicUsize::new(crate::config::DEFAULT_DEPTH) },
+            hot: ReadMostly { phase: AtomicU8::new(Phase::Off as u8), demand: AtomicBool::new(false), depth: AtomicUsize::new(crate::config::DEFAULT_DEPTH) },
             owner_pid: AtomicU32::new(0),
             terminating_signal: AtomicI32::new(0),
             collector: Collector {
@@ -119,7 +128,7 @@ impl Lifecycle {
                 stop: AtomicBool::new(false),
                 tid: AtomicU32::new(0),
                 live: AtomicU32::new(0),
-                deferred: AtomicBool::new(false),
+                deferred: AtomicU8::new(NOT_DEFERRED),
                 failures: AtomicU32::new(0),
             },
             exit_owner: AtomicU64::new(0),
@@ -233,7 +242,10 @@ impl Lifecycle {
             let _ = self.terminating_signal.compare_exchange(0, sig, Ordering::AcqRel, Ordering::Acquire);
             return true;
         }
-        if !self.tracking() || !self.collector.running.load(Ordering::Acquire) || self.owner_pid.load(Ordering::Relaxed) == 0 {
+        // A collector created and not yet running (started on demand by this very
+        // signal) will see the signal at its first turn.
+        let collector = self.collector.running.load(Ordering::Acquire) || self.collector.live.load(Ordering::Acquire) > 0;
+        if !self.tracking() || !collector || self.owner_pid.load(Ordering::Relaxed) == 0 {
             return false;
         }
         self.terminating_signal.compare_exchange(0, sig, Ordering::AcqRel, Ordering::Acquire).is_ok()
@@ -341,16 +353,52 @@ impl Lifecycle {
 
     /// The collector waits for the program's own second thread.
     pub fn defer_collector(&self) {
-        self.collector.deferred.store(true, Ordering::SeqCst);
+        self.hot.demand.store(false, Ordering::SeqCst);
+        self.collector.deferred.store(UNTIL_THREAD, Ordering::SeqCst);
+    }
+
+    /// The collector waits until the process needs it (`CollectorStart::OnDemand`).
+    pub fn defer_collector_on_demand(&self) {
+        self.collector.deferred.store(ON_DEMAND, Ordering::SeqCst);
+        self.hot.demand.store(true, Ordering::SeqCst);
     }
 
     pub fn collector_deferred(&self) -> bool {
-        self.collector.deferred.load(Ordering::SeqCst)
+        self.collector.deferred.load(Ordering::SeqCst) != NOT_DEFERRED
     }
 
-    /// The program started a thread: whether a deferred collector starts now.
+    /// Whether the collector waits on demand (the allocation hooks' one check).
+    #[inline(always)]
+    pub fn collector_on_demand(&self) -> bool {
+        self.hot.demand.load(Ordering::Relaxed)
+    }
+
+    /// The program started a thread: whether a deferred collector starts now (the
+    /// caller starts it).
     pub fn take_deferred_collector(&self) -> bool {
-        self.collector.deferred.load(Ordering::Relaxed) && self.collector.deferred.swap(false, Ordering::AcqRel) && self.tracking()
+        self.collector.deferred.load(Ordering::Relaxed) != NOT_DEFERRED && self.take(|_| true)
+    }
+
+    /// The process needs its collector now (an allocation, a signal): whether one that
+    /// waits on demand starts (the caller starts it). One that waits for the program's
+    /// second thread goes on waiting.
+    pub fn take_on_demand_collector(&self) -> bool {
+        self.collector.deferred.load(Ordering::Relaxed) == ON_DEMAND && self.take(|d| d == ON_DEMAND)
+    }
+
+    fn take(&self, wanted: impl Fn(u8) -> bool) -> bool {
+        let mut d = self.collector.deferred.load(Ordering::Acquire);
+        loop {
+            if d == NOT_DEFERRED || !wanted(d) {
+                return false;
+            }
+            match self.collector.deferred.compare_exchange(d, NOT_DEFERRED, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break,
+                Err(now) => d = now,
+            }
+        }
+        self.hot.demand.store(false, Ordering::SeqCst);
+        self.tracking()
     }
 
     /// Asks the collector to leave; returns false when none lives.
@@ -505,5 +553,35 @@ mod tests {
         l.defer_collector();
         assert!(l.take_deferred_collector());
         assert!(!l.take_deferred_collector());
+    }
+
+    #[test]
+    fn an_on_demand_collector_starts_once_by_either_way_and_one_waiting_for_a_thread_only_by_a_thread() {
+        let l = fresh();
+        l.start(7, 8);
+        l.defer_collector_on_demand();
+        assert!(l.collector_on_demand() && l.collector_deferred());
+        assert!(l.take_on_demand_collector());
+        assert!(!l.collector_on_demand() && !l.collector_deferred());
+        assert!(!l.take_on_demand_collector() && !l.take_deferred_collector());
+        l.defer_collector_on_demand();
+        assert!(l.take_deferred_collector());
+        assert!(!l.take_on_demand_collector());
+        // A raw clone's child, a zygote: only its own second thread starts it.
+        l.defer_collector();
+        assert!(!l.collector_on_demand());
+        assert!(!l.take_on_demand_collector());
+        assert!(l.collector_deferred());
+        assert!(l.take_deferred_collector());
+    }
+
+    #[test]
+    fn a_signal_is_taken_by_a_collector_created_and_not_yet_running() {
+        let l = fresh();
+        l.start(std::process::id(), 8);
+        assert!(!l.final_on_signal(15), "no collector: the caller dies at once");
+        l.collector_spawning();
+        assert!(l.final_on_signal(15));
+        assert_eq!(l.terminating_signal(), 15);
     }
 }

@@ -293,7 +293,9 @@ fn sigterm_writes_the_final_report_then_terminates_as_before() {
 /// A SIGTERM from outside cuts the program's `sleep` short (the handler returns, so that
 /// the thread it stopped can release what the report needs); the program then runs on
 /// to its `return 0`. Without the library it would have died by the signal, and so it
-/// must still: a test runner that stops a hung test with SIGTERM saw it exit 0.
+/// must still: a test runner that stops a hung test with SIGTERM saw it exit 0. The
+/// program has one thread and allocated twice: its collector waits on demand, and the
+/// signal's handler starts it to write the report.
 #[test]
 fn sigterm_during_a_sleep_the_program_returns_from_still_ends_it_by_the_signal() {
     use std::os::unix::process::ExitStatusExt;
@@ -302,14 +304,12 @@ fn sigterm_during_a_sleep_the_program_returns_from_still_ends_it_by_the_signal()
         let dir = fresh_dir("sleep-once");
         let mut cmd = Command::new(&bin);
         cmd.arg("3333");
-        let child = spawn_traced(cmd, &dir);
-        // Until the library runs (its collector thread exists), then past the leak.
-        let task = format!("/proc/{}/task", child.id());
-        let start = std::time::Instant::now();
-        while std::fs::read_dir(&task).map_or(0, |d| d.count()) < 2 && start.elapsed() < time_limit() {
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
+        let mut child = spawn_traced(cmd, &dir);
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+        assert_eq!(line, "leaked\n");
+        assert_eq!(threads_of(child.id()), 1, "round {round}: no collector thread yet: it starts on demand");
         // SAFETY: plain kill of our own child.
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
         let out = wait_within(child);
@@ -318,6 +318,82 @@ fn sigterm_during_a_sleep_the_program_returns_from_still_ends_it_by_the_signal()
         assert_eq!(reports.len(), 1, "round {round}");
         assert_eq!(reports[0]["reason"], "exit");
         assert_eq!(sum(&groups_with(&reports[0], "leak_then_sleep"), "bytes"), 3333, "round {round}");
+    }
+}
+
+fn threads_of(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count())
+}
+
+/// A short single-threaded program runs without a thread of ours (its exit report
+/// drains what it published); once it allocates after its first 50 ms, its collector
+/// starts, as the program's own second thread or its 4,096th allocation would start it.
+#[test]
+fn the_collector_of_a_single_threaded_program_starts_when_it_allocates_after_50_ms() {
+    use std::io::{BufRead, Write};
+    let bin = build_fixture("on_demand.c", &[]);
+    let dir = fresh_dir("on-demand");
+    let mut cmd = Command::new(&bin);
+    cmd.stdin(std::process::Stdio::piped());
+    let mut child = spawn_traced(cmd, &dir);
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line, "leaked\n");
+    assert_eq!(threads_of(child.id()), 1, "no collector thread: nothing needed it yet");
+    std::thread::sleep(Duration::from_millis(80));
+    stdin.write_all(b"1\n").unwrap();
+    line.clear();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line, "done\n");
+    assert_eq!(threads_of(child.id()), 2, "an allocation after 50 ms started the collector (created before the hook returned)");
+    stdin.write_all(b"5000\n").unwrap();
+    line.clear();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line, "done\n");
+    drop(stdin);
+    let out = wait_within(child);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r = &reports_in(&dir)[0];
+    assert_eq!(r["reason"], "exit");
+    assert_eq!(sum(&groups_with(r, "leak_at_start"), "bytes"), 100);
+    assert_eq!(sum(&groups_with(r, "leak_on_request"), "bytes"), 14);
+    let allocs = r["summary"]["host"]["total_allocs"].as_u64().unwrap();
+    assert!(allocs >= 5003, "{allocs} allocations counted");
+}
+
+/// SIGTERM lands while the program's one thread is inside malloc or free (every size
+/// class: the arena's, mapped blocks) and its collector has not started: the handler
+/// starts it (the new thread's one allocation from the library's static arena, not from
+/// the malloc the signal interrupted, whose lock may be held), the report is written
+/// and the program dies by the signal. Never a hang. `LEAKTRACE_TEST_ON_DEMAND_SIGNAL_ONLY`
+/// keeps the program's allocations from starting the collector first.
+#[test]
+fn sigterm_inside_malloc_starts_the_collector_on_demand_and_ends_the_process_with_its_report() {
+    use std::io::BufRead;
+    use std::os::unix::process::ExitStatusExt;
+    let bin = build_fixture("alloc_loop.c", &[]);
+    for round in 0..8 {
+        let dir = fresh_dir("alloc-loop");
+        let mut cmd = Command::new(&bin);
+        cmd.arg("4444").env("LEAKTRACE_TEST_ON_DEMAND_SIGNAL_ONLY", "1");
+        let mut child = spawn_traced(cmd, &dir);
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        assert_eq!(line, "looping\n");
+        // Somewhere in the loop, a different point each round.
+        std::thread::sleep(Duration::from_millis(5 + 7 * round));
+        assert_eq!(threads_of(child.id()), 1, "round {round}: only a signal starts the collector here");
+        // SAFETY: plain kill of our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let out = wait_within(child);
+        assert_eq!(out.status.signal(), Some(libc::SIGTERM), "round {round}: {:?}, {}", out.status, String::from_utf8_lossy(&out.stderr));
+        let reports = reports_in(&dir);
+        assert_eq!(reports.len(), 1, "round {round}");
+        assert_eq!(reports[0]["exit_signal"], libc::SIGTERM);
+        assert_eq!(sum(&groups_with(&reports[0], "leak_then_loop"), "bytes"), 4444, "round {round}");
     }
 }
 

@@ -2,7 +2,7 @@
 //! periodic reports and timeline points, and the final report when a termination signal
 //! asks for it. Also steps aside for calls that need a single-threaded process.
 use std::panic::catch_unwind;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::hotpath::{channel, stacks, thread};
@@ -16,21 +16,99 @@ use super::reports::{finish_as, record_point, write_report, REPORT};
 
 static SNAPSHOT_REQUESTED: AtomicBool = AtomicBool::new(false);
 
-/// The program started a thread: a deferred collector (`CollectorStart::Lazy`) starts now.
+/// The program started a thread: a deferred collector (`CollectorStart::Lazy`,
+/// `OnDemand`) starts now.
 pub fn program_started_thread() {
     if LIFECYCLE.take_deferred_collector() {
         spawn_collector();
     }
 }
 
+/// A collector waiting on demand starts with the process's 4,096th allocation...
+pub const ON_DEMAND_ALLOCATIONS: u32 = 4096;
+/// ...or its first allocation once it has run this long: a program that lives on gets
+/// its periodic reports and timeline points (the first is due 250 ms in) as before.
+pub const ON_DEMAND_AFTER_NS: u64 = 50_000_000;
+static ON_DEMAND_SINCE_NS: AtomicU64 = AtomicU64::new(0);
+static ON_DEMAND_ALLOCS: AtomicU32 = AtomicU32::new(0);
+/// For the tests of a signal's start only (`LEAKTRACE_TEST_ON_DEMAND_SIGNAL_ONLY=1`):
+/// no allocation starts the collector.
+static SIGNAL_ONLY: AtomicBool = AtomicBool::new(false);
+
+/// The collector waits until the process needs it (`CollectorStart::OnDemand`). From the
+/// constructor (the environment is read before the program's threads exist).
+pub(super) fn defer_on_demand() {
+    ON_DEMAND_SINCE_NS.store(coarse_now_ns(), Ordering::Relaxed);
+    ON_DEMAND_ALLOCS.store(0, Ordering::Relaxed);
+    SIGNAL_ONLY.store(std::env::var_os("LEAKTRACE_TEST_ON_DEMAND_SIGNAL_ONLY").is_some_and(|v| v == "1"), Ordering::Relaxed);
+    crate::os::loader::note_dynamic_loader_text();
+    LIFECYCLE.defer_collector_on_demand();
+}
+
+/// The coarse clock (the kernel's tick, read from the vDSO in a few nanoseconds): 50 ms
+/// needs no finer one.
+fn coarse_now_ns() -> u64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC_COARSE exists since Linux 2.6.32.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// Whether the allocation counted now (the `n`th while waiting, `elapsed_ns` after the
+/// wait began) starts the collector.
+fn on_demand_due(n: u32, elapsed_ns: u64) -> bool {
+    n >= ON_DEMAND_ALLOCATIONS || elapsed_ns >= ON_DEMAND_AFTER_NS
+}
+
+/// An allocation recorded while the collector waits on demand (its stack `stack`): it
+/// starts the collector once due — here, on the allocating thread, after the real
+/// allocator returned (no lock of malloc's is held), but never for an allocation the
+/// dynamic loader itself made: it may be halfway through its TLS bookkeeping, which
+/// `pthread_create` reads (a later allocation starts it instead).
+#[cold]
+#[inline(never)]
+pub fn on_demand_alloc(stack: u32) {
+    let n = ON_DEMAND_ALLOCS.fetch_add(1, Ordering::Relaxed).saturating_add(1);
+    if SIGNAL_ONLY.load(Ordering::Relaxed) || !on_demand_due(n, coarse_now_ns().saturating_sub(ON_DEMAND_SINCE_NS.load(Ordering::Relaxed))) {
+        return;
+    }
+    if stacks::innermost(stack).is_some_and(|ip| crate::os::loader::in_dynamic_loader(ip as usize)) {
+        return;
+    }
+    if LIFECYCLE.take_on_demand_collector() {
+        spawn_collector();
+    }
+}
+
+/// From a termination or snapshot signal's handler: a collector waiting on demand
+/// starts now, to write the report the signal asks for (a single-threaded program has
+/// no other thread that could). Async-signal-safe as far as the process has one thread
+/// (which it has while its collector waits on demand: its own second thread starts the
+/// collector): `pthread_create` takes no lock then that the interrupted code may hold,
+/// and its one allocation is served by the caller from the library's static arena
+/// (`interpose::real::with_calloc_from_arena`), not by malloc. Returns whether one
+/// started.
+pub fn start_on_demand_from_signal() -> bool {
+    LIFECYCLE.take_on_demand_collector() && spawn_collector_quietly().is_ok()
+}
+
 pub(super) fn spawn_collector() {
+    if let Err(rc) = spawn_collector_quietly() {
+        stderr_line(&format!("leaktrace: cannot start the collector thread (error {rc}); events are drained by the program's threads instead"));
+    }
+}
+
+/// `spawn_collector` without the line on failure (a signal handler's: formatting it
+/// would allocate).
+fn spawn_collector_quietly() -> Result<(), i32> {
     LIFECYCLE.collector_spawning();
     // Untracked: pthread_create allocates the new thread's TLS vector on the calling
     // thread (a forked child's starts here, in the fork handler), and that block is ours.
-    if let Err(rc) = thread::untracked(|| thread::spawn_internal(collector_thread)) {
+    let r = thread::untracked(|| thread::spawn_internal(collector_thread));
+    if r.is_err() {
         LIFECYCLE.collector_gone();
-        stderr_line(&format!("leaktrace: cannot start the collector thread (error {rc}); events are drained by the program's threads instead"));
     }
+    r
 }
 
 /// The collector thread's body: the loop, and whatever ends it — a return, or a panic —
@@ -246,4 +324,20 @@ pub fn resume_collector() {
 /// Called from the snapshot signal handler: only sets a flag.
 pub fn request_snapshot() {
     SNAPSHOT_REQUESTED.store(true, Ordering::Release);
+}
+
+#[cfg(test)]
+mod on_demand_tests {
+    use super::*;
+
+    #[test]
+    fn the_collector_is_due_at_the_4096th_allocation_or_after_50_ms() {
+        assert!(!on_demand_due(1, 0));
+        assert!(!on_demand_due(ON_DEMAND_ALLOCATIONS - 1, ON_DEMAND_AFTER_NS - 1));
+        assert!(on_demand_due(ON_DEMAND_ALLOCATIONS, 0));
+        assert!(on_demand_due(1, ON_DEMAND_AFTER_NS));
+        let a = coarse_now_ns();
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        assert!(coarse_now_ns() >= a + 20_000_000, "the coarse clock moves");
+    }
 }

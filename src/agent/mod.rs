@@ -37,7 +37,7 @@ pub mod standby;
 mod verdicts;
 
 pub use checkpoint::checkpoint;
-pub use collector_thread::{each_turn, no_turn, pause_collector, program_started_thread, request_snapshot, resume_collector};
+pub use collector_thread::{each_turn, no_turn, pause_collector, program_started_thread, request_snapshot, resume_collector, start_on_demand_from_signal};
 pub use fork::{fork_child, fork_parent, fork_prepare};
 pub use record::*;
 
@@ -111,7 +111,11 @@ fn start_tracking(config: Config, host_tracking: String, glibc_heap: bool, befor
         // A recording after a detach starts where the channel's tickets are.
         let order = if LIFECYCLE.phase() == crate::lifecycle::Phase::Finished { channel::reopen() } else { DrainState::default() };
         *STATE.lock() = Some(Consumer { model: Collector::new(), order });
-        let lazy = config.collector.resolve(&process.argv) == crate::config::CollectorStart::Lazy;
+        // A recording switched on in a running process starts its collector at once.
+        let start = match config.collector.resolve(&process.argv, config.interval_set && config.interval_ms > 0) {
+            crate::config::CollectorStart::OnDemand if before_start || on_tracking.is_some() => crate::config::CollectorStart::Thread,
+            start => start,
+        };
         let mut side = ReportSide::new(config, process, output_dir, symbolizer, host_tracking, suppressions);
         // A cgo program may be gone before the collector's first turn: its first report
         // (saying that no final one will come) is written here, before main.
@@ -145,12 +149,17 @@ fn start_tracking(config: Config, host_tracking: String, glibc_heap: bool, befor
         if cgo {
             write_report(Reason::Periodic);
         }
-        if lazy {
-            LIFECYCLE.defer_collector();
-        } else {
-            // Asked to leave at the last detach, if there was one.
-            LIFECYCLE.collector_may_run();
-            spawn_collector();
+        match start {
+            crate::config::CollectorStart::Lazy => LIFECYCLE.defer_collector(),
+            crate::config::CollectorStart::OnDemand => {
+                LIFECYCLE.collector_may_run();
+                collector_thread::defer_on_demand();
+            }
+            _ => {
+                // Asked to leave at the last detach, if there was one.
+                LIFECYCLE.collector_may_run();
+                spawn_collector();
+            }
         }
         true
     })

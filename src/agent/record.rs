@@ -78,6 +78,9 @@ pub fn record_alloc(addr: usize, size: usize, api: Api) {
     recording(|s| {
         let stack = unwind::capture_stack_id(s, LIFECYCLE.depth());
         publish(s, EventKind::Alloc, api, stack, addr as u64, size as u64);
+        if LIFECYCLE.collector_on_demand() {
+            super::collector_thread::on_demand_alloc(stack);
+        }
         if s.lsan_disabled() {
             // Between __lsan_disable and __lsan_enable: never a leak.
             publish(s, EventKind::Ignore, Api::Malloc, 0, addr as u64, 0);
@@ -223,6 +226,9 @@ pub fn record_python_sample(addr: u64, weight: u64) -> bool {
     recording(|s| {
         let stack = unwind::capture_stack_id(s, LIFECYCLE.depth());
         publish(s, EventKind::Alloc, Api::PyObject, stack, addr, weight);
+        if LIFECYCLE.collector_on_demand() {
+            super::collector_thread::on_demand_alloc(stack);
+        }
         done = true;
     });
     done
@@ -246,6 +252,9 @@ pub fn record_mapping(addr: u64, len: u64, api: Api, stack: Option<u32>) -> Opti
     recording(|s| {
         let stack = stack.unwrap_or_else(|| unwind::capture_stack_id(s, LIFECYCLE.depth()));
         publish(s, EventKind::Alloc, api, stack, addr, len);
+        if LIFECYCLE.collector_on_demand() {
+            super::collector_thread::on_demand_alloc(stack);
+        }
         out = Some(stack);
     });
     out
@@ -264,6 +273,9 @@ pub fn record_cuda_alloc(addr: u64, size: u64, api: Api, device: Option<u8>) {
     recording(|s| {
         let stack = unwind::capture_stack_id(s, LIFECYCLE.depth());
         publish(s, EventKind::Alloc, api, stack, addr, event::pack_size(size, device));
+        if LIFECYCLE.collector_on_demand() {
+            super::collector_thread::on_demand_alloc(stack);
+        }
     });
 }
 

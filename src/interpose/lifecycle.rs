@@ -390,7 +390,9 @@ extern "C" fn fork_child() {
 }
 
 extern "C" fn on_snapshot_signal(_sig: c_int) {
-    // Async-signal-safe: one atomic store; the collector thread does the work.
+    // Async-signal-safe: one atomic store; the collector thread does the work (started
+    // now if it waits on demand).
+    start_collector_for_signal();
     agent::request_snapshot();
 }
 
@@ -429,8 +431,19 @@ pub fn termination_action() -> libc::sigaction {
     crate::os::signals::action(on_termination_signal as *const () as usize, true, false)
 }
 
+/// A collector that waits on demand starts now, from a signal's handler, so that the
+/// report the signal asks for is written: `pthread_create`'s one allocation comes from
+/// the static arena, not from a malloc whose lock the interrupted code may hold.
+fn start_collector_for_signal() {
+    if LIFECYCLE.collector_on_demand() {
+        real::with_calloc_from_arena(agent::start_on_demand_from_signal);
+    }
+}
+
 extern "C" fn on_termination_signal(sig: c_int, info: *mut libc::siginfo_t, _context: *mut c_void) {
-    // Async-signal-safe: atomics, sigaction, nanosleep and kill only.
+    // Async-signal-safe: atomics, sigaction, nanosleep and kill only — and, in a
+    // process whose collector waits on demand, its start (`start_collector_for_signal`).
+    start_collector_for_signal();
     if !agent::request_final_on_signal(sig) {
         crate::os::signals::die_by_signal(sig);
         return;

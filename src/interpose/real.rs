@@ -101,6 +101,21 @@ pub fn swap_malloc(f: usize) -> usize {
     TABLE.malloc.swap(f, Ordering::AcqRel)
 }
 
+/// Runs `f` with this library's `calloc` serving from the bootstrap arena instead of
+/// the C library's. For a signal handler that starts the collector thread: the one
+/// allocation `pthread_create` makes (the new thread's TLS vector, `calloc`ed by the
+/// dynamic loader) must not wait for a lock of malloc's that the interrupted code may
+/// hold. Only where the process has one thread (no other caller sees the swap); the
+/// block is never freed back to the C library (`free` and `realloc` know the arena's).
+pub fn with_calloc_from_arena<R>(f: impl FnOnce() -> R) -> R {
+    let real = TABLE.calloc.swap(0, Ordering::AcqRel);
+    let r = f();
+    if real != 0 {
+        TABLE.calloc.store(real, Ordering::Release);
+    }
+    r
+}
+
 fn lookup(name: &CStr) -> usize {
     // SAFETY: RTLD_NEXT with a NUL-terminated name; returns NULL when absent.
     unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) as usize }

@@ -59,6 +59,45 @@ pub fn fork_release_loader_walks() {
     LOADER_WALKS.unlock_raw();
 }
 
+/// The dynamic loader's executable segment, `[lo, hi)` (0, 0 until noted, or where the
+/// loader is the program itself: `ld.so ./prog`).
+static LOADER_TEXT: [std::sync::atomic::AtomicUsize; 2] = [std::sync::atomic::AtomicUsize::new(0), std::sync::atomic::AtomicUsize::new(0)];
+
+/// Notes where the dynamic loader's code lies, from its ELF header at `AT_BASE` (no
+/// system call, no lock, no allocation).
+pub fn note_dynamic_loader_text() {
+    use std::sync::atomic::Ordering;
+    // SAFETY: getauxval has no preconditions.
+    let base = unsafe { libc::getauxval(libc::AT_BASE) } as usize;
+    if base == 0 {
+        return;
+    }
+    // SAFETY: AT_BASE is where the kernel mapped the interpreter, whose first page (its
+    // ELF header, program headers following) stays mapped and readable for the process's
+    // life.
+    let (lo, hi) = unsafe {
+        let eh = &*(base as *const libc::Elf64_Ehdr);
+        if &eh.e_ident[..4] != b"\x7fELF" || eh.e_phentsize as usize != std::mem::size_of::<libc::Elf64_Phdr>() {
+            return;
+        }
+        let phdrs = std::slice::from_raw_parts((base + eh.e_phoff as usize) as *const libc::Elf64_Phdr, eh.e_phnum as usize);
+        phdrs.iter().filter(|ph| ph.p_type == libc::PT_LOAD && ph.p_flags & libc::PF_X != 0).fold((usize::MAX, 0), |(lo, hi), ph| {
+            let start = base + ph.p_vaddr as usize;
+            (lo.min(start), hi.max(start + ph.p_memsz as usize))
+        })
+    };
+    if lo < hi {
+        LOADER_TEXT[0].store(lo, Ordering::Relaxed);
+        LOADER_TEXT[1].store(hi, Ordering::Relaxed);
+    }
+}
+
+/// Whether `ip` lies in the dynamic loader's code (as noted by `note_dynamic_loader_text`).
+pub fn in_dynamic_loader(ip: usize) -> bool {
+    use std::sync::atomic::Ordering;
+    ip >= LOADER_TEXT[0].load(Ordering::Relaxed) && ip < LOADER_TEXT[1].load(Ordering::Relaxed)
+}
+
 /// The lowest and highest address of a module's PT_LOAD segments.
 pub fn span(base: usize, phdrs: &[libc::Elf64_Phdr]) -> (usize, usize) {
     phdrs.iter().filter(|ph| ph.p_type == libc::PT_LOAD).fold((usize::MAX, 0), |(lo, hi), ph| {
@@ -119,4 +158,25 @@ pub fn modules_added() -> u64 {
     // SAFETY: the callback writes one u64 through the pointer it is given.
     unsafe { iterate_modules(Some(first), &mut adds as *mut u64 as *mut std::ffi::c_void) };
     adds
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_dynamic_loaders_code_is_found_and_ours_is_not_in_it() {
+        note_dynamic_loader_text();
+        // `__tls_get_addr` is the loader's own (glibc's `_dl_find_object` is in libc).
+        // SAFETY: dlsym with a valid handle and a NUL-terminated name.
+        let in_ldso = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"__tls_get_addr".as_ptr()) } as usize;
+        assert_ne!(in_ldso, 0);
+        assert!(
+            in_dynamic_loader(in_ldso),
+            "{in_ldso:#x} not in {:#x?}",
+            (LOADER_TEXT[0].load(std::sync::atomic::Ordering::Relaxed), LOADER_TEXT[1].load(std::sync::atomic::Ordering::Relaxed))
+        );
+        assert!(!in_dynamic_loader(note_dynamic_loader_text as *const () as usize));
+        assert!(!in_dynamic_loader(libc::malloc as *const () as usize));
+    }
 }
