@@ -367,6 +367,11 @@ impl Lifecycle {
         self.collector.deferred.load(Ordering::SeqCst) != NOT_DEFERRED
     }
 
+    /// Whether the collector waits for the program's own second thread only.
+    pub fn collector_waits_for_a_thread(&self) -> bool {
+        self.collector.deferred.load(Ordering::SeqCst) == UNTIL_THREAD
+    }
+
     /// Whether the collector waits on demand (the allocation hooks' one check).
     #[inline(always)]
     pub fn collector_on_demand(&self) -> bool {

@@ -35,12 +35,24 @@ static ON_DEMAND_ALLOCS: AtomicU32 = AtomicU32::new(0);
 /// no allocation starts the collector.
 static SIGNAL_ONLY: AtomicBool = AtomicBool::new(false);
 
+/// Set once the process's collector starts on demand (`CollectorStart::OnDemand`): a
+/// forked child's does too.
+static ON_DEMAND_MODE: AtomicBool = AtomicBool::new(false);
+
+pub(super) fn starts_on_demand() -> bool {
+    ON_DEMAND_MODE.load(Ordering::Relaxed)
+}
+
 /// The collector waits until the process needs it (`CollectorStart::OnDemand`). From the
-/// constructor (the environment is read before the program's threads exist).
+/// constructor (the environment is read before the program's threads exist), or in a
+/// forked child, whose wait starts anew: a child that `exec`s soon (a shell's, `make`'s)
+/// never starts one.
 pub(super) fn defer_on_demand() {
     ON_DEMAND_SINCE_NS.store(coarse_now_ns(), Ordering::Relaxed);
     ON_DEMAND_ALLOCS.store(0, Ordering::Relaxed);
-    SIGNAL_ONLY.store(std::env::var_os("LEAKTRACE_TEST_ON_DEMAND_SIGNAL_ONLY").is_some_and(|v| v == "1"), Ordering::Relaxed);
+    if !ON_DEMAND_MODE.swap(true, Ordering::Relaxed) {
+        SIGNAL_ONLY.store(std::env::var_os("LEAKTRACE_TEST_ON_DEMAND_SIGNAL_ONLY").is_some_and(|v| v == "1"), Ordering::Relaxed);
+    }
     crate::os::loader::note_dynamic_loader_text();
     LIFECYCLE.defer_collector_on_demand();
 }

@@ -72,9 +72,15 @@ pub fn fork_child() {
             // A parent that was preparing its own list forked: not this process's.
             PREPARING.store(false, Ordering::SeqCst);
             PREPARE_INHERITED.store(SCAN_AT_EXIT.load(Ordering::Relaxed), Ordering::Release);
-            // A child of a process whose collector still waits waits too.
-            if !LIFECYCLE.collector_deferred() {
-                spawn_collector();
+            // A child of a process whose collector still waits for a thread waits too;
+            // one whose collector starts on demand starts its own wait (a child that
+            // `exec`s soon, as a shell's or `make`'s do, never starts one).
+            if !LIFECYCLE.collector_waits_for_a_thread() {
+                if super::collector_thread::starts_on_demand() {
+                    super::collector_thread::defer_on_demand();
+                } else if !LIFECYCLE.collector_deferred() {
+                    spawn_collector();
+                }
             }
         } else {
             LIFECYCLE.give_up();
