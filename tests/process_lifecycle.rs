@@ -363,6 +363,38 @@ fn the_collector_of_a_single_threaded_program_starts_when_it_allocates_after_50_
     assert!(allocs >= 5003, "{allocs} allocations counted");
 }
 
+/// A forked child of a single-threaded program runs without a collector thread too (a
+/// shell's or `make`'s child that `exec`s soon never creates one); a SIGTERM to it starts
+/// one from the handler, which writes the child's report with its own leak; the parent's
+/// report keeps the parent's.
+#[test]
+fn a_forked_child_waits_for_its_collector_on_demand_and_a_sigterm_still_reports_it() {
+    use std::io::BufRead;
+    let bin = build_fixture("fork_sleeper.c", &[]);
+    let dir = fresh_dir("fork-sleeper");
+    let mut child = spawn_traced(Command::new(&bin), &dir);
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    let forked: u32 = line.trim().strip_prefix("child ").and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("{line:?}"));
+    assert_eq!(threads_of(forked), 1, "the forked child started no collector thread");
+    assert_eq!(threads_of(child.id()), 1, "nor did the parent");
+    // SAFETY: plain kill of our child's child, which is waiting for it.
+    unsafe { libc::kill(forked as i32, libc::SIGTERM) };
+    line.clear();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line, format!("child signal {}\n", libc::SIGTERM), "the child died by the signal");
+    let out = wait_within(child);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let reports = reports_in(&dir);
+    assert_eq!(reports.len(), 2, "one report each");
+    let kid = reports.iter().find(|r| r["pid"] == forked).expect("the child's report");
+    assert_eq!(kid["exit_signal"], libc::SIGTERM);
+    assert_eq!(sum(&groups_with(kid, "child_leak"), "bytes"), 55);
+    let parent = reports.iter().find(|r| r["pid"] != forked).expect("the parent's report");
+    assert_eq!(sum(&groups_with(parent, "parent_leak"), "bytes"), 33);
+}
+
 /// SIGTERM lands while the program's one thread is inside malloc or free (every size
 /// class: the arena's, mapped blocks) and its collector has not started: the handler
 /// starts it (the new thread's one allocation from the library's static arena, not from
