@@ -34,6 +34,10 @@ static ON_DEMAND_ALLOCS: AtomicU32 = AtomicU32::new(0);
 /// For the tests of a signal's start only (`LEAKTRACE_TEST_ON_DEMAND_SIGNAL_ONLY=1`):
 /// no allocation starts the collector.
 static SIGNAL_ONLY: AtomicBool = AtomicBool::new(false);
+/// `ON_DEMAND_AFTER_NS`, or for the tests that must see a process wait on a busy
+/// machine, where a program may be held off the processor past 50 ms anywhere,
+/// `LEAKTRACE_TEST_ON_DEMAND_AFTER_MS`.
+static AFTER_NS: AtomicU64 = AtomicU64::new(ON_DEMAND_AFTER_NS);
 
 /// Set once the process's collector starts on demand (`CollectorStart::OnDemand`): a
 /// forked child's does too.
@@ -52,6 +56,9 @@ pub(super) fn defer_on_demand() {
     ON_DEMAND_ALLOCS.store(0, Ordering::Relaxed);
     if !ON_DEMAND_MODE.swap(true, Ordering::Relaxed) {
         SIGNAL_ONLY.store(std::env::var_os("LEAKTRACE_TEST_ON_DEMAND_SIGNAL_ONLY").is_some_and(|v| v == "1"), Ordering::Relaxed);
+        if let Some(ms) = std::env::var("LEAKTRACE_TEST_ON_DEMAND_AFTER_MS").ok().and_then(|v| v.parse::<u64>().ok()) {
+            AFTER_NS.store(ms.saturating_mul(1_000_000), Ordering::Relaxed);
+        }
     }
     crate::os::loader::note_dynamic_loader_text();
     LIFECYCLE.defer_collector_on_demand();
@@ -67,9 +74,9 @@ fn coarse_now_ns() -> u64 {
 }
 
 /// Whether the allocation counted now (the `n`th while waiting, `elapsed_ns` after the
-/// wait began) starts the collector.
-fn on_demand_due(n: u32, elapsed_ns: u64) -> bool {
-    n >= ON_DEMAND_ALLOCATIONS || elapsed_ns >= ON_DEMAND_AFTER_NS
+/// wait began, `after_ns` the wait's limit) starts the collector.
+fn on_demand_due(n: u32, elapsed_ns: u64, after_ns: u64) -> bool {
+    n >= ON_DEMAND_ALLOCATIONS || elapsed_ns >= after_ns
 }
 
 /// An allocation recorded while the collector waits on demand (its stack `stack`): it
@@ -81,7 +88,8 @@ fn on_demand_due(n: u32, elapsed_ns: u64) -> bool {
 #[inline(never)]
 pub fn on_demand_alloc(stack: u32) {
     let n = ON_DEMAND_ALLOCS.fetch_add(1, Ordering::Relaxed).saturating_add(1);
-    if SIGNAL_ONLY.load(Ordering::Relaxed) || !on_demand_due(n, coarse_now_ns().saturating_sub(ON_DEMAND_SINCE_NS.load(Ordering::Relaxed))) {
+    let elapsed = coarse_now_ns().saturating_sub(ON_DEMAND_SINCE_NS.load(Ordering::Relaxed));
+    if SIGNAL_ONLY.load(Ordering::Relaxed) || !on_demand_due(n, elapsed, AFTER_NS.load(Ordering::Relaxed)) {
         return;
     }
     if stacks::innermost(stack).is_some_and(|ip| crate::os::loader::in_dynamic_loader(ip as usize)) {
@@ -344,10 +352,11 @@ mod on_demand_tests {
 
     #[test]
     fn the_collector_is_due_at_the_4096th_allocation_or_after_50_ms() {
-        assert!(!on_demand_due(1, 0));
-        assert!(!on_demand_due(ON_DEMAND_ALLOCATIONS - 1, ON_DEMAND_AFTER_NS - 1));
-        assert!(on_demand_due(ON_DEMAND_ALLOCATIONS, 0));
-        assert!(on_demand_due(1, ON_DEMAND_AFTER_NS));
+        let after = ON_DEMAND_AFTER_NS;
+        assert!(!on_demand_due(1, 0, after));
+        assert!(!on_demand_due(ON_DEMAND_ALLOCATIONS - 1, after - 1, after));
+        assert!(on_demand_due(ON_DEMAND_ALLOCATIONS, 0, after));
+        assert!(on_demand_due(1, after, after));
         let a = coarse_now_ns();
         std::thread::sleep(std::time::Duration::from_millis(30));
         assert!(coarse_now_ns() >= a + 20_000_000, "the coarse clock moves");
