@@ -87,7 +87,8 @@ impl Launch {
                 }
             }
         }
-        Launch::from_vars(|name| environ_var(&read, name), argv, host)
+        // Most processes have none of them: no lookup at all then.
+        Launch::from_vars(|name| if read.is_empty() { None } else { environ_var(&read, name) }, argv, host)
     }
 
     /// "rank 1/2 on HOST" (what a process's label adds), or `None` outside a job.
@@ -106,8 +107,9 @@ impl Launch {
 
 /// The value of `name` in the text of `/proc/PID/environ` (NUL-separated `NAME=value`).
 pub fn environ_var(environ: &[u8], name: &str) -> Option<String> {
-    let key = format!("{name}=");
-    environ.split(|b| *b == 0).find_map(|kv| kv.strip_prefix(key.as_bytes()).map(|v| String::from_utf8_lossy(v).into_owned()))
+    environ
+        .split(|b| *b == 0)
+        .find_map(|kv| kv.strip_prefix(name.as_bytes()).and_then(|rest| rest.strip_prefix(b"=")).map(|v| String::from_utf8_lossy(v).into_owned()))
 }
 
 /// `LEAKTRACE_OUTPUT` with its placeholders filled in, so that many processes on many
@@ -172,6 +174,18 @@ mod tests {
 
     fn argv(a: &[&str]) -> Vec<String> {
         a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_variable_is_found_by_its_whole_name() {
+        let environ = b"RANKS=9\0RANK_X=8\0RANK=3\0EMPTY=\0";
+        assert_eq!(environ_var(environ, "RANK").as_deref(), Some("3"));
+        assert_eq!(environ_var(environ, "EMPTY").as_deref(), Some(""));
+        assert_eq!(environ_var(environ, "RAN"), None);
+        let l = Launch::from_environ(b"PATH=/bin\0HOME=/root\0", &argv(&["x"]), String::new());
+        assert_eq!((l.rank, l.job), (None, None));
+        let l = Launch::from_environ(b"PATH=/bin\0RANK=2\0WORLD_SIZE=4\0", &argv(&["x"]), String::new());
+        assert_eq!((l.rank, l.world_size), (Some(2), Some(4)));
     }
 
     #[test]

@@ -309,6 +309,12 @@ static WANTED: AtomicBool = AtomicBool::new(false);
 /// `main` (and so before the interpreter runs any Python).
 pub fn init(wanted: bool) -> Found {
     WANTED.store(wanted, Ordering::Relaxed);
+    // One walk of the modules' tables answers for the four names a program without an
+    // interpreter (most of them) lacks; `init_with` looks each up on its own.
+    let needed = [c"Py_IsInitialized", c"PyGILState_GetThisThreadState", c"PyCode_Type", c"Py_GetVersion"];
+    if interp().is_none() && crate::os::loader::global_symbols(needed).iter().any(Option::is_none) {
+        return Found::NoPython;
+    }
     init_with(wanted, &crate::os::loader::global_symbol)
 }
 

@@ -42,7 +42,10 @@ fn on_load_steps() {
     // malloc alone (`scripts/bench_instructions.sh`): on this machine's shared cores a
     // wall or CPU time moves by 5-10% from run to run, an instruction count does not.
     let counting = vars.iter().any(|(n, v)| n == "LEAKTRACE_TEST_UNDER_CALLGRIND" && v == "1");
-    if !counting && crate::os::loader::global_symbol(c"_vgnU_freeres").is_some() {
+    // The names of the runtimes the library gives way to, looked up in one walk.
+    let [valgrind, runtimes @ ..] =
+        crate::os::loader::global_symbols([c"_vgnU_freeres", c"__asan_init", c"__tsan_init", c"__msan_init", c"__hwasan_init", c"__lsan_init"]);
+    if !counting && valgrind.is_some() {
         // valgrind's preloaded core: its tools replace malloc and check memory
         // themselves (helgrind called our spin lock's atomics "possible data races"
         // and failed --error-exitcode); the library stays off, as under a sanitizer.
@@ -50,7 +53,7 @@ fn on_load_steps() {
         crate::os::fds::stderr_line("leaktrace: this program runs under valgrind, which replaces malloc and checks memory itself: leaktrace stays off in this process (use valgrind's own leak check)");
         return;
     }
-    if let Some(sanitizer) = sanitizer_runtime() {
+    if let Some(sanitizer) = sanitizer_runtime(runtimes) {
         super::threads::pass_through();
         crate::os::fds::stderr_line(&format!(
             "leaktrace: this program runs {sanitizer}, which replaces malloc and tracks allocations itself: leaktrace stays off in this process (use the sanitizer's own leak report, or a build without it)"
@@ -203,17 +206,14 @@ static DESTRUCTOR: extern "C" fn() = on_unload;
 /// allocation. With the library off the hooks only forward, and these programs run as
 /// they do without it (AddressSanitizer refuses any preload before it, with its own
 /// message). UndefinedBehaviorSanitizer has no allocator and is traced as usual.
-fn sanitizer_runtime() -> Option<&'static str> {
-    [
-        (c"__asan_init", "AddressSanitizer"),
-        (c"__tsan_init", "ThreadSanitizer"),
-        (c"__msan_init", "MemorySanitizer"),
-        (c"__hwasan_init", "HWAddressSanitizer"),
-        (c"__lsan_init", "LeakSanitizer"),
-    ]
-    .into_iter()
-    .find(|(symbol, _)| crate::os::loader::global_symbol(symbol).is_some())
-    .map(|(_, name)| name)
+/// `found`: the addresses of `__asan_init`, `__tsan_init`, `__msan_init`,
+/// `__hwasan_init` and `__lsan_init`, in that order.
+fn sanitizer_runtime(found: [Option<usize>; 5]) -> Option<&'static str> {
+    ["AddressSanitizer", "ThreadSanitizer", "MemorySanitizer", "HWAddressSanitizer", "LeakSanitizer"]
+        .into_iter()
+        .zip(found)
+        .find(|(_, f)| f.is_some())
+        .map(|(name, _)| name)
 }
 
 /// The module owning `addr`, and whether `addr` is that module's own definition of

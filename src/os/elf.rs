@@ -56,35 +56,41 @@ pub fn next_definitions_found<const N: usize>(names: [&CStr; N], from: usize) ->
 /// walk of the module list under the loader's lock (`loader::iterate_modules`), so a
 /// module unloaded meanwhile is never read; no allocation.
 pub fn defined_nowhere(name: &CStr) -> bool {
-    struct Search<'a> {
-        name: &'a [u8],
+    each_defined_nowhere([name])[0]
+}
+
+/// `defined_nowhere` of each of `names`, in one walk of the module list: the start
+/// asks after several names that most programs lack (the sanitizers', cgo's), and each
+/// walk reads every module's dynamic section again.
+pub fn each_defined_nowhere<const N: usize>(names: [&CStr; N]) -> [bool; N] {
+    struct Search<'a, const N: usize> {
+        names: [&'a [u8]; N],
         /// Set once a module defines the name or cannot tell.
-        maybe: bool,
+        maybe: [bool; N],
     }
-    unsafe extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> std::ffi::c_int {
+    unsafe extern "C" fn visit<const N: usize>(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> std::ffi::c_int {
         // SAFETY: `data` is the `Search` passed below; `info` describes a loaded module
         // whose program headers and dynamic section stay mapped while the walk holds
         // the loader's lock.
         unsafe {
-            let search = &mut *(data as *mut Search);
+            let search = &mut *(data as *mut Search<N>);
             let info = &*info;
             let phdrs: &[libc::Elf64_Phdr] = if info.dlpi_phdr.is_null() { &[] } else { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
             let base = info.dlpi_addr as usize;
             // A module without a dynamic section exports nothing.
             let Some(dynamic) = super::loader::dynamic_section(base, phdrs) else { return 0 };
-            let defines = match DynamicSymbols::read(base, dynamic) {
-                Some(table) => table.defines_any(search.name),
-                None => true,
-            };
-            search.maybe |= defines;
-            // Non-zero ends the walk.
-            defines as std::ffi::c_int
+            let table = DynamicSymbols::read(base, dynamic);
+            for (name, maybe) in search.names.iter().zip(search.maybe.iter_mut()) {
+                *maybe = *maybe || table.as_ref().is_none_or(|t| t.defines_any(name));
+            }
+            // Non-zero ends the walk: every name is found somewhere.
+            search.maybe.iter().all(|&m| m) as std::ffi::c_int
         }
     }
-    let mut search = Search { name: name.to_bytes(), maybe: false };
+    let mut search = Search { names: names.map(CStr::to_bytes), maybe: [false; N] };
     // SAFETY: `visit` treats its data as the `Search` given here, which outlives the walk.
-    unsafe { super::loader::iterate_modules(Some(visit), &mut search as *mut Search as *mut c_void) };
-    !search.maybe
+    unsafe { super::loader::iterate_modules(Some(visit::<N>), &mut search as *mut Search<N> as *mut c_void) };
+    search.maybe.map(|m| !m)
 }
 
 /// The head of `struct link_map` (`<link.h>`): the loader's public, stable part.
@@ -579,6 +585,14 @@ mod tests {
         // An IFUNC is defined: never "nowhere", whatever the lookup makes of it.
         assert!(!defined_nowhere(c"memcpy"));
         assert_ne!(found[1], Found::Nowhere);
+        // Several names in one walk: each answered as alone, whichever come first.
+        let names = [c"leaktrace_no_such_symbol_anywhere", c"malloc", c"memcpy", c"__asan_init", c"dl_iterate_phdr"];
+        assert_eq!(each_defined_nowhere(names), names.map(defined_nowhere));
+        assert_eq!(each_defined_nowhere(names), [true, false, false, true, false]);
+        let [none, malloc] = crate::os::loader::global_symbols([c"leaktrace_no_such_symbol_anywhere", c"malloc"]);
+        assert_eq!(none, None);
+        // SAFETY: dlsym with a valid handle and a NUL-terminated name.
+        assert_eq!(malloc, Some(unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) } as usize));
     }
 
     #[test]

@@ -21,12 +21,21 @@ pub const RTLD_DL_LINKMAP: std::ffi::c_int = 2;
 /// a program without them): those are answered from the modules' own tables, without
 /// the failed `dlsym` and the error message it formats.
 pub fn global_symbol(name: &std::ffi::CStr) -> Option<usize> {
-    if super::elf::defined_nowhere(name) {
-        return None;
+    global_symbols([name])[0]
+}
+
+/// `global_symbol` of each of `names`, the modules' tables read in one walk.
+pub fn global_symbols<const N: usize>(names: [&std::ffi::CStr; N]) -> [Option<usize>; N] {
+    let nowhere = super::elf::each_defined_nowhere(names);
+    let mut out = [None; N];
+    for ((name, nowhere), out) in names.iter().zip(nowhere).zip(out.iter_mut()) {
+        if !nowhere {
+            // SAFETY: dlsym with a valid handle and a NUL-terminated name.
+            let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) } as usize;
+            *out = (p != 0).then_some(p);
+        }
     }
-    // SAFETY: dlsym with a valid handle and a NUL-terminated name.
-    let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) } as usize;
-    (p != 0).then_some(p)
+    out
 }
 
 /// A `dl_iterate_phdr` callback.

@@ -92,13 +92,20 @@ fn read(slot: &Held) -> String {
     // What was read before an error is dropped with it: the parts read from the file
     // are absent from this report, as for a file that could not be opened.
     let buf = super::read_whole(fd).unwrap_or_default();
-    String::from_utf8_lossy(&buf).into_owned()
+    // Checked in place (the text is ASCII): no second copy.
+    String::from_utf8(buf).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 /// Whether a `/proc/self/status` text says no seccomp filter is in place
 /// (`Seccomp: 0`); false where it could not be read.
 pub fn unfiltered(status: &str) -> bool {
-    status.lines().find_map(|l| l.strip_prefix("Seccomp:")).is_some_and(|m| m.trim() == "0")
+    // One substring search, not a split of every line: this runs at each report and
+    // each process's exit.
+    let at = if status.starts_with("Seccomp:") { Some(0) } else { status.find("\nSeccomp:").map(|i| i + 1) };
+    at.is_some_and(|i| {
+        let value = &status[i + "Seccomp:".len()..];
+        value[..value.find('\n').unwrap_or(value.len())].trim() == "0"
+    })
 }
 
 /// Whether no seccomp filter is in place now (`unfiltered` of `status()`): what may be
@@ -172,6 +179,15 @@ pub fn smaps_rollup() -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_seccomp_line_is_found_wherever_it_is() {
+        assert!(super::unfiltered("Name:\tx\nSeccomp:\t0\nSeccomp_filters:\t0\n"));
+        assert!(!super::unfiltered("Name:\tx\nSeccomp:\t2\nSeccomp_filters:\t1\n"));
+        assert!(super::unfiltered("Seccomp:\t0"));
+        assert!(!super::unfiltered("Name:\tx\nSeccomp_filters:\t0\n"), "no Seccomp line: not known to be unfiltered");
+        assert!(!super::unfiltered(""));
+    }
+
     #[test]
     fn a_report_reads_the_seccomp_state_once_and_the_next_one_reads_it_again() {
         use std::sync::atomic::Ordering;

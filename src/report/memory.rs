@@ -49,10 +49,11 @@ static FMEMOPEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize
 /// Finds what the measure needs from the C library; call at the library's start.
 pub fn init() {
     crate::os::procfs::open(false);
-    if let Some(f) = crate::os::loader::global_symbol(c"mallinfo2") {
+    let [mallinfo2, malloc_info, fmemopen] = crate::os::loader::global_symbols([c"mallinfo2", c"malloc_info", c"fmemopen"]);
+    if let Some(f) = mallinfo2 {
         MALLINFO2.store(f, std::sync::atomic::Ordering::Relaxed);
     }
-    if let (Some(info), Some(open)) = (crate::os::loader::global_symbol(c"malloc_info"), crate::os::loader::global_symbol(c"fmemopen")) {
+    if let (Some(info), Some(open)) = (malloc_info, fmemopen) {
         MALLOC_INFO.store(info, std::sync::atomic::Ordering::Relaxed);
         FMEMOPEN.store(open, std::sync::atomic::Ordering::Relaxed);
     }
@@ -131,14 +132,19 @@ fn malloc_heap() -> Option<(u64, u64)> {
     Some(((info.uordblks + info.hblkhd) as u64, info.fordblks as u64))
 }
 
-/// The `kB` value of each of `keys` in a `/proc` status-like text, in bytes.
+/// The `kB` value of each of `keys` in a `/proc` status-like text, in bytes: a line
+/// `KEY:` then blanks and the number (a value that is not a number is `None`). Bytes,
+/// not `str` splits: every process's exit report reads its status text.
 fn kb_fields<const N: usize>(text: &str, keys: [&str; N]) -> [Option<u64>; N] {
     let mut out = [None; N];
-    for line in text.lines() {
-        let Some((key, rest)) = line.split_once(':') else { continue };
-        if let Some(i) = keys.iter().position(|k| *k == key) {
-            out[i] = rest.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).map(|kb| kb * 1024);
-        }
+    for line in text.as_bytes().split(|&b| b == b'\n') {
+        let Some(colon) = line.iter().position(|&b| b == b':') else { continue };
+        let Some(i) = keys.iter().position(|k| k.as_bytes() == &line[..colon]) else { continue };
+        let rest = &line[colon + 1..];
+        let start = rest.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(rest.len());
+        let token = &rest[start..];
+        let token = &token[..token.iter().position(|b| b.is_ascii_whitespace()).unwrap_or(token.len())];
+        out[i] = std::str::from_utf8(token).ok().and_then(|v| v.parse::<u64>().ok()).map(|kb| kb * 1024);
     }
     out
 }
@@ -267,6 +273,10 @@ mod tests {
     fn status_fields_are_read_in_bytes() {
         let text = "Name:\tx\nVmRSS:\t  2048 kB\nRssAnon:\t1024 kB\nRssFile:\t 512 kB\nRssShmem:\t0 kB\n";
         assert_eq!(kb_fields(text, ["VmRSS", "RssAnon", "RssFile", "RssShmem", "VmStk"]), [Some(2 << 20), Some(1 << 20), Some(512 << 10), Some(0), None]);
+        // A value that is not a number, a key that only starts like one, a last line
+        // without its newline, blanks of both kinds.
+        let text = "VmRSSX:\t9 kB\nVmRSS:\t12x kB\nRssAnon: \t 7\tkB\nVmStk:\t3 kB";
+        assert_eq!(kb_fields(text, ["VmRSS", "RssAnon", "VmStk"]), [None, Some(7 << 10), Some(3 << 10)]);
     }
 
     #[test]

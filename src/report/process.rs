@@ -132,7 +132,7 @@ fn hostname() -> String {
 /// Whether the running program is a Go program that links the C library (cgo), told
 /// by the symbols every such program exports; a cheap check for the constructor.
 pub fn is_cgo_program() -> bool {
-    [c"_cgo_get_context_function", c"x_cgo_init", c"_cgo_init"].iter().any(|name| crate::os::loader::global_symbol(name).is_some())
+    crate::os::loader::global_symbols([c"_cgo_get_context_function", c"x_cgo_init", c"_cgo_init"]).iter().any(Option::is_some)
 }
 
 /// Why a process running `exe` can never be given a final report, if it cannot: the
