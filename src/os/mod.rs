@@ -76,12 +76,26 @@ pub fn copy_own_words(addrs: &[u64]) -> Vec<Option<u64>> {
 /// calls for a small process's maps; every short process reads some at its start and
 /// its exit.
 pub fn read_whole(fd: i32) -> std::io::Result<Vec<u8>> {
-    let mut out: Vec<u8> = Vec::with_capacity(4096);
+    read_until_end(fd, 4096, false)
+}
+
+/// `read_whole` of a `/proc` file made by one `show` (`/proc/self/status`,
+/// `smaps_rollup`): the kernel makes its text whole at each read and hands out as much
+/// as the buffer takes, so a read that leaves the buffer short is the end. The read
+/// that would return 0 made the whole text again (~9 us for `status` here, at every
+/// report and every process's exit).
+pub fn read_single_record(fd: i32) -> std::io::Result<Vec<u8>> {
+    read_until_end(fd, 8192, true)
+}
+
+fn read_until_end(fd: i32, first: usize, short_is_end: bool) -> std::io::Result<Vec<u8>> {
+    let mut out: Vec<u8> = Vec::with_capacity(first);
     loop {
         if out.capacity() - out.len() < 1024 {
             out.reserve(out.capacity());
         }
         let spare = out.spare_capacity_mut();
+        let wanted = spare.len();
         // SAFETY: reads at most `spare.len()` bytes into the vector's spare capacity.
         let n = unsafe { libc::pread(fd, spare.as_mut_ptr() as *mut libc::c_void, spare.len(), out.len() as libc::off_t) };
         if n < 0 {
@@ -94,8 +108,12 @@ pub fn read_whole(fd: i32) -> std::io::Result<Vec<u8>> {
         if n == 0 {
             return Ok(out);
         }
+        let short = (n as usize) < wanted;
         // SAFETY: the kernel wrote `n` bytes there.
         unsafe { out.set_len(out.len() + n as usize) };
+        if short && short_is_end {
+            return Ok(out);
+        }
     }
 }
 
@@ -127,6 +145,25 @@ pub fn errno() -> i32 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_proc_text_of_one_record_is_read_whole_in_one_read() {
+        use std::os::fd::AsRawFd;
+        let keys = |t: &[u8]| String::from_utf8_lossy(t).lines().map(|l| l.split(':').next().unwrap_or("").to_string()).collect::<Vec<_>>();
+        let f = std::fs::File::open("/proc/self/status").unwrap();
+        let one = super::read_single_record(f.as_raw_fd()).unwrap();
+        let whole = super::read_whole(f.as_raw_fd()).unwrap();
+        // The values move between the reads; the lines are the same ones, the last whole.
+        assert_eq!(keys(&one), keys(&whole));
+        assert!(one.ends_with(b"\n") && keys(&one).len() > 20, "{}", String::from_utf8_lossy(&one));
+        // A text longer than the first buffer is read on while reads come back full.
+        let path = std::env::temp_dir().join(format!("leaktrace-record-{}", std::process::id()));
+        let text: Vec<u8> = (0..20_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+        std::fs::write(&path, &text).unwrap();
+        let f = std::fs::File::open(&path).unwrap();
+        assert_eq!(super::read_single_record(f.as_raw_fd()).unwrap(), text);
+        let _ = std::fs::remove_file(&path);
+    }
+
     #[test]
     fn words_are_read_in_one_call_and_an_unmapped_one_is_skipped_not_the_rest() {
         let data: Vec<u64> = (0..3000u64).map(|i| i * 7 + 1).collect();

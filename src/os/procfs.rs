@@ -91,7 +91,7 @@ fn read(slot: &Held) -> String {
     }
     // What was read before an error is dropped with it: the parts read from the file
     // are absent from this report, as for a file that could not be opened.
-    let buf = super::read_whole(fd).unwrap_or_default();
+    let buf = super::read_single_record(fd).unwrap_or_default();
     // Checked in place (the text is ASCII): no second copy.
     String::from_utf8(buf).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
