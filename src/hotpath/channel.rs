@@ -12,8 +12,9 @@
 //! bucket's events in ticket order. Whatever the program (or the allocator) does to pass
 //! an address from one thread to another happens between those two points, so tickets
 //! follow the real order of events on every address. All ticket operations are SeqCst,
-//! so the waits they impose form no cycle. With 256 buckets on separate cache lines two
-//! threads rarely touch the same counter.
+//! so the waits they impose form no cycle. The 256 buckets sit on separate cache lines,
+//! and a bucket is a block's MiB region (`bucket_of`): threads that allocate from arenas
+//! of their own take tickets on lines no other thread touches.
 //!
 //! **Nothing dropped.** A full ring makes its producer wait and, while it waits, drain
 //! the rings itself through `help` (each wait is counted).
