@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Makes build/startup_functions.txt, the functions of the preload library that run at a
+# short process's start and exit, in the order the linker wrapper
+# (scripts/leaktrace-link-gcc) lays them out first: those callgrind sees run in
+# `/bin/true`, `git --version` and `sort`, by name without crate or legacy hashes.
+# Run after a change that moves much start or exit code; a stale list only orders less.
+#   scripts/startup_functions.sh [LIB]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+lib=$(realpath "${1:-$root/target/release/libleaktrace.so}")
+command -v valgrind >/dev/null || { echo "valgrind not installed (apt-get install valgrind)" >&2; exit 2; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+seq 1000 | sort -R >"$work/lines"
+i=0
+for cmd in "/bin/true" "git --version" "sort -n $work/lines"; do
+    i=$((i + 1))
+    # shellcheck disable=SC2086
+    LEAKTRACE_TEST_UNDER_CALLGRIND=1 LEAKTRACE_OUTPUT="$work/reports" LEAKTRACE_SUMMARY=0 LD_PRELOAD="$lib" \
+        valgrind --demangle=no --tool=callgrind --callgrind-out-file="$work/$i.cg" $cmd >/dev/null 2>&1 || true
+done
+for f in "$work"/*.cg; do
+    (cd "$work" && callgrind_annotate --threshold=100 "$f") | grep -F "$(basename "$lib")]" || true
+done | sed -E 's/^ *[0-9,]+ \([ 0-9.]+%\)  //; s/ \[.*//; s/^[^:]*://' | grep -v '^0x' | awk '!seen[$0]++' |
+    c++filt | sed -E 's/\.llvm\.[0-9]+$//; s/::h[0-9a-f]{16}$//; s/\[[0-9a-f]{16}\]//g' | awk '!seen[$0]++' \
+    >"$root/build/startup_functions.txt"
+echo "$(wc -l <"$root/build/startup_functions.txt") functions in build/startup_functions.txt"
