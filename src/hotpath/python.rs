@@ -310,12 +310,14 @@ static WANTED: AtomicBool = AtomicBool::new(false);
 pub fn init(wanted: bool) -> Found {
     WANTED.store(wanted, Ordering::Relaxed);
     // One walk of the modules' tables answers for the four names a program without an
-    // interpreter (most of them) lacks; `init_with` looks each up on its own.
+    // interpreter (most of them) lacks; `init_with` is given those answers, and looks up
+    // any other name itself.
     let needed = [c"Py_IsInitialized", c"PyGILState_GetThisThreadState", c"PyCode_Type", c"Py_GetVersion"];
-    if interp().is_none() && crate::os::loader::global_symbols(needed).iter().any(Option::is_none) {
+    let found = crate::os::loader::global_symbols(needed);
+    if interp().is_none() && found.iter().any(Option::is_none) {
         return Found::NoPython;
     }
-    init_with(wanted, &crate::os::loader::global_symbol)
+    init_with(wanted, &|name| needed.iter().position(|n| *n == name).map_or_else(|| crate::os::loader::global_symbol(name), |i| found[i]))
 }
 
 /// A CPython that the program loaded itself (`dlopen` of libpython, as a C++ program
