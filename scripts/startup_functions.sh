@@ -2,7 +2,10 @@
 # Makes build/startup_functions.txt, the functions of the preload library that run at a
 # short process's start and exit, in the order the linker wrapper
 # (scripts/leaktrace-link-gcc) lays them out first: those callgrind sees run in
-# `/bin/true`, `git --version` and `sort`, by name without crate or legacy hashes.
+# `/bin/true`, `git --version` and `sort`, one a line: the name without crate or legacy
+# hashes, a tab, and the legacy hash (empty for a name that has none). The wrapper takes
+# the symbol with that hash, or, where no symbol has it (another compiler), every one
+# of that name.
 # Run after a change that moves much start or exit code; a stale list only orders less.
 #   scripts/startup_functions.sh [LIB]
 set -euo pipefail
@@ -22,6 +25,7 @@ done
 for f in "$work"/*.cg; do
     (cd "$work" && callgrind_annotate --threshold=100 "$f") | grep -F "$(basename "$lib")]" || true
 done | sed -E 's/^ *[0-9,]+ \([ 0-9.]+%\)  //; s/ \[.*//; s/^[^:]*://' | grep -v '^0x' | awk '!seen[$0]++' |
-    c++filt | sed -E 's/\.llvm\.[0-9]+$//; s/::h[0-9a-f]{16}$//; s/\[[0-9a-f]{16}\]//g' | awk '!seen[$0]++' \
+    c++filt | sed -E "s/'[0-9]+$//; s/\.llvm\.[0-9]+$//" |
+    sed -E 's/\[[0-9a-f]{16}\]//g; s/::h([0-9a-f]{16})$/\t\1/; /\t/!s/$/\t/' | awk '!seen[$0]++' \
     >"$root/build/startup_functions.txt"
 echo "$(wc -l <"$root/build/startup_functions.txt") functions in build/startup_functions.txt"

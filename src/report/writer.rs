@@ -75,11 +75,16 @@ fn write_atomic_at(dirfd: i32, tmp: &str, name: &str, write: impl FnOnce(&mut Re
 /// Whether reports can be created in `dir` (creating it if missing): a real probe file,
 /// because permission bits do not tell about read-only mounts or root.
 pub fn probe_dir(dir: &Path) -> Result<(), String> {
-    if !dir.exists() {
-        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create it ({e})"))?;
-    }
-    if !dir.is_dir() {
-        return Err("it is not a directory".into());
+    // One `stat` (every process of a build or a test suite does this at its start).
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err("it is not a directory".into()),
+        Err(_) => {
+            std::fs::create_dir_all(dir).map_err(|e| format!("cannot create it ({e})"))?;
+            if !dir.is_dir() {
+                return Err("it is not a directory".into());
+            }
+        }
     }
     // Asked of the kernel with this process's effective ids (ACLs and read-only mounts
     // included), without creating a file: every process of a build or a test suite
