@@ -30,6 +30,9 @@ impl Hasher for FxHasher {
 }
 
 pub type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+/// (Where a process's start or exit makes the map: a std one seeds its hasher with a
+/// `getrandom` call, in every process.)
+pub type FxSet<K> = std::collections::HashSet<K, BuildHasherDefault<FxHasher>>;
 
 /// Grows `v` to `len` zeros at its end. A large vector is a mapping of its own
 /// (`interpose::malloc::RealAllocator`): a fresh zeroed one costs no memory until its

@@ -128,7 +128,8 @@ impl Suppressions {
     /// and so are the indirect leaks that hang from it (in whatever group they are).
     pub fn apply(&self, groups: &[Candidate]) -> Applied {
         let mut out = Applied { suppressed: vec![false; groups.len()], hidden_indirect: vec![(0, 0); groups.len()], used: Vec::new() };
-        let mut by_stack: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
+        // (Not a std HashMap: its hasher would cost a `getrandom` call in every process.)
+        let mut by_stack: std::collections::BTreeMap<u32, usize> = std::collections::BTreeMap::new();
         let mut tally = vec![(0u64, 0u64); self.patterns.len()];
         let compiled = self.compiled();
         for (i, g) in groups.iter().enumerate() {

@@ -1,6 +1,6 @@
 //! Leak checks the program asks for through the C API (`leaktrace_check`,
 //! `__lsan_do_recoverable_leak_check`).
-use std::collections::HashMap;
+use crate::util::FxMap as HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::time::Duration;

@@ -1,7 +1,9 @@
 //! Report assembly: a snapshot of the collector's model, the reachability scan when
 //! one is due, symbolization, the JSON report written atomically, the exit summary; the
 //! timeline points between reports; the final report exactly once.
-use std::collections::HashMap;
+// Fx maps: a std map seeds its hasher with a `getrandom` call (once a thread), which
+// every process would pay at its exit report.
+use crate::util::FxMap as HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -44,11 +46,11 @@ pub(super) struct ReportSide {
     pub(super) no_final_report: Option<&'static str>,
     /// The holders found before the interpreter's teardown (`held_before_exit`), by
     /// stack and api: shown where the final scan finds the memory freed.
-    pub(super) held_before_exit: std::collections::HashMap<(u32, &'static str), Named>,
+    pub(super) held_before_exit: crate::util::FxMap<(u32, &'static str), Named>,
     /// The same for the growing lines of the user's Python code.
-    pub(super) held_lines_before_exit: HashMap<crate::report::python::UserLine, Named>,
+    pub(super) held_lines_before_exit: crate::util::FxMap<crate::report::python::UserLine, Named>,
     /// Growing lines whose holders were looked for while they grew (`held_while_growing`).
-    pub(super) looked_for: std::collections::HashSet<crate::report::python::UserLine>,
+    pub(super) looked_for: crate::util::FxSet<crate::report::python::UserLine>,
     /// The checks the program asked for (`checkpoint`), and how many more were not kept.
     pub(super) checks: Vec<checks::Check>,
     pub(super) checks_dropped: u64,
@@ -474,7 +476,7 @@ fn held_wanted(
     (wanted, growing.iter().copied().collect())
 }
 
-type HeldKeys = std::collections::HashSet<(u32, crate::hotpath::event::Api)>;
+type HeldKeys = crate::util::FxSet<(u32, crate::hotpath::event::Api)>;
 
 /// Python's `atexit` (`python_exit`): the holders of the stacks the timeline follows
 /// that grew, found while the modules still hold them, kept for the final report.
@@ -520,7 +522,7 @@ pub(super) fn held_before_exit() {
     }
     r.symbolizer.forget_data_symbols();
     // Per line, the bytes of the largest group that has a holder.
-    let mut named_bytes: HashMap<crate::report::python::UserLine, u64> = HashMap::new();
+    let mut named_bytes: HashMap<crate::report::python::UserLine, u64> = HashMap::default();
     for (line, groups) in by_line {
         let held = groups.iter().find_map(|g| Some((r.held_before_exit.get(&(g.key.0, g.key.1.name())).filter(|l| !l.0.is_empty())?, g.bytes)));
         if let Some((links, n)) = held {
@@ -704,11 +706,11 @@ fn groups_by_line<'a>(
     lines: &[crate::report::python::UserLine],
     timeline: &mut Timeline,
 ) -> HashMap<crate::report::python::UserLine, Vec<LineGroup>> {
-    let mut out: HashMap<crate::report::python::UserLine, Vec<LineGroup>> = HashMap::new();
+    let mut out: HashMap<crate::report::python::UserLine, Vec<LineGroup>> = HashMap::default();
     if lines.is_empty() {
         return out;
     }
-    let mut groups: HashMap<(u32, crate::hotpath::event::Api), (u64, u64)> = HashMap::new();
+    let mut groups: HashMap<(u32, crate::hotpath::event::Api), (u64, u64)> = HashMap::default();
     for b in blocks {
         let g = groups.entry((b.stack, b.api)).or_insert((0, b.addr));
         g.0 += b.size;
@@ -736,7 +738,7 @@ fn grew(bytes: &[u64]) -> bool {
 /// holders found before it.
 fn name_holders(
     scan: &super::verdicts::ScanResult,
-    before_exit: &std::collections::HashMap<(u32, &'static str), Named>,
+    before_exit: &crate::util::FxMap<(u32, &'static str), Named>,
     groups: &mut [build::Group],
     timeline: &mut build::TimelineOut,
     sym: &mut crate::report::symbolize::Symbolizer,

@@ -1,7 +1,11 @@
 //! The pointer scan's verdicts on the live set, by group: what `scan` finds, with the
 //! roots only the agent knows (ignored blocks, pending thread arguments, the loader's
 //! own blocks).
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+// Fx maps: a std map seeds its hasher with a `getrandom` call (once a thread), which
+// every process would pay at its exit report.
+use crate::util::FxMap as HashMap;
 
 use crate::collector::state::ScanInput;
 use crate::hotpath::event::Kind;
@@ -93,8 +97,8 @@ pub(super) fn classify_live(input: &ScanInput) -> crate::scan::ScanOut {
 /// the growing ones).
 pub(super) fn reachability_scan(
     input: &ScanInput,
-    wanted: &std::collections::HashSet<(u32, crate::hotpath::event::Api)>,
-    through_python: &std::collections::HashSet<(u32, crate::hotpath::event::Api)>,
+    wanted: &crate::util::FxSet<(u32, crate::hotpath::event::Api)>,
+    through_python: &crate::util::FxSet<(u32, crate::hotpath::event::Api)>,
     keep: bool,
 ) -> ScanResult {
     let live = &input.blocks;
@@ -142,7 +146,7 @@ pub(super) fn reachability_scan(
     // function's local also holds (`state` in a training loop) while the container
     // that keeps all the others (the replay buffer) is what grows.
     let python_keys: Vec<GroupKey> = held_by.keys().filter(|k| through_python.iter().any(|t| t.0 == k.0 && t.1.name() == k.1)).copied().collect();
-    let mut python: HashMap<(GroupKey, usize), crate::report::held::RawPath> = HashMap::new();
+    let mut python: HashMap<(GroupKey, usize), crate::report::held::RawPath> = HashMap::default();
     for key in python_keys {
         let Some(first) = held_by.remove(&key) else { continue };
         let first_block = largest.get(&key).copied();
@@ -221,7 +225,7 @@ pub(super) fn spread<T: Copy + PartialEq>(items: &[T], count: usize) -> Vec<T> {
 /// function's local, a stack) most of its representatives share; among those, the
 /// first drawn (the largest block's).
 fn most_common_holder(paths: HashMap<(GroupKey, usize), crate::report::held::RawPath>) -> HashMap<GroupKey, crate::report::held::RawPath> {
-    let mut by_group: HashMap<GroupKey, Vec<(usize, crate::report::held::RawPath)>> = HashMap::new();
+    let mut by_group: HashMap<GroupKey, Vec<(usize, crate::report::held::RawPath)>> = HashMap::default();
     for ((key, n), p) in paths {
         by_group.entry(key).or_default().push((n, p));
     }

@@ -14,6 +14,20 @@ pub fn gnu_hash(name: &[u8]) -> u32 {
     name.iter().fold(5381u32, |h, &c| h.wrapping_mul(33).wrapping_add(c as u32))
 }
 
+/// Whether a module's GNU hash bloom filter (`bloom`, its 64-bit words; `shift`, its
+/// second hash's shift) may hold a name of hash `h`: false means the module does not
+/// define it, found without reading its buckets and chains (cold pages in most
+/// modules: the start asks after a dozen names that most programs lack). An empty
+/// filter admits everything.
+fn bloom_admits(bloom: &[u64], shift: u32, h: u32) -> bool {
+    if bloom.is_empty() {
+        return true;
+    }
+    let word = bloom[(h / 64) as usize % bloom.len()];
+    let mask = 1u64 << (h % 64) | 1u64 << (h.checked_shr(shift).unwrap_or(0) % 64);
+    word & mask == mask
+}
+
 /// The address of each of `names`' default-version definitions, looked up as
 /// `dlsym(RTLD_NEXT, name)` from the module containing `from` would: the first module
 /// after it in load order that defines the name, or failing that the first one before
@@ -258,6 +272,9 @@ impl DynamicSymbols {
             let symoffset = *self.gnu_hash.add(1);
             let bloom_words = *self.gnu_hash.add(2) as usize;
             if nbuckets == 0 {
+                return None;
+            }
+            if !bloom_admits(std::slice::from_raw_parts(self.gnu_hash.add(4) as *const u64, bloom_words), *self.gnu_hash.add(3), h) {
                 return None;
             }
             let buckets = self.gnu_hash.add(4 + 2 * bloom_words);
@@ -508,6 +525,23 @@ mod tests {
         std::fs::write(&text, b"#!/bin/sh\necho not an ELF file, long enough to fill a header ............................\n").unwrap();
         assert_eq!(has_section(&std::fs::File::open(&text).unwrap(), b".text"), None);
         let _ = std::fs::remove_file(&text);
+    }
+
+    #[test]
+    fn the_bloom_filter_admits_the_names_it_was_built_with() {
+        // Built as a linker builds it: both bits of each name's hash set.
+        let (shift, names) = (6u32, [&b"malloc"[..], b"free", b"dlsym", b"leaktrace_active"]);
+        let mut bloom = [0u64; 4];
+        for n in names {
+            let h = gnu_hash(n);
+            bloom[(h / 64) as usize % 4] |= 1 << (h % 64) | 1 << ((h >> shift) % 64);
+        }
+        assert!(names.iter().all(|n| bloom_admits(&bloom, shift, gnu_hash(n))));
+        // Most other names are turned away (a filter may admit a few by chance).
+        let others = (0..1000).filter(|i| bloom_admits(&bloom, shift, gnu_hash(format!("other_{i}").as_bytes()))).count();
+        assert!(others < 100, "{others} of 1000 admitted");
+        assert!(bloom_admits(&[], shift, gnu_hash(b"anything")));
+        assert!(bloom_admits(&[u64::MAX], 40, gnu_hash(b"anything")));
     }
 
     #[test]

@@ -267,7 +267,7 @@ pub type TimelineOut = schema::Timeline<schema::Inline>;
 
 /// The timeline; followed stacks that are not among `groups` are symbolized here.
 pub fn timeline_out(timeline: &Timeline, groups: &[Group], sym: &mut Symbolizer) -> TimelineOut {
-    let listed: std::collections::HashSet<u32> = groups.iter().map(|g| g.stack_id).collect();
+    let listed: crate::util::FxSet<u32> = groups.iter().map(|g| g.stack_id).collect();
     let followed: Vec<u32> = timeline.series.iter().map(|s| s.stack).filter(|id| !listed.contains(id)).collect();
     // In series order, as the series below take them.
     let mut stacks = resolve_stacks(&followed, sym).into_iter();

@@ -288,8 +288,8 @@ struct Branch<K> {
 /// continues along its own scan path. A path ends at the first branch to reach a module
 /// object; with none in `PYTHON_ROUNDS` rounds, at the first branch that reached another
 /// root (a global, a stack), else at its longest branch through the best holders. `live`, `parent`, `via` and `labels` are the scan's.
-pub fn extend_python<K: Clone + Eq + std::hash::Hash>(
-    paths: &mut std::collections::HashMap<K, RawPath>,
+pub fn extend_python<K: Clone + Eq + std::hash::Hash, S: std::hash::BuildHasher>(
+    paths: &mut std::collections::HashMap<K, RawPath, S>,
     live: &[LiveEntry],
     parent: &[u32],
     via: &[u64],
@@ -301,8 +301,8 @@ pub fn extend_python<K: Clone + Eq + std::hash::Hash>(
 
 /// `extend_python`, with `starts` (a path's key and a heap block's start) looked for
 /// from the start as well: the paths of heap blocks that no scan reached.
-fn extend_python_from<K: Clone + Eq + std::hash::Hash>(
-    paths: &mut std::collections::HashMap<K, RawPath>,
+fn extend_python_from<K: Clone + Eq + std::hash::Hash, S: std::hash::BuildHasher>(
+    paths: &mut std::collections::HashMap<K, RawPath, S>,
     starts: Vec<(K, u64)>,
     live: &[LiveEntry],
     parent: &[u32],

@@ -8,7 +8,6 @@
 //! read from the module *file* (DWARF via addr2line, else the symbol table), which
 //! still works after the module was unloaded.
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::collector::state::FxMap;
@@ -45,7 +44,7 @@ pub struct SymFrame {
 pub struct Symbolizer {
     exe_path: String,
     modules: Vec<Module>,
-    module_ids: HashMap<(String, u64, u64), u32>,
+    module_ids: FxMap<(String, u64, u64), u32>,
     /// Module of an address in the epoch `ip_modules_epoch` (the current one).
     ip_modules: FxMap<u64, Option<(u32, u64)>>,
     ip_modules_epoch: u32,
