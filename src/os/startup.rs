@@ -82,10 +82,27 @@ impl Window {
     /// The environment the process started with, as `/proc/self/environ` holds it,
     /// while the constructor runs.
     pub fn environ(&self) -> Option<Vec<u8>> {
+        self.environ_where(|_| true)
+    }
+
+    /// `environ`, only the variables (`NAME=value`) that `keep` accepts: no copy of the
+    /// rest of the environment, when only a few are wanted.
+    pub fn environ_where(&self, keep: impl Fn(&[u8]) -> bool) -> Option<Vec<u8>> {
         let envp = self.envp();
         // SAFETY: as `cmdline`; the initial environment array is null-terminated.
-        (envp != 0).then(|| unsafe { joined(envp as *const *const c_char, usize::MAX) })
+        (envp != 0).then(|| unsafe { joined_where(envp as *const *const c_char, usize::MAX, keep) })
     }
+}
+
+/// The NUL-terminated `NAME=value` entries of `environ` (as `/proc/self/environ` holds
+/// them) that `keep` accepts, in their order.
+pub fn environ_keeping(environ: &[u8], keep: impl Fn(&[u8]) -> bool) -> Vec<u8> {
+    let mut out = Vec::new();
+    for kv in environ.split(|b| *b == 0).filter(|kv| !kv.is_empty() && keep(kv)) {
+        out.extend_from_slice(kv);
+        out.push(0);
+    }
+    out
 }
 
 /// NUL-terminated strings from a null-terminated array, at most `limit` of them, as
@@ -94,6 +111,15 @@ impl Window {
 /// # Safety
 /// `array` must be a valid null-terminated array of valid C strings.
 unsafe fn joined(array: *const *const c_char, limit: usize) -> Vec<u8> {
+    // SAFETY: the caller's contract.
+    unsafe { joined_where(array, limit, |_| true) }
+}
+
+/// `joined`, only the strings (without their NUL) that `keep` accepts.
+///
+/// # Safety
+/// As `joined`.
+unsafe fn joined_where(array: *const *const c_char, limit: usize, keep: impl Fn(&[u8]) -> bool) -> Vec<u8> {
     let mut out = Vec::new();
     for i in 0..limit {
         // SAFETY: within the array up to its terminating null (the caller's contract).
@@ -102,7 +128,10 @@ unsafe fn joined(array: *const *const c_char, limit: usize) -> Vec<u8> {
             break;
         }
         // SAFETY: a valid C string (the caller's contract).
-        out.extend_from_slice(unsafe { CStr::from_ptr(p) }.to_bytes_with_nul());
+        let s = unsafe { CStr::from_ptr(p) }.to_bytes_with_nul();
+        if keep(&s[..s.len() - 1]) {
+            out.extend_from_slice(s);
+        }
     }
     out
 }
@@ -110,6 +139,14 @@ unsafe fn joined(array: *const *const c_char, limit: usize) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_kept_variables_of_an_environment_text_stay_in_order() {
+        let text = b"A=1\0RANK=3\0\0B=2\0WORLD_SIZE=4\0";
+        assert_eq!(environ_keeping(text, |kv| kv != b"A=1" && kv != b"B=2"), b"RANK=3\0WORLD_SIZE=4\0");
+        assert_eq!(environ_keeping(text, |_| false), b"");
+        assert_eq!(environ_keeping(b"", |_| true), b"");
+    }
 
     #[test]
     fn the_constructors_arguments_read_as_the_proc_files_and_only_in_the_window() {
@@ -121,6 +158,8 @@ mod tests {
         assert_eq!(w.cmdline().unwrap(), b"prog\0--flag\0\0");
         assert_eq!(w.environ().unwrap(), b"A=1\0RANK=3\0");
         assert_eq!(w.envp(), env.as_ptr() as usize);
+        assert_eq!(w.environ_where(|kv| kv.starts_with(b"RANK=")).unwrap(), b"RANK=3\0");
+        assert_eq!(w.environ_where(|_| false).unwrap(), b"");
         w.forget();
         assert!(w.cmdline().is_none() && w.environ().is_none() && w.envp() == 0);
         // Not glibc's shape: no null after argc entries.

@@ -69,15 +69,19 @@ impl ProcessInfo {
             .map_or_else(|| crate::os::anchor::read_proc("self/cmdline"), Ok)
             .map(|raw| raw.split(|b| *b == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect())
             .unwrap_or_default();
-        let environ = window.environ().map_or_else(|| crate::os::anchor::read_proc("self/environ"), Ok).unwrap_or_default();
+        // Only the variables `Launch` reads: most processes have none, and the rest of
+        // the environment is not copied.
+        let reads = |kv: &[u8]| kv.iter().position(|&b| b == b'=').is_some_and(|eq| leaktrace_common::launch::Launch::reads(&kv[..eq]));
+        let launch_vars = window
+            .environ_where(reads)
+            .map_or_else(|| crate::os::anchor::read_proc("self/environ").map(|e| crate::os::startup::environ_keeping(&e, reads)), Ok)
+            .unwrap_or_default();
         // The array the constructor was given, still the C library's (no constructor
         // before ours added a variable), holding no variable that `Launch` reads.
         let initial = window.envp();
-        let has_launch_keys =
-            environ.split(|b| *b == 0).any(|kv| kv.iter().position(|&b| b == b'=').is_some_and(|eq| leaktrace_common::launch::Launch::reads(&kv[..eq])));
-        let environ_without_launch = if initial != 0 && initial == crate::os::environ::array() && !has_launch_keys { initial } else { 0 };
+        let environ_without_launch = if initial != 0 && initial == crate::os::environ::array() && launch_vars.is_empty() { initial } else { 0 };
         let host = hostname();
-        let launch = leaktrace_common::launch::Launch::from_environ(&environ, &argv, host);
+        let launch = leaktrace_common::launch::Launch::from_environ(&launch_vars, &argv, host);
         ProcessInfo {
             launch,
             pid,
