@@ -95,12 +95,18 @@ pub fn resolve_find_object() -> bool {
     if FIND_OBJECT.load(Ordering::Acquire) != 0 {
         return true;
     }
-    // SAFETY: dlsym with a valid NUL-terminated name; RTLD_DEFAULT is a valid handle.
-    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_dl_find_object".as_ptr()) };
-    if f.is_null() {
+    // The loader's own symbol, found in the modules' tables as the real functions are
+    // (`os::elf`: no lock, no allocation); `dlsym` only where that walk cannot tell (a
+    // `dlsym` through our own export was a few microseconds of every process's start).
+    let [mut f] = crate::os::elf::next_definitions([c"_dl_find_object"], resolve_find_object as *const () as usize);
+    if f == 0 {
+        // SAFETY: dlsym with a valid NUL-terminated name; RTLD_DEFAULT is a valid handle.
+        f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_dl_find_object".as_ptr()) } as usize;
+    }
+    if f == 0 {
         return false;
     }
-    FIND_OBJECT.store(f as usize, Ordering::Release);
+    FIND_OBJECT.store(f, Ordering::Release);
     true
 }
 

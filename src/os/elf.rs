@@ -556,7 +556,7 @@ mod tests {
     fn finds_what_the_loader_finds() {
         // In the test binary nothing is interposed: the loader's answers are the truth.
         let here = finds_what_the_loader_finds as *const () as usize;
-        let names = [c"dlsym", c"dlvsym", c"malloc", c"dl_iterate_phdr", c"no_such_symbol_anywhere"];
+        let names = [c"dlsym", c"dlvsym", c"malloc", c"dl_iterate_phdr", c"_dl_find_object", c"no_such_symbol_anywhere"];
         let found = next_definitions(names, here);
         for (name, got) in names.iter().zip(found) {
             // SAFETY: dlsym with a valid handle and a NUL-terminated name.
