@@ -74,18 +74,19 @@ impl Launch {
         RANK.iter().chain(&LOCAL_RANK).chain(&WORLD_SIZE).chain(&JOB).chain(&RESTART).any(|n| n.as_bytes() == name)
     }
 
+    /// Whether `kv`, one `NAME=value` entry of an environment, is a variable this reads.
+    pub fn reads_entry(kv: &[u8]) -> bool {
+        kv.iter().position(|&b| b == b'=').is_some_and(|eq| Launch::reads(&kv[..eq]))
+    }
+
     /// From the text of `/proc/PID/environ` (NUL-separated `NAME=value`).
     pub fn from_environ(environ: &[u8], argv: &[String], host: String) -> Launch {
         // The variables it reads, picked out in one pass: each of its 18 lookups would
         // read the whole environment again (every process does this at its start).
         let mut read = Vec::new();
-        for kv in environ.split(|b| *b == 0) {
-            if let Some(eq) = kv.iter().position(|&b| b == b'=') {
-                if Launch::reads(&kv[..eq]) {
-                    read.extend_from_slice(kv);
-                    read.push(0);
-                }
-            }
+        for kv in environ.split(|b| *b == 0).filter(|kv| Launch::reads_entry(kv)) {
+            read.extend_from_slice(kv);
+            read.push(0);
         }
         // Most processes have none of them: no lookup at all then.
         Launch::from_vars(|name| if read.is_empty() { None } else { environ_var(&read, name) }, argv, host)

@@ -80,13 +80,8 @@ impl Window {
     }
 
     /// The environment the process started with, as `/proc/self/environ` holds it,
-    /// while the constructor runs.
-    pub fn environ(&self) -> Option<Vec<u8>> {
-        self.environ_where(|_| true)
-    }
-
-    /// `environ`, only the variables (`NAME=value`) that `keep` accepts: no copy of the
-    /// rest of the environment, when only a few are wanted.
+    /// while the constructor runs: only the variables (`NAME=value`) that `keep`
+    /// accepts (no copy of the rest, when only a few are wanted).
     pub fn environ_where(&self, keep: impl Fn(&[u8]) -> bool) -> Option<Vec<u8>> {
         let envp = self.envp();
         // SAFETY: as `cmdline`; the initial environment array is null-terminated.
@@ -156,12 +151,12 @@ mod tests {
         // SAFETY: null-terminated arrays of C strings that outlive the window.
         unsafe { w.note(3, args.as_ptr(), env.as_ptr()) };
         assert_eq!(w.cmdline().unwrap(), b"prog\0--flag\0\0");
-        assert_eq!(w.environ().unwrap(), b"A=1\0RANK=3\0");
+        assert_eq!(w.environ_where(|_| true).unwrap(), b"A=1\0RANK=3\0");
         assert_eq!(w.envp(), env.as_ptr() as usize);
         assert_eq!(w.environ_where(|kv| kv.starts_with(b"RANK=")).unwrap(), b"RANK=3\0");
         assert_eq!(w.environ_where(|_| false).unwrap(), b"");
         w.forget();
-        assert!(w.cmdline().is_none() && w.environ().is_none() && w.envp() == 0);
+        assert!(w.cmdline().is_none() && w.environ_where(|_| true).is_none() && w.envp() == 0);
         // Not glibc's shape: no null after argc entries.
         // SAFETY: as above; only `args[..3]` is read.
         unsafe { w.note(2, args.as_ptr(), env.as_ptr()) };

@@ -71,7 +71,7 @@ impl ProcessInfo {
             .unwrap_or_default();
         // Only the variables `Launch` reads: most processes have none, and the rest of
         // the environment is not copied.
-        let reads = |kv: &[u8]| kv.iter().position(|&b| b == b'=').is_some_and(|eq| leaktrace_common::launch::Launch::reads(&kv[..eq]));
+        let reads = leaktrace_common::launch::Launch::reads_entry;
         let launch_vars = window
             .environ_where(reads)
             .map_or_else(|| crate::os::anchor::read_proc("self/environ").map(|e| crate::os::startup::environ_keeping(&e, reads)), Ok)
