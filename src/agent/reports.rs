@@ -393,6 +393,9 @@ fn write_report_steps(reason: Reason) {
             crate::os::fds::write_stderr(format!("{memory_text}{shown}").as_bytes());
         }
     }
+    if !final_report {
+        r.symbolizer.forget_dwarf();
+    }
     // Kept for the next report (plain data: the next one's `clear` costs nothing).
     drop(selected);
     if let Some(mut b) = SNAPSHOT_BUFFER.try_lock() {

@@ -1,5 +1,6 @@
-//! DWARF of one compilation unit at a time, for a module whose units addr2line could
-//! only find through a table of all their ranges.
+//! DWARF of one compilation unit at a time, for a module with a large `.debug_info`
+//! (`BY_UNIT_MIN_BYTES`), first for those whose units addr2line could only find
+//! through a table of all their ranges.
 //!
 //! addr2line's context keeps, for the whole file, every address range of every unit:
 //! 32 bytes a range. A file without `.debug_aranges` whose units list a range per
@@ -24,8 +25,13 @@ use gimli::{EndianSlice, RunTimeEndian};
 
 pub type Reader = EndianSlice<'static, RunTimeEndian>;
 
-/// `.debug_info` of at least this size and without `.debug_aranges` is read by unit.
-pub const BY_UNIT_MIN_BYTES: usize = 32 << 20;
+/// `.debug_info` of at least this size is read by unit, with or without
+/// `.debug_aranges`: with them, addr2line's context still parses every unit's
+/// abbreviations up front and keeps the lines and functions of each unit a lookup went
+/// into. Python's own library as pyenv builds it (8.8 MB of `.debug_info`, with
+/// aranges) held ~10 MB of our heap so in `import torch`, from a report's lookups to
+/// the end of the report, and the final report, at the program's peak, read it again.
+pub const BY_UNIT_MIN_BYTES: usize = 4 << 20;
 
 /// Addresses `[begin, end)` of the unit at `offset` (its entries end at `end_offset`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -74,11 +74,13 @@ struct ModuleFile {
     file: object::File<'static>,
     dwarf: Option<Debug>,
     map: &'static memmap2::Mmap,
+    /// `dwarf` was let go (`forget_dwarf`): read again when a batch needs it.
+    dwarf_forgotten: bool,
 }
 
-/// A module's DWARF: one addr2line context for the whole file, or, for a large file
-/// whose units addr2line could only find through all their ranges, a unit at a time
-/// (`dwarf_units`): the unit of the batch's last address open until the batch ends.
+/// A module's DWARF: one addr2line context for the whole file, or, for a large file,
+/// a unit at a time (`dwarf_units`): the unit of the batch's last address open until
+/// the batch ends.
 enum Debug {
     Whole(addr2line::Context<Reader>),
     ByUnit {
@@ -230,11 +232,11 @@ pub struct DataSymbol {
 }
 
 impl Debug {
-    /// The whole file's context, or by unit for a large `.debug_info` without
-    /// `.debug_aranges` (`dwarf_units`). `None` when the DWARF cannot be read.
+    /// The whole file's context, or by unit for a large `.debug_info`
+    /// (`dwarf_units::BY_UNIT_MIN_BYTES`). `None` when the DWARF cannot be read.
     fn new(sections: gimli::DwarfSections<Reader>, endian: gimli::RunTimeEndian) -> Option<Debug> {
         use gimli::Section;
-        let by_unit = sections.debug_aranges.reader().is_empty() && sections.debug_info.reader().len() >= super::dwarf_units::BY_UNIT_MIN_BYTES;
+        let by_unit = sections.debug_info.reader().len() >= super::dwarf_units::BY_UNIT_MIN_BYTES;
         Self::with(sections, endian, by_unit)
     }
 
@@ -336,7 +338,37 @@ impl ModuleFile {
         let file = object::File::parse(&map[..]).ok()?;
         let endian = if file.is_little_endian() { gimli::RunTimeEndian::Little } else { gimli::RunTimeEndian::Big };
         let dwarf = file.section_by_name(".debug_info").is_some().then(|| Debug::new(dwarf_sections(&file, endian)?, endian));
-        Some(ModuleFile { file, dwarf: dwarf.flatten(), map })
+        Some(ModuleFile { file, dwarf: dwarf.flatten(), map, dwarf_forgotten: false })
+    }
+
+    /// Lets go of what reading the file's DWARF built, until a batch needs it again
+    /// (`recall_dwarf`): addr2line's context holds every unit's abbreviations from the
+    /// start, then the lines and functions of each unit a lookup went into. Between
+    /// reports that was ~10 MB of our heap for Python's own library alone (a pyenv
+    /// build, with DWARF) in `import torch`, at the program's peak; names already found
+    /// stay in `Symbolizer::symbols`. A file read a unit at a time keeps its table of
+    /// units (small, and slow to make again) and lets go of its whole-file context.
+    fn forget_dwarf(&mut self) {
+        match &mut self.dwarf {
+            Some(Debug::Whole(_)) => {
+                self.dwarf = None;
+                self.dwarf_forgotten = true;
+            }
+            Some(Debug::ByUnit { open, whole, .. }) => {
+                *open.get_mut() = None;
+                whole.take();
+            }
+            None => {}
+        }
+    }
+
+    /// Reads the DWARF again if `forget_dwarf` let it go.
+    fn recall_dwarf(&mut self) {
+        if std::mem::take(&mut self.dwarf_forgotten) {
+            use object::Object;
+            let endian = if self.file.is_little_endian() { gimli::RunTimeEndian::Little } else { gimli::RunTimeEndian::Big };
+            self.dwarf = dwarf_sections(&self.file, endian).and_then(|sections| Debug::new(sections, endian));
+        }
     }
 
     /// Gives back the file's pages that a lookup brought in: they count in the process's
@@ -614,6 +646,7 @@ impl Symbolizer {
             offsets.dedup();
             let resolved: Vec<Vec<SymFrame>> = match self.file(module) {
                 Some(file) => {
+                    file.recall_dwarf();
                     // A return address points after the call; look up the call instruction.
                     let calls: Vec<u64> = offsets.iter().map(|o| o.saturating_sub(1)).collect();
                     let mut frames = file.frames_of_all(&calls);
@@ -635,6 +668,14 @@ impl Symbolizer {
             for (offset, frames) in offsets.into_iter().zip(resolved) {
                 self.symbols.insert((module, offset), frames);
             }
+        }
+    }
+
+    /// The end of a report: what reading the modules' DWARF built is let go
+    /// (`ModuleFile::forget_dwarf`); the names found stay.
+    pub fn forget_dwarf(&mut self) {
+        for file in self.files.values_mut().flatten() {
+            file.forget_dwarf();
         }
     }
 
@@ -680,6 +721,40 @@ mod tests {
         assert!(!named(&together[5]).contains("HOLDER_TABLE"), "{:?}", together[5]);
         batch.forget_data_symbols();
         assert_eq!(addrs.iter().map(|&a| batch.data_symbol(a)).collect::<Vec<_>>(), one);
+    }
+
+    /// A file whose DWARF was let go between two reports reads it again for the next
+    /// batch and names the same frames; one read a unit at a time keeps its units.
+    #[test]
+    fn dwarf_let_go_is_read_again_and_names_the_same_frames() {
+        use object::{Object, ObjectSymbol};
+        let path = std::env::current_exe().unwrap();
+        let mut file = ModuleFile::open(path.to_str().unwrap()).expect("the test binary opens");
+        let endian = gimli::RunTimeEndian::Little;
+        file.dwarf = Debug::with(dwarf_sections(&file.file, endian).unwrap(), endian, false);
+        assert!(matches!(file.dwarf, Some(Debug::Whole(_))));
+        let mut starts: Vec<u64> = file.file.symbols().filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 16).map(|s| s.address()).collect();
+        starts.sort_unstable();
+        let probes: Vec<u64> = starts.iter().step_by(starts.len() / 200 + 1).map(|&a| a + 7).collect();
+        let before = file.frames_of_all(&probes);
+        assert!(before.iter().filter(|f| f.iter().any(|f| f.line.is_some())).count() > probes.len() / 2);
+        file.forget_dwarf();
+        assert!(file.dwarf.is_none() && file.dwarf_forgotten);
+        assert!(file.frames_of_all(&probes).iter().all(Vec::is_empty), "nothing read until recalled");
+        file.recall_dwarf();
+        assert!(!file.dwarf_forgotten && file.dwarf.is_some());
+        assert_eq!(file.frames_of_all(&probes), before);
+        file.end_batch();
+        file.forget_dwarf();
+        file.recall_dwarf();
+        assert_eq!(file.frames_of_all(&probes), before, "a second time");
+
+        let sections = dwarf_sections(&file.file, endian).unwrap();
+        let mut by_unit = ModuleFile { dwarf: Debug::with(sections, endian, true), ..ModuleFile::open(path.to_str().unwrap()).unwrap() };
+        let wanted = by_unit.frames_of_all(&probes);
+        by_unit.forget_dwarf();
+        assert!(matches!(by_unit.dwarf, Some(Debug::ByUnit { .. })) && !by_unit.dwarf_forgotten);
+        assert_eq!(by_unit.frames_of_all(&probes), wanted);
     }
 
     /// A file's DWARF read a unit at a time names what the whole file's context names:
