@@ -60,19 +60,37 @@ const ORDER_BITS: u32 = 40;
 const ORDER_MASK: u64 = (1 << ORDER_BITS) - 1;
 const ONE_RELEASE: u64 = 1 << ORDER_BITS;
 const RELEASE_MASK: u32 = (1 << 24) - 1;
-/// The last events of a ring, where an allocation may still be cancelled by its own
-/// thread's free (`cancel_alloc`). `bench/malloc_bench.c` frees each block after 1,000
-/// others: it fits, with its frees not published.
+/// The last events of a small ring, where an allocation may still be cancelled by its
+/// own thread's free (`cancel_alloc`).
 pub const LAG: u64 = 2048;
+/// The same for a large ring taken by a thread whose blocks live longer
+/// (`ThreadRing::long_lag`). `bench/malloc_bench.c` frees a block chosen at random
+/// among its last 1,000: a block lives 1,000 allocations on average, and a third of
+/// them outlived 2,048 events.
+const LARGE_LAG: u64 = 8192;
+/// Frees too late to cancel, among a thread's last `LATE_WINDOW` events, after which
+/// it moves to a large ring with the longer lag (`ProducerLine::late`): a thread that
+/// frees many blocks a few thousand events after allocating them. A thread that
+/// allocates little, or whose blocks live only briefly (a shell's), never gets there,
+/// and keeps the short lag, whose events and table of recent allocations stay in the
+/// cache (the bash loop took 9% more CPU time with every large ring's lag long).
+const LATE_TO_GROW: u32 = 1024;
+/// Events over which late frees are counted: past this many, the count starts again.
+const LATE_WINDOW: u64 = 1 << 16;
 /// Recent allocations a ring remembers for `cancel_alloc`, by address (direct-mapped).
 const RECENT: usize = 4096;
+/// The same for a ring with the long lag. A place survives `n` later allocations with
+/// a probability of about `e^(-n / slots)`: a block freed `LARGE_LAG` allocations later
+/// is still found in 61% of cases here, in 14% with `RECENT` slots. Large and huge
+/// rings have room for this many.
+const LARGE_RECENT: usize = 16384;
 /// How long the consumer's own turns leave the last `LAG` events of a quiet ring alone:
 /// an event is taken once it is `LAG` events old or was published before the snapshot
 /// before last (1–2 periods ago).
 const SNAPSHOT_EVERY_NS: u64 = 1_000_000;
 /// Every thread's first ring (256 KiB).
 const SMALL_SLOTS: u64 = 8192;
-const _: () = assert!(LAG * 4 <= SMALL_SLOTS);
+const _: () = assert!(LAG * 4 <= SMALL_SLOTS && LARGE_LAG * 4 <= LARGE_SLOTS && LARGE_LAG <= SMALL_SLOTS);
 /// The ring of a thread that filled its small one (1 MiB). A Python program allocating
 /// flat out filled a small ring about 5,000 times a run while the consumer caught up;
 /// at this size, twice. Twice as large gained nothing more there and cost a program
@@ -90,7 +108,8 @@ const SHRINK_BELOW: u64 = LARGE_SLOTS / 2;
 /// A producer that finds its ring this full wakes a sleeping consumer: at 10+ M events
 /// a second a small ring fills in under a millisecond, about the consumer's idle sleep.
 /// The same for both sizes: a large ring is there to absorb the consumer's wake-up.
-/// Past the `LAG` events its own turns leave, half a small ring to take.
+/// Past the `LAG` events its own turns leave, half a small ring to take (a larger ring:
+/// past its own lag, `ThreadRing::wake_at`).
 const WAKE_AT: u64 = SMALL_SLOTS / 2 + LAG;
 /// A producer takes the line this many slots ahead of its write position for writing
 /// (`prefetch_line_for_write`): 8 lines, a few events' time to arrive.
@@ -150,6 +169,12 @@ struct ProducerLine {
     /// The write position at which the producer next looks at the consumer's position
     /// (`make_room`), so that the consumer's line is not pulled over on every event.
     check_at: AtomicU64,
+    /// Frees that found their allocation in this ring past its short lag, too late to
+    /// cancel it (`cancel_alloc`), since the write position `late_since`: at
+    /// `LATE_TO_GROW` within `LATE_WINDOW` events the thread moves to a large ring with
+    /// the long lag.
+    late: AtomicU32,
+    late_since: AtomicU64,
 }
 
 struct ThreadRing {
@@ -167,6 +192,9 @@ struct ThreadRing {
     next: *mut ThreadRing,
     /// `SMALL_SLOTS` or `LARGE_SLOTS`; fixed when the ring is made.
     capacity: u64,
+    /// `LARGE_LAG` rather than `LAG` (`ThreadRing::lag`): set by the thread that takes
+    /// the ring before it publishes anything there (a large or huge ring only).
+    long_lag: AtomicBool,
     /// `capacity` slots, in the same mapping, just after this header.
     slots: *const Slot,
     producer: Padded<ProducerLine>,
@@ -175,6 +203,11 @@ struct ThreadRing {
     lag: Padded<LagMarks>,
     /// The producer's memory of its recent allocations (`cancel_alloc`).
     recent: Recent,
+    /// By address (`ThreadRing::recent_at`): the position + 1 (low 32 bits) of the last
+    /// cancellable allocation published here; 0: none, or the address was released.
+    /// `recent_slots(capacity)` of them, in the ring's mapping after its slots; those of
+    /// `ThreadRing::recent_in_use` in use.
+    recent_at: *const AtomicU32,
 }
 
 /// Written by the consumer only.
@@ -189,17 +222,64 @@ struct LagMarks {
 struct Recent {
     /// Per ticket bucket, the releases this ring's producer took tickets for (wrapping).
     own_releases: [AtomicU32; BUCKETS],
-    /// By address (`recent_index`): the position + 1 (low 32 bits) of the last
-    /// cancellable allocation published here; 0: none, or the address was released.
-    at: [AtomicU32; RECENT],
 }
 
-#[inline(always)]
-fn recent_index(addr: u64) -> usize {
-    ((addr >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 52) as usize & (RECENT - 1)
+/// The room for recent allocations in a ring of `capacity` slots.
+const fn recent_slots(capacity: u64) -> usize {
+    if capacity == SMALL_SLOTS {
+        RECENT
+    } else {
+        LARGE_RECENT
+    }
 }
 
 impl ThreadRing {
+    /// The last events of this ring where its producer may cancel an allocation, and
+    /// which the consumer's own turns leave (`LAG`, `LARGE_LAG`).
+    #[inline(always)]
+    fn lag(&self) -> u64 {
+        if self.long_lag.load(Ordering::Relaxed) {
+            LARGE_LAG
+        } else {
+            LAG
+        }
+    }
+
+    /// The entries of the table of recent allocations in use.
+    #[inline(always)]
+    fn recent_in_use(&self) -> usize {
+        if self.long_lag.load(Ordering::Relaxed) {
+            LARGE_RECENT
+        } else {
+            RECENT
+        }
+    }
+
+    /// How full the ring is when its producer wakes the consumer: past the events the
+    /// consumer's own turns leave, half a small ring to take.
+    #[inline(always)]
+    fn wake_at(&self) -> u64 {
+        WAKE_AT - LAG + self.lag()
+    }
+
+    /// The entry of the table of recent allocations for `addr`.
+    #[inline(always)]
+    fn recent_at(&self, addr: u64) -> &AtomicU32 {
+        let bits = self.recent_in_use().trailing_zeros();
+        let i = ((addr >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - bits)) as usize;
+        // SAFETY: `recent_at` holds `recent_slots(capacity)` entries that live as long
+        // as the ring (forever), at least `recent_in_use` (a power of two, `2^bits`;
+        // only a large or huge ring has the long lag); the index is the product's top
+        // `bits` bits.
+        unsafe { &*self.recent_at.add(i) }
+    }
+
+    /// The whole table of recent allocations.
+    fn recent_table(&self) -> &[AtomicU32] {
+        // SAFETY: as in `recent_at`.
+        unsafe { std::slice::from_raw_parts(self.recent_at, recent_slots(self.capacity)) }
+    }
+
     #[inline(always)]
     fn slot(&self, position: u64) -> &Slot {
         // SAFETY: `slots` holds `capacity` (a power of two) slots that live as long as
@@ -274,15 +354,17 @@ pub fn unapplied_frees(mut each: impl FnMut(u64)) -> usize {
     n
 }
 
-/// A free ring of `capacity` slots, or a new one, owned by the calling thread from now.
-fn take_ring(capacity: u64) -> Option<&'static ThreadRing> {
+/// A free ring of `capacity` slots, or a new one, owned by the calling thread from now,
+/// with the long lag or not (`long_lag`: a large or huge ring only).
+fn take_ring(capacity: u64, long_lag: bool) -> Option<&'static ThreadRing> {
+    debug_assert!(!long_lag || recent_slots(capacity) >= LARGE_RECENT);
     let me = crate::os::threads::identity();
     let free = rings().find(|r| r.capacity == capacity && r.owner.compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed).is_ok());
     let ring = match free {
         Some(r) => {
             // A reused ring's memory is its last owner's: this thread released nothing
             // yet. (A new ring's is zero already, and its pages untouched.)
-            for c in r.recent.own_releases.iter().chain(r.recent.at.iter()) {
+            for c in r.recent.own_releases.iter().chain(r.recent_table()) {
                 c.store(0, Ordering::Relaxed);
             }
             r
@@ -290,14 +372,18 @@ fn take_ring(capacity: u64) -> Option<&'static ThreadRing> {
         None => {
             let header = std::mem::size_of::<ThreadRing>().next_multiple_of(std::mem::align_of::<Slot>());
             // All-zero bytes are a valid empty ring but for its two fixed fields.
-            let m = super::mapping::map_zeroed(header + capacity as usize * std::mem::size_of::<Slot>(), super::mapping::Part::Rings)?;
+            let slots = capacity as usize * std::mem::size_of::<Slot>();
+            let table = recent_slots(capacity) * std::mem::size_of::<AtomicU32>();
+            let m = super::mapping::map_zeroed(header + slots + table, super::mapping::Part::Rings)?;
             let r = m as *mut ThreadRing;
             // SAFETY: fresh mapping, not yet shared; the slots start `header` bytes in,
-            // aligned for `Slot` (the mapping is page-aligned).
+            // aligned for `Slot` (the mapping is page-aligned), the table of recent
+            // allocations after them (aligned: a slot's size is a multiple of 4).
             unsafe {
                 (*r).owner.store(me, Ordering::Relaxed);
                 (*r).capacity = capacity;
                 (*r).slots = m.add(header) as *const Slot;
+                (*r).recent_at = m.add(header + slots) as *const AtomicU32;
             }
             let mut head = RINGS.load(Ordering::Acquire);
             loop {
@@ -318,12 +404,16 @@ fn take_ring(capacity: u64) -> Option<&'static ThreadRing> {
     // The first event looks at the consumer's position (a reused ring's check position
     // is its last owner's).
     ring.producer.0.check_at.store(0, Ordering::Relaxed);
+    ring.producer.0.late.store(0, Ordering::Relaxed);
+    ring.producer.0.late_since.store(0, Ordering::Relaxed);
+    // Before the ring's first event, which the consumer's loads of the tail acquire.
+    ring.long_lag.store(long_lag, Ordering::Relaxed);
     Some(ring)
 }
 
 #[cold]
 fn claim_ring(state: &ThreadState) -> Option<&'static ThreadRing> {
-    let ring = take_ring(SMALL_SLOTS)?;
+    let ring = take_ring(SMALL_SLOTS, false)?;
     adopt(state, ring);
     Some(ring)
 }
@@ -370,16 +460,17 @@ fn next_capacity(capacity: u64) -> Option<u64> {
 /// Moves the calling thread from its full ring `old` to one of `capacity` slots.
 /// Returns `None` (the caller waits instead) when no memory can be had.
 #[cold]
-fn grow(state: &ThreadState, old: &'static ThreadRing, capacity: u64) -> Option<&'static ThreadRing> {
-    let ring = move_to(state, old, capacity)?;
+fn grow(state: &ThreadState, old: &'static ThreadRing, capacity: u64, long_lag: bool) -> Option<&'static ThreadRing> {
+    let ring = move_to(state, old, capacity, long_lag)?;
     RINGS_GROWN.fetch_add(1, Ordering::Relaxed);
     Some(ring)
 }
 
-/// Moves the calling thread from `old` to a ring of `capacity` slots, with `old` as its
-/// predecessor (emptied by the consumer first, so the thread's events keep their order).
-fn move_to(state: &ThreadState, old: &'static ThreadRing, capacity: u64) -> Option<&'static ThreadRing> {
-    let ring = take_ring(capacity)?;
+/// Moves the calling thread from `old` to a ring of `capacity` slots (with the long lag
+/// or not), with `old` as its predecessor (emptied by the consumer first, so the
+/// thread's events keep their order).
+fn move_to(state: &ThreadState, old: &'static ThreadRing, capacity: u64, long_lag: bool) -> Option<&'static ThreadRing> {
+    let ring = take_ring(capacity, long_lag)?;
     old.superseded.store(true, Ordering::Release);
     // Release: the consumer that sees the link sees every event published into `old`.
     ring.predecessor.store(old as *const ThreadRing as *mut ThreadRing, Ordering::Release);
@@ -503,7 +594,7 @@ fn take_ticket(ring: &ThreadRing, t: u64, kind: EventKind, api: Api, addr: u64) 
     let b = bucket_of(addr);
     let releases = kind.releases();
     let v = TICKETS[b].0.fetch_add(if releases { 1 + ONE_RELEASE } else { 1 }, Ordering::SeqCst);
-    let at = &ring.recent.at[recent_index(addr)];
+    let at = ring.recent_at(addr);
     let own = &ring.recent.own_releases[b];
     if releases {
         own.store(own.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
@@ -537,14 +628,20 @@ pub fn cancel_alloc(state: &ThreadState, addr: u64, space: super::event::Space) 
     }
     // SAFETY: this thread's ring (set by claim_ring/grow); rings are never freed.
     let ring = unsafe { &*(p as *const ThreadRing) };
-    let at = &ring.recent.at[recent_index(addr)];
+    let at = ring.recent_at(addr);
     let stored = at.load(Ordering::Relaxed);
     if stored == 0 {
         return false;
     }
     let t = ring.producer.0.tail.load(Ordering::Relaxed);
     let back = (t as u32).wrapping_sub(stored - 1) as u64;
-    if back == 0 || back > LAG {
+    if back == 0 {
+        return false;
+    }
+    if back > ring.lag() {
+        if back <= LARGE_LAG && !ring.long_lag.load(Ordering::Relaxed) && ring.slot(t - back).addr.load(Ordering::Relaxed) == addr {
+            note_late(ring, t);
+        }
         return false;
     }
     let slot = ring.slot(t - back);
@@ -572,6 +669,23 @@ pub fn cancel_alloc(state: &ThreadState, addr: u64, space: super::event::Space) 
     true
 }
 
+/// A free found its allocation too late to cancel it on a ring with the short lag; at
+/// `LATE_TO_GROW` of them, the thread's next event moves it to a large ring with the
+/// long lag (`make_room`, reached at once).
+#[cold]
+fn note_late(ring: &ThreadRing, t: u64) {
+    let p = &ring.producer.0;
+    let mut late = p.late.load(Ordering::Relaxed) + 1;
+    if t.wrapping_sub(p.late_since.load(Ordering::Relaxed)) > LATE_WINDOW {
+        p.late_since.store(t, Ordering::Relaxed);
+        late = 1;
+    }
+    p.late.store(late, Ordering::Relaxed);
+    if late >= LATE_TO_GROW {
+        p.check_at.store(0, Ordering::Relaxed);
+    }
+}
+
 enum Room {
     /// There is room at the current write position.
     Ready,
@@ -595,7 +709,7 @@ enum Room {
 fn make_room(state: &ThreadState, ring: &'static ThreadRing, t: u64, ahead: u64, mut help: Option<impl FnMut()>) -> Room {
     let mut h = ring.head.0.load(Ordering::Acquire);
     if should_shrink(ring, t + ahead, h) {
-        if let Some(large) = move_to(state, ring, LARGE_SLOTS) {
+        if let Some(large) = move_to(state, ring, LARGE_SLOTS, ring.long_lag.load(Ordering::Relaxed)) {
             RINGS_SHRUNK.fetch_add(1, Ordering::Relaxed);
             return match make_room(state, large, large.producer.0.tail.load(Ordering::Relaxed), ahead, help) {
                 Room::Ready => Room::Moved(large),
@@ -603,9 +717,19 @@ fn make_room(state: &ThreadState, ring: &'static ThreadRing, t: u64, ahead: u64,
             };
         }
     }
+    if ring.producer.0.late.load(Ordering::Relaxed) >= LATE_TO_GROW && !ring.long_lag.load(Ordering::Relaxed) {
+        // Asked once: where no large ring can be had, the thread stays.
+        ring.producer.0.late.store(0, Ordering::Relaxed);
+        if let Some(larger) = grow(state, ring, LARGE_SLOTS.max(ring.capacity), true) {
+            return match make_room(state, larger, larger.producer.0.tail.load(Ordering::Relaxed), ahead, help) {
+                Room::Ready => Room::Moved(larger),
+                other => other,
+            };
+        }
+    }
     if (t + ahead).wrapping_sub(h) >= ring.capacity {
         if let Some(capacity) = next_capacity(ring.capacity) {
-            if let Some(larger) = grow(state, ring, capacity) {
+            if let Some(larger) = grow(state, ring, capacity, ring.long_lag.load(Ordering::Relaxed)) {
                 wake_consumer();
                 return match make_room(state, larger, larger.producer.0.tail.load(Ordering::Relaxed), ahead, help) {
                     Room::Ready => Room::Moved(larger),
@@ -637,12 +761,13 @@ fn make_room(state: &ThreadState, ring: &'static ThreadRing, t: u64, ahead: u64,
             }
         }
     }
-    let next = if t.wrapping_sub(h) >= WAKE_AT {
+    let wake_at = ring.wake_at();
+    let next = if t.wrapping_sub(h) >= wake_at {
         // Behind: wake it if it sleeps, and look again soon.
         wake_consumer();
         (h + ring.capacity).min(t + RECHECK_EVERY)
     } else {
-        h + WAKE_AT
+        h + wake_at
     };
     ring.producer.0.check_at.store(next, Ordering::Relaxed);
     Room::Ready
@@ -669,7 +794,7 @@ fn lagged_end(ring: &ThreadRing, tail: u64) -> u64 {
     if ring.superseded.load(Ordering::Acquire) {
         return tail;
     }
-    tail.saturating_sub(LAG).max(ring.lag.0.release_to.load(Ordering::Relaxed)).min(tail)
+    tail.saturating_sub(ring.lag()).max(ring.lag.0.release_to.load(Ordering::Relaxed)).min(tail)
 }
 
 /// Wakes the consumer if it sleeps in `park_consumer`.
@@ -881,7 +1006,7 @@ impl DrainState {
         let tail = ring.producer.0.tail.load(Ordering::Acquire);
         // Its producer cancels allocations from here on (`cancel_alloc`): a slot here
         // is claimed, not read.
-        let contested = tail.saturating_sub(LAG);
+        let contested = tail.saturating_sub(ring.lag());
         let end = match reach {
             Reach::Lagged => lagged_end(ring, tail),
             Reach::All => tail,
@@ -1119,6 +1244,7 @@ mod tests {
         // SAFETY: rings are never freed.
         let (small, large) = unsafe { (&*(small as *const ThreadRing), &*(large as *const ThreadRing)) };
         assert_eq!((small.capacity, large.capacity), (SMALL_SLOTS, LARGE_SLOTS));
+        assert_eq!(large.lag(), LAG, "a ring taken for room keeps the short lag");
         assert_eq!(large.predecessor.load(Ordering::Acquire) as usize, small as *const ThreadRing as usize);
         // The large ring's events wait while the small one holds any.
         let mut order = Vec::new();
@@ -1426,6 +1552,129 @@ mod tests {
         }
         assert_eq!(n, LAG + 100);
         assert!(!drained.pending());
+    }
+
+    #[test]
+    fn a_thread_on_a_large_ring_may_cancel_further_back_and_the_consumers_own_turn_leaves_it_that_much() {
+        use std::sync::mpsc;
+        let (_turn, mut state) = turn_with_rings_drained();
+        let drained = state.as_mut().unwrap();
+        let (to_test, published) = mpsc::channel::<()>();
+        let (to_thread, go) = mpsc::channel::<()>();
+        // `n` allocations from `base` on, none of them remembered where the two blocks
+        // below are (`recent_at`): a later allocation there makes a free forget its own.
+        let filler = |base: u64, n: u64| {
+            // SAFETY: rings are never freed (null before the thread's first event).
+            let ring = || unsafe { (thread::with(|s| s.ring.get()) as *const ThreadRing).as_ref() };
+            let collides = |addr: u64| ring().is_some_and(|r| [0x5100_0010, 0x5100_0020].iter().any(|&b| std::ptr::eq(r.recent_at(addr), r.recent_at(b))));
+            let mut addr = base << 4;
+            for _ in 0..n {
+                while collides(addr) {
+                    addr += 16;
+                }
+                publish_here(EventKind::Alloc, Api::Malloc, 1, addr, 8, || panic!("waited"));
+                addr += 16;
+            }
+        };
+        let thread = std::thread::spawn(move || {
+            // SAFETY: rings are never freed.
+            let ring = || unsafe { &*(thread::with(|s| s.ring.get()) as *const ThreadRing) };
+            filler(0x6300_0000, 1);
+            let small = ring();
+            assert_eq!((small.capacity, small.lag()), (SMALL_SLOTS, LAG));
+            // Frees too late to cancel (`cancel_alloc` notes them): the next event
+            // moves the thread to a large ring with the long lag.
+            for _ in 0..LATE_TO_GROW - 1 {
+                note_late(small, 0);
+            }
+            filler(0x6300_1000, 1);
+            assert!(std::ptr::eq(ring(), small), "not yet");
+            note_late(small, 0);
+            filler(0x6300_2000, 1);
+            assert_eq!((ring().capacity, ring().lag()), (LARGE_SLOTS, LARGE_LAG));
+            publish_here(EventKind::Alloc, Api::Malloc, 5, 0x5100_0010, 16, || {});
+            filler(0x6400_0000, 2 * LAG);
+            to_test.send(()).unwrap();
+            go.recv().unwrap();
+            // 2 * LAG + 1 events back: past a small ring's lag, within a large one's.
+            assert!(cancel_here(0x5100_0010), "cancelled from a large ring's lag");
+            publish_here(EventKind::Alloc, Api::Malloc, 5, 0x5100_0020, 16, || {});
+            filler(0x6500_0000, LARGE_LAG);
+            assert!(!cancel_here(0x5100_0020), "past the large ring's lag");
+        });
+        published.recv().unwrap();
+        // The consumer's own turn takes the small ring (its thread moved on) and leaves
+        // the large ring's last `LARGE_LAG` events: all 2 * LAG + 2 of them here.
+        let mut n = 0u64;
+        drained.drain_lagged(usize::MAX, |e: Event| {
+            assert!((0x6300_0000..0x6300_2000).contains(&(e.addr >> 4)), "{:#x} taken", e.addr);
+            n += 1;
+        });
+        assert_eq!(n, 2);
+        to_thread.send(()).unwrap();
+        thread.join().unwrap();
+        let mut kinds = std::collections::HashMap::new();
+        drained.drain(usize::MAX, false, |e: Event| {
+            kinds.insert(e.addr, e.kind);
+        });
+        assert_eq!(kinds.get(&0x5100_0010), Some(&EventKind::Transient));
+        assert_eq!(kinds.get(&0x5100_0020), Some(&EventKind::Alloc));
+        assert_eq!(kinds.len() as u64, 1 + 2 + 2 * LAG + LARGE_LAG);
+    }
+
+    #[test]
+    fn late_frees_count_within_a_window_of_events_only() {
+        let (_turn, mut state) = turn_with_rings_drained();
+        let drained = state.as_mut().unwrap();
+        std::thread::spawn(|| {
+            publish_here(EventKind::Alloc, Api::Malloc, 1, 0x6700_0000 << 4, 8, || {});
+            // SAFETY: rings are never freed.
+            let ring = unsafe { &*(thread::with(|s| s.ring.get()) as *const ThreadRing) };
+            let late = || ring.producer.0.late.load(Ordering::Relaxed);
+            let start = 3 * LATE_WINDOW;
+            for k in 0..LATE_TO_GROW as u64 - 1 {
+                note_late(ring, start + k);
+            }
+            assert_eq!(late(), LATE_TO_GROW - 1);
+            note_late(ring, start + LATE_WINDOW + 1);
+            assert_eq!(late(), 1, "a window later, counted afresh");
+            publish_here(EventKind::Alloc, Api::Malloc, 1, (0x6700_0000 + 1) << 4, 8, || {});
+            assert!(std::ptr::eq(thread::with(|s| s.ring.get()) as *const ThreadRing, ring), "stays");
+        })
+        .join()
+        .unwrap();
+        drained.drain(usize::MAX, false, |_e: Event| {});
+    }
+
+    #[test]
+    fn a_free_past_the_short_lag_counts_as_late_and_one_within_it_is_cancelled() {
+        let (_turn, mut state) = turn_with_rings_drained();
+        let drained = state.as_mut().unwrap();
+        std::thread::spawn(|| {
+            // SAFETY: rings are never freed.
+            let ring = || unsafe { &*(thread::with(|s| s.ring.get()) as *const ThreadRing) };
+            let late = || ring().producer.0.late.load(Ordering::Relaxed);
+            publish_here(EventKind::Alloc, Api::Malloc, 5, 0x5200_0010, 16, || {});
+            let x = ring().recent_at(0x5200_0010) as *const AtomicU32;
+            let mut addr = 0x6600_0000u64 << 4;
+            for _ in 0..LAG + 10 {
+                while std::ptr::eq(ring().recent_at(addr), x) {
+                    addr += 16;
+                }
+                publish_here(EventKind::Alloc, Api::Malloc, 1, addr, 8, || {});
+                addr += 16;
+            }
+            assert_eq!(late(), 0);
+            assert!(!cancel_here(0x5200_0010), "past the short lag");
+            assert_eq!(late(), 1, "noted as late");
+            publish_here(EventKind::Alloc, Api::Malloc, 5, 0x5200_0020, 16, || {});
+            assert!(cancel_here(0x5200_0020));
+            assert!(!cancel_here(0x5200_0030), "never allocated");
+            assert_eq!(late(), 1);
+        })
+        .join()
+        .unwrap();
+        drained.drain(usize::MAX, false, |_e: Event| {});
     }
 
     #[test]
