@@ -10,6 +10,9 @@
 #   scripts/bench.sh [RUNS] [SET]   RUNS per cell, interleaved (default 5; valgrind runs once)
 #   BENCH_FORMAT=md                 a Markdown table (the README's)
 #   BENCH_ONLY=REGEX                only the workloads whose names match
+#   BENCH_BASE=LIB                  also another build of the library (leaktrace-base), in
+#                                   the same interleaved rounds: a change's A/B
+#   BENCH_PEERS=0                   no peers: plain and leaktrace only
 #
 # SET cost (the README's table): what a CI machine pays, in CPU and memory as well as time.
 #   bash-loop      bash, 300,000 iterations of arithmetic and a string assignment
@@ -142,6 +145,7 @@ run_once() { # tool, VAR=value list, command... -> "wall cpu rss_kib files_bytes
     case $tool in
         plain) "${pre[@]}" "$@" >/dev/null 2>&1 ;;
         leaktrace) LD_PRELOAD="$LIB" LEAKTRACE_OUTPUT="$out" LEAKTRACE_SUMMARY=0 "${pre[@]}" "$@" >/dev/null 2>&1 ;;
+        leaktrace-base) LD_PRELOAD="$BENCH_BASE" LEAKTRACE_OUTPUT="$out" LEAKTRACE_SUMMARY=0 "${pre[@]}" "$@" >/dev/null 2>&1 ;;
         leaktrace-nopy) LD_PRELOAD="$LIB" LEAKTRACE_PYTHON=0 LEAKTRACE_OUTPUT="$out" LEAKTRACE_SUMMARY=0 "${pre[@]}" "$@" >/dev/null 2>&1 ;;
         heaptrack) "${pre[@]}" heaptrack -o "$out/ht" "$@" >/dev/null 2>&1 ;;
         memray)
@@ -171,6 +175,16 @@ run_once() { # tool, VAR=value list, command... -> "wall cpu rss_kib files_bytes
 }
 
 median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+
+if [ "${BENCH_PEERS:-1}" = 0 ]; then
+    keep=()
+    for t in "${TOOLS[@]}"; do case $t in plain | leaktrace*) keep+=("$t") ;; esac; done
+    TOOLS=("${keep[@]}")
+fi
+if [ -n "${BENCH_BASE:-}" ]; then
+    [ -e "$BENCH_BASE" ] || { echo "BENCH_BASE=$BENCH_BASE: no such file (a libleaktrace.so to compare with)" >&2; exit 2; }
+    TOOLS=("${TOOLS[0]}" "${TOOLS[1]}" "leaktrace-base" "${TOOLS[@]:2}")
+fi
 
 declare -A SAMPLES
 for ((r = 0; r < RUNS; r++)); do
