@@ -29,9 +29,11 @@ impl Hasher for FxHasher {
     }
 }
 
+/// A hash map for the library's own tables: keyed by addresses, ids and the like, with
+/// no adversary to hash against. Also wherever a process's start or exit makes a map: a
+/// std one seeds its hasher with a `getrandom` call (once a thread), in every process.
 pub type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
-/// (Where a process's start or exit makes the map: a std one seeds its hasher with a
-/// `getrandom` call, in every process.)
+/// The set of `FxMap`.
 pub type FxSet<K> = std::collections::HashSet<K, BuildHasherDefault<FxHasher>>;
 
 /// Grows `v` to `len` zeros at its end. A large vector is a mapping of its own

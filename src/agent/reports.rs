@@ -1,8 +1,7 @@
 //! Report assembly: a snapshot of the collector's model, the reachability scan when
 //! one is due, symbolization, the JSON report written atomically, the exit summary; the
 //! timeline points between reports; the final report exactly once.
-// Fx maps: a std map seeds its hasher with a `getrandom` call (once a thread), which
-// every process would pay at its exit report.
+// Fx maps (`util::FxMap`: no `getrandom` at a process's exit report).
 use crate::util::FxMap as HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;

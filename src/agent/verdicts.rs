@@ -3,8 +3,7 @@
 //! own blocks).
 use std::collections::BTreeMap;
 
-// Fx maps: a std map seeds its hasher with a `getrandom` call (once a thread), which
-// every process would pay at its exit report.
+// Fx maps (`util::FxMap`: no `getrandom` at a process's exit report).
 use crate::util::FxMap as HashMap;
 
 use crate::collector::state::ScanInput;

@@ -7,7 +7,7 @@ use super::transients::{Pending, Transients};
 use crate::hotpath::channel::Sink;
 use crate::hotpath::event::{Api, Event, EventKind, Kind, Space, INTERNAL_FREE, LATE_FREE};
 
-pub use crate::util::{FxHasher, FxMap};
+use crate::util::FxMap;
 
 impl Sink for &mut Collector {
     #[inline(always)]

@@ -313,7 +313,7 @@ pub fn timeline_out(timeline: &Timeline, groups: &[Group], sym: &mut Symbolizer)
 #[derive(Default)]
 struct FrameTable {
     frames: Vec<Frame>,
-    index: crate::collector::state::FxMap<FrameKey, u32>,
+    index: crate::util::FxMap<FrameKey, u32>,
 }
 
 type FrameKey = (u64, usize, Option<u64>, usize, usize, Option<u32>, bool, bool);

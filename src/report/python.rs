@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use super::build::Frame;
-use crate::collector::state::FxMap;
 use crate::hotpath::python::{codes, word_code, word_is_entry, word_offset};
+use crate::util::FxMap;
 
 /// The line of the instruction at byte `offset` of a code object of CPython 3.`minor`,
 /// from its line table: `co_lnotab` (3.9), the 3.10 `co_linetable`, or the location

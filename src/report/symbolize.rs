@@ -10,8 +10,8 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use crate::collector::state::FxMap;
 use crate::hotpath::{stacks, unwind};
+use crate::util::FxMap;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Module {

@@ -63,12 +63,12 @@ pub struct Timeline {
     /// and its first child share a place: the first of them to be looked up keeps it,
     /// the other goes to `line_of_other`.
     line_of: Vec<u32>,
-    line_of_other: crate::collector::state::FxMap<u32, u32>,
+    line_of_other: crate::util::FxMap<u32, u32>,
     /// The same by Python part (`python::python_part`): decoded once per part.
-    line_of_part: crate::collector::state::FxMap<u32, u32>,
+    line_of_part: crate::util::FxMap<u32, u32>,
     /// The distinct user lines met, and their indices.
     known_lines: Vec<super::python::UserLine>,
-    index_of_line: crate::collector::state::FxMap<super::python::UserLine, u32>,
+    index_of_line: crate::util::FxMap<super::python::UserLine, u32>,
     /// Live bytes under each known line now, by its index (slot 0 unused).
     line_now: Vec<u64>,
 }
@@ -147,7 +147,7 @@ impl Timeline {
         self.push_point(unix_ms, totals.host());
     }
 
-    fn followed(&self) -> crate::collector::state::FxMap<Key, usize> {
+    fn followed(&self) -> crate::util::FxMap<Key, usize> {
         self.series.iter().enumerate().map(|(i, s)| ((s.stack, s.api), i)).collect()
     }
 
