@@ -77,20 +77,25 @@ const LARGE_LAG: u64 = 8192;
 const LATE_TO_GROW: u32 = 1024;
 /// Events over which late frees are counted: past this many, the count starts again.
 const LATE_WINDOW: u64 = 1 << 16;
-/// Recent allocations a ring remembers for `cancel_alloc`, by address (direct-mapped).
-const RECENT: usize = 4096;
-/// The same for a ring with the long lag. A place survives `n` later allocations with
-/// a probability of about `e^(-n / slots)`: a block freed `LARGE_LAG` allocations later
-/// is still found in 61% of cases here, in 14% with `RECENT` slots. Large and huge
-/// rings have room for this many.
-const LARGE_RECENT: usize = 16384;
+/// Places in a ring's table of recent allocations (`cancel_alloc`, by address,
+/// direct-mapped) for each event of its lag. A place survives `n` later allocations
+/// with a probability of about `e^(-n / places)`: a block freed `LARGE_LAG`
+/// allocations later is still found in 61% of cases at twice as many places, in 14%
+/// at half as many.
+const RECENT_PER_LAG: usize = 2;
+/// The places of a ring with the short lag (4,096).
+const RECENT: usize = RECENT_PER_LAG * LAG as usize;
+/// The places of a ring with the long lag (16,384): large and huge rings have room for
+/// this many.
+const LARGE_RECENT: usize = RECENT_PER_LAG * LARGE_LAG as usize;
 /// How long the consumer's own turns leave the last `LAG` events of a quiet ring alone:
 /// an event is taken once it is `LAG` events old or was published before the snapshot
 /// before last (1–2 periods ago).
 const SNAPSHOT_EVERY_NS: u64 = 1_000_000;
 /// Every thread's first ring (256 KiB).
 const SMALL_SLOTS: u64 = 8192;
-const _: () = assert!(LAG * 4 <= SMALL_SLOTS && LARGE_LAG * 4 <= LARGE_SLOTS && LARGE_LAG <= SMALL_SLOTS);
+const _: () =
+    assert!(LAG * 4 <= SMALL_SLOTS && LARGE_LAG * 4 <= LARGE_SLOTS && LARGE_LAG <= SMALL_SLOTS && RECENT.is_power_of_two() && LARGE_RECENT.is_power_of_two());
 /// The ring of a thread that filled its small one (1 MiB). A Python program allocating
 /// flat out filled a small ring about 5,000 times a run while the consumer caught up;
 /// at this size, twice. Twice as large gained nothing more there and cost a program
@@ -245,14 +250,10 @@ impl ThreadRing {
         }
     }
 
-    /// The entries of the table of recent allocations in use.
+    /// The entries of the table of recent allocations in use (`RECENT`, `LARGE_RECENT`).
     #[inline(always)]
     fn recent_in_use(&self) -> usize {
-        if self.long_lag.load(Ordering::Relaxed) {
-            LARGE_RECENT
-        } else {
-            RECENT
-        }
+        RECENT_PER_LAG * self.lag() as usize
     }
 
     /// How full the ring is when its producer wakes the consumer: past the events the
@@ -1465,6 +1466,23 @@ mod tests {
         assert_eq!(n, published);
     }
 
+    /// `n` allocations on the calling thread from address `base << 4` on, none of them
+    /// remembered where the blocks `keep` are (`ThreadRing::recent_at`): a later
+    /// allocation there makes a free forget its own. None may wait for room.
+    fn publish_avoiding(base: u64, n: u64, keep: &[u64]) {
+        // SAFETY: rings are never freed (null before the thread's first event).
+        let ring = || unsafe { (thread::with(|s| s.ring.get()) as *const ThreadRing).as_ref() };
+        let collides = |addr: u64| ring().is_some_and(|r| keep.iter().any(|&b| std::ptr::eq(r.recent_at(addr), r.recent_at(b))));
+        let mut addr = base << 4;
+        for _ in 0..n {
+            while collides(addr) {
+                addr += 16;
+            }
+            publish_here(EventKind::Alloc, Api::Malloc, 1, addr, 8, || panic!("waited"));
+            addr += 16;
+        }
+    }
+
     fn cancel_here(addr: u64) -> bool {
         thread::with(|s| cancel_alloc(s, addr, super::super::event::Space::Heap))
     }
@@ -1561,21 +1579,7 @@ mod tests {
         let drained = state.as_mut().unwrap();
         let (to_test, published) = mpsc::channel::<()>();
         let (to_thread, go) = mpsc::channel::<()>();
-        // `n` allocations from `base` on, none of them remembered where the two blocks
-        // below are (`recent_at`): a later allocation there makes a free forget its own.
-        let filler = |base: u64, n: u64| {
-            // SAFETY: rings are never freed (null before the thread's first event).
-            let ring = || unsafe { (thread::with(|s| s.ring.get()) as *const ThreadRing).as_ref() };
-            let collides = |addr: u64| ring().is_some_and(|r| [0x5100_0010, 0x5100_0020].iter().any(|&b| std::ptr::eq(r.recent_at(addr), r.recent_at(b))));
-            let mut addr = base << 4;
-            for _ in 0..n {
-                while collides(addr) {
-                    addr += 16;
-                }
-                publish_here(EventKind::Alloc, Api::Malloc, 1, addr, 8, || panic!("waited"));
-                addr += 16;
-            }
-        };
+        let filler = |base: u64, n: u64| publish_avoiding(base, n, &[0x5100_0010, 0x5100_0020]);
         let thread = std::thread::spawn(move || {
             // SAFETY: rings are never freed.
             let ring = || unsafe { &*(thread::with(|s| s.ring.get()) as *const ThreadRing) };
@@ -1655,15 +1659,7 @@ mod tests {
             let ring = || unsafe { &*(thread::with(|s| s.ring.get()) as *const ThreadRing) };
             let late = || ring().producer.0.late.load(Ordering::Relaxed);
             publish_here(EventKind::Alloc, Api::Malloc, 5, 0x5200_0010, 16, || {});
-            let x = ring().recent_at(0x5200_0010) as *const AtomicU32;
-            let mut addr = 0x6600_0000u64 << 4;
-            for _ in 0..LAG + 10 {
-                while std::ptr::eq(ring().recent_at(addr), x) {
-                    addr += 16;
-                }
-                publish_here(EventKind::Alloc, Api::Malloc, 1, addr, 8, || {});
-                addr += 16;
-            }
+            publish_avoiding(0x6600_0000, LAG + 10, &[0x5200_0010]);
             assert_eq!(late(), 0);
             assert!(!cancel_here(0x5200_0010), "past the short lag");
             assert_eq!(late(), 1, "noted as late");

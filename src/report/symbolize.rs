@@ -249,6 +249,14 @@ impl Debug {
     }
 }
 
+/// The DWARF of `file`, as `Debug::new` reads it; `None` without a `.debug_info`.
+fn read_dwarf(file: &object::File<'static>) -> Option<Debug> {
+    use object::Object;
+    file.section_by_name(".debug_info")?;
+    let endian = if file.is_little_endian() { gimli::RunTimeEndian::Little } else { gimli::RunTimeEndian::Big };
+    Debug::new(dwarf_sections(file, endian)?, endian)
+}
+
 /// The DWARF sections of `file` (empty where absent).
 fn dwarf_sections(file: &object::File<'static>, endian: gimli::RunTimeEndian) -> Option<gimli::DwarfSections<Reader>> {
     use object::{Object, ObjectSection};
@@ -333,12 +341,9 @@ impl ModuleFile {
     }
 
     fn open(path: &str) -> Option<ModuleFile> {
-        use object::Object;
         let map: &'static memmap2::Mmap = Box::leak(Box::new(crate::hotpath::mapping::map_file(path)?));
         let file = object::File::parse(&map[..]).ok()?;
-        let endian = if file.is_little_endian() { gimli::RunTimeEndian::Little } else { gimli::RunTimeEndian::Big };
-        let dwarf = file.section_by_name(".debug_info").is_some().then(|| Debug::new(dwarf_sections(&file, endian)?, endian));
-        Some(ModuleFile { file, dwarf: dwarf.flatten(), map, dwarf_forgotten: false })
+        Some(ModuleFile { dwarf: read_dwarf(&file), file, map, dwarf_forgotten: false })
     }
 
     /// Lets go of what reading the file's DWARF built, until a batch needs it again
@@ -365,9 +370,7 @@ impl ModuleFile {
     /// Reads the DWARF again if `forget_dwarf` let it go.
     fn recall_dwarf(&mut self) {
         if std::mem::take(&mut self.dwarf_forgotten) {
-            use object::Object;
-            let endian = if self.file.is_little_endian() { gimli::RunTimeEndian::Little } else { gimli::RunTimeEndian::Big };
-            self.dwarf = dwarf_sections(&self.file, endian).and_then(|sections| Debug::new(sections, endian));
+            self.dwarf = read_dwarf(&self.file);
         }
     }
 
