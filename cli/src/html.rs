@@ -39,11 +39,13 @@ const COLORS: [&str; 8] = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd"
 
 /// The points a chart draws: the report's, after the process's start at 0 bytes when
 /// they are too few to draw (a program of a moment has only its exit point); and
-/// whether that start point was put first.
+/// whether that start point was put first. A program that starts and exits within the
+/// same millisecond gets its start point too (a chart 0.0 s wide), so whether a page has
+/// a chart does not depend on how fast the machine ran it.
 fn chart_points(report: &Report) -> (Vec<crate::model::Point>, bool) {
     let points = &report.timeline.points;
     let first = points.first().map(|p| p.unix_ms).unwrap_or(report.written_unix_ms);
-    if points.len() >= 2 || report.started_unix_ms == 0 || report.started_unix_ms >= first {
+    if points.len() >= 2 || report.started_unix_ms == 0 || report.started_unix_ms > first {
         return (points.clone(), false);
     }
     let mut with_start = vec![crate::model::Point { unix_ms: report.started_unix_ms, live_bytes: 0, live_blocks: 0, memory: None }];
@@ -303,4 +305,37 @@ pub fn page(a: &Analysis, reports: &[Report]) -> String {
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>leaktrace report</title><style>{STYLE}</style></head>\
          <body>{body}<script>{SCRIPT}</script></body></html>\n"
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Point;
+
+    fn exit_report(started: u64, at: u64) -> Report {
+        let mut r = Report { reason: "exit".into(), started_unix_ms: started, written_unix_ms: at, ..Default::default() };
+        r.timeline.points = vec![Point { unix_ms: at, live_bytes: 2_176, live_blocks: 109, memory: None }];
+        r
+    }
+
+    #[test]
+    fn a_program_of_a_moment_is_charted_from_its_start_whatever_its_milliseconds() {
+        for (started, at) in [(1_000, 1_002), (1_000, 1_001), (1_000, 1_000)] {
+            let (points, from_start) = chart_points(&exit_report(started, at));
+            assert!(from_start, "{started} {at}");
+            assert_eq!(points.iter().map(|p| (p.unix_ms, p.live_bytes)).collect::<Vec<_>>(), vec![(started, 0), (at, 2_176)]);
+            let svg = chart(&exit_report(started, at), 0);
+            assert!(svg.contains("<polyline class=\"series total\"") && !svg.contains("nochart"), "{svg}");
+        }
+    }
+
+    #[test]
+    fn a_start_after_the_first_point_or_unknown_is_not_invented() {
+        for started in [0, 1_003] {
+            let (points, from_start) = chart_points(&exit_report(started, 1_002));
+            assert!(!from_start);
+            assert_eq!(points.len(), 1);
+            assert!(chart(&exit_report(started, 1_002), 0).contains("nochart"));
+        }
+    }
 }
