@@ -119,6 +119,13 @@ pub fn advise_huge_pages(p: *mut u8, bytes: usize) {
     unsafe { libc::madvise(p as *mut libc::c_void, bytes, libc::MADV_HUGEPAGE) };
 }
 
+/// Asks for small pages at the next faults in `[p, p + bytes)`, a mapping of ours,
+/// where transparent huge pages are the kernel's default (`always`).
+pub fn advise_small_pages(p: *mut u8, bytes: usize) {
+    // SAFETY: as above: a hint about a live anonymous mapping of ours.
+    unsafe { libc::madvise(p as *mut libc::c_void, bytes, libc::MADV_NOHUGEPAGE) };
+}
+
 /// `MADV_POPULATE_WRITE` (Linux 5.14), not in every libc crate version.
 const MADV_POPULATE_WRITE: libc::c_int = 23;
 

@@ -350,9 +350,16 @@ static OVERFLOW_PROMOTIONS: AtomicU32 = AtomicU32::new(0);
 static OVERFLOW_PROMOTED: AtomicBool = AtomicBool::new(false);
 
 /// The record array and the frame arena are written in order: once either holds this
-/// much, the rest of it comes in 2 MiB pages, one fault each instead of 512 (`import
-/// torch` writes ~28 MB of records and ~50 MB of frames, ~19k small-page faults).
-const HUGE_ARENA_AT: usize = 4 << 20;
+/// much, the collector faults it in ahead of its writers (`populate_range`), in small
+/// pages (`import torch` writes ~28 MB of records and ~50 MB of frames). They were on
+/// 2 MiB pages from here, one fault each instead of 512; but a huge page must be
+/// zeroed whole, and on a virtual machine whose host backs a guest's huge page only
+/// when it is first touched (and takes back the free ones the guest reports), that
+/// cost 0.3–0.6 s of `import torch`'s CPU in `MADV_POPULATE_WRITE` against
+/// 0.03–0.09 s for the same 80 MB in small pages (`strace -T`, 3 runs each). Read
+/// again, the arenas are read a record or a stack's frames at a time: the index, whose
+/// every probe is a random read, keeps its huge pages.
+const POPULATE_FROM: usize = 4 << 20;
 static RECORDS_ADVISED: AtomicBool = AtomicBool::new(false);
 static FRAMES_ADVISED: AtomicBool = AtomicBool::new(false);
 
@@ -370,7 +377,7 @@ static FRAMES_POPULATED: AtomicUsize = AtomicUsize::new(0);
 /// where the last call stopped) to `POPULATE_AHEAD` past them, in whole 2 MiB pages,
 /// or nothing while the writers are more than half that far from the end of it.
 fn populate_range(used: usize, populated: usize, capacity: usize) -> Option<(usize, usize)> {
-    if used < HUGE_ARENA_AT || populated == usize::MAX || populated >= used.saturating_add(POPULATE_AHEAD / 2) {
+    if used < POPULATE_FROM || populated == usize::MAX || populated >= used.saturating_add(POPULATE_AHEAD / 2) {
         return None;
     }
     let start = populated.max(used / HUGE_PAGE * HUGE_PAGE);
@@ -457,10 +464,10 @@ impl SpilledArena {
 /// The stack table's arenas, for `os::own::parts_resident` to look at only where they
 /// were touched. Each is written from its start up (the records and the frames by
 /// `next_id` and `next_frame`; the first-children array by stack id, below `next_id`),
-/// the records and frames also faulted in ahead (`populate_range`), and from
-/// `HUGE_ARENA_AT` on backed by 2 MiB pages that the kernel may fill around a written
-/// page: nothing lies past the larger extent rounded up to 2 MiB. An arena whose
-/// populating failed part-way is not cut.
+/// the records and frames also faulted in ahead (`populate_range`) in whole 2 MiB
+/// pieces, and the first 4 MiB possibly on huge pages (a kernel whose transparent huge
+/// pages are `always` fills around a written page): nothing lies past the larger
+/// extent rounded up to 2 MiB. An arena whose populating failed part-way is not cut.
 pub fn touched_arenas() -> Vec<crate::os::own::Touched> {
     let Some(t) = published_tables() else { return Vec::new() };
     let stacks = (t.next_id.load(Ordering::Acquire) as usize).min(MAX_STACKS);
@@ -540,11 +547,11 @@ pub fn release_index() {
 /// huge pages and all, and the flags.
 pub fn promote_tables_if_large() {
     let Some(t) = published_tables() else { return };
-    // An arena written in order (`used` of its `bytes`): 2 MiB pages past 4 MiB, and
-    // faulted in ahead of its writers.
+    // An arena written in order (`used` of its `bytes`): past 4 MiB, faulted in ahead
+    // of its writers, in small pages even where huge ones are the kernel's default.
     let arena = |advised: &AtomicBool, populated: &AtomicUsize, used: usize, base: *mut u8, bytes: usize| {
-        if used >= HUGE_ARENA_AT && !advised.swap(true, Ordering::Relaxed) {
-            super::mapping::advise_huge_pages(base, bytes);
+        if used >= POPULATE_FROM && !advised.swap(true, Ordering::Relaxed) {
+            super::mapping::advise_small_pages(base, bytes);
         }
         if let Some((start, end)) = populate_range(used, populated.load(Ordering::Relaxed), bytes) {
             // SAFETY: [start, end) lies inside the arena's mapping (`end <= bytes`).
@@ -1189,7 +1196,7 @@ mod tests {
         const MB: usize = 1 << 20;
         let cap = 1024 * MB;
         // Small arenas are left to the kernel's faults.
-        assert_eq!(populate_range(HUGE_ARENA_AT - 1, 0, cap), None);
+        assert_eq!(populate_range(POPULATE_FROM - 1, 0, cap), None);
         // First call: from the writers' page to POPULATE_AHEAD past them.
         assert_eq!(populate_range(5 * MB, 0, cap), Some((4 * MB, 14 * MB)));
         // Nothing while at least half of it is still ahead of them.
@@ -1205,20 +1212,20 @@ mod tests {
     }
 
     #[test]
-    fn the_record_array_asks_for_huge_pages_once_it_is_large() {
-        // Enough records (32 bytes each) to pass the threshold whatever others interned.
-        let n = (HUGE_ARENA_AT / std::mem::size_of::<Record>()) as u64 + 1000;
+    fn the_record_array_stays_on_small_pages_once_it_is_large() {
+        // Enough records (16 bytes each) to pass the threshold whatever others interned.
+        let n = (POPULATE_FROM / std::mem::size_of::<Record>()) as u64 + 1000;
         for i in 0..n {
             assert_ne!(intern(11, &[0x5100_0000 + i, 0xbeef]), 0);
         }
         promote_tables_if_large();
         assert!(RECORDS_ADVISED.load(Ordering::Relaxed));
         let t = tables().unwrap();
-        // Checked where the kernel has transparent huge pages and they are not refused.
-        let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok();
-        if thp.is_some() && !crate::hotpath::mapping::huge_pages_disabled(thp.as_deref()) {
+        // Checked where the kernel has transparent huge pages (elsewhere there is no
+        // advice to give, nor a huge page to get).
+        if std::path::Path::new("/sys/kernel/mm/transparent_hugepage/enabled").exists() {
             let flags = vm_flags_of(t.records as usize).expect("the record array is mapped");
-            assert!(flags.split_whitespace().any(|f| f == "hg"), "{flags}");
+            assert!(flags.split_whitespace().any(|f| f == "nh") && !flags.split_whitespace().any(|f| f == "hg"), "{flags}");
         }
     }
 
