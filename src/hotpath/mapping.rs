@@ -119,8 +119,8 @@ pub fn advise_huge_pages(p: *mut u8, bytes: usize) {
     unsafe { libc::madvise(p as *mut libc::c_void, bytes, libc::MADV_HUGEPAGE) };
 }
 
-/// Asks for small pages at the next faults in `[p, p + bytes)`, a mapping of ours,
-/// where transparent huge pages are the kernel's default (`always`).
+/// Asks for small pages at the next faults in `[p, p + bytes)`, a mapping of ours that
+/// asked for huge ones, or where they are the kernel's default (`always`).
 pub fn advise_small_pages(p: *mut u8, bytes: usize) {
     // SAFETY: as above: a hint about a live anonymous mapping of ours.
     unsafe { libc::madvise(p as *mut libc::c_void, bytes, libc::MADV_NOHUGEPAGE) };

@@ -355,18 +355,20 @@ static OVERFLOW_PROMOTED: AtomicBool = AtomicBool::new(false);
 /// 2 MiB pages from here, one fault each instead of 512; but a huge page must be
 /// zeroed whole, and on a virtual machine whose host backs a guest's huge page only
 /// when it is first touched (and takes back the free ones the guest reports), that
-/// cost 0.3–0.6 s of `import torch`'s CPU in `MADV_POPULATE_WRITE` against
-/// 0.03–0.09 s for the same 80 MB in small pages (`strace -T`, 3 runs each). Read
-/// again, the arenas are read a record or a stack's frames at a time: the index, whose
-/// every probe is a random read, keeps its huge pages.
+/// cost 0.16–0.59 s of `import torch`'s CPU in `MADV_POPULATE_WRITE` against
+/// 0.03–0.09 s for the same 80 MB in small pages (`strace -T`, docs/design.md). The
+/// arenas are read back a record, or a stack's frames, at a time, so small pages add
+/// few TLB misses there; the index, whose every probe is a random read, keeps its huge
+/// pages.
 const POPULATE_FROM: usize = 4 << 20;
 static RECORDS_ADVISED: AtomicBool = AtomicBool::new(false);
 static FRAMES_ADVISED: AtomicBool = AtomicBool::new(false);
 
 /// Once an arena is that large, the collector keeps this much of it past the write
-/// position faulted in ahead of the writers: the first write to a 2 MiB page zeroes it
-/// in the fault, on the thread that interns (on a virtual machine ~0.25 s of `import
-/// torch`'s main thread for ~80 MB), and the collector is often idle then.
+/// position faulted in ahead of the writers: otherwise the first write to each page
+/// faults and zeroes it on the thread that interns (on huge pages, ~0.25 s of `import
+/// torch`'s main thread for ~80 MB on a virtual machine), and the collector is often
+/// idle then.
 const POPULATE_AHEAD: usize = 8 << 20;
 /// Bytes of each arena faulted in so far; `usize::MAX` once the kernel refused.
 static RECORDS_POPULATED: AtomicUsize = AtomicUsize::new(0);
@@ -374,8 +376,8 @@ static FRAMES_POPULATED: AtomicUsize = AtomicUsize::new(0);
 
 /// The range of an arena (`capacity` bytes) to fault in now, `used` bytes of it being
 /// written and `populated` already faulted in: from the page the writers are in (or
-/// where the last call stopped) to `POPULATE_AHEAD` past them, in whole 2 MiB pages,
-/// or nothing while the writers are more than half that far from the end of it.
+/// where the last call stopped) to `POPULATE_AHEAD` past them, in whole 2 MiB pieces
+/// (`populate_writable` takes one a call), or nothing while the writers are more than half that far from the end of it.
 fn populate_range(used: usize, populated: usize, capacity: usize) -> Option<(usize, usize)> {
     if used < POPULATE_FROM || populated == usize::MAX || populated >= used.saturating_add(POPULATE_AHEAD / 2) {
         return None;
@@ -532,13 +534,12 @@ pub fn release_index() {
     let _errno = crate::os::ErrnoGuard::save();
     for (base, slots) in [(t.tiny_index, TINY_INDEX_SLOTS + FIRST_INDEX_SLOTS), (t.index, INDEX_SLOTS), (t.overflow, OVERFLOW_SLOTS)] {
         let (p, len) = (base as *mut libc::c_void, slots * 4);
+        // Small pages from now on, so that a straggler's filing faults in 4 KiB, not a
+        // huge page.
+        super::mapping::advise_small_pages(p as *mut u8, len);
         // SAFETY: whole mappings of ours (page-aligned, `slots * 4` bytes long) whose
-        // cells are atomics read as zero afterwards: an empty slot. Small pages from
-        // now on, so that a straggler's filing faults in 4 KiB, not a huge page.
-        unsafe {
-            libc::madvise(p, len, libc::MADV_NOHUGEPAGE);
-            libc::madvise(p, len, libc::MADV_DONTNEED);
-        }
+        // cells are atomics read as zero afterwards: an empty slot.
+        unsafe { libc::madvise(p, len, libc::MADV_DONTNEED) };
     }
 }
 
@@ -1192,7 +1193,7 @@ mod tests {
     }
 
     #[test]
-    fn arenas_are_faulted_in_ahead_of_their_writers_in_whole_huge_pages() {
+    fn arenas_are_faulted_in_ahead_of_their_writers_in_whole_2_mib_pieces() {
         const MB: usize = 1 << 20;
         let cap = 1024 * MB;
         // Small arenas are left to the kernel's faults.
