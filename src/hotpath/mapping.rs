@@ -138,7 +138,7 @@ const MADV_POPULATE_WRITE: libc::c_int = 23;
 /// populates, and the program's `mmap`, `munmap` and `mprotect` wait for it. Populating
 /// 8 MiB (or a 48 MB table) in one call kept `import torch`'s main thread waiting
 /// 0.2–0.35 s in all (its `dlopen`s map hundreds of times); a piece holds the lock for
-/// the time of zeroing one huge page.
+/// the time of zeroing 2 MiB (one huge page, or 512 small ones).
 pub fn populate_writable(p: *mut u8, bytes: usize) -> bool {
     let mut done = 0;
     while done < bytes {

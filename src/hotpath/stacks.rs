@@ -377,7 +377,8 @@ static FRAMES_POPULATED: AtomicUsize = AtomicUsize::new(0);
 /// The range of an arena (`capacity` bytes) to fault in now, `used` bytes of it being
 /// written and `populated` already faulted in: from the page the writers are in (or
 /// where the last call stopped) to `POPULATE_AHEAD` past them, in whole 2 MiB pieces
-/// (`populate_writable` takes one a call), or nothing while the writers are more than half that far from the end of it.
+/// (`populate_writable` asks the kernel for one at a time), or nothing while the
+/// writers are more than half that far from the end of it.
 fn populate_range(used: usize, populated: usize, capacity: usize) -> Option<(usize, usize)> {
     if used < POPULATE_FROM || populated == usize::MAX || populated >= used.saturating_add(POPULATE_AHEAD / 2) {
         return None;
