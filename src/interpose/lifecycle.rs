@@ -247,6 +247,10 @@ fn host_tracking_state() -> String {
     // owning modules instead, found with dladdr.
     // SAFETY: dlsym with a valid handle and NUL-terminated name.
     let bound = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) };
+    if crate::os::elf::in_own_module(bound as usize) {
+        // Our own hook (the usual case): no module to name.
+        return "active".into();
+    }
     let ours = owner(host_tracking_state as *const () as *const c_void);
     let theirs = owner(bound);
     // Only another module's own definition of `malloc` means that allocator comes first,

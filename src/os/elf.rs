@@ -120,8 +120,8 @@ struct LinkMap {
 /// One walk of the main namespace's modules: `names` after `from` (`within`: false)
 /// or in it (true).
 ///
-/// The walk follows the loader's `link_map` list from the module of `from` (found with
-/// `dladdr1`) back to its head and then forward, in load order, as `dl_iterate_phdr`
+/// The walk follows the loader's `link_map` list from the module of `from` (`home_of`:
+/// `dladdr1`, or this library's, found once) back to its head and then forward, in load order, as `dl_iterate_phdr`
 /// would, but without calling it: ThreadSanitizer's runtime intercepts
 /// `dl_iterate_phdr`, and its interceptor calls through a null pointer until that
 /// runtime has set itself up — which it does by calling `dlsym`, ours, whose first
@@ -129,14 +129,7 @@ struct LinkMap {
 /// inside one of our own module walks, or inside another interposer's first `malloc`),
 /// takes no lock and allocates nothing.
 fn definitions<const N: usize>(names: [&CStr; N], from: usize, within: bool) -> [Found; N] {
-    use super::loader::{dladdr1, RTLD_DL_LINKMAP};
-    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
-    let mut home: *mut c_void = std::ptr::null_mut();
-    // SAFETY: dladdr1 fills info and, with RTLD_DL_LINKMAP, the module's link_map.
-    if unsafe { dladdr1(from as *const c_void, info.as_mut_ptr(), &mut home, RTLD_DL_LINKMAP) } == 0 || home.is_null() {
-        return [Found::Unknown; N];
-    }
-    let home = home as *const LinkMap;
+    let Some(home) = home_of(from) else { return [Found::Unknown; N] };
     let mut first = home;
     // SAFETY: link_map entries of loaded modules; the list's ends are null.
     while let Some(prev) = unsafe { (*first).prev.as_ref() } {
@@ -176,6 +169,73 @@ fn definitions<const N: usize>(names: [&CStr; N], from: usize, within: bool) -> 
         (0, 0) => Found::Nowhere,
         (0, p) | (p, _) => Found::At(p),
     })
+}
+
+/// This library's own `link_map` and the span of its segments, once found
+/// (`home_of`): every caller of `definitions` asks from inside it, and `dladdr1` walks
+/// the module's symbol table for the nearest symbol each time (~3,500 instructions, four
+/// times in every process's start).
+static OWN_HOME: std::sync::atomic::AtomicPtr<LinkMap> = std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+static OWN_SPAN: [std::sync::atomic::AtomicUsize; 2] = [std::sync::atomic::AtomicUsize::new(0), std::sync::atomic::AtomicUsize::new(0)];
+
+/// The `link_map` of the module containing `from`: this library's from the cache, any
+/// other's from `dladdr1`. Takes no lock and allocates nothing.
+fn home_of(from: usize) -> Option<*const LinkMap> {
+    use super::loader::{dladdr1, RTLD_DL_LINKMAP};
+    use std::sync::atomic::Ordering;
+    let own = OWN_HOME.load(Ordering::Acquire);
+    if !own.is_null() && from >= OWN_SPAN[0].load(Ordering::Relaxed) && from < OWN_SPAN[1].load(Ordering::Relaxed) {
+        return Some(own);
+    }
+    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    let mut home: *mut c_void = std::ptr::null_mut();
+    // SAFETY: dladdr1 fills info and, with RTLD_DL_LINKMAP, the module's link_map.
+    if unsafe { dladdr1(from as *const c_void, info.as_mut_ptr(), &mut home, RTLD_DL_LINKMAP) } == 0 || home.is_null() {
+        return None;
+    }
+    let home = home as *const LinkMap;
+    // SAFETY: dladdr1 succeeded, so info is filled; `dli_fbase` is where the module's
+    // first segment, which holds its ELF header, is mapped.
+    let header = unsafe { (*info.as_ptr()).dli_fbase } as usize;
+    // SAFETY: `home` is the loaded module's link_map (its public head).
+    let bias = unsafe { (*home).addr };
+    // SAFETY: as above: the ELF header is mapped at `header` while the module is loaded.
+    if let Some((lo, hi)) = unsafe { segments_span(header, bias) } {
+        let marker = gnu_hash as *const () as usize;
+        if marker >= lo && marker < hi {
+            // Our own module: never unloaded while its code runs.
+            OWN_SPAN[0].store(lo, Ordering::Relaxed);
+            OWN_SPAN[1].store(hi, Ordering::Relaxed);
+            OWN_HOME.store(home as *mut LinkMap, Ordering::Release);
+        }
+    }
+    Some(home)
+}
+
+/// Whether `addr` lies in this library, as far as `definitions` has found it yet (false
+/// before its first walk; the library's start makes one before anything asks).
+pub fn in_own_module(addr: usize) -> bool {
+    use std::sync::atomic::Ordering;
+    !OWN_HOME.load(Ordering::Acquire).is_null() && addr >= OWN_SPAN[0].load(Ordering::Relaxed) && addr < OWN_SPAN[1].load(Ordering::Relaxed)
+}
+
+/// The span of the PT_LOAD segments of the module whose ELF header is mapped at
+/// `header` and whose load bias is `bias`, if the header is a 64-bit ELF header with
+/// its program headers inside its first page.
+///
+/// # Safety
+/// `header` must be the mapped start of a loaded module's first segment.
+unsafe fn segments_span(header: usize, bias: usize) -> Option<(usize, usize)> {
+    // SAFETY: the caller's contract: the first segment is mapped, at least a page.
+    let ehdr = unsafe { &*(header as *const libc::Elf64_Ehdr) };
+    let phdrs_end = ehdr.e_phoff as usize + ehdr.e_phnum as usize * std::mem::size_of::<libc::Elf64_Phdr>();
+    if ehdr.e_ident[..4] != *b"\x7fELF" || ehdr.e_phentsize as usize != std::mem::size_of::<libc::Elf64_Phdr>() || phdrs_end > 4096 {
+        return None;
+    }
+    // SAFETY: checked above to lie within the mapped first page, after the header.
+    let phdrs = unsafe { std::slice::from_raw_parts((header + ehdr.e_phoff as usize) as *const libc::Elf64_Phdr, ehdr.e_phnum as usize) };
+    let (lo, hi) = super::loader::span(bias, phdrs);
+    (lo < hi).then_some((lo, hi))
 }
 
 /// The address of each of `names`' definitions in the module containing `within`
@@ -564,6 +624,30 @@ mod tests {
             assert_eq!(got, want, "{name:?}");
         }
         assert_ne!(found[0], 0);
+    }
+
+    #[test]
+    fn the_own_module_is_found_once_and_other_modules_each_time() {
+        // The test binary is "our own" module here: the one holding `gnu_hash`.
+        let here = the_own_module_is_found_once_and_other_modules_each_time as *const () as usize;
+        let [first] = next_definitions([c"malloc"], here);
+        let own = OWN_HOME.load(std::sync::atomic::Ordering::Acquire);
+        assert!(!own.is_null(), "the own module's link_map is kept after a lookup from it");
+        assert!(in_own_module(here) && in_own_module(gnu_hash as *const () as usize));
+        // From the cache, the same answers as the first walk; and the same link_map as
+        // `dladdr1` names for an address of this module.
+        assert_eq!(next_definitions([c"malloc"], here), [first]);
+        assert_eq!(home_of(here), Some(own as *const LinkMap));
+        // SAFETY: dlsym with a valid handle and a NUL-terminated name.
+        let libc_malloc = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) } as usize;
+        assert!(!in_own_module(libc_malloc), "libc's malloc is not in the test binary");
+        // Another module's link_map is looked up, never the own one handed out for it.
+        let other = home_of(libc_malloc).expect("libc is a loaded module");
+        assert_ne!(other, own as *const LinkMap);
+        // SAFETY: a loaded module's link_map: its name is a C string.
+        let name = unsafe { CStr::from_ptr((*other).name) };
+        assert!(name.to_bytes().windows(7).any(|w| w == b"libc.so"), "{name:?}");
+        assert_eq!(OWN_HOME.load(std::sync::atomic::Ordering::Acquire), own);
     }
 
     #[test]

@@ -47,6 +47,14 @@ impl<T> SpinLock<T> {
     /// in a large process), and a waiter yielding all that time keeps a core busy that
     /// the new child or the program's other threads could use.
     pub fn lock(&self) -> Guard<'_, T> {
+        // First a plain compare-exchange: the lock is free nearly always, and a read
+        // first would fault a lock in `.data` or `.bss` in twice at its first use (a
+        // page mapped for reading, then copied for the write; a short process's exit
+        // report takes such a lock once).
+        let me = super::threads::identity();
+        if self.owner.0.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+            return Guard { lock: self };
+        }
         let mut spins = 0u32;
         loop {
             if let Some(g) = self.try_lock() {
