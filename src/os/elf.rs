@@ -121,13 +121,13 @@ struct LinkMap {
 /// or in it (true).
 ///
 /// The walk follows the loader's `link_map` list from the module of `from` (`home_of`:
-/// `dladdr1`, or this library's, found once) back to its head and then forward, in load order, as `dl_iterate_phdr`
-/// would, but without calling it: ThreadSanitizer's runtime intercepts
-/// `dl_iterate_phdr`, and its interceptor calls through a null pointer until that
-/// runtime has set itself up — which it does by calling `dlsym`, ours, whose first
-/// call comes here. It runs once, at the process's first symbol lookup (possibly
-/// inside one of our own module walks, or inside another interposer's first `malloc`),
-/// takes no lock and allocates nothing.
+/// `dladdr1`, or this library's, found once) back to its head and then forward, in
+/// load order, as `dl_iterate_phdr` would, but without calling it: ThreadSanitizer's
+/// runtime intercepts `dl_iterate_phdr`, and its interceptor calls through a null
+/// pointer until that runtime has set itself up — which it does by calling `dlsym`,
+/// ours, whose first call comes here. It runs once, at the process's first symbol
+/// lookup (possibly inside one of our own module walks, or inside another interposer's
+/// first `malloc`), takes no lock and allocates nothing.
 fn definitions<const N: usize>(names: [&CStr; N], from: usize, within: bool) -> [Found; N] {
     let Some(home) = home_of(from) else { return [Found::Unknown; N] };
     let mut first = home;
