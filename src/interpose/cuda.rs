@@ -75,7 +75,7 @@ impl Slots {
 fn find_real(name: &CStr) -> Option<usize> {
     // SAFETY: RTLD_NEXT lookup of a NUL-terminated name.
     let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
-    if p != 0 && !super::resolve::is_ours(p) {
+    if p != 0 && !crate::os::elf::in_own_module(p) {
         return Some(p);
     }
     super::resolve::first_definition_outside_us(name)

@@ -101,7 +101,7 @@ fn own_hooks() -> &'static OwnHooks {
 
 /// The hook a slot named `name` that binds to `target` is routed to, if any.
 fn hook_for(name: &[u8], target: usize) -> Option<usize> {
-    if target == 0 || super::resolve::is_ours(target) {
+    if target == 0 || crate::os::elf::in_own_module(target) {
         return None;
     }
     if let Some(h) = super::malloc::hook_for(name, target) {
@@ -179,7 +179,7 @@ fn walk() -> Routed {
 fn each_slot(mut visit: impl FnMut(&loader::LoadedModule, usize, &[u8], SlotKind, usize)) -> usize {
     let mut modules = 0;
     for m in loader::loaded_modules() {
-        if m.dynamic == 0 || left_alone(m.path.to_bytes()) || super::resolve::is_ours(m.lo) {
+        if m.dynamic == 0 || left_alone(m.path.to_bytes()) || crate::os::elf::in_own_module(m.lo) {
             continue;
         }
         modules += 1;
@@ -204,7 +204,7 @@ pub fn unroute_all() -> usize {
     let mut restored = 0;
     each_slot(|_, slot, _, _, now| {
         if let Some(&was) = map.get(&slot) {
-            if super::resolve::is_ours(now) && mem.write(slot, was) {
+            if crate::os::elf::in_own_module(now) && mem.write(slot, was) {
                 restored += 1;
             }
         }

@@ -180,7 +180,7 @@ extern "C" fn dlvsym_next_hook(name: *const c_char, version: *const c_char, call
 /// Whether the module containing `addr` comes before this library in load order (false
 /// for this library itself and for what follows it).
 fn loaded_before_us(addr: usize) -> bool {
-    let ours = is_ours as *const () as usize;
+    let ours = loaded_before_us as *const () as usize;
     let mut before = false;
     for_each_module_span(|lo, hi| {
         let at_us = ours >= lo && ours < hi;
@@ -269,7 +269,7 @@ fn python_library_seen(handle: usize) {
 /// The wrapper for the real function `real`, known to be the symbol `name`.
 pub fn substitute_named(name: &CStr, real: usize) -> Option<usize> {
     let bytes = name.to_bytes();
-    if !bytes.starts_with(b"cu") || is_ours(real) {
+    if !bytes.starts_with(b"cu") || crate::os::elf::in_own_module(real) {
         return None;
     }
     let result = std::panic::catch_unwind(|| {
@@ -280,7 +280,7 @@ pub fn substitute_named(name: &CStr, real: usize) -> Option<usize> {
 
 /// The wrapper for a pointer a CUDA resolver returned, when `dladdr` names it exactly.
 pub fn substitute_pointer(real: usize) -> Option<usize> {
-    if real == 0 || is_ours(real) {
+    if real == 0 || crate::os::elf::in_own_module(real) {
         return None;
     }
     let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
@@ -314,30 +314,7 @@ pub unsafe fn substitute_out(rc: c_int, out: *mut *mut c_void) -> c_int {
     rc
 }
 
-// ---- our own module ----------------------------------------------------------------------
-
-static OUR_RANGE: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
-
-/// Whether `addr` lies in this library (our exported hooks: never wrapped again).
-pub fn is_ours(addr: usize) -> bool {
-    let (mut lo, mut hi) = (OUR_RANGE[0].load(Ordering::Acquire), OUR_RANGE[1].load(Ordering::Acquire));
-    if hi == 0 {
-        (lo, hi) = module_range(is_ours as *const () as usize).unwrap_or((0, 0));
-        OUR_RANGE[0].store(lo, Ordering::Release);
-        OUR_RANGE[1].store(hi, Ordering::Release);
-    }
-    addr >= lo && addr < hi
-}
-
-/// The address range of the loaded module containing `addr`.
-fn module_range(addr: usize) -> Option<(usize, usize)> {
-    let mut found = None;
-    for_each_module_span(|lo, hi| {
-        found = (addr >= lo && addr < hi).then_some((lo, hi));
-        found.is_none()
-    });
-    found
-}
+// ---- the loaded modules ----------------------------------------------------------------
 
 /// The span of each loaded module's PT_LOAD segments, in load order, until `visit`
 /// returns false. Allocates nothing: it runs inside `dlvsym` and `dlsym`, which an
@@ -373,7 +350,7 @@ pub fn first_definition_outside_us(name: &CStr) -> Option<usize> {
             if let Some(close) = super::real::dlclose() {
                 close(h);
             }
-            if p != 0 && !is_ours(p) {
+            if p != 0 && !crate::os::elf::in_own_module(p) {
                 return Some(p);
             }
         }

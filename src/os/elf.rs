@@ -212,10 +212,15 @@ fn home_of(from: usize) -> Option<*const LinkMap> {
     Some(home)
 }
 
-/// Whether `addr` lies in this library, as far as `definitions` has found it yet (false
-/// before its first walk; the library's start makes one before anything asks).
+/// Whether `addr` lies in this library (our exported hooks: never wrapped again). Its
+/// span is found once (`home_of`, from this library's own code) and kept; false where
+/// it cannot be read. Takes no lock of ours and allocates nothing: it runs inside our
+/// `dlsym` and `dlvsym`.
 pub fn in_own_module(addr: usize) -> bool {
     use std::sync::atomic::Ordering;
+    if OWN_HOME.load(Ordering::Acquire).is_null() {
+        home_of(gnu_hash as *const () as usize);
+    }
     !OWN_HOME.load(Ordering::Acquire).is_null() && addr >= OWN_SPAN[0].load(Ordering::Relaxed) && addr < OWN_SPAN[1].load(Ordering::Relaxed)
 }
 
