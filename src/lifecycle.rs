@@ -147,6 +147,15 @@ impl Lifecycle {
         self.hot.phase.load(Ordering::Relaxed) == Phase::Tracking as u8
     }
 
+    /// Whether hooks have a release to record: while tracking, and while the final
+    /// report still takes frees (`frees_still_wanted` says which). Off and finished, a
+    /// release hook hands the call straight on (the free path's one check).
+    #[inline(always)]
+    pub fn releases_recorded(&self) -> bool {
+        let phase = self.hot.phase.load(Ordering::Acquire);
+        phase == Phase::Tracking as u8 || phase == Phase::Finishing as u8
+    }
+
     pub fn phase(&self) -> Phase {
         match self.hot.phase.load(Ordering::Acquire) {
             1 => Phase::Tracking,
@@ -453,18 +462,21 @@ mod tests {
     fn the_final_report_is_written_once_by_the_first_exit_path_of_the_owner() {
         let l = fresh();
         assert_eq!(l.begin_final(7), FinalTurn::NotOurs, "not started");
+        assert!(!l.releases_recorded(), "off: the hooks hand every call on");
         l.start(7, 16);
-        assert!(l.tracking());
+        assert!(l.tracking() && l.releases_recorded());
         assert_eq!(l.depth(), 16);
         assert_eq!(l.begin_final(8), FinalTurn::NotOurs, "a vfork child sharing our memory");
         assert_eq!(l.begin_final(7), FinalTurn::Mine);
         assert!(!l.tracking() && l.final_in_progress());
         assert!(l.frees_still_wanted(), "until the final scan holds the threads");
+        assert!(l.releases_recorded(), "a free then takes the recording path");
         l.final_threads_held();
         assert!(!l.frees_still_wanted());
         assert_eq!(l.begin_final(7), FinalTurn::InProgress);
         l.final_written();
         assert_eq!(l.phase(), Phase::Finished);
+        assert!(!l.releases_recorded(), "finished: the hooks hand every call on");
         assert_eq!(l.begin_final(7), FinalTurn::NotOurs);
     }
 

@@ -20,6 +20,13 @@ pub fn active() -> bool {
     LIFECYCLE.tracking()
 }
 
+/// Whether a release hook has anything to publish now (tracking, or the final report
+/// still takes frees): otherwise it hands the call on and does nothing else.
+#[inline(always)]
+pub fn releases_recorded() -> bool {
+    LIFECYCLE.releases_recorded()
+}
+
 /// Whether the pointer scan will read the heap (`LEAKTRACE_SCAN`): the hooks then hand
 /// out blocks without the words of their memory's earlier owners
 /// (`interpose::malloc::fresh`).

@@ -65,6 +65,21 @@ macro_rules! real_table {
                 Some(unsafe { std::mem::transmute::<usize, $ty>(p) })
             }
         )*
+
+        /// The real functions already found, without finding them (`None` until then):
+        /// for a hook's way through (`interpose::malloc`), whose caller takes the full
+        /// path when it is `None`.
+        pub mod known {
+            use super::*;
+            $(
+                #[inline(always)]
+                pub fn $field() -> Option<$ty> {
+                    let p = TABLE.$field.load(Ordering::Acquire);
+                    // SAFETY: as in the function of the same name above.
+                    (p != 0).then(|| unsafe { std::mem::transmute::<usize, $ty>(p) })
+                }
+            )*
+        }
     };
 }
 
@@ -234,5 +249,17 @@ mod tests {
         }
         let [absent] = crate::os::elf::next_definitions([c"leaktrace_no_such_function"], resolve_all as *const () as usize);
         assert_eq!(absent, 0);
+    }
+
+    /// A hook's way through (`known`) hands on to the same functions as the full path,
+    /// once they are found.
+    #[test]
+    fn the_known_functions_are_the_table_s_own() {
+        ensure_resolved();
+        assert_eq!(known::malloc().map(|f| f as usize), malloc().map(|f| f as usize));
+        assert_eq!(known::free().map(|f| f as usize), free().map(|f| f as usize));
+        assert_eq!(known::realloc().map(|f| f as usize), realloc().map(|f| f as usize));
+        assert_eq!(known::calloc().map(|f| f as usize), Some(lookup(c"calloc")));
+        assert!(known::malloc().is_some());
     }
 }
