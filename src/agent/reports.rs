@@ -129,6 +129,10 @@ static SNAPSHOT_BUFFER: SpinLock<Vec<crate::collector::state::GroupSnapshot>> = 
 const KEEP_SNAPSHOT_BYTES: usize = 4 << 20;
 /// The same for the changed groups of a timeline point (`record_point`).
 static CHANGES_BUFFER: SpinLock<Vec<crate::collector::state::Change>> = SpinLock::new(Vec::new());
+/// The most room kept in `CHANGES_BUFFER` between timeline points: a training loop's
+/// point has a few thousand changes; one during `import torch` had 262k (6 MB, which
+/// stayed resident to the process's peak at exit when the buffer kept its room).
+const KEEP_CHANGES_BYTES: usize = 256 << 10;
 
 /// timeline's sums. In a training loop that is a few thousand groups, not the 600k that
 /// a report copies after `import torch`.
@@ -158,7 +162,10 @@ fn record_point_steps() {
         }
     }
     if let Some(mut b) = CHANGES_BUFFER.try_lock() {
-        *b = changes;
+        let mut kept = changes;
+        kept.clear();
+        kept.shrink_to(KEEP_CHANGES_BYTES / std::mem::size_of::<crate::collector::state::Change>());
+        *b = kept;
     }
 }
 
