@@ -60,9 +60,10 @@ fn track_alloc(p: *mut c_void, size: usize, api: Api) {
 /// `LEAKTRACE_DISABLE`, `LEAKTRACE_STANDBY` until an attach, finished) for an
 /// allocation; for a release, nor the final report taking late frees either
 /// (`agent::releases_recorded`). The call goes straight to the real function (once it
-/// is known) as a tail call, before any of the recording path's work: that path's register saves, stack
-/// frame and checks cost the bash loop of `scripts/bench.sh` 12% more CPU time than
-/// without the library in standby, where a bare forwarding library costs 3%. The
+/// is known) as a tail call, before any of the recording path's work: that path's
+/// register saves, stack frame and checks cost the bash loop of `scripts/bench.sh`
+/// 10–12% more CPU time than without the library in standby, where a bare forwarding
+/// library costs 3%. The
 /// recording path (`*_recorded`, out of line) checks again, as it always did: a hook
 /// that starts just as tracking does records or not, as one racing the start did.
 ///

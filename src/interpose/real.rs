@@ -52,30 +52,24 @@ macro_rules! real_table {
         $(
             #[inline(always)]
             pub fn $field() -> Option<$ty> {
-                let mut p = TABLE.$field.load(Ordering::Acquire);
-                if p == 0 {
+                known::$field().or_else(|| {
                     ensure_resolved();
-                    p = TABLE.$field.load(Ordering::Acquire);
-                    if p == 0 {
-                        return None;
-                    }
-                }
-                // SAFETY: p is the address dlsym returned for the symbol of this exact
-                // C prototype.
-                Some(unsafe { std::mem::transmute::<usize, $ty>(p) })
+                    known::$field()
+                })
             }
         )*
 
         /// The real functions already found, without finding them (`None` until then):
         /// for a hook's way through (`interpose::malloc`), whose caller takes the full
-        /// path when it is `None`.
+        /// path when it is `None`; the functions above find them first.
         pub mod known {
             use super::*;
             $(
                 #[inline(always)]
                 pub fn $field() -> Option<$ty> {
                     let p = TABLE.$field.load(Ordering::Acquire);
-                    // SAFETY: as in the function of the same name above.
+                    // SAFETY: p is the address dlsym (or the walk of the symbol tables)
+                    // found for the symbol of this exact C prototype.
                     (p != 0).then(|| unsafe { std::mem::transmute::<usize, $ty>(p) })
                 }
             )*
