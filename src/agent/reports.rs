@@ -273,12 +273,12 @@ fn write_report_steps(reason: Reason) {
     // breakdown: they count as outstanding.
     let reach = scan.as_ref().map(|s| {
         |g: &crate::collector::state::GroupSnapshot| {
-            if g.api.kind() == crate::hotpath::event::Kind::Python {
+            if g.api().kind() == crate::hotpath::event::Kind::Python {
                 // Not scanned (the interpreter frees them): all still reachable.
-                let amount = leaktrace_common::report_schema::Amount { bytes: g.stats.live_bytes, blocks: g.stats.live_blocks };
+                let amount = leaktrace_common::report_schema::Amount { bytes: g.live_bytes, blocks: g.live_blocks() };
                 return Some(build::Reachability { reachable: amount, ..Default::default() });
             }
-            s.by_group.get(&(g.stack, g.api.name(), g.device)).copied()
+            s.by_group.get(&(g.stack, g.api().name(), g.device())).copied()
         }
     });
     let (selected, omitted) = build::select_groups(&snapshot.groups, reach, report_groups);
@@ -473,13 +473,13 @@ fn held_wanted(
 ) -> (HeldKeys, HeldKeys) {
     use crate::hotpath::event::Kind;
     let mut by_size: Vec<(u64, u32, crate::hotpath::event::Api)> =
-        snapshot.groups.iter().filter(|g| g.api.kind() != Kind::Python).map(|g| (g.stats.live_bytes, g.stack, g.api)).collect();
+        snapshot.groups.iter().filter(|g| g.api().kind() != Kind::Python).map(|g| (g.live_bytes, g.stack, g.api())).collect();
     let limit = limit.min(HELD_TOP);
     if by_size.len() > limit && limit > 0 {
         by_size.select_nth_unstable_by(limit - 1, |a, b| b.cmp(a));
     }
     let mut wanted: HeldKeys = by_size.iter().take(limit).map(|&(_, stack, api)| (stack, api)).collect();
-    let steady: HeldKeys = snapshot.groups.iter().filter(|g| g.steady() && g.api.kind() != Kind::Python).map(|g| (g.stack, g.api)).collect();
+    let steady: HeldKeys = snapshot.groups.iter().filter(|g| g.steady() && g.api().kind() != Kind::Python).map(|g| (g.stack, g.api())).collect();
     wanted.extend(steady);
     wanted.extend(followed.iter().copied());
     (wanted, growing.iter().copied().collect())
@@ -791,8 +791,8 @@ fn name_holders(
 /// groups that a caching allocator holds hold.
 fn device_memory(all: &[crate::collector::state::GroupSnapshot], listed: &[build::Group]) -> Vec<leaktrace_common::memory::DeviceMemory> {
     let mut by: std::collections::BTreeMap<u32, (u64, u64)> = Default::default();
-    for g in all.iter().filter(|g| g.api.kind() == crate::hotpath::event::Kind::Device) {
-        by.entry(g.device.map_or(0, u32::from)).or_default().0 += g.stats.live_bytes;
+    for g in all.iter().filter(|g| g.api().kind() == crate::hotpath::event::Kind::Device) {
+        by.entry(g.device().map_or(0, u32::from)).or_default().0 += g.live_bytes;
     }
     for g in listed.iter().filter(|g| g.kind == "device" && g.cached_by.is_some()) {
         by.entry(g.device.unwrap_or(0)).or_default().1 += g.bytes;

@@ -184,39 +184,71 @@ impl Totals {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What a report reads of every live group: its identity, its live figures and its
+/// growth, 24 bytes (after `import torch` a report copies ~520k of them, 12.5 MB; 32
+/// bytes a group were 16.7 MB, which every periodic report added to the tracer's memory
+/// while it ran). A listed group's other figures come from the collector by its key
+/// (`Collector::details`).
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct GroupSnapshot {
     pub stack: u32,
-    /// Its index among the collector's groups: `Collector::details` gives the figures a
-    /// listed group shows besides these.
-    pub group: u32,
-    pub api: Api,
-    /// CUDA device ordinal, for device-side groups where it is known.
-    pub device: Option<u8>,
     /// Its growth since the timeline first saw it (`Trend::growth`) in KiB, rounded up
     /// (at most `u32::MAX`), when it grows steadily (`Trend::steady`), else 0. It only
-    /// ranks the growing groups a timeline follows; in KiB it fits the padding after the
-    /// identity (32 bytes a group, 40 with the growth in bytes).
+    /// ranks the growing groups a timeline follows.
     pub steady_growth_kib: u32,
-    pub stats: SnapStats,
+    pub live_bytes: u64,
+    /// Live blocks (the low `BLOCK_BITS`), the api (8 bits) and the CUDA device ordinal
+    /// plus one (16 bits; 0: none known).
+    packed: u64,
 }
 
+/// Bits of `GroupSnapshot::packed` for the live blocks: 2^40 live blocks of one group
+/// would be 32 TiB of malloc's smallest chunks (and a CUDA allocation is at least 256
+/// bytes), so the count is exact for any process.
+const BLOCK_BITS: u32 = 40;
+
 impl GroupSnapshot {
+    pub fn new(stack: u32, api: Api, device: Option<u8>, steady_growth_kib: u32, live_bytes: u64, live_blocks: u64) -> GroupSnapshot {
+        let blocks = live_blocks.min((1 << BLOCK_BITS) - 1);
+        let device = device.map_or(0, |d| d as u64 + 1);
+        GroupSnapshot { stack, steady_growth_kib, live_bytes, packed: blocks | (api as u64) << BLOCK_BITS | device << (BLOCK_BITS + 8) }
+    }
+
+    pub fn api(&self) -> Api {
+        Api::from_bits((self.packed >> BLOCK_BITS) as u8)
+    }
+
+    /// CUDA device ordinal, for device-side groups where it is known.
+    pub fn device(&self) -> Option<u8> {
+        match self.packed >> (BLOCK_BITS + 8) {
+            0 => None,
+            d => Some((d - 1) as u8),
+        }
+    }
+
+    pub fn live_blocks(&self) -> u64 {
+        self.packed & ((1 << BLOCK_BITS) - 1)
+    }
+
     pub fn steady(&self) -> bool {
         self.steady_growth_kib > 0
     }
 }
 
-const _: () = assert!(std::mem::size_of::<GroupSnapshot>() == 32);
-
-/// What a report reads of every live group (with its identity and growth, 32 bytes a
-/// group against 88 for the whole `GroupStats`: after `import torch` a report copies
-/// 600k of them).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SnapStats {
-    pub live_bytes: u64,
-    pub live_blocks: u64,
+impl std::fmt::Debug for GroupSnapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupSnapshot")
+            .field("stack", &self.stack)
+            .field("api", &self.api())
+            .field("device", &self.device())
+            .field("steady_growth_kib", &self.steady_growth_kib)
+            .field("live_bytes", &self.live_bytes)
+            .field("live_blocks", &self.live_blocks())
+            .finish()
+    }
 }
+
+const _: () = assert!(std::mem::size_of::<GroupSnapshot>() == 24);
 
 /// `GroupSnapshot::steady_growth_kib` of a trend's growth in bytes.
 pub fn growth_kib(bytes: u64) -> u32 {
@@ -292,13 +324,12 @@ impl Snapshot {
     /// Largest live bytes first, then most blocks; ties by stack, api and device, so the
     /// order is total and an unstable sort gives the one answer.
     fn order(a: &GroupSnapshot, b: &GroupSnapshot) -> std::cmp::Ordering {
-        b.stats
-            .live_bytes
-            .cmp(&a.stats.live_bytes)
-            .then(b.stats.live_blocks.cmp(&a.stats.live_blocks))
+        b.live_bytes
+            .cmp(&a.live_bytes)
+            .then(b.live_blocks().cmp(&a.live_blocks()))
             .then(a.stack.cmp(&b.stack))
-            .then(a.api.cmp(&b.api))
-            .then(a.device.cmp(&b.device))
+            .then(a.api().cmp(&b.api()))
+            .then(a.device().cmp(&b.device()))
     }
 
     pub fn sort(&mut self) {
@@ -318,7 +349,7 @@ impl Snapshot {
             return;
         }
         // [host | CUDA], then each class's k largest to its front.
-        let hosts = partition_in_place(v, |g| g.api.kind() == Kind::Host);
+        let hosts = partition_in_place(v, |g| g.api().kind() == Kind::Host);
         let host_top = select_first(&mut v[..hosts], k);
         let cuda_top = select_first(&mut v[hosts..], k);
         // [host top | host rest | CUDA top | CUDA rest] -> [host top | CUDA top | ...].
@@ -1107,23 +1138,26 @@ impl Collector {
         }
         buf.extend(candidates().filter(|&group| live(group)).map(|group| {
             let ((stack, api, device), stats) = (self.groups.key(group), self.groups.get(group));
-            GroupSnapshot {
-                stack,
-                group,
-                api,
-                device,
-                steady_growth_kib: if stats.trend.steady() { growth_kib(stats.trend.growth()).max(1) } else { 0 },
-                stats: SnapStats { live_bytes: stats.live_bytes, live_blocks: stats.live_blocks },
-            }
+            let steady = if stats.trend.steady() { growth_kib(stats.trend.growth()).max(1) } else { 0 };
+            GroupSnapshot::new(stack, api, device, steady, stats.live_bytes, stats.live_blocks)
         }));
         Snapshot { totals: self.totals, groups: buf }
     }
 
+    /// The index of the live (not retired) group of `key`, if there is one.
+    #[cfg(test)]
+    fn group_index_of(&self, key: GroupKey) -> Option<u32> {
+        match self.group_by_stack.get(crate::hotpath::stacks::shared_index(key.0)) {
+            Some(&slot) if slot != 0 && slot & RETIRED == 0 && self.groups.key(slot - 1) == key => Some(slot - 1),
+            _ => self.group_index.get(&key).copied(),
+        }
+    }
+
     /// The figures of a snapshot's group that a snapshot does not copy; zero for a group
-    /// of an earlier process generation. Found by its index, or, if the group was
-    /// retired since the snapshot (its index may be another group's now), by its key.
+    /// of an earlier process generation. Found by its key: through the slot of its stack,
+    /// retired or not, or the hash map (a report asks for the few groups it lists).
     pub fn details(&self, g: &GroupSnapshot) -> GroupDetails {
-        let key = (g.stack, g.api, g.device);
+        let key = (g.stack, g.api(), g.device());
         let of = |s: GroupStats| {
             if s.generation == self.generation {
                 GroupDetails { peak_live_bytes: s.peak_live_bytes, total_allocs: s.total_allocs, total_bytes: s.total_bytes }
@@ -1131,9 +1165,6 @@ impl Collector {
                 GroupDetails::default()
             }
         };
-        if (g.group as usize) < self.groups.len() && self.groups.key(g.group) == key {
-            return of(self.groups.get(g.group));
-        }
         let place = crate::hotpath::stacks::shared_index(g.stack);
         match self.group_by_stack.get(place) {
             Some(&slot) if slot & RETIRED != 0 && self.groups.retired_key(slot & !RETIRED, place) == key && self.generation == 0 => {
@@ -1150,6 +1181,19 @@ impl Collector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A snapshot's group keeps its key and figures exactly in its 24 bytes.
+    #[test]
+    fn a_snapshot_group_packs_its_key_and_figures() {
+        for api in [Api::Malloc, Api::CudaMalloc, Api::Realloc, Api::from_bits(0x7f)] {
+            for device in [None, Some(0), Some(7), Some(255)] {
+                for blocks in [0, 1, 123_456_789, (1 << BLOCK_BITS) - 1] {
+                    let g = GroupSnapshot::new(42, api, device, 9, u64::MAX - 3, blocks);
+                    assert_eq!((g.stack, g.api(), g.device(), g.steady_growth_kib, g.live_bytes, g.live_blocks()), (42, api, device, 9, u64::MAX - 3, blocks));
+                }
+            }
+        }
+    }
 
     fn ev(kind: EventKind, api: Api, tid: u32, stack: u32, addr: u64, size: u64) -> Event {
         Event { kind, api, tid, stack, addr, size }
@@ -1323,14 +1367,11 @@ mod tests {
             let k = 1 + rng.below(40) as usize;
             let cuda_share = rng.below(4);
             let groups: Vec<GroupSnapshot> = (0..n)
-                .map(|i| GroupSnapshot {
-                    stack: rng.below(50) as u32 + i as u32 * 64,
-                    group: i as u32,
-                    api: if rng.below(4) < cuda_share { Api::CudaMalloc } else { Api::Malloc },
-                    device: None,
-                    steady_growth_kib: 0,
+                .map(|i| {
+                    let stack = rng.below(50) as u32 + i as u32 * 64;
+                    let api = if rng.below(4) < cuda_share { Api::CudaMalloc } else { Api::Malloc };
                     // Few distinct sizes: ties are ordered by blocks, then stack.
-                    stats: SnapStats { live_bytes: rng.below(30) * 8, live_blocks: 1 + rng.below(3) },
+                    GroupSnapshot::new(stack, api, None, 0, rng.below(30) * 8, 1 + rng.below(3))
                 })
                 .collect();
             let mut full = Snapshot { totals: Totals::default(), groups: groups.clone() };
@@ -1344,7 +1385,7 @@ mod tests {
             assert_eq!(sorted_ids, all_ids, "case {case}: the same groups");
             for host in [true, false] {
                 let first_k =
-                    |s: &Snapshot| -> Vec<u32> { s.groups.iter().filter(|g| (g.api.kind() == Kind::Host) == host).take(k).map(|g| g.stack).collect() };
+                    |s: &Snapshot| -> Vec<u32> { s.groups.iter().filter(|g| (g.api().kind() == Kind::Host) == host).take(k).map(|g| g.stack).collect() };
                 assert_eq!(first_k(&top), first_k(&full), "case {case}: n {n} k {k} host {host}");
             }
             let head = k.min(n);
@@ -1368,8 +1409,8 @@ mod tests {
             c.advance_trends();
         }
         let s = c.snapshot();
-        let g = |stack: u32| s.groups.iter().find(|g| g.stack == stack).unwrap().clone();
-        let t = |stack: u32| c.groups.get(g(stack).group).trend;
+        let g = |stack: u32| s.groups.iter().find(|g| g.stack == stack).copied().unwrap();
+        let t = |stack: u32| c.groups.get(c.group_index_of((stack, Api::Malloc, None)).unwrap()).trend;
         assert!(t(1).steady(), "{:?}", t(1));
         assert_eq!((t(1).steps, t(1).ups, t(1).downs, t(1).growth()), (5, 5, 0, 5 * 512));
         assert!(!t(2).steady(), "{:?}", t(2));
@@ -1398,8 +1439,8 @@ mod tests {
         assert_eq!(s.totals.host().peak_live_bytes, 157);
         assert_eq!(s.totals.unknown_frees, 1);
         assert_eq!(s.groups.len(), 2);
-        assert_eq!((s.groups[0].stack, s.groups[0].stats.live_bytes, c.details(&s.groups[0]).peak_live_bytes), (1, 100, 150));
-        assert_eq!((s.groups[1].stack, s.groups[1].stats.live_blocks), (2, 1));
+        assert_eq!((s.groups[0].stack, s.groups[0].live_bytes, c.details(&s.groups[0]).peak_live_bytes), (1, 100, 150));
+        assert_eq!((s.groups[1].stack, s.groups[1].live_blocks()), (2, 1));
         assert_eq!(s.totals.host().total_allocs - s.totals.host().total_frees, s.totals.host().live_blocks);
     }
 
@@ -1546,7 +1587,7 @@ mod tests {
         let s = c.snapshot();
         let g1 = s.groups.iter().find(|g| g.stack == 1).unwrap();
         let d = c.details(g1);
-        assert_eq!((g1.stats.live_bytes, d.total_allocs, d.total_bytes, d.peak_live_bytes), (16, 3, 48, 24));
+        assert_eq!((g1.live_bytes, d.total_allocs, d.total_bytes, d.peak_live_bytes), (16, 3, 48, 24));
         assert_eq!(c.details(&before.groups[0]), d);
         // Seen holding memory at a report: kept (its trend is history).
         c.advance_trends();
@@ -1560,7 +1601,7 @@ mod tests {
         c.take_changes(&mut changes);
         assert_eq!(c.groups.retired_count(), 0);
         c.apply(&ev(EventKind::ReallocRestore, Api::Realloc, 1, 0, 0x10, 0));
-        assert_eq!(c.snapshot().groups[0].stats.live_bytes, 8);
+        assert_eq!(c.snapshot().groups[0].live_bytes, 8);
     }
 
     /// A pass that runs while a realloc's block is between its release and its outcome
@@ -1581,7 +1622,7 @@ mod tests {
             c.apply(&ev(EventKind::ReallocRestore, Api::Realloc, 1, 0, addr, 0));
             let s = c.snapshot();
             let g = s.groups.iter().find(|g| g.stack == stack).unwrap_or_else(|| panic!("stack {stack} lost its block at {k}"));
-            assert_eq!((g.api, g.stats.live_bytes, g.stats.live_blocks), (Api::Malloc, 8, 1));
+            assert_eq!((g.api(), g.live_bytes, g.live_blocks()), (Api::Malloc, 8, 1));
             c.apply(&free(addr));
         }
         assert!(c.groups.retired_count() > 100, "{} retired", c.groups.retired_count());
@@ -1647,10 +1688,10 @@ mod tests {
         let s = c.snapshot();
         for (key, w) in &want {
             assert_eq!(summed.get(&(key.0, key.1)).copied().unwrap_or(0), w[0] as i64, "{key:?}: changes sum to its live bytes");
-            match s.groups.iter().find(|g| (g.stack, g.api, g.device) == *key) {
+            match s.groups.iter().find(|g| (g.stack, g.api(), g.device()) == *key) {
                 Some(g) => {
                     let d = c.details(g);
-                    assert_eq!([g.stats.live_bytes, g.stats.live_blocks, d.total_allocs, d.total_bytes, d.peak_live_bytes], *w, "{key:?}");
+                    assert_eq!([g.live_bytes, g.live_blocks(), d.total_allocs, d.total_bytes, d.peak_live_bytes], *w, "{key:?}");
                 }
                 None => assert_eq!(w[1], 0, "{key:?} holds blocks but is not in the snapshot"),
             }
@@ -1667,7 +1708,7 @@ mod tests {
         c.apply(&alloc(0x10, 16, 2));
         let s = c.snapshot();
         assert_eq!(s.groups.len(), 1);
-        assert_eq!((s.groups[0].stack, s.groups[0].stats.live_bytes), (2, 16));
+        assert_eq!((s.groups[0].stack, s.groups[0].live_bytes), (2, 16));
     }
 
     #[test]
@@ -1683,7 +1724,7 @@ mod tests {
         let s = c.snapshot();
         assert_eq!((s.totals.host().live_blocks, s.totals.host().live_bytes), (1, 64));
         assert_eq!((s.totals.host().total_allocs, s.totals.host().total_frees), (2, 1));
-        assert_eq!((s.groups[0].stack, s.groups[0].api), (3, Api::Realloc));
+        assert_eq!((s.groups[0].stack, s.groups[0].api()), (3, Api::Realloc));
         // realloc(p, 0) freed it
         c.apply(&ev(EventKind::ReallocRelease, Api::Realloc, 1, 0, 0x40, 0));
         c.apply(&ev(EventKind::ReallocFreed, Api::Realloc, 1, 0, 0x40, 0));
@@ -1711,7 +1752,7 @@ mod tests {
         c.apply(&ev(EventKind::ReallocRestore, Api::Realloc, 2, 0, 0, 0));
         c.apply(&ev(EventKind::Alloc, Api::Realloc, 1, 9, 0x30, 32));
         let s = c.snapshot();
-        let mut live: Vec<_> = s.groups.iter().map(|g| (g.stack, g.stats.live_bytes)).collect();
+        let mut live: Vec<_> = s.groups.iter().map(|g| (g.stack, g.live_bytes)).collect();
         live.sort();
         assert_eq!(live, vec![(2, 8), (9, 32)]);
     }
@@ -1762,7 +1803,7 @@ mod tests {
         c.apply(&free(0x20));
         let s = c.snapshot();
         let g1 = s.groups.iter().find(|g| g.stack == 1).unwrap();
-        assert_eq!((g1.stats.live_bytes, g1.stats.live_blocks, c.details(g1).total_allocs), (7, 1, 1));
+        assert_eq!((g1.live_bytes, g1.live_blocks(), c.details(g1).total_allocs), (7, 1, 1));
         assert_eq!((s.totals.inherited_live_bytes, s.totals.inherited_live_blocks, s.totals.inherited_frees), (0, 0, 2));
         // A grandchild inherits the child's blocks, and nothing of the old statistics.
         c.fork_boundary();
@@ -1777,7 +1818,7 @@ mod tests {
         let s = c.snapshot();
         assert_eq!((s.totals.inherited_live_bytes, s.totals.inherited_frees, s.totals.host().live_bytes), (5, 1, 3));
         assert_eq!(s.groups.len(), 1);
-        assert_eq!((s.groups[0].stats.live_bytes, c.details(&s.groups[0]).total_allocs), (3, 1));
+        assert_eq!((s.groups[0].live_bytes, c.details(&s.groups[0]).total_allocs), (3, 1));
     }
 
     #[test]
@@ -1793,7 +1834,7 @@ mod tests {
             v
         };
         let listed = |c: &Collector| {
-            let mut v: Vec<(u32, u64)> = c.snapshot().groups.iter().map(|g| (g.stack, g.stats.live_bytes)).collect();
+            let mut v: Vec<(u32, u64)> = c.snapshot().groups.iter().map(|g| (g.stack, g.live_bytes)).collect();
             v.sort();
             v
         };
@@ -1858,7 +1899,7 @@ mod tests {
                     }
                     let mut expect: std::collections::HashMap<(u32, Api), u64> = Default::default();
                     for g in c.snapshot().groups {
-                        *expect.entry((g.stack, g.api)).or_default() += g.stats.live_bytes;
+                        *expect.entry((g.stack, g.api())).or_default() += g.live_bytes;
                     }
                     sums.retain(|_, v| *v > 0);
                     expect.retain(|_, v| *v > 0);
@@ -1869,7 +1910,7 @@ mod tests {
                     c.settle_changes();
                     sums.clear();
                     for g in c.snapshot().groups {
-                        *sums.entry((g.stack, g.api)).or_default() += g.stats.live_bytes;
+                        *sums.entry((g.stack, g.api())).or_default() += g.live_bytes;
                     }
                 }
                 // A forked child: a fresh timeline, the parent's blocks inherited.
@@ -1898,7 +1939,7 @@ mod tests {
         assert_eq!(s.totals.kind(Kind::Device).live_bytes, 512 + (2 << 20));
         assert_eq!(s.totals.kind(Kind::Pinned).live_bytes, 64 + 32);
         // One group per device for the same stack and api.
-        let dev: Vec<_> = s.groups.iter().filter(|g| g.api == Api::CudaMalloc).map(|g| g.device).collect();
+        let dev: Vec<_> = s.groups.iter().filter(|g| g.api() == Api::CudaMalloc).map(|g| g.device()).collect();
         assert_eq!(dev, vec![Some(0), Some(1)]);
         // Freeing the registration leaves the heap block; a device free finds its space.
         c.apply(&ev(EventKind::Free, Api::releasing(Space::Registered), 1, 0, 0x1000, 0));
@@ -1936,7 +1977,7 @@ mod tests {
         c.apply(&alloc(0x6000, 8, 1));
         assert_eq!(c.device_reset(0), 2);
         let s = c.snapshot();
-        let left: Vec<_> = s.groups.iter().map(|g| (g.api, g.device)).collect();
+        let left: Vec<_> = s.groups.iter().map(|g| (g.api(), g.device())).collect();
         assert_eq!(left.len(), 4, "{left:?}");
         assert!(!left.contains(&(Api::CudaMalloc, Some(0))) && !left.contains(&(Api::CuMemAllocHost, Some(0))));
         assert_eq!(s.totals.kind(Kind::Device).total_frees, 1);

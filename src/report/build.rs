@@ -150,12 +150,12 @@ fn symbolized(raw: Vec<RawFrame>, sym: &mut Symbolizer) -> Vec<Frame> {
 /// What a group counts as leaked: definite + indirect with a scan, else all of it.
 fn leaked(g: &GroupSnapshot, r: Option<Reachability>) -> (u64, u64) {
     // Sampled Python objects are the interpreter's to free: never leaked.
-    if g.api.kind() == Kind::Python {
+    if g.api().kind() == Kind::Python {
         return (0, 0);
     }
     match r {
         Some(r) => (r.leaked().bytes, r.leaked().blocks),
-        None => (g.stats.live_bytes, g.stats.live_blocks),
+        None => (g.live_bytes, g.live_blocks()),
     }
 }
 
@@ -196,7 +196,7 @@ fn take_per_class<'a>(
         // Host memory (and the program's own mappings), CUDA, sampled Python objects:
         // these are never listed (never leaks; a growing one is followed by the
         // timeline with its stack), only added up.
-        let class = match g.api.kind() {
+        let class = match g.api().kind() {
             Kind::Host | Kind::Mmap => 0,
             Kind::Python => 2,
             _ => 1,
@@ -208,8 +208,8 @@ fn take_per_class<'a>(
         }
         let (lb, lk) = leaked(g, r);
         omitted.groups += 1;
-        omitted.bytes += g.stats.live_bytes;
-        omitted.blocks += g.stats.live_blocks;
+        omitted.bytes += g.live_bytes;
+        omitted.blocks += g.live_blocks();
         omitted.leaked_bytes += lb;
         omitted.leaked_blocks += lk;
     }
@@ -225,18 +225,18 @@ pub fn resolve_groups(selected: &[(&GroupSnapshot, Option<Reachability>)], detai
         .zip(details)
         .zip(resolve_stacks(&ids, sym))
         .map(|((&(g, reachability), details), stack)| {
-            let kind = g.api.kind();
+            let kind = g.api().kind();
             Group {
                 kind: kind.name().into(),
-                api: g.api.name().into(),
-                device: g.device.map(u32::from),
+                api: g.api().name().into(),
+                device: g.device().map(u32::from),
                 cached_by: super::cached::owner(kind, &stack).map(Into::into),
-                bytes: g.stats.live_bytes,
-                blocks: g.stats.live_blocks,
+                bytes: g.live_bytes,
+                blocks: g.live_blocks(),
                 // A periodic report reads these after the snapshot: never below it.
-                peak_bytes: details.peak_live_bytes.max(g.stats.live_bytes),
-                total_allocs: details.total_allocs.max(g.stats.live_blocks),
-                total_bytes: details.total_bytes.max(g.stats.live_bytes),
+                peak_bytes: details.peak_live_bytes.max(g.live_bytes),
+                total_allocs: details.total_allocs.max(g.live_blocks()),
+                total_bytes: details.total_bytes.max(g.live_bytes),
                 stack_id: g.stack,
                 reachability,
                 indirect_from: Vec::new(),
@@ -785,21 +785,13 @@ mod tests {
 
     #[test]
     fn a_report_lists_the_leaks_first_and_adds_up_the_rest() {
-        use crate::collector::state::SnapStats;
         use crate::hotpath::event::Api;
-        let g = |stack: u32, bytes: u64| GroupSnapshot {
-            stack,
-            api: Api::Malloc,
-            device: None,
-            group: 0,
-            steady_growth_kib: 0,
-            stats: SnapStats { live_bytes: bytes, live_blocks: 1 },
-        };
+        let g = |stack: u32, bytes: u64| GroupSnapshot::new(stack, Api::Malloc, None, 0, bytes, 1);
         // Collector order: largest first. Stack 1 is big but reachable; 3 is a small leak.
         let groups = vec![g(1, 1000), g(2, 500), g(3, 10), g(4, 5)];
         let reach = |s: &GroupSnapshot| {
             let mut r = Reachability::default();
-            let a = Amount { bytes: s.stats.live_bytes, blocks: 1 };
+            let a = Amount { bytes: s.live_bytes, blocks: 1 };
             if s.stack == 1 || s.stack == 4 {
                 r.reachable = a
             } else {
@@ -816,7 +808,7 @@ mod tests {
         assert_eq!(kept.iter().map(|(g, _)| g.stack).collect::<Vec<_>>(), vec![1, 2, 3]);
         assert_eq!((omitted.groups, omitted.leaked_bytes), (1, 5));
         // Host groups do not crowd out device groups: each class has its own limit.
-        let device = |stack: u32, bytes: u64| GroupSnapshot { api: Api::CudaMalloc, device: Some(0), ..g(stack, bytes) };
+        let device = |stack: u32, bytes: u64| GroupSnapshot::new(stack, Api::CudaMalloc, Some(0), 0, bytes, 1);
         let groups = vec![device(7, 4000), g(1, 1000), g(2, 500), g(3, 10), device(8, 50), g(4, 5)];
         let (mixed, left_out) = select_groups(&groups, Some(reach), 2);
         assert_eq!(mixed.iter().map(|(g, _)| g.stack).collect::<Vec<_>>(), vec![7, 2, 8, 3], "two of each class, leaks first");

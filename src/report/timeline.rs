@@ -116,14 +116,14 @@ impl Timeline {
         let python = crate::hotpath::python::enabled();
         // One pass over the groups (a process that imported PyTorch has half a million);
         // groups of one stack and api on several devices add up.
-        for g in snapshot.groups.iter().filter(|g| g.stats.live_bytes > 0) {
-            match slot_of.get(&(g.stack, g.api)) {
-                Some(&i) if i < followed_len => self.series[i].now += g.stats.live_bytes,
-                Some(&i) => newcomer_now[i - followed_len] += g.stats.live_bytes,
+        for g in snapshot.groups.iter().filter(|g| g.live_bytes > 0) {
+            match slot_of.get(&(g.stack, g.api())) {
+                Some(&i) if i < followed_len => self.series[i].now += g.live_bytes,
+                Some(&i) => newcomer_now[i - followed_len] += g.live_bytes,
                 None => {}
             }
             if python {
-                self.add_to_line(g.stack, g.stats.live_bytes, 0);
+                self.add_to_line(g.stack, g.live_bytes, 0);
             }
         }
         self.push_point(unix_ms, snapshot.totals.host());
@@ -186,7 +186,7 @@ impl Timeline {
         let mut growing: Vec<&crate::collector::state::GroupSnapshot> = snapshot.groups.iter().filter(|g| g.steady()).collect();
         growing.sort_by_key(|g| std::cmp::Reverse(g.steady_growth_kib));
         growing.truncate(JOIN_GROWING);
-        let keep: Vec<Key> = snapshot.groups.iter().take(JOIN_TOP).chain(growing).map(|g| (g.stack, g.api)).collect();
+        let keep: Vec<Key> = snapshot.groups.iter().take(JOIN_TOP).chain(growing).map(|g| (g.stack, g.api())).collect();
         let mut newcomers: Vec<Key> = Vec::new();
         for &k in &keep {
             if !newcomers.contains(&k) && !self.series.iter().any(|s| (s.stack, s.api) == k) {
@@ -330,21 +330,11 @@ impl Timeline {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collector::state::{GroupSnapshot, SnapStats, Totals};
+    use crate::collector::state::{GroupSnapshot, Totals};
 
     fn snap(groups: &[(u32, u64)]) -> Snapshot {
-        let mut gs: Vec<GroupSnapshot> = groups
-            .iter()
-            .map(|&(stack, bytes)| GroupSnapshot {
-                stack,
-                api: Api::Malloc,
-                device: None,
-                group: 0,
-                steady_growth_kib: 0,
-                stats: SnapStats { live_bytes: bytes, live_blocks: 1 },
-            })
-            .collect();
-        gs.sort_by_key(|g| std::cmp::Reverse(g.stats.live_bytes));
+        let mut gs: Vec<GroupSnapshot> = groups.iter().map(|&(stack, bytes)| GroupSnapshot::new(stack, Api::Malloc, None, 0, bytes, 1)).collect();
+        gs.sort_by_key(|g| std::cmp::Reverse(g.live_bytes));
         let total = groups.iter().map(|g| g.1).sum();
         let mut totals = Totals::default();
         totals.kinds[0].live_bytes = total;
@@ -454,8 +444,8 @@ mod tests {
         for step in 0..6u64 {
             let mut s = snap(&big);
             // Stack 7: 2 KiB more at every report, far below the 16 largest.
-            let mut g = s.groups[0].clone();
-            (g.stack, g.stats.live_bytes) = (7, 2048 * (step + 1));
+            let mut g = s.groups[0];
+            (g.stack, g.live_bytes) = (7, 2048 * (step + 1));
             // Up at every step: steady from the third (`Trend::steady`).
             g.steady_growth_kib = if step >= 3 { 2 * step as u32 } else { 0 };
             s.groups.push(g);
