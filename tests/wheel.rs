@@ -19,7 +19,9 @@ fn pip_install_gives_a_command_that_finds_a_planted_leak() {
     let pip = venv.join("bin/pip");
     // A target directory of its own: the test run's cargo may hold the workspace's.
     let target = fresh_dir("wheel-target");
-    let out = Command::new(&pip).args(["install", "-q"]).arg(root()).env("CARGO_TARGET_DIR", &target).timed_output().unwrap();
+    // It compiles the crate from nothing: 2 to 3 minutes on 2 cores, more beside busy
+    // loops (over 180 s once, 2026-12-05), so four times a traced program's limit.
+    let out = Command::new(&pip).args(["install", "-q"]).arg(root()).env("CARGO_TARGET_DIR", &target).timed_output_within(4 * time_limit()).unwrap();
     assert!(out.status.success(), "pip install . failed:\n{}", String::from_utf8_lossy(&out.stderr));
     let leaktrace = venv.join("bin/leaktrace");
     assert!(leaktrace.is_file());

@@ -95,14 +95,20 @@ pub fn time_limit() -> std::time::Duration {
 /// is killed with its whole process group and the test fails as hung.
 pub trait TimedOutput {
     fn timed_output(&mut self) -> std::io::Result<Output>;
+    /// `timed_output` with a limit of its own: for a step that builds, not a traced
+    /// program (a build of the whole crate takes minutes beside busy loops).
+    fn timed_output_within(&mut self, limit: std::time::Duration) -> std::io::Result<Output>;
 }
 
 impl TimedOutput for Command {
     fn timed_output(&mut self) -> std::io::Result<Output> {
+        self.timed_output_within(time_limit())
+    }
+
+    fn timed_output_within(&mut self, limit: std::time::Duration) -> std::io::Result<Output> {
         use std::io::Read;
         use std::os::unix::process::CommandExt;
         use std::process::Stdio;
-        let limit = time_limit();
         let mut child = self.stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).spawn()?;
         let mut out_pipe = child.stdout.take().unwrap();
         let mut err_pipe = child.stderr.take().unwrap();
