@@ -72,6 +72,20 @@ pub struct ProcessAnalysis {
     /// The memory of each timeline point that has it: (unix ms, memory).
     #[serde(skip)]
     pub memory_points: Vec<(u64, leaktrace_common::memory::Memory)>,
+    /// Threads whose stacks and registers the pointer scan read neither held nor copied
+    /// (`unread_threads`): a leak it calls definite may be held there.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub unread_threads: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// The threads of a report's pointer scan that it could neither hold nor copy: one that
+/// kept its stop signal blocked while it ran, or did not stop within the scan's wait.
+pub fn unread_threads(scan: Option<&leaktrace_common::report_schema::Scan>) -> usize {
+    scan.filter(|s| s.ran).map_or(0, |s| s.threads.saturating_sub(s.threads_stopped + s.threads_copied))
 }
 
 /// A part of the memory that grew or holds much (`leaktrace_common::memory::Finding`).
@@ -285,5 +299,40 @@ pub fn analyze_one(r: &Report, filters: &Filters) -> ProcessAnalysis {
         growth,
         checks: r.checks.clone(),
         why_reachable: r.why_reachable.clone(),
+        unread_threads: unread_threads(r.scan.as_ref()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A report whose exit scan could not read one of its threads says so beside its
+    /// leaks (a thread that ran with the stop signal blocked: the block only it held was
+    /// once reported definite); with every thread read, or no leak, nothing is added.
+    #[test]
+    fn a_scan_that_left_a_thread_unread_is_told_beside_the_leaks() {
+        let report = |threads: usize, stopped: usize, copied: usize, definite: u64| {
+            let text = format!(
+                r#"{{"schema":"leaktrace-report/3","pid":7,"exe":"/bin/prog","reason":"exit",
+                "summary":{{"host":{{"live_bytes":64,"live_blocks":1}}}},
+                "scan":{{"ran":true,"threads":{threads},"threads_stopped":{stopped},"threads_copied":{copied}}},
+                "leaks":[{{"kind":"host","api":"malloc","bytes":64,"blocks":1,"stack":[],
+                  "reachability":{{"definite":{{"bytes":{definite},"blocks":{}}},"indirect":{{"bytes":0,"blocks":0}},"reachable":{{"bytes":{},"blocks":{}}}}}}}]}}"#,
+                u64::from(definite > 0),
+                64 - definite,
+                u64::from(definite == 0)
+            );
+            crate::model::parse(&text, std::path::Path::new("r.json")).unwrap()
+        };
+        let note = "could not read 1 thread(s)";
+        let shown = |r: &Report| crate::render::text(&analyze(std::slice::from_ref(r), &Filters::default()), 10);
+        let unread = report(2, 1, 0, 64);
+        assert_eq!(analyze_one(&unread, &Filters::default()).unread_threads, 1);
+        assert!(shown(&unread).contains(note), "{}", shown(&unread));
+        // A copied thread was read; a held one too.
+        assert!(!shown(&report(3, 2, 1, 64)).contains(note));
+        // No leak: nothing to doubt.
+        assert!(!shown(&report(2, 1, 0, 0)).contains(note));
     }
 }

@@ -97,6 +97,7 @@ mod tests {
                 memory: None,
                 memory_findings: Vec::new(),
                 memory_points: Vec::new(),
+                unread_threads: 0,
                 leaked_bytes: 4096,
                 leaked_blocks: 1,
                 suppressed_groups: 0,

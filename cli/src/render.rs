@@ -217,6 +217,12 @@ pub fn text(a: &Analysis, top: usize) -> String {
         if p.leaks.len() > top {
             out.push_str(&format!("\n... {} more leak group(s); --top N shows more\n", p.leaks.len() - top));
         }
+        if !p.leaks.is_empty() && p.unread_threads > 0 {
+            out.push_str(&format!(
+                "\n(the exit scan could not read {} thread(s) of this process, which kept its stop signal blocked or did not stop: a leak above may be held on their stacks)\n",
+                p.unread_threads
+            ));
+        }
         for gr in p.growth.iter().take(top) {
             if gr.api == crate::growth::PYTHON_LINE {
                 out.push_str(&format!(
