@@ -74,12 +74,8 @@ pub struct ProcessAnalysis {
     pub memory_points: Vec<(u64, leaktrace_common::memory::Memory)>,
     /// Threads whose stacks and registers the pointer scan read neither held nor copied
     /// (`unread_threads`): a leak it calls definite may be held there.
-    #[serde(skip_serializing_if = "is_zero")]
+    #[serde(skip_serializing_if = "leaktrace_common::report_schema::is_zero")]
     pub unread_threads: usize,
-}
-
-fn is_zero(n: &usize) -> bool {
-    *n == 0
 }
 
 /// The threads of a report's pointer scan that it could neither hold nor copy: one that

@@ -781,8 +781,9 @@ impl Report<Inline> {
     }
 }
 
-pub(crate) fn is_zero(v: &u64) -> bool {
-    *v == 0
+/// For `skip_serializing_if`: a count or size of zero.
+pub fn is_zero<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
 }
 
 pub const SCHEMA_PREFIX: &str = "leaktrace-report/";

@@ -210,7 +210,7 @@ const BLOCK_BITS: u32 = 40;
 impl GroupSnapshot {
     pub fn new(stack: u32, api: Api, device: Option<u8>, steady_growth_kib: u32, live_bytes: u64, live_blocks: u64) -> GroupSnapshot {
         let blocks = live_blocks.min((1 << BLOCK_BITS) - 1);
-        let device = device.map_or(0, |d| d as u64 + 1);
+        let device = crate::hotpath::event::device_code(device);
         GroupSnapshot { stack, steady_growth_kib, live_bytes, packed: blocks | (api as u64) << BLOCK_BITS | device << (BLOCK_BITS + 8) }
     }
 
@@ -220,10 +220,7 @@ impl GroupSnapshot {
 
     /// CUDA device ordinal, for device-side groups where it is known.
     pub fn device(&self) -> Option<u8> {
-        match self.packed >> (BLOCK_BITS + 8) {
-            0 => None,
-            d => Some((d - 1) as u8),
-        }
+        crate::hotpath::event::device_of_code(self.packed >> (BLOCK_BITS + 8))
     }
 
     pub fn live_blocks(&self) -> u64 {
@@ -1145,7 +1142,6 @@ impl Collector {
     }
 
     /// The index of the live (not retired) group of `key`, if there is one.
-    #[cfg(test)]
     fn group_index_of(&self, key: GroupKey) -> Option<u32> {
         match self.group_by_stack.get(crate::hotpath::stacks::shared_index(key.0)) {
             Some(&slot) if slot != 0 && slot & RETIRED == 0 && self.groups.key(slot - 1) == key => Some(slot - 1),
@@ -1172,8 +1168,7 @@ impl Collector {
                 GroupDetails { peak_live_bytes, total_allocs, total_bytes }
             }
             // Retired and back under another index: that group's figures.
-            Some(&slot) if slot != 0 && slot & RETIRED == 0 && self.groups.key(slot - 1) == key => of(self.groups.get(slot - 1)),
-            _ => self.group_index.get(&key).map_or_else(GroupDetails::default, |&i| of(self.groups.get(i))),
+            _ => self.group_index_of(key).map_or_else(GroupDetails::default, |i| of(self.groups.get(i))),
         }
     }
 }

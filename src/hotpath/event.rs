@@ -181,7 +181,20 @@ impl Api {
 /// An event's size word: the byte count, with the CUDA device ordinal + 1 in the top
 /// 8 bits (0: no device). No allocation reaches 2^56 bytes.
 pub fn pack_size(bytes: u64, device: Option<u8>) -> u64 {
-    (bytes & SIZE_MASK) | (device.map(|d| d as u64 + 1).unwrap_or(0).min(255) << 56)
+    (bytes & SIZE_MASK) | (device_code(device).min(255) << 56)
+}
+
+/// A CUDA device ordinal as a number that is 0 for none known (ordinal + 1 otherwise,
+/// at most 256), and back (`device_of_code`).
+pub fn device_code(device: Option<u8>) -> u64 {
+    device.map_or(0, |d| d as u64 + 1)
+}
+
+pub fn device_of_code(code: u64) -> Option<u8> {
+    match code {
+        0 => None,
+        d => Some((d - 1) as u8),
+    }
 }
 
 const SIZE_MASK: u64 = (1 << 56) - 1;
@@ -308,10 +321,7 @@ impl Event {
 
     /// The CUDA device ordinal the block belongs to, when known.
     pub fn device(&self) -> Option<u8> {
-        match self.size >> 56 {
-            0 => None,
-            d => Some((d - 1) as u8),
-        }
+        device_of_code(self.size >> 56)
     }
 }
 

@@ -260,12 +260,21 @@ fn blocks_signal(status: &str, sig: i32) -> bool {
     (1..=64).contains(&sig) && blocked & (1u64 << (sig - 1)) != 0
 }
 
-/// Whether thread `t` is asleep in a system call (`/proc/self/task/T/syscall` gives its
-/// number, arguments, stack pointer and pc; "running" otherwise, or nothing once it
-/// is gone).
+/// Whether thread `t` is asleep in a system call.
 fn in_system_call(t: u32) -> bool {
+    asleep_sp(t).is_some()
+}
+
+/// The stack pointer of thread `t` while it is asleep in a system call:
+/// `/proc/self/task/T/syscall` reads "NR arg1 .. arg6 sp pc" then, "running" otherwise,
+/// nothing once the thread is gone.
+fn asleep_sp(t: u32) -> Option<u64> {
     let text = crate::os::anchor::read_proc_string(&format!("self/task/{t}/syscall")).unwrap_or_default();
-    text.split_whitespace().count() == 9
+    let fields: Vec<&str> = text.split_whitespace().collect();
+    if fields.len() != 9 {
+        return None;
+    }
+    u64::from_str_radix(fields[7].trim_start_matches("0x"), 16).ok()
 }
 
 /// The live stack of a thread that cannot be held, copied: its stack pointer comes from
@@ -279,13 +288,8 @@ pub fn copy_blocking_stacks(tids: &[u32], maps: &[(u64, u64)]) -> Vec<(u32, Vec<
         return copies;
     }
     for &t in tids {
-        let text = crate::os::anchor::read_proc_string(&format!("self/task/{t}/syscall")).unwrap_or_default();
-        // "NR arg1 .. arg6 sp pc" while in a system call; "running" otherwise.
-        let fields: Vec<&str> = text.split_whitespace().collect();
-        if fields.len() != 9 {
-            continue;
-        }
-        let Some(sp) = u64::from_str_radix(fields[7].trim_start_matches("0x"), 16).ok().map(|sp| sp.saturating_sub(128) & !7) else {
+        // With its red zone.
+        let Some(sp) = asleep_sp(t).map(|sp| sp.saturating_sub(128) & !7) else {
             continue;
         };
         let Some(&(_, end)) = maps.iter().find(|(a, b)| *a <= sp && sp < *b) else { continue };
