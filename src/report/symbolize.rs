@@ -71,7 +71,7 @@ const RELEASE_EVERY_SYMBOLS: usize = 1 << 15;
 /// addr2line's `Loader` decodes every symbol name when it opens a file: libtorch_cpu has
 /// 546k symbols and 78 MB of names, ~120 ms of each forked worker's final report.
 struct ModuleFile {
-    file: object::File<'static>,
+    file: object::File<'static, FileBytes>,
     dwarf: Option<Debug>,
     map: &'static memmap2::Mmap,
     /// `dwarf` was let go (`forget_dwarf`): read again when a batch needs it.
@@ -198,13 +198,40 @@ impl<'a> ProbeBuckets<'a> {
     }
 }
 
+/// A mapped module file's bytes as the `object` crate reads them: those of `&[u8]`,
+/// but the end of a name (a section's, a symbol's) is found with a plain loop instead of
+/// the `memchr` crate. That crate's first search in a process runs the standard
+/// library's CPU feature detection, eight `CPUID` instructions: in a virtual machine
+/// each one traps to the hypervisor (7 µs each on the machine measured), ~55 µs of every
+/// short process's exit report (`git --version`), where the names are a few dozen bytes.
+#[derive(Clone, Copy)]
+struct FileBytes(&'static [u8]);
+
+impl object::ReadRef<'static> for FileBytes {
+    fn len(self) -> Result<u64, ()> {
+        u64::try_from(self.0.len()).map_err(drop)
+    }
+
+    fn read_bytes_at(self, offset: u64, size: u64) -> Result<&'static [u8], ()> {
+        object::ReadRef::read_bytes_at(self.0, offset, size)
+    }
+
+    fn read_bytes_at_until(self, range: std::ops::Range<u64>, delimiter: u8) -> Result<&'static [u8], ()> {
+        let start = usize::try_from(range.start).map_err(drop)?;
+        let end = usize::try_from(range.end).map_err(drop)?;
+        let bytes = self.0.get(start..end).ok_or(())?;
+        let len = bytes.iter().position(|&b| b == delimiter).ok_or(())?;
+        Ok(&bytes[..len])
+    }
+}
+
 /// The function symbols of an ELF file's `.symtab` and `.dynsym`, with the filter of
 /// `object`'s generic symbols (a definition, of type function or none, at a nonzero
 /// address) applied to the raw table entries: the generic API costs several calls per
 /// symbol, a third of the pass over libtorch_cpu's 546k.
-fn elf_function_symbols<'d, Elf: object::read::elf::FileHeader<Endian = object::Endianness>>(
-    elf: &'d object::read::elf::ElfFile<'d, Elf>,
-) -> impl Iterator<Item = SymbolEntry> + 'd {
+fn elf_function_symbols<'e, 'd: 'e, Elf: object::read::elf::FileHeader<Endian = object::Endianness>, R: object::ReadRef<'d> + 'e>(
+    elf: &'e object::read::elf::ElfFile<'d, Elf, R>,
+) -> impl Iterator<Item = SymbolEntry> + use<'e, 'd, Elf, R> {
     use object::read::elf::Sym;
     let endian = elf.endian();
     [(false, elf.elf_symbol_table()), (true, elf.elf_dynamic_symbol_table())].into_iter().flat_map(move |(dynamic, table)| {
@@ -250,7 +277,7 @@ impl Debug {
 }
 
 /// The DWARF of `file`, as `Debug::new` reads it; `None` without a `.debug_info`.
-fn read_dwarf(file: &object::File<'static>) -> Option<Debug> {
+fn read_dwarf(file: &object::File<'static, FileBytes>) -> Option<Debug> {
     use object::Object;
     file.section_by_name(".debug_info")?;
     let endian = if file.is_little_endian() { gimli::RunTimeEndian::Little } else { gimli::RunTimeEndian::Big };
@@ -258,7 +285,7 @@ fn read_dwarf(file: &object::File<'static>) -> Option<Debug> {
 }
 
 /// The DWARF sections of `file` (empty where absent).
-fn dwarf_sections(file: &object::File<'static>, endian: gimli::RunTimeEndian) -> Option<gimli::DwarfSections<Reader>> {
+fn dwarf_sections(file: &object::File<'static, FileBytes>, endian: gimli::RunTimeEndian) -> Option<gimli::DwarfSections<Reader>> {
     use object::{Object, ObjectSection};
     gimli::DwarfSections::load(|id| -> Result<Reader, gimli::Error> {
         let data: &'static [u8] = match file.section_by_name(id.name()).map(|s| s.uncompressed_data()) {
@@ -342,7 +369,7 @@ impl ModuleFile {
 
     fn open(path: &str) -> Option<ModuleFile> {
         let map: &'static memmap2::Mmap = Box::leak(Box::new(crate::hotpath::mapping::map_file(path)?));
-        let file = object::File::parse(&map[..]).ok()?;
+        let file = object::File::parse(FileBytes(&map[..])).ok()?;
         Some(ModuleFile { dwarf: read_dwarf(&file), file, map, dwarf_forgotten: false })
     }
 
@@ -867,6 +894,41 @@ mod tests {
                 assert_eq!(buckets.count_below(x), probes.partition_point(|&p| p < x), "{x:#x} in {probes:x?}");
             }
         }
+    }
+
+    /// A file read through `FileBytes` has the sections and symbols, names included,
+    /// that it has read as a plain slice (this test binary, with its `.symtab`, and the C
+    /// library); a name with no end in its table is an error, as the slice's.
+    #[test]
+    fn file_bytes_read_what_a_slice_reads() {
+        use object::{Object, ObjectSection, ObjectSymbol, ReadRef};
+        let mut checked = 0;
+        for path in [std::env::current_exe().unwrap().display().to_string(), "/lib/x86_64-linux-gnu/libc.so.6".to_string()] {
+            let Ok(data) = std::fs::read(&path) else { continue };
+            let data: &'static [u8] = Box::leak(data.into_boxed_slice());
+            let plain = object::File::parse(data).unwrap();
+            let ours = object::File::parse(FileBytes(data)).unwrap();
+            fn sections<R: ReadRef<'static>>(f: &object::File<'static, R>) -> Vec<(Result<String, object::Error>, u64, u64)> {
+                f.sections().map(|s| (s.name().map(str::to_owned), s.address(), s.size())).collect()
+            }
+            let names =
+                |syms: &mut dyn Iterator<Item = (Result<&'static str, object::Error>, u64)>| syms.map(|(n, a)| (n.map(str::to_owned), a)).collect::<Vec<_>>();
+            assert_eq!(sections(&plain), sections(&ours), "{path}");
+            assert_eq!(names(&mut plain.symbols().map(|s| (s.name(), s.address()))), names(&mut ours.symbols().map(|s| (s.name(), s.address()))), "{path}");
+            assert_eq!(
+                names(&mut plain.dynamic_symbols().map(|s| (s.name(), s.address()))),
+                names(&mut ours.dynamic_symbols().map(|s| (s.name(), s.address()))),
+                "{path}"
+            );
+            assert!(plain.symbols().count() + plain.dynamic_symbols().count() > 100, "{path}");
+            checked += 1;
+        }
+        assert!(checked >= 1);
+        let bytes: &'static [u8] = b"abc\0def";
+        assert_eq!(FileBytes(bytes).read_bytes_at_until(0..7, 0), Ok(&b"abc"[..]));
+        assert_eq!(FileBytes(bytes).read_bytes_at_until(4..7, 0), Err(()));
+        assert_eq!(FileBytes(bytes).read_bytes_at_until(4..9, 0), Err(()));
+        assert_eq!(bytes.read_bytes_at_until(4..7, 0), Err(()));
     }
 
     /// The raw-table filter keeps what `object`'s generic symbols keep, on this test
