@@ -95,7 +95,13 @@ fn checkpoint_inner(label: &str, scope: checks::Scope) -> Option<checks::Check> 
             ids.into_iter().zip(named).filter(|(_, s)| super::verdicts::stack_matches(&template, s)).collect();
         let blocks: Vec<usize> =
             (0..input.blocks.len()).filter(|&i| reachable((&input.blocks[i], &verdicts[i])) && stacks.contains_key(&input.blocks[i].stack)).collect();
-        check.why_reachable = super::verdicts::why_reachable(&input.blocks, &blocks, (&out.parent, &out.via, &out.labels), &stacks, &mut r.symbolizer);
+        check.why_reachable = super::verdicts::why_reachable(
+            &input.blocks,
+            &blocks,
+            (&out.parent, &out.via, crate::scan::Labels::new(&out.labels, &input.inherited)),
+            &stacks,
+            &mut r.symbolizer,
+        );
     }
     if r.checks.len() < checks::KEPT_CHECKS {
         r.checks.push(check.clone());

@@ -321,7 +321,7 @@ fn write_report_steps(reason: Reason) {
     }
     memory.devices = device_memory(&snapshot.groups, &groups);
     let why_reachable = match (&why, &live, scan.as_ref().and_then(|s| s.kept.as_ref())) {
-        (Some(template), Some(live), Some(kept)) => why_reachable_of(template, &live.blocks, kept, &groups, &mut r.symbolizer),
+        (Some(template), Some(live), Some(kept)) => why_reachable_of(template, &live.blocks, &live.inherited, kept, &groups, &mut r.symbolizer),
         _ => Vec::new(),
     };
     let facts = RunFacts {
@@ -447,6 +447,7 @@ const HELD_TOP: usize = 25;
 fn why_reachable_of(
     template: &str,
     live: &[crate::collector::state::LiveEntry],
+    inherited: &[(u64, u64)],
     kept: &super::verdicts::KeptScan,
     groups: &[build::Group],
     sym: &mut crate::report::symbolize::Symbolizer,
@@ -457,7 +458,7 @@ fn why_reachable_of(
     let blocks: Vec<usize> = (0..live.len())
         .filter(|&i| kept.verdicts[i] == crate::scan::mark::Verdict::Reachable && chosen.contains_key(&(live[i].stack, live[i].api.name())))
         .collect();
-    super::verdicts::why_reachable(live, &blocks, (&kept.parent, &kept.via, &kept.labels), &stacks, sym)
+    super::verdicts::why_reachable(live, &blocks, (&kept.parent, &kept.via, crate::scan::Labels::new(&kept.labels, inherited)), &stacks, sym)
 }
 
 /// The groups a scan finds a holder for: the `limit` largest (those a report lists when

@@ -33,7 +33,7 @@ pub(super) struct KeptScan {
     pub(super) verdicts: Vec<Verdict>,
     pub(super) parent: Vec<u32>,
     pub(super) via: Vec<u64>,
-    pub(super) labels: Vec<crate::scan::RootLabel>,
+    pub(super) labels: crate::scan::RootLabels,
 }
 
 /// Links kept of a longer path: the first half near the block, the rest near the root.
@@ -136,7 +136,7 @@ pub(super) fn reachability_scan(
         .into_iter()
         .map(|(key, (_, _, i))| {
             let (steps, left_out) = mark::path(&parent, &via, i, PATH_LINKS);
-            (key, crate::report::held::RawPath::new(live, i, &steps, left_out, PATH_LINKS / 2, &labels))
+            (key, crate::report::held::RawPath::new(live, i, &steps, left_out, PATH_LINKS / 2, crate::scan::Labels::new(&labels, &input.inherited)))
         })
         .collect();
     // Through Python objects (a pass over them per round) for the growing ones only,
@@ -152,10 +152,13 @@ pub(super) fn reachability_scan(
         python.insert((key, 0), first);
         for (n, i) in spread(members.get(&key).map_or(&[][..], Vec::as_slice), REPRESENTATIVES).into_iter().filter(|&i| Some(i) != first_block).enumerate() {
             let (steps, left_out) = mark::path(&parent, &via, i, PATH_LINKS);
-            python.insert((key, n + 1), crate::report::held::RawPath::new(live, i, &steps, left_out, PATH_LINKS / 2, &labels));
+            python.insert(
+                (key, n + 1),
+                crate::report::held::RawPath::new(live, i, &steps, left_out, PATH_LINKS / 2, crate::scan::Labels::new(&labels, &input.inherited)),
+            );
         }
     }
-    crate::report::held::extend_python(&mut python, live, &parent, &via, &labels, PATH_LINKS);
+    crate::report::held::extend_python(&mut python, live, &parent, &via, crate::scan::Labels::new(&labels, &input.inherited), PATH_LINKS);
     held_by.extend(most_common_holder(python));
     let kept = keep.then_some(KeptScan { verdicts, parent, via, labels });
     ScanResult { out: info, by_group, totals, indirect_from, held_by, kept }
@@ -171,7 +174,7 @@ pub(super) const WHY_BLOCKS: usize = 256;
 pub(super) fn why_reachable(
     live: &[crate::collector::state::LiveEntry],
     blocks: &[usize],
-    scan: (&[u32], &[u64], &[crate::scan::RootLabel]),
+    scan: (&[u32], &[u64], crate::scan::Labels<'_>),
     stacks: &HashMap<u32, Vec<leaktrace_common::report_schema::Frame>>,
     sym: &mut crate::report::symbolize::Symbolizer,
 ) -> Vec<leaktrace_common::report_schema::WhyReachable> {

@@ -10,7 +10,7 @@ use leaktrace_common::report_schema::{Frame, HeldLink};
 use super::symbolize::Symbolizer;
 use crate::collector::state::LiveEntry;
 use crate::hotpath::event::Api;
-use crate::scan::{mark, RootKind, RootLabel};
+use crate::scan::{mark, Labels, RootKind, RootLabel};
 
 /// One link as the scan found it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -106,7 +106,7 @@ impl RawPath {
     /// Each word is read again (a copy) to tell one that points to the start of what it
     /// holds from one that points into its middle (`interior`); not where copies are
     /// refused, and not across the links left out.
-    pub fn new(live: &[LiveEntry], block: usize, steps: &[(u32, u64)], left_out: usize, head: usize, labels: &[RootLabel]) -> RawPath {
+    pub fn new(live: &[LiveEntry], block: usize, steps: &[(u32, u64)], left_out: usize, head: usize, labels: Labels<'_>) -> RawPath {
         let mut links = Vec::with_capacity(steps.len() + 1);
         let read = crate::scan::roots::copies_allowed();
         // The words to read again: (link, word address, the block it refers to).
@@ -124,7 +124,7 @@ impl RawPath {
             held = (parent < mark::FROM_FREED).then_some(parent as usize);
             links.push(match parent {
                 mark::FROM_ROOT if at == 0 => RawLink::Unscanned,
-                mark::FROM_ROOT => RawLink::Root { addr: at, label: crate::scan::root_label(labels, at) },
+                mark::FROM_ROOT => RawLink::Root { addr: at, label: labels.of(at) },
                 mark::FROM_FREED => RawLink::Unscanned,
                 p => {
                     let holder = &live[p as usize];
@@ -293,7 +293,7 @@ pub fn extend_python<K: Clone + Eq + std::hash::Hash, S: std::hash::BuildHasher>
     live: &[LiveEntry],
     parent: &[u32],
     via: &[u64],
-    labels: &[RootLabel],
+    labels: Labels<'_>,
     path_links: usize,
 ) {
     extend_python_from(paths, Vec::new(), live, parent, via, labels, path_links);
@@ -307,7 +307,7 @@ fn extend_python_from<K: Clone + Eq + std::hash::Hash, S: std::hash::BuildHasher
     live: &[LiveEntry],
     parent: &[u32],
     via: &[u64],
-    labels: &[RootLabel],
+    labels: Labels<'_>,
     path_links: usize,
 ) {
     use crate::scan::referrers;
@@ -490,7 +490,7 @@ pub fn python_holder(live: &[LiveEntry], objects: &[u64]) -> Option<RawPath> {
         }
     }
     let heap_starts: Vec<usize> = starts.iter().map(|s| s.0).collect();
-    extend_python_from(&mut paths, starts, live, &[], &[], &[], 0);
+    extend_python_from(&mut paths, starts, live, &[], &[], Labels::new(&Default::default(), &[]), 0);
     // Its first link is the object itself: the path starts at what holds it.
     let found: Vec<(usize, RawPath)> = paths
         .into_iter()
@@ -598,19 +598,19 @@ mod tests {
     #[test]
     fn a_path_names_each_holder_block_and_its_root() {
         let live = [entry(0x1000, 64, 7), entry(0x2000, 32, 8), entry(0x3000, 16, 9)];
-        let labels = [RootLabel { start: 0x600000, len: 0x1000, kind: RootKind::Module }];
+        let labels = crate::scan::RootLabels { list: vec![RootLabel { start: 0x600000, len: 0x1000, kind: RootKind::Module }], inherited_at: 1 };
         // Block 2 is held by block 1 at +8, block 1 by block 0 at +16, block 0 by a global.
         let parent = [mark::FROM_ROOT, 0, 1];
         let via = [0x600010, 0x1010, 0x2008];
         let (steps, left_out) = mark::path(&parent, &via, 2, 12);
-        let p = RawPath::new(&live, 2, &steps, left_out, 6, &labels);
+        let p = RawPath::new(&live, 2, &steps, left_out, 6, Labels::new(&labels, &[]));
         assert_eq!(p.block_size, 16);
         assert_eq!(
             p.links,
             vec![
                 RawLink::Block { stack: 8, api: Api::Malloc, size: 32, offset: 8, key: None },
                 RawLink::Block { stack: 7, api: Api::Malloc, size: 64, offset: 16, key: None },
-                RawLink::Root { addr: 0x600010, label: Some(labels[0]) },
+                RawLink::Root { addr: 0x600010, label: Some(labels.list[0]) },
             ]
         );
     }
@@ -635,7 +635,7 @@ mod tests {
             parent[ti] = hi as u32;
             via[ti] = word;
             let (steps, left_out) = mark::path(&parent, &via, ti, 12);
-            RawPath::new(&live, ti, &steps, left_out, 6, &[])
+            RawPath::new(&live, ti, &steps, left_out, 6, Labels::new(&Default::default(), &[]))
         };
         assert_eq!(path(h + 8).interior, vec![(0, 96)]);
         // Its start, or just past a header: a reference.
@@ -653,13 +653,13 @@ mod tests {
         let via: Vec<u64> = (0..n).map(|k| if k == 0 { 0x600000 } else { 0x10_0000 + 0x100 * (k as u64 - 1) + 8 }).collect();
         let (steps, left_out) = mark::path(&parent, &via, n - 1, 12);
         assert_eq!((steps.len(), left_out), (12, 100 - 12));
-        let p = RawPath::new(&live, n - 1, &steps, left_out, 6, &[]);
+        let p = RawPath::new(&live, n - 1, &steps, left_out, 6, Labels::new(&Default::default(), &[]));
         assert_eq!(p.links.len(), 13);
         assert_eq!(p.links[6], RawLink::Elided(88));
         assert_eq!(p.links[0], RawLink::Block { stack: 3, api: Api::Malloc, size: 48, offset: 8, key: None });
         assert_eq!(p.links[12], RawLink::Root { addr: 0x600000, label: None });
         // A block freed meanwhile, or one no reference found, ends the path unnamed.
         let (steps, left_out) = mark::path(&[mark::FROM_FREED], &[0], 0, 12);
-        assert_eq!(RawPath::new(&live, 0, &steps, left_out, 6, &[]).links, vec![RawLink::Unscanned]);
+        assert_eq!(RawPath::new(&live, 0, &steps, left_out, 6, Labels::new(&Default::default(), &[])).links, vec![RawLink::Unscanned]);
     }
 }
