@@ -355,8 +355,8 @@ mod tests {
         let inherited = [(0x1000, 0x100), (0x1200, 0x0), (0x1300, 0x80), (0x5000, 0x1000), (0x9000, 0x10)];
         // Before them: one range overlapping the second inherited block; after them: one
         // inside the fourth (it never wins) and one past every block.
-        let before = vec![module(0x1300, 0x10), module(0x20000, 0x100)];
-        let after = vec![stack(0x5800, 0x100), stack(0x30000, 0x1000)];
+        let before = [module(0x1300, 0x10), module(0x20000, 0x100)];
+        let after = [stack(0x5800, 0x100), stack(0x30000, 0x1000)];
         let labels = RootLabels { list: before.iter().chain(&after).copied().collect(), inherited_at: before.len() };
         let flat: Vec<RootLabel> = before.iter().copied().chain(label(&inherited, RootKind::Inherited)).chain(after.iter().copied()).collect();
         let old = |addr: u64| flat.iter().find(|l| addr >= l.start && addr - l.start < l.len).copied();
