@@ -167,7 +167,10 @@ pub fn droppable_runs(entries: &[u64]) -> Vec<(usize, usize)> {
 /// absent inside a run count too: an upper bound, for tests and diagnostics).
 pub fn release(ranges: &[Range], pagemap: i32) -> u64 {
     const CHUNK: usize = 4096;
-    let mut entries = vec![0u64; CHUNK];
+    // Only as many entries as the longest range needs: a short program's few modules
+    // need a few hundred, where 32 KiB of fresh pages cost its exit report ~8 page faults.
+    let longest = ranges.iter().map(|r| r.end.saturating_sub(r.start) / PAGE).max().unwrap_or(0);
+    let mut entries = vec![0u64; longest.min(CHUNK)];
     let mut released = 0u64;
     for r in ranges {
         let mut at = r.start;
