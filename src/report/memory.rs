@@ -191,7 +191,7 @@ pub fn measure(known: Known) -> Memory {
             m.heap_other = Some(in_use.saturating_sub(known.heap_live + own_heap));
         }
     }
-    if let Some((used, total)) = crate::scan::arenas::usage(copy_allowed) {
+    if let Some((used, total)) = crate::scan::arenas::usage(copy_allowed, known.forked_child) {
         m.python_objects = Some(used);
         m.python_free = Some(total.saturating_sub(used));
     }

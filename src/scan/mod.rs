@@ -211,7 +211,7 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], extra_roots: &[(u64, u64
     let maps = roots::writable_mappings();
     let (module_ranges, runtime_module_ranges) = roots::module_data();
     let mut pages = roots::WrittenPages::prepare();
-    let memory = roots::ProcessMemory::copying_roots(&maps);
+    let memory = roots::ProcessMemory::copying_roots(&maps, !inherited.is_empty());
     let mut root_ranges = Vec::new();
     let mut runtime_ranges = Vec::with_capacity(roots::WrittenPages::bound(&runtime_module_ranges));
     let forked_child = !inherited.is_empty();

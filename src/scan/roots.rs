@@ -499,6 +499,12 @@ pub struct ProcessMemory<'a> {
     /// our own frames saved, 8 bytes each) are read in place, not copied one system call
     /// at a time (58 of `git --version`'s 139 copies).
     own_stack: (u64, u64),
+    /// In a forked child, where the copies are made through `/proc/self/mem` instead of
+    /// `process_vm_readv` (`os::OwnMemory`): the memory it reads is mostly still its
+    /// parent's, which `process_vm_readv` pins at 2.5-3x the cost and, by the workers'
+    /// measure, made private (a DataLoader worker's USS at its exit report 52-60 MB,
+    /// through `/proc/self/mem` 24-36).
+    own_memory: Option<crate::os::OwnMemory>,
 }
 
 /// Blocks this large or larger are copied before they are read (`block_words`): glibc's
@@ -538,8 +544,11 @@ pub fn read_own_words(addrs: &[u64]) -> Vec<Option<u64>> {
 /// Copies `buf.len()` words from `from` (`os::copy_own`) and visits those that came;
 /// returns how many.
 #[inline(always)]
-fn copy_visit(buf: &mut [u64], from: u64, visit: &mut impl FnMut(u64, u64)) -> usize {
-    let got = crate::os::copy_own(from, buf) / 8;
+fn copy_visit(mem: Option<&crate::os::OwnMemory>, buf: &mut [u64], from: u64, visit: &mut impl FnMut(u64, u64)) -> usize {
+    let got = match mem {
+        Some(m) => m.copy(from, buf) / 8,
+        None => crate::os::copy_own(from, buf) / 8,
+    };
     for (k, &w) in buf[..got].iter().enumerate() {
         visit(from + 8 * k as u64, w);
     }
@@ -557,7 +566,7 @@ fn still_mapped(addr: u64, page: u64) -> bool {
 impl<'a> ProcessMemory<'a> {
     /// Reads roots and blocks in place (tests, and where the copy is refused).
     pub fn new(readable: &'a [(u64, u64)]) -> Self {
-        ProcessMemory { readable, root_buffer: std::cell::Cell::new(None), own_stack: (0, 0) }
+        ProcessMemory { readable, root_buffer: std::cell::Cell::new(None), own_stack: (0, 0), own_memory: None }
     }
 
     /// Copies root memory and large blocks with `process_vm_readv` before reading them:
@@ -566,13 +575,14 @@ impl<'a> ProcessMemory<'a> {
     /// instead of faulting. Smaller blocks are read in place (`block_words`). Allocates:
     /// call before threads are held. Where the system refuses the call (seccomp),
     /// everything is read in place.
-    pub fn copying_roots(readable: &'a [(u64, u64)]) -> Self {
+    pub fn copying_roots(readable: &'a [(u64, u64)], forked_child: bool) -> Self {
         let mut buf = vec![0u64; ROOT_CHUNK_WORDS].into_boxed_slice();
         let probe = [0x5eed_u64; 1];
         let works = vm_readv_safe() && crate::os::copy_own(probe.as_ptr() as u64, &mut buf[..1]) == 8 && buf[0] == 0x5eed;
         let here = &probe as *const [u64; 1] as u64;
         let own_stack = readable.iter().copied().find(|&(lo, hi)| lo <= here && here < hi).unwrap_or((0, 0));
-        ProcessMemory { readable, root_buffer: std::cell::Cell::new(works.then_some(buf)), own_stack }
+        let own_memory = (works && forked_child).then(crate::os::OwnMemory::open).flatten();
+        ProcessMemory { readable, root_buffer: std::cell::Cell::new(works.then_some(buf)), own_stack, own_memory }
     }
 
     /// The parts of `[start, start + len)` inside a readable mapping, in order. A
@@ -622,6 +632,9 @@ impl Memory for ProcessMemory<'_> {
             return self.words(start, len, visit);
         }
         let Some(mut buf) = self.root_buffer.take() else { return self.words(start, len, visit) };
+        // A descriptor the program closed (and maybe opened something else on) since the
+        // scan opened it is not read: the copies go through `process_vm_readv` then.
+        let mem = self.own_memory.as_ref().filter(|m| m.still_open());
         let page = page_size();
         let mut any = false;
         for (lo, hi) in self.pieces(start, len) {
@@ -629,7 +642,7 @@ impl Memory for ProcessMemory<'_> {
             let mut p = (lo + 7) & !7;
             while p + 8 <= hi {
                 let want = (((hi - p) / 8) as usize).min(ROOT_CHUNK_WORDS);
-                let got = copy_visit(&mut buf[..want], p, visit);
+                let got = copy_visit(mem, &mut buf[..want], p, visit);
                 p += got as u64 * 8;
                 if got < want {
                     // Something in the chunk was unmapped since the maps were read, or
@@ -639,7 +652,7 @@ impl Memory for ProcessMemory<'_> {
                     let page_start = p / page * page;
                     let end = (page_start + page).min(hi);
                     let n = ((end - p) / 8) as usize;
-                    let got = copy_visit(&mut buf[..n], p, visit);
+                    let got = copy_visit(mem, &mut buf[..n], p, visit);
                     if got < n && still_mapped(page_start, page) {
                         self.words(p + got as u64 * 8, end - (p + got as u64 * 8), visit);
                     }
@@ -1001,6 +1014,12 @@ mod tests {
     /// the copy reads what an in-place read does.
     #[test]
     fn a_root_or_large_block_page_unmapped_after_the_maps_were_read_is_skipped_not_faulted_on() {
+        // Copied with `process_vm_readv`, and through `/proc/self/mem` as in a forked child.
+        unmapped_pages_are_skipped(false);
+        unmapped_pages_are_skipped(true);
+    }
+
+    fn unmapped_pages_are_skipped(forked_child: bool) {
         let page = page_size();
         let pages = 2 * ROOT_CHUNK_WORDS as u64 * 8 / page + 3;
         // SAFETY: a fresh anonymous mapping, written and unmapped only here.
@@ -1014,7 +1033,8 @@ mod tests {
             unsafe { *((base + i * 8) as *mut u64) = i };
         }
         let readable = [(base, base + pages * page)];
-        let mem = ProcessMemory::copying_roots(&readable);
+        let mem = ProcessMemory::copying_roots(&readable, forked_child);
+        assert_eq!(mem.own_memory.is_some(), forked_child && vm_readv_safe());
         let (mut copied, mut in_place) = (Vec::new(), Vec::new());
         assert!(mem.root_words(base + 12, pages * page - 20, &mut |_, w| copied.push(w)));
         mem.words(base + 12, pages * page - 20, &mut |_, w| in_place.push(w));
@@ -1074,7 +1094,7 @@ mod tests {
         let words = std::hint::black_box([11u64, 22, 33, 44]);
         let at = words.as_ptr() as u64;
         let maps = writable_mappings();
-        let mem = ProcessMemory::copying_roots(&maps);
+        let mem = ProcessMemory::copying_roots(&maps, false);
         assert!(mem.own_stack.0 <= at && at + 32 <= mem.own_stack.1, "{:#x?} holds {at:#x}", mem.own_stack);
         let mut seen = Vec::new();
         for k in 0..4 {
