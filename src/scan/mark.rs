@@ -305,11 +305,14 @@ fn for_each_within(ranges: &[(u64, u64)], start: u64, len: u64, mut f: impl FnMu
 /// contents, a cached address). Under `pytest --leaktrace` such words kept a 50 KB
 /// buffer that a test leaked "reachable" in 14 runs of 30 (offsets 20-24 KiB into it);
 /// within 4 KiB, a word 2,816 bytes into it still did in 1 of 16 to 1 of 3 runs (at
-/// +120 of an object in a dict of `platformdirs`). The interior pointers CPython itself
-/// keeps are its object headers' (16-48 bytes: a GC header, the managed dict's words);
-/// 1 KiB leaves room for a C extension's own. Pointers from every other root (stacks,
-/// globals, the heap) count anywhere inside a block, as LeakSanitizer counts them.
-pub const PYTHON_INTERIOR: u64 = 1024;
+/// +120 of an object in a dict of `platformdirs`), and within 1 KiB, words 288 and 624
+/// bytes into it in 3 of 16 runs beside two busy loops (at +136 of a function object:
+/// the slack of its pymalloc block, which is cleared only up to the request). The
+/// interior pointers CPython itself keeps are its object headers' (16-48 bytes: a GC
+/// header, the managed dict's words); 256 bytes leaves room for a C extension's own.
+/// Pointers from every other root (stacks, globals, the heap) count anywhere inside a
+/// block, as LeakSanitizer counts them.
+pub const PYTHON_INTERIOR: u64 = 256;
 
 /// Reads the words of block `b`: a heap block through `block_words` (its owner may free
 /// it, and the allocator unmap it, meanwhile), a CUDA host allocation in place as before
