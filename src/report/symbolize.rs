@@ -225,39 +225,16 @@ impl object::ReadRef<'static> for FileBytes {
     }
 }
 
-/// The function symbols of an ELF file's `.symtab` and `.dynsym`, with the filter of
-/// `object`'s generic symbols (a definition, of type function or none, at a nonzero
-/// address) applied to the raw table entries: the generic API costs several calls per
-/// symbol, a third of the pass over libtorch_cpu's 546k.
-fn elf_function_symbols<'e, 'd: 'e, Elf: object::read::elf::FileHeader<Endian = object::Endianness>, R: object::ReadRef<'d> + 'e>(
-    elf: &'e object::read::elf::ElfFile<'d, Elf, R>,
-) -> impl Iterator<Item = SymbolEntry> + use<'e, 'd, Elf, R> {
-    use object::read::elf::Sym;
-    let endian = elf.endian();
-    [(false, elf.elf_symbol_table()), (true, elf.elf_dynamic_symbol_table())].into_iter().flat_map(move |(dynamic, table)| {
-        let strings = table.strings();
-        table.symbols().iter().enumerate().filter_map(move |(index, sym)| {
-            let start: u64 = sym.st_value(endian).into();
-            let function = matches!(sym.st_type(), object::elf::STT_FUNC | object::elf::STT_NOTYPE);
-            (start != 0 && function && sym.is_definition(endian, strings)).then(|| SymbolEntry {
-                start,
-                end: start.saturating_add(sym.st_size(endian).into()),
-                index: index as u32,
-                dynamic,
-            })
-        })
-    })
-}
-
-/// The variables of an ELF file's `.symtab` and `.dynsym` (`.symtab` first), with the
-/// filter of `object`'s generic symbols that `object_symbols` asks for (a definition
-/// with a size, of kind data, TLS or unknown) applied to the raw table entries, as
-/// `elf_function_symbols` does: a definition is of type object, function or none, so
-/// data and untyped symbols are what pass. One pass over libtorch_cpu's 546k symbols
-/// names the variables that hold a report's blocks.
-fn elf_data_symbols<'e, 'd: 'e, Elf: object::read::elf::FileHeader<Endian = object::Endianness>, R: object::ReadRef<'d> + 'e>(
-    elf: &'e object::read::elf::ElfFile<'d, Elf, R>,
-) -> impl Iterator<Item = SymbolEntry> + use<'e, 'd, Elf, R> {
+/// The definitions of an ELF file's `.symtab` and `.dynsym` (`.symtab` first) that
+/// `wanted(type, start, size)` keeps, read from the raw table entries with `object`'s
+/// own test of a definition: its generic symbols cost several calls per symbol, a third
+/// of a pass over libtorch_cpu's 546k.
+fn elf_symbols<'e, 'd: 'e, Elf, R, W>(elf: &'e object::read::elf::ElfFile<'d, Elf, R>, wanted: W) -> impl Iterator<Item = SymbolEntry> + use<'e, 'd, Elf, R, W>
+where
+    Elf: object::read::elf::FileHeader<Endian = object::Endianness>,
+    R: object::ReadRef<'d> + 'e,
+    W: Fn(object::elf::SymbolType, u64, u64) -> bool + Copy + 'e,
+{
     use object::read::elf::Sym;
     let endian = elf.endian();
     [(false, elf.elf_symbol_table()), (true, elf.elf_dynamic_symbol_table())].into_iter().flat_map(move |(dynamic, table)| {
@@ -265,8 +242,7 @@ fn elf_data_symbols<'e, 'd: 'e, Elf: object::read::elf::FileHeader<Endian = obje
         table.symbols().iter().enumerate().filter_map(move |(index, sym)| {
             let start: u64 = sym.st_value(endian).into();
             let size: u64 = sym.st_size(endian).into();
-            let data = matches!(sym.st_type(), object::elf::STT_OBJECT | object::elf::STT_NOTYPE);
-            (size != 0 && data && sym.is_definition(endian, strings)).then(|| SymbolEntry {
+            (wanted(sym.st_type(), start, size) && sym.is_definition(endian, strings)).then(|| SymbolEntry {
                 start,
                 end: start.saturating_add(size),
                 index: index as u32,
@@ -274,6 +250,24 @@ fn elf_data_symbols<'e, 'd: 'e, Elf: object::read::elf::FileHeader<Endian = obje
             })
         })
     })
+}
+
+/// The functions (`elf_symbols`): the filter of `object`'s generic symbols, a definition
+/// of type function or none at a nonzero address.
+fn elf_function_symbols<'e, 'd: 'e, Elf: object::read::elf::FileHeader<Endian = object::Endianness>, R: object::ReadRef<'d> + 'e>(
+    elf: &'e object::read::elf::ElfFile<'d, Elf, R>,
+) -> impl Iterator<Item = SymbolEntry> + use<'e, 'd, Elf, R> {
+    elf_symbols(elf, |kind, start, _| start != 0 && matches!(kind, object::elf::STT_FUNC | object::elf::STT_NOTYPE))
+}
+
+/// The variables (`elf_symbols`): the filter `object_symbols` asked `object`'s generic
+/// symbols for, a definition with a size of kind data, TLS or unknown; a definition is
+/// of type object, function or none, so data and untyped symbols are what pass. One
+/// pass over libtorch_cpu's 546k symbols names the variables that hold a report's blocks.
+fn elf_data_symbols<'e, 'd: 'e, Elf: object::read::elf::FileHeader<Endian = object::Endianness>, R: object::ReadRef<'d> + 'e>(
+    elf: &'e object::read::elf::ElfFile<'d, Elf, R>,
+) -> impl Iterator<Item = SymbolEntry> + use<'e, 'd, Elf, R> {
+    elf_symbols(elf, |kind, _, size| size != 0 && matches!(kind, object::elf::STT_OBJECT | object::elf::STT_NOTYPE))
 }
 
 /// Per offset of `offsets` (ascending), the first of `entries` that covers it
@@ -388,7 +382,6 @@ impl ModuleFile {
     /// tables, their pages given back after each, was ~1.5 ms of a short process's
     /// final report.
     fn object_symbols(&self, offsets: &[u64], allowed: bool) -> Vec<Option<(String, u64)>> {
-        use object::{Object, ObjectSymbol, ObjectSymbolTable, SymbolIndex};
         debug_assert!(offsets.is_sorted());
         let found = match &self.file {
             object::File::Elf64(elf) => covering_symbols(offsets, self.releasing(allowed, elf_data_symbols(elf))),
@@ -396,17 +389,9 @@ impl ModuleFile {
             // Only ELF modules are ever loaded here.
             _ => vec![None; offsets.len()],
         };
-        found
-            .into_iter()
-            .map(|e| {
-                let e = e?;
-                let table = if e.dynamic { self.file.dynamic_symbol_table() } else { self.file.symbol_table() };
-                // `None` where the covering symbol's name cannot be read, as a single
-                // lookup gives up there.
-                let name = table?.symbol_by_index(SymbolIndex(e.index as usize)).ok()?.name().ok()?;
-                Some((demangle_symbol(name), e.start))
-            })
-            .collect()
+        // `None` where the covering symbol's name cannot be read, as a single lookup
+        // gives up there.
+        found.into_iter().map(|e| e.and_then(|e| Some((self.symbol_name(&e)?, e.start)))).collect()
     }
 
     fn open(path: &str) -> Option<ModuleFile> {
@@ -518,7 +503,6 @@ impl ModuleFile {
     /// The names of the functions that hold `probes` (ascending; addresses in the
     /// file's terms), from `.symtab` and `.dynsym`.
     fn symbol_names(&self, probes: &[u64], allowed: bool) -> Vec<Option<String>> {
-        use object::{Object, ObjectSymbol, ObjectSymbolTable, SymbolIndex};
         let file = &self.file;
         let found = match file {
             object::File::Elf64(elf) => nearest_symbols(probes, self.releasing(allowed, elf_function_symbols(elf))),
@@ -526,15 +510,15 @@ impl ModuleFile {
             // Only ELF modules are ever loaded here.
             _ => vec![None; probes.len()],
         };
-        found
-            .into_iter()
-            .map(|e| {
-                let e = e?;
-                let table = if e.dynamic { file.dynamic_symbol_table()? } else { file.symbol_table()? };
-                let name = table.symbol_by_index(SymbolIndex(e.index as usize)).ok()?.name().ok()?;
-                Some(demangle_symbol(name))
-            })
-            .collect()
+        found.into_iter().map(|e| self.symbol_name(&e?)).collect()
+    }
+
+    /// The name of a symbol of the raw tables (`elf_symbols`), demangled.
+    fn symbol_name(&self, e: &SymbolEntry) -> Option<String> {
+        use object::{Object, ObjectSymbol, ObjectSymbolTable, SymbolIndex};
+        let table = if e.dynamic { self.file.dynamic_symbol_table()? } else { self.file.symbol_table()? };
+        let name = table.symbol_by_index(SymbolIndex(e.index as usize)).ok()?.name().ok()?;
+        Some(demangle_symbol(name))
     }
 }
 
