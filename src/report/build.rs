@@ -111,34 +111,31 @@ pub fn resolve_frames(ip: u64, sym: &mut Symbolizer) -> Vec<Frame> {
     symbolized(vec![raw], sym)
 }
 
+/// A stack's frames, named from what `symbolize_all` found (`Symbolizer::named`: one
+/// lookup a frame, the names borrowed, not copied); Python frames merged in.
 fn symbolized(raw: Vec<RawFrame>, sym: &mut Symbolizer) -> Vec<Frame> {
     let mut stack = Vec::with_capacity(raw.len());
     let python: Vec<u64> = raw.iter().filter_map(|rf| rf.python).collect();
     for rf in raw.into_iter().filter(|rf| rf.python.is_none()) {
-        let (module, offset) = match rf.module {
-            Some((m, off)) => (sym.module(m).map(|m| m.path.clone()), Some((m, off))),
-            None => (None, None),
+        let Some((m, off)) = rf.module else {
+            stack.push(Frame { ip: rf.ip, module: None, offset: None, function: None, file: None, line: None, inlined: false, python: false });
+            continue;
         };
-        let syms = match offset {
-            Some((m, off)) => sym.symbolize(m, off).to_vec(),
-            None => Vec::new(),
+        let (module, syms) = sym.named(m, off);
+        let frame = |function: Option<std::sync::Arc<str>>, file, line, inlined| Frame {
+            ip: rf.ip,
+            module: module.cloned(),
+            offset: Some(off),
+            function,
+            file,
+            line,
+            inlined,
+            python: false,
         };
-        let off = offset.map(|(_, o)| o);
         if syms.is_empty() {
-            stack.push(Frame { ip: rf.ip, module: module.clone(), offset: off, function: None, file: None, line: None, inlined: false, python: false });
+            stack.push(frame(None, None, None, false));
         }
-        for s in syms {
-            stack.push(Frame {
-                ip: rf.ip,
-                module: module.clone(),
-                offset: off,
-                function: s.function,
-                file: s.file,
-                line: s.line,
-                inlined: s.inlined,
-                python: false,
-            });
-        }
+        stack.extend(syms.iter().map(|s| frame(s.function.clone(), s.file.clone(), s.line, s.inlined)));
     }
     if python.is_empty() {
         stack
