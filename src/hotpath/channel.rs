@@ -1094,7 +1094,7 @@ impl DrainState {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::sync::Mutex;
 
@@ -1202,8 +1202,9 @@ mod tests {
         assert!(full_waits() > 0, "the large rings were small enough to fill");
     }
 
-    /// Takes the tests' turn and the shared consumer position, every ring drained.
-    fn turn_with_rings_drained() -> (std::sync::MutexGuard<'static, ()>, std::sync::MutexGuard<'static, Option<DrainState>>) {
+    /// Takes the tests' turn and the shared consumer position, every ring drained (also
+    /// for other modules' tests that publish into the rings).
+    pub(crate) fn turn_with_rings_drained() -> (std::sync::MutexGuard<'static, ()>, std::sync::MutexGuard<'static, Option<DrainState>>) {
         let turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         init();
         let mut state = STATE.lock().unwrap();

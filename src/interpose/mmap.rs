@@ -45,9 +45,11 @@ fn syscall_result(rc: c_long) -> *mut c_void {
 }
 
 /// A range is no longer mapped as it was: each tracked mapping it overlaps is freed,
-/// and what stays of it published again under its stack.
+/// and what stays of it published again under its stack. Also while the final report
+/// is being written, as a free is (`agent::releases_recorded`): the mapping is in its
+/// live set, and an unmapping left out was a leak the program had given back.
 fn unmapped(start: u64, len: u64) {
-    if !mapped::any() || !agent::active() {
+    if !mapped::any() || !agent::releases_recorded() {
         return;
     }
     mapped::remove(
