@@ -735,16 +735,12 @@ impl Symbolizer {
         }
     }
 
-    /// Function/file/line for a return address (innermost inlined frame first). Ask for
-    /// many at once with `symbolize_all` first: alone, an address a module's DWARF does
-    /// not name costs a pass over its symbol tables.
-    pub fn symbolize(&mut self, module: u32, offset: u64) -> &[SymFrame] {
-        self.named(module, offset).1
-    }
-
-    /// The module's path and the frames of `(module, offset)`: those `symbolize_all`
-    /// found, else symbolized now. A report's stacks ask for ~100k frames after one
-    /// batch of their few thousand addresses: one lookup each, nothing copied.
+    /// The module's path and the frames of `(module, offset)` (function/file/line,
+    /// innermost inlined frame first): those `symbolize_all` found, else symbolized now.
+    /// Ask for many at once with `symbolize_all` first: alone, an address a module's
+    /// DWARF does not name costs a pass over its symbol tables. A report's stacks ask
+    /// for ~100k frames after one batch of their few thousand addresses: one lookup
+    /// each, nothing copied.
     pub fn named(&mut self, module: u32, offset: u64) -> (Option<&Arc<str>>, &[SymFrame]) {
         if !self.symbols.contains_key(&(module, offset)) {
             self.symbolize_all([(module, offset)]);
