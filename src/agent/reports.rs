@@ -278,7 +278,7 @@ fn write_report_steps(reason: Reason) {
                 let amount = leaktrace_common::report_schema::Amount { bytes: g.live_bytes, blocks: g.live_blocks() };
                 return Some(build::Reachability { reachable: amount, ..Default::default() });
             }
-            s.by_group.get(&(g.stack, g.api().name(), g.device())).copied()
+            s.by_group.get(g.stack, g.api(), g.device())
         }
     });
     let (selected, omitted) = build::select_groups(&snapshot.groups, reach, report_groups);
