@@ -16,16 +16,25 @@ type GroupKey = (u32, &'static str, Option<u8>);
 
 /// Each scanned group's verdicts (bytes and blocks reachable, indirect and definite).
 /// A process that ends with its memory live has about as many groups as blocks (`import
-/// torch` ending in `os._exit`: 535k groups of 600k blocks), so this is the largest
+/// torch` ending in `os._exit`: 535k groups of 660k blocks), so this is the largest
 /// thing a final report makes: as a map from `GroupKey` to the verdicts it added 70 MB
 /// to the report's peak (an 80-byte entry in a table at most 7/8 full, rounded up to a
-/// power of two, and the table it grew from). Here the key is one word (`word`) and the
-/// map holds the index of the group's verdicts in a vector: 16 bytes a slot, 48 a group.
+/// power of two). Here a slot is 16 bytes: the key as one word (`word`), and a word
+/// that holds the amount of a group whose blocks are all reachable (nearly every group
+/// at exit), or else the index of its verdicts in `mixed`.
 #[derive(Default)]
 pub(super) struct GroupVerdicts {
-    index: HashMap<u64, u32>,
-    verdicts: Vec<build::Reachability>,
+    by_key: HashMap<u64, u64>,
+    mixed: Vec<build::Reachability>,
 }
+
+/// A value word with this bit holds an index into `GroupVerdicts::mixed`; without it,
+/// the bytes (`REACHABLE_BYTE_BITS`) and blocks (the bits above them) of a group whose
+/// blocks are all reachable.
+const MIXED: u64 = 1 << 63;
+const REACHABLE_BYTE_BITS: u32 = 40;
+const REACHABLE_BYTES: u64 = (1 << REACHABLE_BYTE_BITS) - 1;
+const REACHABLE_BLOCKS: u64 = (MIXED - 1) >> REACHABLE_BYTE_BITS;
 
 impl GroupVerdicts {
     /// A group's key as one word: the stack id in the low bits (where the multiplicative
@@ -36,20 +45,47 @@ impl GroupVerdicts {
         stack as u64 | (api as u64) << 32 | crate::hotpath::event::device_code(device) << 40
     }
 
+    /// The value word of `bytes` in `blocks` all reachable, if it fits one.
+    #[inline]
+    fn reachable_word(bytes: u64, blocks: u64) -> Option<u64> {
+        (bytes <= REACHABLE_BYTES && blocks <= REACHABLE_BLOCKS).then_some(bytes | blocks << REACHABLE_BYTE_BITS)
+    }
+
+    #[inline]
+    fn reachable_amount(value: u64) -> build::Amount {
+        build::Amount { bytes: value & REACHABLE_BYTES, blocks: value >> REACHABLE_BYTE_BITS }
+    }
+
     #[inline]
     fn add(&mut self, stack: u32, api: crate::hotpath::event::Api, device: Option<u8>, verdict: Verdict, bytes: u64) {
-        let next = self.verdicts.len() as u32;
-        let i = *self.index.entry(Self::word(stack, api, device)).or_insert(next);
-        if i == next {
-            self.verdicts.push(build::Reachability::default());
+        let value = self.by_key.entry(Self::word(stack, api, device)).or_insert(0);
+        if *value & MIXED != 0 {
+            self.mixed[(*value & !MIXED) as usize].add(verdict, bytes);
+            return;
         }
-        self.verdicts[i as usize].add(verdict, bytes);
+        let was = Self::reachable_amount(*value);
+        if verdict == Verdict::Reachable {
+            if let Some(w) = was.bytes.checked_add(bytes).and_then(|b| Self::reachable_word(b, was.blocks + 1)) {
+                *value = w;
+                return;
+            }
+        }
+        // Another verdict, or an amount past the word: the group's verdicts in full.
+        let mut all = build::Reachability { reachable: was, ..Default::default() };
+        all.add(verdict, bytes);
+        *value = MIXED | self.mixed.len() as u64;
+        self.mixed.push(all);
     }
 
     /// The verdicts of the group of `stack`, `api` and `device`; `None` where the scan
     /// read none of its blocks.
     pub(super) fn get(&self, stack: u32, api: crate::hotpath::event::Api, device: Option<u8>) -> Option<build::Reachability> {
-        self.index.get(&Self::word(stack, api, device)).map(|&i| self.verdicts[i as usize])
+        let &value = self.by_key.get(&Self::word(stack, api, device))?;
+        Some(if value & MIXED != 0 {
+            self.mixed[(value & !MIXED) as usize]
+        } else {
+            build::Reachability { reachable: Self::reachable_amount(value), ..Default::default() }
+        })
     }
 }
 
@@ -331,6 +367,29 @@ mod tests {
         assert_eq!(got(top, Api::Malloc, None), build::Reachability { definite: amount(48, 1), ..Default::default() });
         assert_eq!(g.get(8, Api::Malloc, None), None);
         assert_eq!(g.get(7, Api::CudaMalloc, None), None);
-        assert_eq!(g.verdicts.len(), 5);
+        assert_eq!(g.mixed.len(), 4, "the groups with more than reachable blocks");
+    }
+
+    /// A group whose blocks are all reachable keeps its amount in the slot's word until
+    /// it no longer fits; then it has its verdicts in full, exact as before.
+    #[test]
+    fn an_all_reachable_group_past_what_a_word_holds_keeps_its_exact_amount() {
+        use crate::hotpath::event::Api;
+        let mut g = GroupVerdicts::default();
+        let big = REACHABLE_BYTES - 10;
+        g.add(1, Api::Malloc, None, Verdict::Reachable, big);
+        g.add(1, Api::Malloc, None, Verdict::Reachable, 10);
+        assert_eq!(g.mixed.len(), 0);
+        g.add(1, Api::Malloc, None, Verdict::Reachable, 1);
+        assert_eq!(g.mixed.len(), 1);
+        g.add(1, Api::Malloc, None, Verdict::Reachable, u64::MAX - REACHABLE_BYTES - 1);
+        let amount = build::Amount { bytes: u64::MAX, blocks: 4 };
+        assert_eq!(g.get(1, Api::Malloc, None), Some(build::Reachability { reachable: amount, ..Default::default() }));
+        for _ in 0..3 {
+            g.add(2, Api::Malloc, None, Verdict::Reachable, 0);
+        }
+        let value = g.by_key[&GroupVerdicts::word(2, Api::Malloc, None)];
+        assert_eq!(GroupVerdicts::reachable_amount(value), build::Amount { bytes: 0, blocks: 3 });
+        assert_eq!(GroupVerdicts::reachable_word(0, REACHABLE_BLOCKS + 1), None);
     }
 }
