@@ -124,14 +124,17 @@ pub(super) fn classify_live(input: &ScanInput) -> crate::scan::ScanOut {
     let live = &input.blocks;
     let blocks: Vec<mark::Block> = live
         .iter()
-        .map(|b| mark::Block {
-            start: b.addr,
-            size: b.size,
-            // Device memory is not ours to read; a mapping may be partly inaccessible
-            // or reserved without memory behind it.
-            opaque: matches!(b.api.kind(), Kind::Device | Kind::Managed | Kind::Mmap),
-            cuda: matches!(b.api.kind(), Kind::Device | Kind::Managed | Kind::Pinned),
-            not_a_reference: if b.api.kind() == Kind::Host { mark::glibc_next_chunk_header(b.addr, b.size) } else { 0 },
+        .map(|b| {
+            let block = mark::Block::new(b.addr, b.size);
+            match b.api.kind() {
+                // Device memory is not ours to read; a mapping may be partly inaccessible
+                // or reserved without memory behind it.
+                Kind::Device | Kind::Managed => block.opaque().cuda(),
+                Kind::Mmap => block.opaque(),
+                Kind::Pinned => block.cuda(),
+                Kind::Host => block.in_glibc_chunk(),
+                _ => block,
+            }
         })
         .collect();
     // Ignored blocks are roots (what they point to is not leaked either), and so are

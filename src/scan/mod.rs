@@ -322,7 +322,7 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], extra_roots: &[(u64, u64
         threads_stopped: stopped.stopped + 1,
         threads_copied: blocking_stacks.len(),
         root_bytes: root_ranges.iter().chain(&runtime_ranges).chain(&changed_since_fork).map(|r| r.1).sum(),
-        heap_bytes: blocks.iter().map(|b| b.size).sum(),
+        heap_bytes: blocks.iter().map(|b| b.size()).sum(),
     };
     ScanOut {
         verdicts: scratch.verdicts,
