@@ -112,7 +112,10 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
 /// `MREMAP_FIXED`; on x86-64 a variadic argument arrives where a fifth one would.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn mremap(old: *mut c_void, old_len: usize, new_len: usize, flags: c_int, new: *mut c_void) -> *mut c_void {
-    let before = if mapped::any() && agent::active() { mapped::find(old as u64) } else { None };
+    // While the final report still takes releases too (`unmapped`): a tracked mapping
+    // moved then and left in the books at its old address was a leak the program did
+    // not have.
+    let before = if mapped::any() && agent::releases_recorded() { mapped::find(old as u64) } else { None };
     if let Some(r) = before {
         let _errno = super::ErrnoGuard::save();
         unmapped(r.start, r.len);
