@@ -111,8 +111,8 @@ pub fn resolve_frames(ip: u64, sym: &mut Symbolizer) -> Vec<Frame> {
     symbolized(vec![raw], sym)
 }
 
-/// A stack's frames, named from what `symbolize_all` found (`Symbolizer::named`: one
-/// lookup a frame, the names borrowed, not copied); Python frames merged in.
+/// A stack's frames, named from what `symbolize_all` found (`Symbolizer::named`: the
+/// names borrowed, not copied); Python frames merged in.
 fn symbolized(raw: Vec<RawFrame>, sym: &mut Symbolizer) -> Vec<Frame> {
     let mut stack = Vec::with_capacity(raw.len());
     let python: Vec<u64> = raw.iter().filter_map(|rf| rf.python).collect();

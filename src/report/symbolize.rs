@@ -739,8 +739,9 @@ impl Symbolizer {
     /// innermost inlined frame first): those `symbolize_all` found, else symbolized now.
     /// Ask for many at once with `symbolize_all` first: alone, an address a module's
     /// DWARF does not name costs a pass over its symbol tables. A report's stacks ask
-    /// for ~100k frames after one batch of their few thousand addresses: one lookup
-    /// each, nothing copied.
+    /// for ~100k frames after one batch of their few thousand addresses: two lookups
+    /// each (the check is apart from the borrowed answer, for the borrow checker),
+    /// nothing copied.
     pub fn named(&mut self, module: u32, offset: u64) -> (Option<&Arc<str>>, &[SymFrame]) {
         if !self.symbols.contains_key(&(module, offset)) {
             self.symbolize_all([(module, offset)]);
