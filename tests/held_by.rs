@@ -113,6 +113,25 @@ fn python_a_module_level_list_is_named_with_its_index_and_global() {
     assert_named("list", "bytearray (Python object, +32) ← list[119] ← global SEEN of module __main__");
 }
 
+/// The same list, with raw blocks before it in the arenas whose stale words hold its
+/// item array's address: still the list and its global (a full test run once named "a
+/// Python object (+48)" for `kept_by_containers.py`'s list, by the arenas' layout).
+#[test]
+fn python_a_lists_item_array_is_named_by_the_list_whatever_stale_words_before_it_hold() {
+    let mut cmd = Command::new(python());
+    cmd.arg(root().join("tests/fixtures/frameworks/holders.py")).arg("stale");
+    let run = run_traced(cmd, "held-py-stale");
+    assert!(run.output.status.success(), "{}", run.stderr());
+    let before: u32 = run.stderr().split("raw blocks before the list: ").nth(1).and_then(|t| t.split_whitespace().next()?.parse().ok()).unwrap_or(0);
+    assert!(before > 0, "the fixture placed no raw block before the list: {}", run.stderr());
+    let r = run.report();
+    let series = r["timeline"]["series"].as_array().unwrap().iter();
+    let all: Vec<String> = series.chain(r["leaks"].as_array().unwrap().iter()).map(text).filter(|t| !t.is_empty()).collect();
+    let want = "bytearray (Python object, +32) ← list[119] ← global SEEN of module __main__";
+    assert!(all.iter().any(|t| t.contains(want)), "no holder names {want:?}; found:\n{}", all.join("\n"));
+    assert!(!all.iter().any(|t| t.contains("list_resize")), "a stale word named: {}", all.join("\n"));
+}
+
 #[test]
 fn python_a_dict_cache_keyed_per_step_is_named_by_key_and_global() {
     assert_named("dict", "dict[\"step119\"] ← global CACHE of module __main__");

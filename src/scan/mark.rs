@@ -416,7 +416,23 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
     let mark_root = |start: u64, len: u64, m: &mut Marks, keeps_cuda: bool| {
         mem.root_words(start, len, &mut |at, w| keep(w, at, FROM_ROOT, m, keeps_cuda, u64::MAX));
     };
-    // The lists' item arrays, before anything is read: see `Scratch::lists`.
+    for &addr in roots.freed_meanwhile {
+        if let Some(i) = index.find(addr) {
+            if blocks[i].start == addr {
+                // Not read: its memory may be unmapped under the scan (a large block is
+                // its own mapping), and what only it pointed to is lost with it.
+                marks.reached[i] = true;
+                marks.parent[i] = FROM_FREED;
+            }
+        }
+    }
+    // The lists' item arrays, before anything is read: see `Scratch::lists`. A heap
+    // block that is a live list's item array is marked from that list here, before any
+    // other object's words are read: its path names the list (and through it the
+    // variable a user would clear), not an earlier block of the arenas whose stale word
+    // holds the same address (`a_list_of_numpy_arrays_and_an_lru_cache_of_tensors_name_their_container`
+    // named "a Python object (+48)" once in a full test run; which came first had
+    // depended on the arenas' layout).
     lists.clear();
     if let Some(t) = roots.python_types.as_ref() {
         for &arena in roots.python_arenas {
@@ -424,7 +440,9 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
                 if block_size != super::pymalloc::LIST_BLOCK {
                     return;
                 }
-                let mut find = |from: u64, n: u64| super::pymalloc::lists_in(mem, start, from, n, t, lists);
+                let mut find = |from: u64, n: u64| {
+                    super::pymalloc::lists_in(mem, start, from, n, t, lists, |at, items| keep(items, at, FROM_ROOT, &mut marks, true, PYTHON_INTERIOR))
+                };
                 match roots.python_changed {
                     None => find(start, len),
                     Some(changed) => for_each_within(changed, start, len, &mut find),
@@ -442,16 +460,6 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
             }
         }
     };
-    for &addr in roots.freed_meanwhile {
-        if let Some(i) = index.find(addr) {
-            if blocks[i].start == addr {
-                // Not read: its memory may be unmapped under the scan (a large block is
-                // its own mapping), and what only it pointed to is lost with it.
-                marks.reached[i] = true;
-                marks.parent[i] = FROM_FREED;
-            }
-        }
-    }
     // Python objects (at most 512 bytes each) in pymalloc's arenas: a word pointing deep
     // inside a block is taken for stale data, not a reference (see `PYTHON_INTERIOR`).
     for &arena in roots.python_arenas {
@@ -914,6 +922,37 @@ mod tests {
         // a path through a block).
         assert_eq!((s.parent[0], s.via[0]), (FROM_ROOT, base + 48));
         assert_eq!((s.parent[1], s.via[1]), (FROM_ROOT, 0x9008));
+    }
+
+    /// A heap block that is a live list's item array is held by the list, though a
+    /// block earlier in the arenas holds its address too (a stale word of a raw block):
+    /// its path names the list whatever the layout.
+    #[test]
+    fn a_lists_item_array_is_held_by_the_list_not_by_a_stale_word_before_it() {
+        use super::super::pymalloc::{ObjectTypes, LIST_ITEMS_WORD};
+        let b = blocks_at(&[(0x20_0000, 0x100), (0x30_0000, 0x40)]);
+        let t = ObjectTypes { list: 0x7f00_0000_3000, ..Default::default() };
+        let base = 0x10_0000u64;
+        let mut m = BTreeMap::new();
+        // A pool of 64-byte blocks (szidx 3) with two blocks handed out: a raw block
+        // whose word at +48 holds the item array's address, then the list.
+        for (i, w) in [2, 0, 0, 0, 3 << 32, 48 + 2 * 64].into_iter().enumerate() {
+            m.insert(base + 8 * i as u64, w);
+        }
+        let (raw, list) = (base + 48, base + 112);
+        m.insert(raw + 48, 0x20_0000);
+        for (i, w) in [0, 0, 1, t.list, 1, 0x20_0000, 4].into_iter().enumerate() {
+            m.insert(list + 8 * i as u64, w);
+        }
+        m.insert(0x20_0000, 0x30_0000);
+        let arenas = [(base, 256 << 10)];
+        let roots = Roots { python_arenas: &arenas, python_types: Some(t), ..Default::default() };
+        let mut s = Scratch::new(&b);
+        s.reserve_lists(8);
+        classify_into(&b, &roots, &Fake(m), &mut s);
+        assert_eq!(s.verdicts, vec![Verdict::Reachable, Verdict::Reachable]);
+        assert_eq!((s.parent[0], s.via[0]), (FROM_ROOT, list + LIST_ITEMS_WORD));
+        assert_eq!((s.parent[1], s.via[1]), (0, 0x20_0000));
     }
 
     /// A list's slots past its length keep what they held before a `pop`: they keep

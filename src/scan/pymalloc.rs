@@ -109,6 +109,9 @@ const TUPLE_ITEMS: u64 = 40;
 /// A list's words: the GC header, the reference count, the type, the length, the items
 /// pointer and the capacity.
 const LIST_BYTES: u64 = 56;
+/// Where a list's items pointer is in its block (after the GC header, the reference
+/// count, the type and the length).
+pub const LIST_ITEMS_WORD: u64 = 40;
 /// The size class of a list object (its 56 bytes rounded up to the alignment).
 pub const LIST_BLOCK: u64 = 64;
 
@@ -271,8 +274,9 @@ pub fn list_part(start: u64, size: u64, lists: &[(u64, u64)]) -> u64 {
 
 /// Appends to `out`, while it has spare capacity (it never grows), the item array and
 /// used bytes (`list_items`) of each live list among the `LIST_BLOCK` blocks in
-/// `[from, from + len)` of a run that starts at `run`.
-pub fn lists_in(mem: &impl Memory, run: u64, from: u64, len: u64, t: &ObjectTypes, out: &mut Vec<(u64, u64)>) {
+/// `[from, from + len)` of a run that starts at `run`; `held(at, items)` for each one
+/// appended, with the address of the list's word that holds its item array.
+pub fn lists_in(mem: &impl Memory, run: u64, from: u64, len: u64, t: &ObjectTypes, out: &mut Vec<(u64, u64)>, mut held: impl FnMut(u64, u64)) {
     let mut b = run + from.saturating_sub(run).next_multiple_of(LIST_BLOCK);
     while b + LIST_BLOCK <= from.saturating_add(len) && out.len() < out.capacity() {
         let (mut h, mut k) = ([0u64; 7], 0);
@@ -284,6 +288,7 @@ pub fn lists_in(mem: &impl Memory, run: u64, from: u64, len: u64, t: &ObjectType
         });
         if let Some(e) = (k == 7).then(|| list_items(&h, t)).flatten() {
             out.push(e);
+            held(b + LIST_ITEMS_WORD, e.0);
         }
         b += LIST_BLOCK;
     }
@@ -621,8 +626,10 @@ mod tests {
         ];
         let mem = Fake { base, words: blocks.concat() };
         let mut lists = Vec::with_capacity(4);
-        lists_in(&mem, base, base, 4 * 64, &t, &mut lists);
+        let mut held = Vec::new();
+        lists_in(&mem, base, base, 4 * 64, &t, &mut lists, |at, items| held.push((at, items)));
         assert_eq!(lists, vec![(base + 128, 16), (0x77_0000, 32)]);
+        assert_eq!(held, vec![(base + LIST_ITEMS_WORD, base + 128), (base + 3 * 64 + LIST_ITEMS_WORD, 0x77_0000)]);
         let mut got = Vec::new();
         object_parts(&mem, base, 64, base, 4 * 64, Known { types: Some(&t), lists: &lists }, |s, l| {
             mem.words(s, l, &mut |_, w| got.push(w));
@@ -640,7 +647,7 @@ mod tests {
         assert_eq!(got, vec![0xa1, 0xb1, 0xb2]);
         // No room: nothing noted, the array read whole.
         let mut none = Vec::new();
-        lists_in(&mem, base, base, 4 * 64, &t, &mut none);
+        lists_in(&mem, base, base, 4 * 64, &t, &mut none, |_, _| panic!("no list was noted"));
         assert!(none.is_empty());
     }
 

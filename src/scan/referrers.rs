@@ -125,7 +125,7 @@ pub fn find(targets: &[(u64, u64)], arenas: &[(u64, u64)], chunks: &[(u64, u64)]
         live_runs_of(arenas, &mut buf, |mem, run, len, block| {
             if block == super::pymalloc::LIST_BLOCK {
                 lists.reserve((len / block) as usize);
-                super::pymalloc::lists_in(mem, run, run, len, t, &mut lists);
+                super::pymalloc::lists_in(mem, run, run, len, t, &mut lists, |_, _| {});
             }
         });
         lists.sort_unstable();
