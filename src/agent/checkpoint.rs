@@ -47,10 +47,10 @@ fn checkpoint_inner(label: &str, scope: checks::Scope) -> Option<checks::Check> 
     drop(pause);
     let verdicts = &out.verdicts;
     let mut by_group: HashMap<(u32, Api, Option<u8>), build::Reachability> = Default::default();
-    let in_scope = |b: &crate::collector::state::LiveEntry| scope != checks::Scope::Region || b.mark == mark;
+    let in_scope = |b: &crate::collector::state::LiveEntry| scope != checks::Scope::Region || b.mark() == mark;
     for (b, &v) in input.blocks.iter().zip(verdicts) {
         if in_scope(b) {
-            by_group.entry((b.stack, b.api, b.device)).or_default().add(v, b.size);
+            by_group.entry((b.stack, b.api(), b.device())).or_default().add(v, b.size());
         }
     }
     let mut keys: Vec<_> = by_group.into_iter().collect();

@@ -460,7 +460,7 @@ fn why_reachable_of(
         groups.iter().filter(|g| super::verdicts::stack_matches(template, &g.stack)).map(|g| ((g.stack_id, g.api.as_ref()), g)).collect();
     let stacks: HashMap<u32, Vec<leaktrace_common::report_schema::Frame>> = chosen.values().map(|g| (g.stack_id, g.stack.clone())).collect();
     let blocks: Vec<usize> = (0..live.len())
-        .filter(|&i| kept.verdicts[i] == crate::scan::mark::Verdict::Reachable && chosen.contains_key(&(live[i].stack, live[i].api.name())))
+        .filter(|&i| kept.verdicts[i] == crate::scan::mark::Verdict::Reachable && chosen.contains_key(&(live[i].stack, live[i].api().name())))
         .collect();
     super::verdicts::why_reachable(live, &blocks, (&kept.parent, &kept.via, crate::scan::Labels::new(&kept.labels, inherited)), &stacks, sym)
 }
@@ -579,7 +579,7 @@ fn line_groups(
 ) -> Option<(LineGroups, LineGroups)> {
     let mut report = lock_bounded(&REPORT, Duration::from_secs(5))?;
     let r = report.as_mut()?;
-    let heap = live.blocks.iter().filter(|b| b.api.kind() == crate::hotpath::event::Kind::Host);
+    let heap = live.blocks.iter().filter(|b| b.api().kind() == crate::hotpath::event::Kind::Host);
     Some((groups_by_line(heap, lines, &mut r.timeline), groups_by_line(samples.iter(), lines, &mut r.timeline)))
 }
 
@@ -674,7 +674,7 @@ fn search_holders(lines: Vec<crate::report::python::UserLine>) {
         // groups of samples; the larger kind first.
         let blocks: Vec<u64> = heap
             .map(|(key, _)| {
-                let all: Vec<u64> = live.blocks.iter().filter(|b| (b.stack, b.api) == key).map(|b| b.addr).collect();
+                let all: Vec<u64> = live.blocks.iter().filter(|b| (b.stack, b.api()) == key).map(|b| b.addr).collect();
                 super::verdicts::spread(&all, OBJECTS_PER_LINE + 1)
             })
             .unwrap_or_default();
@@ -726,8 +726,8 @@ fn groups_by_line<'a>(
     }
     let mut groups: HashMap<(u32, crate::hotpath::event::Api), (u64, u64)> = HashMap::default();
     for b in blocks {
-        let g = groups.entry((b.stack, b.api)).or_insert((0, b.addr));
-        g.0 += b.size;
+        let g = groups.entry((b.stack, b.api())).or_insert((0, b.addr));
+        g.0 += b.size();
         g.1 = g.1.max(b.addr);
     }
     for (key, (bytes, addr)) in groups {

@@ -125,8 +125,8 @@ pub(super) fn classify_live(input: &ScanInput) -> crate::scan::ScanOut {
     let blocks: Vec<mark::Block> = live
         .iter()
         .map(|b| {
-            let block = mark::Block::new(b.addr, b.size);
-            match b.api.kind() {
+            let block = mark::Block::new(b.addr, b.size());
+            match b.api().kind() {
                 // Device memory is not ours to read; a mapping may be partly inaccessible
                 // or reserved without memory behind it.
                 Kind::Device | Kind::Managed => block.opaque().cuda(),
@@ -144,11 +144,11 @@ pub(super) fn classify_live(input: &ScanInput) -> crate::scan::ScanOut {
     // root while the scan runs).
     let pending = crate::scan::roots::pending_args();
     extra_roots.push((pending.as_ptr() as u64, (pending.len() * 8) as u64));
-    extra_roots.extend(live.iter().filter(|b| b.ignored).map(|b| (b.addr, b.size)));
+    extra_roots.extend(live.iter().filter(|b| b.ignored()).map(|b| (b.addr, b.size())));
     let mut out = crate::scan::scan(&blocks, &input.inherited, &extra_roots);
     let verdicts = &mut out.verdicts;
     for (b, v) in live.iter().zip(verdicts.iter_mut()) {
-        if b.ignored {
+        if b.ignored() {
             *v = Verdict::Reachable;
         }
     }
@@ -189,22 +189,22 @@ pub(super) fn reachability_scan(
     let mut representative: HashMap<GroupKey, (u64, u64, usize)> = Default::default();
     let mut members: HashMap<GroupKey, Vec<usize>> = Default::default();
     for (i, ((b, &v), owner)) in live.iter().zip(&verdicts).zip(owners).enumerate() {
-        let key = (b.stack, b.api.name(), b.device);
-        if v == Verdict::Reachable && !wanted.is_empty() && wanted.contains(&(b.stack, b.api)) && parent[i] != mark::FROM_FREED {
-            let r = representative.entry(key).or_insert((b.size, b.addr, i));
-            if (b.size, b.addr) > (r.0, r.1) {
-                *r = (b.size, b.addr, i);
+        let key = (b.stack, b.api().name(), b.device());
+        if v == Verdict::Reachable && !wanted.is_empty() && wanted.contains(&(b.stack, b.api())) && parent[i] != mark::FROM_FREED {
+            let r = representative.entry(key).or_insert((b.size(), b.addr, i));
+            if (b.size(), b.addr) > (r.0, r.1) {
+                *r = (b.size(), b.addr, i);
             }
-            if through_python.contains(&(b.stack, b.api)) {
+            if through_python.contains(&(b.stack, b.api())) {
                 members.entry(key).or_default().push(i);
             }
         }
-        by_group.add(b.stack, b.api, b.device, v, b.size);
-        totals[b.api.kind().index()].add(v, b.size);
+        by_group.add(b.stack, b.api(), b.device(), v, b.size());
+        totals[b.api().kind().index()].add(v, b.size());
         if v == Verdict::Indirect {
             if let Some(o) = live.get(owner as usize) {
                 let e = indirect_from.entry(key).or_default().entry(o.stack).or_default();
-                e.0 += b.size;
+                e.0 += b.size();
                 e.1 += 1;
             }
         }
@@ -273,10 +273,10 @@ pub(super) fn why_reachable(
             let b = &live[*i];
             let path = paths.get(i)?;
             Some(leaktrace_common::report_schema::WhyReachable {
-                kind: b.api.kind().name().into(),
-                api: b.api.name().into(),
+                kind: b.api().kind().name().into(),
+                api: b.api().name().into(),
                 address: b.addr,
-                size: b.size,
+                size: b.size(),
                 stack_id: b.stack,
                 stack: stacks.get(&b.stack).cloned().unwrap_or_default(),
                 held_by: crate::report::held::resolve(path, sym),

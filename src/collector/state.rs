@@ -277,17 +277,71 @@ fn is_pool(api: Api) -> bool {
     matches!(api, Api::CudaMallocAsync | Api::CudaMallocFromPoolAsync | Api::CuMemAllocAsync | Api::CuMemAllocFromPoolAsync)
 }
 
-/// One outstanding block, for the pointer scan.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// One outstanding block, for the pointer scan: 24 bytes (the final report holds one
+/// per live block beside the scan's own tables: 660k in `import torch`).
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct LiveEntry {
     pub addr: u64,
-    pub size: u64,
-    /// Its checkpoint region and whether it is ignored (see `LiveBlock`).
-    pub mark: u32,
-    pub ignored: bool,
+    /// The size in the low `ENTRY_SIZE_BITS` bits (no block reaches 2^48 bytes: user
+    /// space is smaller without 5-level page tables), the api's 7 bits above it, the
+    /// device's code (`device_code`, 0 to 256) in the top 9.
+    word: u64,
     pub stack: u32,
-    pub api: Api,
-    pub device: Option<u8>,
+    /// Its checkpoint region (31 bits, see `LiveBlock`) and, in the top bit, whether
+    /// it is ignored.
+    region: u32,
+}
+
+const ENTRY_SIZE_BITS: u32 = 48;
+const ENTRY_DEVICE_SHIFT: u32 = ENTRY_SIZE_BITS + 7;
+const ENTRY_IGNORED: u32 = 1 << 31;
+
+impl LiveEntry {
+    pub fn new(addr: u64, size: u64, mark: u32, ignored: bool, stack: u32, api: Api, device: Option<u8>) -> LiveEntry {
+        let word =
+            size.min((1 << ENTRY_SIZE_BITS) - 1) | (api as u64 & 0x7f) << ENTRY_SIZE_BITS | crate::hotpath::event::device_code(device) << ENTRY_DEVICE_SHIFT;
+        LiveEntry { addr, word, stack, region: (mark & MARK_MASK) | if ignored { ENTRY_IGNORED } else { 0 } }
+    }
+
+    #[inline]
+    pub fn size(&self) -> u64 {
+        self.word & ((1 << ENTRY_SIZE_BITS) - 1)
+    }
+
+    #[inline]
+    pub fn api(&self) -> Api {
+        Api::from_bits((self.word >> ENTRY_SIZE_BITS) as u8 & 0x7f)
+    }
+
+    #[inline]
+    pub fn device(&self) -> Option<u8> {
+        crate::hotpath::event::device_of_code(self.word >> ENTRY_DEVICE_SHIFT)
+    }
+
+    /// Its checkpoint region.
+    #[inline]
+    pub fn mark(&self) -> u32 {
+        self.region & MARK_MASK
+    }
+
+    #[inline]
+    pub fn ignored(&self) -> bool {
+        self.region & ENTRY_IGNORED != 0
+    }
+}
+
+impl std::fmt::Debug for LiveEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveEntry")
+            .field("addr", &self.addr)
+            .field("size", &self.size())
+            .field("mark", &self.mark())
+            .field("ignored", &self.ignored())
+            .field("stack", &self.stack)
+            .field("api", &self.api())
+            .field("device", &self.device())
+            .finish()
+    }
 }
 
 /// What the pointer scan classifies, and, in a forked child, the readable blocks it
@@ -641,7 +695,7 @@ impl Collector {
 
     fn live_entry(&self, addr: u64, b: &LiveBlock) -> LiveEntry {
         let (stack, api, device) = self.groups.key(b.group);
-        LiveEntry { addr, size: b.size, mark: b.mark, ignored: b.ignored, stack, api, device }
+        LiveEntry::new(addr, b.size, b.mark, b.ignored, stack, api, device)
     }
 
     /// `block` is live at `addr`; `new`: a new allocation, which its group also counts
@@ -1177,6 +1231,25 @@ impl Collector {
 mod tests {
     use super::*;
 
+    /// A scan entry keeps its size, api, device, region and ignored bit in 24 bytes.
+    #[test]
+    fn a_scan_entry_packs_what_it_keeps_in_24_bytes() {
+        assert_eq!(std::mem::size_of::<LiveEntry>(), 24);
+        for &api in Api::ALL.iter() {
+            for device in [None, Some(0), Some(7), Some(255)] {
+                for size in [0, 1, 4096, (1 << 36) + 5, (1 << ENTRY_SIZE_BITS) - 1] {
+                    for (mark, ignored) in [(0, false), (1, true), (MARK_MASK, false), (MARK_MASK, true)] {
+                        let e = LiveEntry::new(0x7f00_1234_5670, size, mark, ignored, 77, api, device);
+                        assert_eq!(
+                            (e.addr, e.size(), e.mark(), e.ignored(), e.stack, e.api(), e.device()),
+                            (0x7f00_1234_5670, size, mark, ignored, 77, api, device)
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     /// A snapshot's group keeps its key and figures exactly in its 24 bytes.
     #[test]
     fn a_snapshot_group_packs_its_key_and_figures() {
@@ -1462,7 +1535,7 @@ mod tests {
     }
 
     fn same_input(a: &ScanInput, b: &ScanInput) -> bool {
-        let key = |i: &ScanInput| (i.blocks.iter().map(|e| (e.addr, e.size, e.stack, e.api, e.device)).collect::<Vec<_>>(), i.inherited.clone());
+        let key = |i: &ScanInput| (i.blocks.iter().map(|e| (e.addr, e.size(), e.stack, e.api(), e.device())).collect::<Vec<_>>(), i.inherited.clone());
         key(a) == key(b)
     }
 

@@ -128,7 +128,7 @@ impl RawPath {
                 mark::FROM_FREED => RawLink::Unscanned,
                 p => {
                     let holder = &live[p as usize];
-                    RawLink::Block { stack: holder.stack, api: holder.api, size: holder.size, offset: at.wrapping_sub(holder.addr), key: None }
+                    RawLink::Block { stack: holder.stack, api: holder.api(), size: holder.size(), offset: at.wrapping_sub(holder.addr), key: None }
                 }
             });
         }
@@ -137,7 +137,7 @@ impl RawPath {
         let addrs: Vec<u64> = words.iter().map(|w| w.1).collect();
         let values = if addrs.is_empty() { Vec::new() } else { crate::scan::roots::read_own_words(&addrs) };
         let interior = words.iter().zip(values).filter_map(|(&(link, _, held), value)| Some((link, word_into(value?, held)?))).collect();
-        RawPath { block_size: live.get(block).map_or(0, |b| b.size), links, interior, also: None }
+        RawPath { block_size: live.get(block).map_or(0, |b| b.size()), links, interior, also: None }
     }
 }
 
@@ -146,7 +146,7 @@ impl RawPath {
 /// and 32 bytes; `make_shared`'s control block, 16).
 fn word_into(value: u64, held: &LiveEntry) -> Option<u64> {
     let into = value.wrapping_sub(held.addr);
-    (into >= INTERIOR_FROM && into < held.size).then_some(into)
+    (into >= INTERIOR_FROM && into < held.size()).then_some(into)
 }
 
 /// How far into a block a word must point to make a path uncertain.
@@ -332,8 +332,8 @@ fn extend_python_from<K: Clone + Eq + std::hash::Hash, S: std::hash::BuildHasher
     crate::scan::arenas::live_frame_chunks(&mut chunks);
     crate::scan::arenas::cut_frame_chunks_to_live(&mut chunks);
     chunks.retain(|c| c.1 > 0);
-    let heap: Vec<usize> = (0..live.len()).filter(|&i| live[i].api.kind() == crate::hotpath::event::Kind::Host).collect();
-    let blocks: Vec<(u64, u64)> = heap.iter().map(|&i| (live[i].addr, live[i].size)).collect();
+    let heap: Vec<usize> = (0..live.len()).filter(|&i| live[i].api().kind() == crate::hotpath::event::Kind::Host).collect();
+    let blocks: Vec<(u64, u64)> = heap.iter().map(|&i| (live[i].addr, live[i].size())).collect();
     // Per path: the branch that went furthest through first choices, for a path that
     // reaches no module.
     let mut best: std::collections::HashMap<K, Vec<RawLink>> = Default::default();
@@ -390,13 +390,13 @@ fn extend_python_from<K: Clone + Eq + std::hash::Hash, S: std::hash::BuildHasher
                             continue;
                         }
                         seen.push(blk.addr);
-                        links.push(RawLink::Block { stack: blk.stack, api: blk.api, size: blk.size, offset: f.at - blk.addr, key: f.key.clone() });
+                        links.push(RawLink::Block { stack: blk.stack, api: blk.api(), size: blk.size(), offset: f.at - blk.addr, key: f.key.clone() });
                         Some((blk.addr, 0))
                     }
                     referrers::Holder::Block(j) => {
                         let i = heap[j];
                         let blk = &live[i];
-                        links.push(RawLink::Block { stack: blk.stack, api: blk.api, size: blk.size, offset: f.at - blk.addr, key: f.key.clone() });
+                        links.push(RawLink::Block { stack: blk.stack, api: blk.api(), size: blk.size(), offset: f.at - blk.addr, key: f.key.clone() });
                         // On along the block's own path to its root.
                         let (steps, left_out) = mark::path(parent, via, i, path_links);
                         let mut rest = RawPath::new(live, i, &steps, left_out, path_links / 2, labels);
@@ -562,7 +562,7 @@ mod tests {
     use super::*;
 
     fn entry(addr: u64, size: u64, stack: u32) -> LiveEntry {
-        LiveEntry { addr, size, mark: 0, ignored: false, stack, api: Api::Malloc, device: None }
+        LiveEntry::new(addr, size, 0, false, stack, Api::Malloc, None)
     }
 
     #[test]
