@@ -350,7 +350,8 @@ fn python_still_raises_keyboardinterrupt_on_sigint_and_reports_it() {
     let run = |traced: bool| {
         let dir = fresh_dir("py-sigint");
         let mut cmd = Command::new(python());
-        cmd.args(["-c", "import time\nprint('ready', flush=True)\ntime.sleep(60)"])
+        signals_at_default(&mut cmd)
+            .args(["-c", "import time\nprint('ready', flush=True)\ntime.sleep(60)"])
             .env("LEAKTRACE_OUTPUT", &dir)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped());

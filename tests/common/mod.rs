@@ -192,16 +192,34 @@ pub fn reports_in(dir: &Path) -> Vec<Value> {
     out
 }
 
+/// Starts `cmd` with SIGINT, SIGQUIT and SIGHUP at their defaults, as a terminal's
+/// shell starts a program: a test runner started in the background of a script (`cmd
+/// &` ignores SIGINT and SIGQUIT) or under `nohup` (SIGHUP) would hand its children
+/// those signals ignored, and the tests of how a program ends by them would test that.
+pub fn signals_at_default(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: `signal` is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGHUP] {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+            Ok(())
+        })
+    }
+}
+
 /// Runs `cmd` under the library with reports going to a fresh directory.
 pub fn run_traced(mut cmd: Command, tag: &str) -> Run {
     let dir = fresh_dir(tag);
+    signals_at_default(&mut cmd);
     cmd.env("LD_PRELOAD", lib_path()).env("LEAKTRACE_OUTPUT", &dir);
     let output = cmd.timed_output().unwrap();
     Run { output, dir }
 }
 
 pub fn run_plain(mut cmd: Command) -> Output {
-    cmd.env_remove("LD_PRELOAD").timed_output().unwrap()
+    signals_at_default(&mut cmd).env_remove("LD_PRELOAD").timed_output().unwrap()
 }
 
 /// The library's lines saying that the program's `malloc` does not reach it.
@@ -266,7 +284,8 @@ pub fn sleeper_until(signal: i32, bytes: u64, env: &[(&str, &str)]) -> (Output, 
 /// Starts `cmd` under the library, its reports in `dir`, without the exit summary, its
 /// stdout and stderr piped (for `wait_within`, or read as it runs).
 pub fn spawn_traced(mut cmd: Command, dir: &Path) -> std::process::Child {
-    cmd.env("LD_PRELOAD", lib_path())
+    signals_at_default(&mut cmd)
+        .env("LD_PRELOAD", lib_path())
         .env("LEAKTRACE_OUTPUT", dir)
         .env("LEAKTRACE_SUMMARY", "0")
         .stdout(std::process::Stdio::piped())
