@@ -129,7 +129,10 @@ fn python_a_lists_item_array_is_named_by_the_list_whatever_stale_words_before_it
     let all: Vec<String> = series.chain(r["leaks"].as_array().unwrap().iter()).map(text).filter(|t| !t.is_empty()).collect();
     let want = "bytearray (Python object, +32) ← list[119] ← global SEEN of module __main__";
     assert!(all.iter().any(|t| t.contains(want)), "no holder names {want:?}; found:\n{}", all.join("\n"));
-    assert!(!all.iter().any(|t| t.contains("list_resize")), "a stale word named: {}", all.join("\n"));
+    // The fixture's lines only: a stale word that pointed at an item array freed by the
+    // list's last growth (the words are rewritten right after) may point at anything.
+    let bytearrays: Vec<&String> = all.iter().filter(|t| t.contains("bytearray (Python object, +32) ←")).collect();
+    assert!(!bytearrays.iter().any(|t| t.contains("list_resize")), "a stale word named: {}", all.join("\n"));
 }
 
 #[test]
