@@ -306,15 +306,17 @@ pub struct DataSymbol {
 impl Debug {
     /// The whole file's context, or by unit for a large `.debug_info`
     /// (`dwarf_units::BY_UNIT_MIN_BYTES`). `None` when the DWARF cannot be read.
-    fn new(sections: gimli::DwarfSections<Reader>, endian: gimli::RunTimeEndian) -> Option<Debug> {
+    /// `release` gives the file's pages back (`ModuleFile::release_pages`), called as the
+    /// table of units is made.
+    fn new(sections: gimli::DwarfSections<Reader>, endian: gimli::RunTimeEndian, release: impl FnMut()) -> Option<Debug> {
         use gimli::Section;
         let by_unit = sections.debug_info.reader().len() >= super::dwarf_units::BY_UNIT_MIN_BYTES;
-        Self::with(sections, endian, by_unit)
+        Self::with(sections, endian, by_unit, release)
     }
 
-    fn with(sections: gimli::DwarfSections<Reader>, endian: gimli::RunTimeEndian, by_unit: bool) -> Option<Debug> {
+    fn with(sections: gimli::DwarfSections<Reader>, endian: gimli::RunTimeEndian, by_unit: bool, release: impl FnMut()) -> Option<Debug> {
         if by_unit {
-            let units = super::dwarf_units::UnitIndex::build(&sections.borrow(|s| *s));
+            let units = super::dwarf_units::UnitIndex::build(&sections.borrow(|s| *s), release);
             return Some(Debug::ByUnit { sections: Box::new(sections), endian, units, open: Default::default(), whole: Default::default() });
         }
         addr2line::Context::from_dwarf(sections.borrow(|s| *s)).ok().map(Debug::Whole)
@@ -322,11 +324,11 @@ impl Debug {
 }
 
 /// The DWARF of `file`, as `Debug::new` reads it; `None` without a `.debug_info`.
-fn read_dwarf(file: &object::File<'static, FileBytes>) -> Option<Debug> {
+fn read_dwarf(file: &object::File<'static, FileBytes>, release: impl FnMut()) -> Option<Debug> {
     use object::Object;
     file.section_by_name(".debug_info")?;
     let endian = if file.is_little_endian() { gimli::RunTimeEndian::Little } else { gimli::RunTimeEndian::Big };
-    Debug::new(dwarf_sections(file, endian)?, endian)
+    Debug::new(dwarf_sections(file, endian)?, endian, release)
 }
 
 /// The DWARF sections of `file` (empty where absent).
@@ -342,6 +344,16 @@ fn dwarf_sections(file: &object::File<'static, FileBytes>, endian: gimli::RunTim
         Ok(gimli::EndianSlice::new(data, endian))
     })
     .ok()
+}
+
+/// Gives back the pages of a module file's mapping that reads brought in (see
+/// `ModuleFile::release_pages`; `allowed`: not under a seccomp filter).
+fn release_map(map: &memmap2::Mmap, allowed: bool) {
+    if allowed {
+        // SAFETY: a private read-only file mapping that nothing wrote: dropping its
+        // pages changes no content, the next read faults them in from the file.
+        let _ = unsafe { map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+    }
 }
 
 /// The frames (innermost inlined first) of `probe` in `ctx`, and whether the lookup
@@ -397,7 +409,9 @@ impl ModuleFile {
     fn open(path: &str) -> Option<ModuleFile> {
         let map: &'static memmap2::Mmap = Box::leak(Box::new(crate::hotpath::mapping::map_file(path)?));
         let file = object::File::parse(FileBytes(&map[..])).ok()?;
-        Some(ModuleFile { dwarf: read_dwarf(&file), file, map, dwarf_forgotten: false })
+        let allowed = crate::os::procfs::unfiltered_now();
+        let dwarf = read_dwarf(&file, || release_map(map, allowed));
+        Some(ModuleFile { dwarf, file, map, dwarf_forgotten: false })
     }
 
     /// Lets go of what reading the file's DWARF built, until a batch needs it again
@@ -424,7 +438,8 @@ impl ModuleFile {
     /// Reads the DWARF again if `forget_dwarf` let it go.
     fn recall_dwarf(&mut self) {
         if std::mem::take(&mut self.dwarf_forgotten) {
-            self.dwarf = read_dwarf(&self.file);
+            let (map, allowed) = (self.map, crate::os::procfs::unfiltered_now());
+            self.dwarf = read_dwarf(&self.file, || release_map(map, allowed));
         }
     }
 
@@ -433,11 +448,7 @@ impl ModuleFile {
     /// and the next report's lookup finds them in the page cache. Not under a seccomp
     /// filter, which may answer `madvise` with SIGSYS.
     fn release_pages(&self, allowed: bool) {
-        if allowed {
-            // SAFETY: a private read-only file mapping that nothing wrote: dropping its
-            // pages changes no content, the next read faults them in from the file.
-            let _ = unsafe { self.map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
-        }
+        release_map(self.map, allowed);
     }
 
     fn frames(&self, probe: u64) -> Vec<SymFrame> {
@@ -793,7 +804,7 @@ mod tests {
         let path = std::env::current_exe().unwrap();
         let mut file = ModuleFile::open(path.to_str().unwrap()).expect("the test binary opens");
         let endian = gimli::RunTimeEndian::Little;
-        file.dwarf = Debug::with(dwarf_sections(&file.file, endian).unwrap(), endian, false);
+        file.dwarf = Debug::with(dwarf_sections(&file.file, endian).unwrap(), endian, false, || {});
         assert!(matches!(file.dwarf, Some(Debug::Whole(_))));
         let mut starts: Vec<u64> = file.file.symbols().filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 16).map(|s| s.address()).collect();
         starts.sort_unstable();
@@ -812,7 +823,7 @@ mod tests {
         assert_eq!(file.frames_of_all(&probes), before, "a second time");
 
         let sections = dwarf_sections(&file.file, endian).unwrap();
-        let mut by_unit = ModuleFile { dwarf: Debug::with(sections, endian, true), ..ModuleFile::open(path.to_str().unwrap()).unwrap() };
+        let mut by_unit = ModuleFile { dwarf: Debug::with(sections, endian, true, || {}), ..ModuleFile::open(path.to_str().unwrap()).unwrap() };
         let wanted = by_unit.frames_of_all(&probes);
         by_unit.forget_dwarf();
         assert!(matches!(by_unit.dwarf, Some(Debug::ByUnit { .. })) && !by_unit.dwarf_forgotten);
@@ -829,8 +840,8 @@ mod tests {
         let Some(file) = ModuleFile::open(path.to_str().unwrap()) else { panic!("cannot open {}", path.display()) };
         let endian = gimli::RunTimeEndian::Little;
         let load = || dwarf_sections(&file.file, endian).unwrap();
-        let whole = ModuleFile { dwarf: Debug::with(load(), endian, false), ..ModuleFile::open(path.to_str().unwrap()).unwrap() };
-        let by_unit = ModuleFile { dwarf: Debug::with(load(), endian, true), ..ModuleFile::open(path.to_str().unwrap()).unwrap() };
+        let whole = ModuleFile { dwarf: Debug::with(load(), endian, false, || {}), ..ModuleFile::open(path.to_str().unwrap()).unwrap() };
+        let by_unit = ModuleFile { dwarf: Debug::with(load(), endian, true, || {}), ..ModuleFile::open(path.to_str().unwrap()).unwrap() };
         let Some(Debug::ByUnit { units, .. }) = &by_unit.dwarf else { panic!("not by unit") };
         assert!(units.spans() > 10, "{} spans", units.spans());
         let mut starts: Vec<u64> = file.file.symbols().filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 16).map(|s| s.address()).collect();
