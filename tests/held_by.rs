@@ -94,13 +94,19 @@ fn a_freed_block_that_still_points_to_the_memory_is_never_a_holder() {
 /// `holders.py MODE` under the library: the report, and every "held by" of its
 /// followed stacks and listed groups.
 fn held_py(mode: &str) -> Vec<String> {
+    held_py_run(mode).1
+}
+
+/// `held_py`, with the run (its stderr).
+fn held_py_run(mode: &str) -> (Run, Vec<String>) {
     let mut cmd = Command::new(python());
     cmd.arg(root().join("tests/fixtures/frameworks/holders.py")).arg(mode);
     let run = run_traced(cmd, &format!("held-py-{mode}"));
     assert!(run.output.status.success(), "{}", run.stderr());
     let r = run.report();
     let series = r["timeline"]["series"].as_array().unwrap().iter();
-    series.chain(r["leaks"].as_array().unwrap().iter()).map(text).filter(|t| !t.is_empty()).collect()
+    let all = series.chain(r["leaks"].as_array().unwrap().iter()).map(text).filter(|t| !t.is_empty()).collect();
+    (run, all)
 }
 
 fn assert_named(mode: &str, want: &str) {
@@ -118,15 +124,9 @@ fn python_a_module_level_list_is_named_with_its_index_and_global() {
 /// Python object (+48)" for `kept_by_containers.py`'s list, by the arenas' layout).
 #[test]
 fn python_a_lists_item_array_is_named_by_the_list_whatever_stale_words_before_it_hold() {
-    let mut cmd = Command::new(python());
-    cmd.arg(root().join("tests/fixtures/frameworks/holders.py")).arg("stale");
-    let run = run_traced(cmd, "held-py-stale");
-    assert!(run.output.status.success(), "{}", run.stderr());
+    let (run, all) = held_py_run("stale");
     let before: u32 = run.stderr().split("raw blocks before the list: ").nth(1).and_then(|t| t.split_whitespace().next()?.parse().ok()).unwrap_or(0);
     assert!(before > 0, "the fixture placed no raw block before the list: {}", run.stderr());
-    let r = run.report();
-    let series = r["timeline"]["series"].as_array().unwrap().iter();
-    let all: Vec<String> = series.chain(r["leaks"].as_array().unwrap().iter()).map(text).filter(|t| !t.is_empty()).collect();
     let want = "bytearray (Python object, +32) ← list[119] ← global SEEN of module __main__";
     assert!(all.iter().any(|t| t.contains(want)), "no holder names {want:?}; found:\n{}", all.join("\n"));
     // The fixture's lines only: a stale word that pointed at an item array freed by the

@@ -197,9 +197,36 @@ pub struct GroupSnapshot {
     /// ranks the growing groups a timeline follows.
     pub steady_growth_kib: u32,
     pub live_bytes: u64,
-    /// Live blocks (the low `BLOCK_BITS`), the api (8 bits) and the CUDA device ordinal
-    /// plus one (16 bits; 0: none known).
-    packed: u64,
+    /// Live blocks, the api and the CUDA device.
+    packed: ApiWord<BLOCK_BITS>,
+}
+
+/// A count or size in the low `LOW` bits of a word (clamped to fit), an api's 8 bits
+/// above it and a CUDA device's code (`device_code`: the ordinal plus one, 0 for none,
+/// 9 bits) above those: `GroupSnapshot`'s live blocks, `LiveEntry`'s size.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct ApiWord<const LOW: u32>(u64);
+
+impl<const LOW: u32> ApiWord<LOW> {
+    fn new(low: u64, api: Api, device: Option<u8>) -> Self {
+        const { assert!(LOW + 8 + 9 <= 64) };
+        ApiWord(low.min((1 << LOW) - 1) | (api as u64) << LOW | crate::hotpath::event::device_code(device) << (LOW + 8))
+    }
+
+    #[inline]
+    fn low(self) -> u64 {
+        self.0 & ((1 << LOW) - 1)
+    }
+
+    #[inline]
+    fn api(self) -> Api {
+        Api::from_bits((self.0 >> LOW) as u8)
+    }
+
+    #[inline]
+    fn device(self) -> Option<u8> {
+        crate::hotpath::event::device_of_code(self.0 >> (LOW + 8))
+    }
 }
 
 /// Bits of `GroupSnapshot::packed` for the live blocks: 2^40 live blocks of one group
@@ -209,22 +236,20 @@ const BLOCK_BITS: u32 = 40;
 
 impl GroupSnapshot {
     pub fn new(stack: u32, api: Api, device: Option<u8>, steady_growth_kib: u32, live_bytes: u64, live_blocks: u64) -> GroupSnapshot {
-        let blocks = live_blocks.min((1 << BLOCK_BITS) - 1);
-        let device = crate::hotpath::event::device_code(device);
-        GroupSnapshot { stack, steady_growth_kib, live_bytes, packed: blocks | (api as u64) << BLOCK_BITS | device << (BLOCK_BITS + 8) }
+        GroupSnapshot { stack, steady_growth_kib, live_bytes, packed: ApiWord::new(live_blocks, api, device) }
     }
 
     pub fn api(&self) -> Api {
-        Api::from_bits((self.packed >> BLOCK_BITS) as u8)
+        self.packed.api()
     }
 
     /// CUDA device ordinal, for device-side groups where it is known.
     pub fn device(&self) -> Option<u8> {
-        crate::hotpath::event::device_of_code(self.packed >> (BLOCK_BITS + 8))
+        self.packed.device()
     }
 
     pub fn live_blocks(&self) -> u64 {
-        self.packed & ((1 << BLOCK_BITS) - 1)
+        self.packed.low()
     }
 
     pub fn steady(&self) -> bool {
@@ -282,40 +307,36 @@ fn is_pool(api: Api) -> bool {
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct LiveEntry {
     pub addr: u64,
-    /// The size in the low `ENTRY_SIZE_BITS` bits (no block reaches 2^48 bytes: user
-    /// space is smaller without 5-level page tables), the api's 7 bits above it, the
-    /// device's code (`device_code`, 0 to 256) in the top 9.
-    word: u64,
+    /// The size (no block reaches 2^47 bytes: that is all of user space without 5-level
+    /// page tables), the api and the device.
+    word: ApiWord<ENTRY_SIZE_BITS>,
     pub stack: u32,
     /// Its checkpoint region (31 bits, see `LiveBlock`) and, in the top bit, whether
     /// it is ignored.
     region: u32,
 }
 
-const ENTRY_SIZE_BITS: u32 = 48;
-const ENTRY_DEVICE_SHIFT: u32 = ENTRY_SIZE_BITS + 7;
+const ENTRY_SIZE_BITS: u32 = 47;
 const ENTRY_IGNORED: u32 = 1 << 31;
 
 impl LiveEntry {
     pub fn new(addr: u64, size: u64, mark: u32, ignored: bool, stack: u32, api: Api, device: Option<u8>) -> LiveEntry {
-        let word =
-            size.min((1 << ENTRY_SIZE_BITS) - 1) | (api as u64 & 0x7f) << ENTRY_SIZE_BITS | crate::hotpath::event::device_code(device) << ENTRY_DEVICE_SHIFT;
-        LiveEntry { addr, word, stack, region: (mark & MARK_MASK) | if ignored { ENTRY_IGNORED } else { 0 } }
+        LiveEntry { addr, word: ApiWord::new(size, api, device), stack, region: (mark & MARK_MASK) | if ignored { ENTRY_IGNORED } else { 0 } }
     }
 
     #[inline]
     pub fn size(&self) -> u64 {
-        self.word & ((1 << ENTRY_SIZE_BITS) - 1)
+        self.word.low()
     }
 
     #[inline]
     pub fn api(&self) -> Api {
-        Api::from_bits((self.word >> ENTRY_SIZE_BITS) as u8 & 0x7f)
+        self.word.api()
     }
 
     #[inline]
     pub fn device(&self) -> Option<u8> {
-        crate::hotpath::event::device_of_code(self.word >> ENTRY_DEVICE_SHIFT)
+        self.word.device()
     }
 
     /// Its checkpoint region.
