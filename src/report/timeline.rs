@@ -12,6 +12,9 @@ use crate::hotpath::event::Api;
 const MAX_SERIES: usize = 64;
 pub const JOIN_TOP: usize = 16;
 const JOIN_GROWING: usize = 16;
+/// Bytes a stack holds at least to join at a point between reports (`join_rising`):
+/// `reports::grew`'s least rise.
+const JOIN_AT_POINT_MIN: u64 = 64 << 10;
 /// Points kept; beyond, every other old point is dropped (the series stay aligned).
 const MAX_POINTS: usize = 1024;
 
@@ -82,9 +85,6 @@ const NO_LINE: u32 = u32::MAX >> 1;
 const FIRST_CHILD: u32 = 1 << 31;
 
 impl Timeline {
-    /// A point from every live group (`snapshot`, sorted at least as `sort_top(JOIN_TOP)`
-    /// leaves it), taken in the same hold of the collector as a `take_changes` whose
-    /// changes are dropped: the sums start afresh from here.
     /// The memory measured with the last point.
     pub fn note_memory(&mut self, memory: leaktrace_common::memory::Memory) {
         // Only the last point keeps the tracer's memory by part (the exit summary names
@@ -99,6 +99,9 @@ impl Timeline {
         }
     }
 
+    /// A point from every live group (`snapshot`, sorted at least as `sort_top(JOIN_TOP)`
+    /// leaves it), taken in the same hold of the collector as a `take_changes` whose
+    /// changes are dropped: the sums start afresh from here.
     pub fn record(&mut self, unix_ms: u64, snapshot: &Snapshot) {
         let (keep, newcomers) = self.to_join(snapshot);
         // Followed series by index, then the newcomers after them: their bytes now come
@@ -132,19 +135,52 @@ impl Timeline {
 
     /// A point from the groups that changed since the last point (`take_changes`), the
     /// totals now.
+    /// A stack that rose to among the largest followed joins here, not only at the next
+    /// report (`join_rising`).
     pub fn record_changes(&mut self, unix_ms: u64, totals: &Totals, changes: &[Change]) {
         let followed = self.followed();
         let python = crate::hotpath::python::enabled();
+        let mut rising: crate::util::FxMap<Key, u64> = Default::default();
         for c in changes {
-            if let Some(&i) = followed.get(&(c.stack, c.api)) {
-                let s = &mut self.series[i];
-                s.now = (s.now + c.now).saturating_sub(c.before);
+            match followed.get(&(c.stack, c.api)) {
+                Some(&i) => {
+                    let s = &mut self.series[i];
+                    s.now = (s.now + c.now).saturating_sub(c.before);
+                }
+                None if c.now > c.before && c.now >= JOIN_AT_POINT_MIN => *rising.entry((c.stack, c.api)).or_default() += c.now,
+                None => {}
             }
             if python {
                 self.add_to_line(c.stack, c.now, c.before);
             }
         }
         self.push_point(unix_ms, totals.host());
+        self.join_rising(rising);
+    }
+
+    /// Between reports, the stacks of `rising` (their bytes now; they rose since the last
+    /// point and are not followed) that hold at least what the `JOIN_TOP`-th largest
+    /// followed stack holds now join, the largest `JOIN_TOP` of them at most. Without
+    /// this a stack that starts to grow after a report is followed only from the next
+    /// one: with reports seconds apart (their cadence follows their cost), a loop of a
+    /// few seconds had too few points to be seen growing, and its holders were not
+    /// looked for while the program held them. Steady growers below the largest still
+    /// join at reports (their trend is worked out there). A stack spread over several
+    /// devices, of which only some changed, starts from those devices' bytes; the next
+    /// report counts all of them.
+    fn join_rising(&mut self, rising: crate::util::FxMap<Key, u64>) {
+        if rising.is_empty() {
+            return;
+        }
+        let mut nows: Vec<(u64, Key)> = self.series.iter().map(|s| (s.now, (s.stack, s.api))).collect();
+        nows.sort_unstable_by(|a, b| b.cmp(a));
+        nows.truncate(JOIN_TOP);
+        let bar = if nows.len() < JOIN_TOP { 0 } else { nows[JOIN_TOP - 1].0 };
+        let mut newcomers: Vec<(Key, u64)> = rising.into_iter().filter(|&(_, now)| now >= bar).collect();
+        newcomers.sort_unstable_by(|a, b| (b.1, b.0).cmp(&(a.1, a.0)));
+        newcomers.truncate(JOIN_TOP);
+        let keep: Vec<Key> = nows.iter().map(|&(_, k)| k).chain(newcomers.iter().map(|&(k, _)| k)).collect();
+        self.join(&keep, newcomers.into_iter());
     }
 
     fn followed(&self) -> crate::util::FxMap<Key, usize> {
@@ -411,17 +447,49 @@ mod tests {
                 incremental.record_changes(point, &c.totals(), &changes);
             }
             full.record(point, &snapshot);
-            // Follow the same stacks: the full one joins at reports only, as the other.
-            if point % 5 != 0 {
-                full.series.retain(|s| incremental.series.iter().any(|o| o.stack == s.stack));
-            }
+            // Every followed stack's bytes now are its groups' (whether it joined at a
+            // report or at a point).
             for s in &incremental.series {
-                let other = full.series.iter().find(|o| o.stack == s.stack && o.api == s.api).expect("followed by both");
-                assert_eq!(s.bytes.last(), other.bytes.last(), "point {point} stack {}", s.stack);
+                let now: u64 = snapshot.groups.iter().filter(|g| (g.stack, g.api()) == (s.stack, s.api)).map(|g| g.live_bytes).sum();
+                assert_eq!(s.bytes.last(), Some(&now), "point {point} stack {}", s.stack);
             }
             assert_eq!(incremental.points, full.points);
         }
         assert!(incremental.series.len() > JOIN_TOP, "later stacks joined");
+    }
+
+    #[test]
+    fn a_stack_that_starts_growing_between_reports_is_followed_from_that_point() {
+        let mut c = crate::collector::state::Collector::new();
+        let mut t = Timeline::default();
+        let mut next = 0x10_000u64;
+        let mut alloc = |c: &mut crate::collector::state::Collector, stack: u32, size: u64| {
+            c.apply(&crate::hotpath::event::Event { kind: crate::hotpath::event::EventKind::Alloc, api: Api::Malloc, tid: 1, stack, addr: next, size });
+            next += size.next_multiple_of(4096);
+        };
+        // The import: JOIN_TOP + 4 stacks of 1 MB, flat; the report follows the largest.
+        for i in 0..JOIN_TOP as u32 + 4 {
+            alloc(&mut c, 100 + i, 1 << 20);
+        }
+        let mut snapshot = c.snapshot();
+        snapshot.sort_top(JOIN_TOP);
+        c.settle_changes();
+        t.record(0, &snapshot);
+        // Then, between reports, a loop's stack 7 grows by 512 KiB a point, and stack 8
+        // by 8 KiB (never near the largest).
+        let mut changes = Vec::new();
+        for point in 1..=6u64 {
+            alloc(&mut c, 7, 512 << 10);
+            alloc(&mut c, 8, 8 << 10);
+            c.take_changes(&mut changes);
+            t.record_changes(point, &c.totals(), &changes);
+        }
+        let grown = t.series.iter().find(|s| s.stack == 7).expect("the loop's stack is followed before the next report");
+        // It joined at the point where it reached the 16th largest (1 MB), the second.
+        assert_eq!(grown.bytes, [0, 0, 1 << 20, 3 << 19, 2 << 20, 5 << 19, 3 << 20]);
+        assert!(!t.series.iter().any(|s| s.stack == 8), "a small stack waits for the next report's trend");
+        assert_eq!(t.series.len(), JOIN_TOP + 1);
+        assert!(t.series.iter().all(|s| s.bytes.len() == t.points.len()));
     }
 
     #[test]
