@@ -35,6 +35,9 @@ pub struct Series {
     pub bytes: Vec<u64>,
     /// Its live bytes now (summed over devices), kept up by the changes between points.
     now: u64,
+    /// The most it held at a point since it was followed (`join` keeps the series that
+    /// held most: a leak freed at teardown is still the report's story).
+    peak: u64,
 }
 
 /// The live bytes of every stack whose innermost frame in the user's own Python code
@@ -160,7 +163,9 @@ impl Timeline {
 
     /// Between reports, the stacks of `rising` (their bytes now; they rose since the last
     /// point and are not followed) that hold at least what the `JOIN_TOP`-th largest
-    /// followed stack holds now join, the largest `JOIN_TOP` of them at most. Without
+    /// followed stack holds now join, the largest `JOIN_TOP` of them at most; once a
+    /// report has followed `JOIN_TOP` stacks (before, an import's churn would fill every
+    /// slot). Without
     /// this a stack that starts to grow after a report is followed only from the next
     /// one: with reports seconds apart (their cadence follows their cost), a loop of a
     /// few seconds had too few points to be seen growing, and its holders were not
@@ -169,13 +174,14 @@ impl Timeline {
     /// devices, of which only some changed, starts from those devices' bytes; the next
     /// report counts all of them.
     fn join_rising(&mut self, rising: crate::util::FxMap<Key, u64>) {
-        if rising.is_empty() {
+        // Before a report has chosen the largest (an import's first seconds), nothing.
+        if rising.is_empty() || self.series.len() < JOIN_TOP {
             return;
         }
         let mut nows: Vec<(u64, Key)> = self.series.iter().map(|s| (s.now, (s.stack, s.api))).collect();
         nows.sort_unstable_by(|a, b| b.cmp(a));
         nows.truncate(JOIN_TOP);
-        let bar = if nows.len() < JOIN_TOP { 0 } else { nows[JOIN_TOP - 1].0 };
+        let bar = nows[JOIN_TOP - 1].0;
         let mut newcomers: Vec<(Key, u64)> = rising.into_iter().filter(|&(_, now)| now >= bar).collect();
         newcomers.sort_unstable_by(|a, b| (b.1, b.0).cmp(&(a.1, a.0)));
         newcomers.truncate(JOIN_TOP);
@@ -209,6 +215,7 @@ impl Timeline {
         self.points.push(Point { unix_ms, live_bytes: host.live_bytes, live_blocks: host.live_blocks, memory: None });
         for s in self.series.iter_mut() {
             s.bytes.push(s.now);
+            s.peak = s.peak.max(s.now);
         }
         if crate::hotpath::python::enabled() {
             self.push_lines();
@@ -234,20 +241,21 @@ impl Timeline {
 
     /// Follows `newcomers` (with their bytes now), this point their first. When every
     /// slot is taken (an import churns through many stacks before a training loop
-    /// starts), a newcomer replaces the followed stack outside `keep` that holds least
-    /// now, if that is less than the newcomer's: a leak that starts late still gets
-    /// followed.
+    /// starts), a newcomer replaces the followed stack outside `keep` that held least at
+    /// its peak, if that is less than the newcomer's bytes now: a leak that starts late
+    /// still gets followed, and a stack that held much (a loop's tensors, freed when the
+    /// interpreter tears down before the final report) keeps its series.
     fn join(&mut self, keep: &[Key], newcomers: impl Iterator<Item = (Key, u64)>) {
         let n = self.points.len();
         for ((stack, api), now) in newcomers {
             let mut bytes = vec![0; n - 1];
             bytes.push(now);
-            let newcomer = Series { stack, api, bytes, now };
+            let newcomer = Series { stack, api, bytes, now, peak: now };
             if self.series.len() < MAX_SERIES {
                 self.series.push(newcomer);
                 continue;
             }
-            let weakest = self.series.iter().enumerate().filter(|(_, s)| !keep.contains(&(s.stack, s.api))).min_by_key(|(_, s)| s.now).map(|(i, s)| (i, s.now));
+            let weakest = self.series.iter().enumerate().filter(|(_, s)| !keep.contains(&(s.stack, s.api))).min_by_key(|(_, s)| s.peak).map(|(i, s)| (i, s.peak));
             if let Some((i, least)) = weakest {
                 if least < now {
                     self.series[i] = newcomer;
@@ -456,6 +464,27 @@ mod tests {
             assert_eq!(incremental.points, full.points);
         }
         assert!(incremental.series.len() > JOIN_TOP, "later stacks joined");
+    }
+
+    #[test]
+    fn a_stack_that_held_most_keeps_its_series_when_it_is_freed_before_the_last_report() {
+        let mut t = Timeline::default();
+        // Every slot taken by an import's stacks (10 KB each, then nothing).
+        let churn = MAX_SERIES as u32 / JOIN_TOP as u32;
+        for k in 0..churn {
+            let groups: Vec<(u32, u64)> = (0..JOIN_TOP as u32).map(|i| (1000 + k * 100 + i, 10_000 - i as u64)).collect();
+            t.record(k as u64, &snap(&groups));
+        }
+        assert_eq!(t.series.len(), MAX_SERIES);
+        // Stack 7 (a loop's tensors) holds 90 MB, then teardown frees everything and the
+        // last report sees newcomers of 50 KB.
+        t.record(100, &snap(&[(7, 90 << 20)]));
+        let late: Vec<(u32, u64)> = (0..JOIN_TOP as u32).map(|i| (5000 + i, 50_000)).collect();
+        t.record(101, &snap(&late));
+        let kept = t.series.iter().find(|s| s.stack == 7).expect("the series that held most is kept");
+        assert_eq!(kept.bytes[kept.bytes.len() - 2..], [90 << 20, 0]);
+        assert_eq!(t.series.len(), MAX_SERIES);
+        assert!(late.iter().all(|&(stack, _)| t.series.iter().any(|s| s.stack == stack)), "the newcomers replaced stacks that held less");
     }
 
     #[test]
