@@ -178,7 +178,7 @@ impl Default for Config {
 /// Every variable the library reads, for `--help`-like listings and the README.
 pub const VARIABLES: &[(&str, &str)] = &[
     ("LEAKTRACE_OUTPUT", "directory for reports (default: working directory at start)"),
-    ("LEAKTRACE_INTERVAL_MS", "periodic report every N ms, 0 = off (default: every second at first, backing off to 10000 as the run grows)"),
+    ("LEAKTRACE_INTERVAL_MS", "periodic report every N ms, 0 = off (default: every second at first, backing off to 10000 as the run grows, and never sooner than 30 times what the last report took)"),
     ("LEAKTRACE_STACK_DEPTH", "frames per stack, 1..=128 (default 64)"),
     ("LEAKTRACE_SUMMARY", "leaks/1/0: leak summary on stderr at exit only when something leaked (default leaks), always, or never"),
     ("LEAKTRACE_SUMMARY_TOP", "leak groups in that summary (default 10)"),

@@ -173,9 +173,14 @@ fn collector_main() {
         }
         write_report(Reason::Periodic);
     }
-    if (known || found.is_some()) && interval > 0 {
+    let final_less = known || found.is_some();
+    if final_less && interval > 0 {
         interval = interval.min(FINAL_LESS_INTERVAL_MS);
     }
+    // By default a report's cost bounds how often they come (`REPORT_COST_SHARE`); a
+    // set period is kept as it is, and so is the period of a process whose last
+    // periodic report is all that will be left of it.
+    let bound_by_cost = !interval_set && !final_less;
     let born = Instant::now();
     // The next periodic report is due at this instant (None: periodic reports are off).
     // The period depends on the time run so far (`config::report_period`), so it is
@@ -229,14 +234,16 @@ fn collector_main() {
             write_report(Reason::Signal);
         }
         if report_due.is_some_and(|due| Instant::now() >= due) {
+            let began = Instant::now();
             write_report(Reason::Periodic);
+            let spent = began.elapsed();
             // With the period set, points come with reports only: the callback that finds
             // the holders before the teardown is asked for here too.
             super::python_exit::arm();
             super::reports::held_while_growing();
             release_unwind_tables();
             let now = Instant::now();
-            (report_due, point_due) = (next_due(now), next_point(now));
+            (report_due, point_due) = (next_due(now).map(|due| cost_bounded(due, now, spent, bound_by_cost)), next_point(now));
         } else if point_due.is_some_and(|due| Instant::now() >= due) {
             record_point();
             super::python_exit::arm();
@@ -251,6 +258,23 @@ fn collector_main() {
             channel::park_consumer(Duration::from_micros(idle_sleep_us));
         }
         idle_sleep_us = if drained == 0 { (idle_sleep_us * 2).min(2000) } else { 200 };
+    }
+}
+
+/// With the default cadence, the wait after a periodic report is at least this many
+/// times what the report took (its snapshot, sort, names and write): the reports then
+/// take at most ~3% of a core. Timeline points keep their own cadence (growth is
+/// judged from points, not reports). Each report of the PyTorch job's main process
+/// took 100-150 ms: 7 reports in 9 s became ~3.
+const REPORT_COST_SHARE: u32 = 30;
+
+/// When the next periodic report is due: at `due`, or, `bounded`, no sooner than
+/// `REPORT_COST_SHARE` times the last report's cost (`spent`) after `now`.
+fn cost_bounded(due: Instant, now: Instant, spent: Duration, bounded: bool) -> Instant {
+    if bounded {
+        due.max(now + spent * REPORT_COST_SHARE)
+    } else {
+        due
     }
 }
 
@@ -360,5 +384,22 @@ mod on_demand_tests {
         let a = coarse_now_ns();
         std::thread::sleep(std::time::Duration::from_millis(30));
         assert!(coarse_now_ns() >= a + 20_000_000, "the coarse clock moves");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_costly_report_puts_the_next_one_off_unless_the_period_was_set() {
+        let now = Instant::now();
+        let due = now + Duration::from_secs(1);
+        // 10 ms a report: the period stands (30 x 10 ms is 0.3 s).
+        assert_eq!(super::cost_bounded(due, now, Duration::from_millis(10), true), due);
+        // 150 ms: 4.5 s.
+        assert_eq!(super::cost_bounded(due, now, Duration::from_millis(150), true), now + Duration::from_millis(4500));
+        // A set period, or a process with no final report: as it was.
+        assert_eq!(super::cost_bounded(due, now, Duration::from_millis(150), false), due);
     }
 }
