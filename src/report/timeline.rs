@@ -179,11 +179,11 @@ impl Timeline {
             return;
         }
         let mut nows: Vec<(u64, Key)> = self.series.iter().map(|s| (s.now, (s.stack, s.api))).collect();
-        nows.sort_unstable_by(|a, b| b.cmp(a));
+        nows.sort_unstable_by_key(|&n| std::cmp::Reverse(n));
         nows.truncate(JOIN_TOP);
         let bar = nows[JOIN_TOP - 1].0;
         let mut newcomers: Vec<(Key, u64)> = rising.into_iter().filter(|&(_, now)| now >= bar).collect();
-        newcomers.sort_unstable_by(|a, b| (b.1, b.0).cmp(&(a.1, a.0)));
+        newcomers.sort_unstable_by_key(|&(k, now)| std::cmp::Reverse((now, k)));
         newcomers.truncate(JOIN_TOP);
         let keep: Vec<Key> = nows.iter().map(|&(_, k)| k).chain(newcomers.iter().map(|&(k, _)| k)).collect();
         self.join(&keep, newcomers.into_iter());
@@ -255,7 +255,8 @@ impl Timeline {
                 self.series.push(newcomer);
                 continue;
             }
-            let weakest = self.series.iter().enumerate().filter(|(_, s)| !keep.contains(&(s.stack, s.api))).min_by_key(|(_, s)| s.peak).map(|(i, s)| (i, s.peak));
+            let weakest =
+                self.series.iter().enumerate().filter(|(_, s)| !keep.contains(&(s.stack, s.api))).min_by_key(|(_, s)| s.peak).map(|(i, s)| (i, s.peak));
             if let Some((i, least)) = weakest {
                 if least < now {
                     self.series[i] = newcomer;
