@@ -137,9 +137,8 @@ impl Timeline {
     }
 
     /// A point from the groups that changed since the last point (`take_changes`), the
-    /// totals now.
-    /// A stack that rose to among the largest followed joins here, not only at the next
-    /// report (`join_rising`).
+    /// totals now. A stack that rose to among the largest followed joins here, not only
+    /// at the next report (`join_rising`).
     pub fn record_changes(&mut self, unix_ms: u64, totals: &Totals, changes: &[Change]) {
         let followed = self.followed();
         let python = crate::hotpath::python::enabled();
@@ -165,9 +164,8 @@ impl Timeline {
     /// point and are not followed) that hold at least what the `JOIN_TOP`-th largest
     /// followed stack holds now join, the largest `JOIN_TOP` of them at most; once a
     /// report has followed `JOIN_TOP` stacks (before, an import's churn would fill every
-    /// slot). Without
-    /// this a stack that starts to grow after a report is followed only from the next
-    /// one: with reports seconds apart (their cadence follows their cost), a loop of a
+    /// slot). Without this a stack that starts to grow after a report is followed only
+    /// from the next one: with reports seconds apart (their cadence follows their cost), a loop of a
     /// few seconds had too few points to be seen growing, and its holders were not
     /// looked for while the program held them. Steady growers below the largest still
     /// join at reports (their trend is worked out there). A stack spread over several
@@ -241,10 +239,11 @@ impl Timeline {
 
     /// Follows `newcomers` (with their bytes now), this point their first. When every
     /// slot is taken (an import churns through many stacks before a training loop
-    /// starts), a newcomer replaces the followed stack outside `keep` that held least at
-    /// its peak, if that is less than the newcomer's bytes now: a leak that starts late
-    /// still gets followed, and a stack that held much (a loop's tensors, freed when the
-    /// interpreter tears down before the final report) keeps its series.
+    /// starts), a newcomer replaces a followed stack outside `keep` that holds less now
+    /// than it (a leak that starts late, or grows slowly, still gets followed): of
+    /// those, the one that held least at its peak, so that a stack that held much (a
+    /// loop's tensors, freed when the interpreter tears down before the final report)
+    /// keeps its series while stacks that held little are there to give way.
     fn join(&mut self, keep: &[Key], newcomers: impl Iterator<Item = (Key, u64)>) {
         let n = self.points.len();
         for ((stack, api), now) in newcomers {
@@ -255,12 +254,9 @@ impl Timeline {
                 self.series.push(newcomer);
                 continue;
             }
-            let weakest =
-                self.series.iter().enumerate().filter(|(_, s)| !keep.contains(&(s.stack, s.api))).min_by_key(|(_, s)| s.peak).map(|(i, s)| (i, s.peak));
-            if let Some((i, least)) = weakest {
-                if least < now {
-                    self.series[i] = newcomer;
-                }
+            let weakest = self.series.iter().enumerate().filter(|(_, s)| s.now < now && !keep.contains(&(s.stack, s.api))).min_by_key(|(_, s)| s.peak);
+            if let Some((i, _)) = weakest {
+                self.series[i] = newcomer;
             }
         }
     }
@@ -486,6 +482,26 @@ mod tests {
         assert_eq!(kept.bytes[kept.bytes.len() - 2..], [90 << 20, 0]);
         assert_eq!(t.series.len(), MAX_SERIES);
         assert!(late.iter().all(|&(stack, _)| t.series.iter().any(|s| s.stack == stack)), "the newcomers replaced stacks that held less");
+    }
+
+    #[test]
+    fn a_small_steady_grower_still_gets_a_slot_from_stacks_that_held_much_but_hold_nothing_now() {
+        let mut t = Timeline::default();
+        // Every slot taken by an import's stacks of 1 MB each, all freed since.
+        for k in 0..MAX_SERIES as u32 / JOIN_TOP as u32 {
+            let groups: Vec<(u32, u64)> = (0..JOIN_TOP as u32).map(|i| (1000 + k * 100 + i, (1 << 20) - i as u64)).collect();
+            t.record(k as u64, &snap(&groups));
+        }
+        assert_eq!(t.series.len(), MAX_SERIES);
+        // Stack 7 grows by 2 KiB a report, steady from the third.
+        for step in 0..6u64 {
+            let mut s = snap(&[(7, 2048 * (step + 1))]);
+            s.groups[0].steady_growth_kib = if step >= 3 { 2 * step as u32 } else { 0 };
+            t.record(100 + step, &s);
+        }
+        let grower = t.series.iter().find(|s| s.stack == 7).expect("the small grower is followed");
+        assert_eq!(grower.bytes[grower.bytes.len() - 3..], [4 * 2048, 5 * 2048, 6 * 2048]);
+        assert_eq!(t.series.len(), MAX_SERIES);
     }
 
     #[test]
