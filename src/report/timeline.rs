@@ -165,12 +165,12 @@ impl Timeline {
     /// followed stack holds now join, the largest `JOIN_TOP` of them at most; once a
     /// report has followed `JOIN_TOP` stacks (before, an import's churn would fill every
     /// slot). Without this a stack that starts to grow after a report is followed only
-    /// from the next one: with reports seconds apart (their cadence follows their cost), a loop of a
-    /// few seconds had too few points to be seen growing, and its holders were not
-    /// looked for while the program held them. Steady growers below the largest still
-    /// join at reports (their trend is worked out there). A stack spread over several
-    /// devices, of which only some changed, starts from those devices' bytes; the next
-    /// report counts all of them.
+    /// from the next one: with reports seconds apart (their cadence follows their
+    /// cost), a loop of a few seconds had too few points to be seen growing, and its
+    /// holders were not looked for while the program held them. Steady growers below
+    /// the largest still join at reports (their trend is worked out there). A stack
+    /// spread over several devices, of which only some changed, starts from those
+    /// devices' bytes; the next report counts all of them.
     fn join_rising(&mut self, rising: crate::util::FxMap<Key, u64>) {
         // Before a report has chosen the largest (an import's first seconds), nothing.
         if rising.is_empty() || self.series.len() < JOIN_TOP {
