@@ -810,19 +810,35 @@ pub fn wake_consumer() {
     }
 }
 
+/// How the consumer's idle sleep ended (`park_consumer`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Parked {
+    /// It did not sleep: events its turn would take were waiting.
+    Ready,
+    /// A producer whose ring filled half woke it.
+    Woken,
+    /// It slept the whole time.
+    TimedOut,
+}
+
 /// The consumer thread's idle sleep: returns after `timeout`, or as soon as a producer
 /// finds its ring half full, or at once when events its turn would take are waiting.
-pub fn park_consumer(timeout: std::time::Duration) {
+pub fn park_consumer(timeout: std::time::Duration) -> Parked {
     CONSUMER_PARKED.store(1, Ordering::SeqCst);
     if any_ready() {
         CONSUMER_PARKED.store(0, Ordering::SeqCst);
-        return;
+        return Parked::Ready;
     }
     let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
     // SAFETY: FUTEX_WAIT on a static word with a relative timeout that outlives the call;
     // it returns at once if the word is no longer 1 (a producer woke us first).
     unsafe { libc::syscall(libc::SYS_futex, CONSUMER_PARKED.as_ptr(), libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG, 1, &ts as *const libc::timespec) };
-    CONSUMER_PARKED.store(0, Ordering::SeqCst);
+    // A producer that wakes the consumer sets the word to 0 first (`wake_consumer`).
+    if CONSUMER_PARKED.swap(0, Ordering::SeqCst) == 0 {
+        Parked::Woken
+    } else {
+        Parked::TimedOut
+    }
 }
 
 pub fn full_waits() -> u64 {
