@@ -186,7 +186,7 @@ impl HitTree {
             // A run of nodes from `c`: a read that matches goes on to the next node, so
             // the run is walked in order without indexing (and masking) each node. An
             // index past the nodes ends the walk, as node 0's `STOP` does.
-            let Some(run) = self.nodes.get(c..) else { return None };
+            let run = self.nodes.get(c..)?;
             let mut next = None;
             for (k, n) in run.iter().enumerate() {
                 let addr = sp0.wrapping_add(n.off as u64);
