@@ -21,6 +21,9 @@
 #                  process starts the library and writes its exit report)
 #   import-torch   python, a script of one line: import torch
 #   pytorch        tests/fixtures/frameworks/torch_train.py train (2 forked DataLoader workers)
+#   ddp-rank       a 2-rank DDP job on CPU (torchrun, gloo: tests/fixtures/frameworks/ddp_keep.py,
+#                  40 steps): peak RSS of its largest process (a rank), files of the process
+#                  with the most (each rank's own: the issue counts them per rank)
 #   peers: memray run --native (Python workloads), heaptrack, LeakSanitizer (gcc's liblsan)
 # SET malloc (default): the allocator hot path, against heaptrack, LeakSanitizer,
 # jemalloc with leak profiling of every allocation, valgrind memcheck.
@@ -63,6 +66,8 @@ PY=$(python3 -c 'import sys; print(sys.executable)')
 # Tools that do not apply to a workload: "WORKLOAD:TOOL" (heaptrack and memray follow
 # no exec; memray runs Python only).
 SKIP=" "
+# Workloads whose files are counted per process (the largest), not summed.
+PER_PROCESS=" "
 case $SET in
 cost)
     cc -O2 -fomit-frame-pointer -pthread -o "$WORK/malloc_bench" bench/malloc_bench.c
@@ -77,6 +82,18 @@ cost)
         CMDS+=("$PY $WORK/import_torch.py" "$PY tests/fixtures/frameworks/torch_train.py train")
         echo "import torch" >"$WORK/import_torch.py"
         ENVS+=("" "")
+        if [ -x "$(dirname "$PY")/torchrun" ]; then
+            # In a directory of its own: each rank writes a file there.
+            mkdir -p "$WORK/ddp"
+            printf 'cd %s && exec %s --nproc_per_node 2 %s 40\n' "$WORK/ddp" "$(dirname "$PY")/torchrun" "$PWD/tests/fixtures/frameworks/ddp_keep.py" >"$WORK/ddp.sh"
+            NAMES+=("ddp-rank")
+            CMDS+=("sh $WORK/ddp.sh")
+            ENVS+=("")
+            # memray and heaptrack follow no exec (the ranks are started so); under
+            # LeakSanitizer the PyTorch rows take 15-20x or hang.
+            SKIP+="ddp-rank:memray ddp-rank:heaptrack ddp-rank:lsan "
+            PER_PROCESS+=" ddp-rank "
+        fi
     fi
     if "$PY" -c 'import memray' 2>/dev/null; then TOOLS+=("memray"); fi
     for n in "${NAMES[@]}"; do
@@ -134,8 +151,22 @@ print(total)
 PY
 }
 
-run_once() { # tool, VAR=value list, command... -> "wall cpu rss_kib files_bytes", "fail" or "hung"
-    local tool=$1 vars=$2; shift 2
+# The most that one process traced in DIR has of files: its report and its spill files.
+largest_process_bytes() {
+    "$PY" - "$1" <<'PY'
+import json, pathlib, sys
+most = 0
+for f in pathlib.Path(sys.argv[1]).rglob("leaktrace.*.json"):
+    try:
+        most = max(most, f.stat().st_size + json.loads(f.read_text()).get("memory", {}).get("tracer_files", 0))
+    except (OSError, ValueError):
+        pass
+print(most)
+PY
+}
+
+run_once() { # tool, VAR=value list, per-process files (1/0), command... -> "wall cpu rss_kib files_bytes", "fail" or "hung"
+    local tool=$1 vars=$2 per_process=$3; shift 3
     # shellcheck disable=SC2086
     if [ -n "$vars" ]; then export $vars; fi
     local out="$WORK/out" rc=0
@@ -167,7 +198,13 @@ run_once() { # tool, VAR=value list, command... -> "wall cpu rss_kib files_bytes
     local files
     files=$(du -sb "$out" | cut -f1)
     case $tool in
-        leaktrace*) files=$((files + $(spill_bytes "$out"))) ;;
+        leaktrace*)
+            if [ "$per_process" = 1 ]; then
+                files=$(largest_process_bytes "$out")
+            else
+                files=$((files + $(spill_bytes "$out")))
+            fi
+            ;;
     esac
     # shellcheck disable=SC2086
     set -- $t
@@ -193,8 +230,10 @@ for ((r = 0; r < RUNS; r++)); do
         for tool in "${TOOLS[@]}"; do
             if [ "$tool" = valgrind ] && [ "$r" -gt 0 ]; then continue; fi
             case $SKIP in *" ${NAMES[$i]}:$tool "*) continue ;; esac
+            per=0
+            case $PER_PROCESS in *" ${NAMES[$i]} "*) per=1 ;; esac
             # shellcheck disable=SC2086
-            t=$(run_once "$tool" "${ENVS[$i]}" ${CMDS[$i]})
+            t=$(run_once "$tool" "${ENVS[$i]}" "$per" ${CMDS[$i]})
             SAMPLES["$i,$tool"]+="${t// /,};"
         done
     done
