@@ -182,12 +182,11 @@ impl HitTree {
     #[inline(always)]
     fn walk(&self, sp0: u64, first: u32, bp0: u64, read: &impl Fn(u64) -> u64, mut on_read: impl FnMut(Option<u64>, u64)) -> Option<(u32, usize)> {
         let mut c = first as usize;
-        loop {
+        'runs: loop {
             // A run of nodes from `c`: a read that matches goes on to the next node, so
             // the run is walked in order without indexing (and masking) each node. An
             // index past the nodes ends the walk, as node 0's `STOP` does.
             let run = self.nodes.get(c..)?;
-            let mut next = None;
             for (k, n) in run.iter().enumerate() {
                 let addr = sp0.wrapping_add(n.off as u64);
                 let matched = if n.off < STOP {
@@ -209,14 +208,14 @@ impl HitTree {
                     // or the sibling with a conditional move, and every node's address then
                     // waits for the previous word's comparison (lookups 2.3x slower).
                     std::hint::cold_path();
-                    next = Some((c + k, n.sibling as usize));
-                    break;
+                    if n.sibling as usize <= c + k {
+                        return None;
+                    }
+                    c = n.sibling as usize;
+                    continue 'runs;
                 }
             }
-            match next {
-                Some((at, sibling)) if sibling > at => c = sibling,
-                _ => return None,
-            }
+            return None;
         }
     }
 
