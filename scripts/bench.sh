@@ -137,31 +137,22 @@ frameworks)
 *) echo "unknown set $SET: cost, malloc or frameworks" >&2; exit 2 ;;
 esac
 
-# The spill files of every process traced in DIR (their final reports' `memory.tracer_files`).
-spill_bytes() {
-    "$PY" - "$1" <<'PY'
+# Leaktrace's files in DIR, from each process's final report (`memory.tracer_files`, its
+# stack tables' spill files): "sum", the spill files of every process traced; "max", the
+# most that one process has, its report and its spill files.
+tracer_files() {
+    "$PY" - "$1" "$2" <<'PY'
 import json, pathlib, sys
-total = 0
+each = []
 for f in pathlib.Path(sys.argv[1]).rglob("leaktrace.*.json"):
     try:
-        total += json.loads(f.read_text()).get("memory", {}).get("tracer_files", 0)
+        each.append((f.stat().st_size, json.loads(f.read_text()).get("memory", {}).get("tracer_files", 0)))
     except (OSError, ValueError):
         pass
-print(total)
-PY
-}
-
-# The most that one process traced in DIR has of files: its report and its spill files.
-largest_process_bytes() {
-    "$PY" - "$1" <<'PY'
-import json, pathlib, sys
-most = 0
-for f in pathlib.Path(sys.argv[1]).rglob("leaktrace.*.json"):
-    try:
-        most = max(most, f.stat().st_size + json.loads(f.read_text()).get("memory", {}).get("tracer_files", 0))
-    except (OSError, ValueError):
-        pass
-print(most)
+if sys.argv[2] == "max":
+    print(max((report + spill for report, spill in each), default=0))
+else:
+    print(sum(spill for _, spill in each))
 PY
 }
 
@@ -200,9 +191,9 @@ run_once() { # tool, VAR=value list, per-process files (1/0), command... -> "wal
     case $tool in
         leaktrace*)
             if [ "$per_process" = 1 ]; then
-                files=$(largest_process_bytes "$out")
+                files=$(tracer_files "$out" max)
             else
-                files=$((files + $(spill_bytes "$out")))
+                files=$((files + $(tracer_files "$out" sum)))
             fi
             ;;
     esac
