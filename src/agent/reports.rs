@@ -6,7 +6,6 @@ use crate::util::FxMap as HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Config;
@@ -222,19 +221,15 @@ fn write_report_steps(reason: Reason) {
         // Tracking has stopped: nobody waits for the collector.
         snapshot.sort();
     }
-    // The final report's names are found on another core while this one gathers the
-    // blocks and scans: the largest groups are the ones reported, unless the scan finds
-    // smaller ones leaked (named afterwards).
     // The groups whose holders the scan names: the report's largest and the stacks the
     // timeline follows; through Python objects only for those that grew.
     let (wanted, through_python) = if scan_now { held_wanted(&snapshot, limit, &followed, &growing) } else { Default::default() };
     let live = scan_now.then(|| if final_report { c.model.take_live_blocks() } else { c.model.live_blocks() });
-    // A short scan leaves a second thread nothing to hide: its start, its wake-ups and
-    // the other core's page-table flushes cost more than naming a few groups here.
-    let presymbolizer = live
-        .as_ref()
-        .filter(|live| final_report && live.blocks.len() + live.inherited.len() >= PRESYMBOLIZE_FROM_BLOCKS)
-        .and_then(|_| Presymbolizer::start(&snapshot, limit));
+    // The names are found after the scan, on this thread: a thread naming them beside
+    // the scan (it was, for scans of 20,000 live blocks or more) shortened the PyTorch
+    // job's exit by ~70 ms but held ~12 MB more at the report's peak, from the
+    // library's own heap, where this thread's naming at exit reuses what the program
+    // freed in malloc (docs/benchmarks.md, twenty-first round).
     // The frees published from now until the stop (the program runs on; at exit, its
     // other threads do, and their frees are still published) are read from the rings.
     let pause = scan_now.then(ScanPause::start);
@@ -261,7 +256,6 @@ fn write_report_steps(reason: Reason) {
         LIFECYCLE.final_threads_held();
     }
     drop(pause);
-    drop(presymbolizer);
     let report_groups = REPORT_GROUPS.load(Ordering::Relaxed);
     if !final_report {
         if scan_now {
@@ -813,67 +807,6 @@ fn memory_summary(pid: u32, timeline: &Timeline, forked_child: bool) -> String {
         .iter()
         .map(|f| format!("=={pid}==leaktrace: memory: {}.\n=={pid}==leaktrace:   what to do: {}\n", f.what, f.remedy))
         .collect()
-}
-
-/// The fewest live blocks for which the final report names its groups on a thread of
-/// their own while it scans. `git --version` (37 live blocks, 35 groups), 800
-/// interleaved runs: 4.74 ms wall and 5.14 ms CPU with the thread, 4.58 and 4.42
-/// without it.
-const PRESYMBOLIZE_FROM_BLOCKS: usize = 20_000;
-
-/// A thread that names the frames of the largest groups into the report's symbolizer
-/// while the final report gathers and scans (`write_report`). Dropping it waits for it.
-/// A raw thread of ours (`os::threads`): it runs at exit, when a program may have used
-/// every pthread key that `std::thread` would need.
-struct Presymbolizer {
-    shared: Arc<PresymbolizerShared>,
-}
-
-struct PresymbolizerShared {
-    ids: Vec<u32>,
-    done: AtomicBool,
-}
-
-extern "C" fn presymbolizer_main(arg: *mut std::ffi::c_void) -> *mut std::ffi::c_void {
-    thread::mark_internal();
-    // SAFETY: arg is the reference `Presymbolizer::start` leaked for this thread.
-    let shared = unsafe { Arc::from_raw(arg as *const PresymbolizerShared) };
-    let _ = catch_unwind(AssertUnwindSafe(|| {
-        if let Some(mut r) = lock_bounded(&REPORT, Duration::from_secs(30)) {
-            if let Some(r) = r.as_mut() {
-                build::presymbolize(&shared.ids, &mut r.symbolizer);
-            }
-        }
-    }));
-    shared.done.store(true, Ordering::SeqCst);
-    std::ptr::null_mut()
-}
-
-impl Presymbolizer {
-    /// `None` when no thread can be started (the report then names everything itself).
-    fn start(snapshot: &crate::collector::state::Snapshot, limit: usize) -> Option<Presymbolizer> {
-        let ids: Vec<u32> = snapshot.groups.iter().take(limit).map(|g| g.stack).collect();
-        if ids.is_empty() {
-            // Nothing to name (a process that allocated nothing): no thread to start.
-            return None;
-        }
-        let shared = Arc::new(PresymbolizerShared { ids, done: AtomicBool::new(false) });
-        let arg = Arc::into_raw(shared.clone()) as *mut std::ffi::c_void;
-        // SAFETY: the thread takes over the reference `arg` is (or it is dropped below).
-        if unsafe { crate::os::threads::spawn_raw(presymbolizer_main, arg) }.is_err() {
-            // SAFETY: the thread did not start: the reference is still ours to drop.
-            drop(unsafe { Arc::from_raw(arg as *const PresymbolizerShared) });
-            return None;
-        }
-        Some(Presymbolizer { shared })
-    }
-}
-
-impl Drop for Presymbolizer {
-    fn drop(&mut self) {
-        // Its own lock wait is bounded by 30 s; the naming after it by the work.
-        wait_while(|| !self.shared.done.load(Ordering::SeqCst), Duration::from_secs(120), Duration::from_micros(200));
-    }
 }
 
 /// The final report when the process is being ended by `sig`.

@@ -1,5 +1,5 @@
 //! The library's own heap: the small blocks that the library's own threads (the
-//! collector, the presymbolizer, the holder search) allocate, from mappings of its own
+//! collector, the holder search) allocate, from mappings of its own
 //! that give their memory back when emptied.
 //!
 //! In the program's malloc those blocks lived in the arena of the thread that made them,

@@ -71,13 +71,6 @@ pub struct RunFacts {
     pub releases_dropped: u64,
 }
 
-/// Names every frame of the stacks `ids` into `sym`'s cache: what `resolve_stacks` of
-/// those stacks will then find done.
-pub fn presymbolize(ids: &[u32], sym: &mut Symbolizer) {
-    let raws = raw_stacks(ids, sym);
-    sym.symbolize_all(raws.iter().flatten().filter_map(|rf| rf.module));
-}
-
 /// Stacks read back between two releases of the spilled stack table's pages
 /// (`stacks::release_spilled`): reading a stack maps a page or two of each record of
 /// its chain and of their frames, and the 2000 stacks of a report read after `import
