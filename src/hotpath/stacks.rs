@@ -475,10 +475,10 @@ impl SpilledArena {
 /// The stack table's arenas, for `os::own::parts_resident` to look at only where they
 /// were touched. Each is written from its start up (the records and the frames by
 /// `next_id` and `next_frame`; the first-children array by stack id, below `next_id`),
-/// the records and frames also faulted in ahead (`populate_range`) in whole 2 MiB
-/// pieces, and the first 4 MiB possibly on huge pages (a kernel whose transparent huge
-/// pages are `always` fills around a written page): nothing lies past the larger
-/// extent rounded up to 2 MiB. An arena whose populating failed part-way is not cut.
+/// the records and frames also faulted in ahead (`populate_range`) in whole
+/// `POPULATE_STEP` pieces, and the first 4 MiB possibly on huge pages (a kernel whose
+/// transparent huge pages are `always` fills around a written page): nothing lies past
+/// the larger extent rounded up to 2 MiB. An arena whose populating failed part-way is not cut.
 pub fn touched_arenas() -> Vec<crate::os::own::Touched> {
     let Some(t) = published_tables() else { return Vec::new() };
     let stacks = (t.next_id.load(Ordering::Acquire) as usize).min(MAX_STACKS);
