@@ -697,39 +697,18 @@ impl Tables {
         (id == 0).then_some(base)
     }
 
-    /// The records of stack `id`'s chain, its own first, each with its own frames'
-    /// base set; how many. `None` if one is not ready.
-    fn chain_of(&self, id: u32) -> Option<([Option<Parts>; MAX_CHAIN as usize + 1], usize)> {
-        let mut chain: [Option<Parts>; MAX_CHAIN as usize + 1] = [const { None }; MAX_CHAIN as usize + 1];
-        let mut n = 0;
-        let mut id = id;
-        while id != 0 {
-            if n == chain.len() {
-                return None;
-            }
-            let p = self.parts(id)?;
-            id = p.parent;
-            chain[n] = Some(p);
-            n += 1;
-        }
-        // From the chain's first record down: each record's base is its parent's, or
-        // its own first frame.
-        let mut base = 0u64;
-        for p in chain[..n].iter_mut().rev().flatten() {
-            p.own.prev = base;
-            if p.own_len > 0 {
-                base = p.own.clone().next()?;
-            }
-        }
-        Some((chain, n))
-    }
-
     /// Frames `[skip, skip + len)` of stack `id`, handed to `f` in order, without
     /// allocating. Returns false if a record of its chain is not ready.
     fn visit(&self, id: u32, mut skip: usize, mut len: usize, f: &mut impl FnMut(u64)) -> bool {
-        let Some((chain, n)) = self.chain_of(id) else { return false };
-        for Parts { own, own_len, parent, first, count, .. } in chain.into_iter().take(n).flatten() {
+        let Some(mut p) = self.parts(id) else { return false };
+        // What the record's own frames are read against: its parent's base. Up the
+        // chain, each parent's own parent's base is the parent's less its first frame's
+        // difference.
+        let Some(mut base) = self.base_of(p.parent) else { return false };
+        for _ in 0..=MAX_CHAIN {
+            let Parts { mut own, own_len, parent, first, count, .. } = p;
             if skip < own_len {
+                own.prev = base;
                 let take = (own_len - skip).min(len);
                 own.skip(skip).take(take).for_each(&mut *f);
                 len -= take;
@@ -742,6 +721,12 @@ impl Tables {
             }
             len = len.min(count - skip);
             skip += first;
+            let Some(next) = self.parts(parent) else { return false };
+            if next.own_len > 0 {
+                let Some(difference) = next.own.clone().next() else { return false };
+                base = base.wrapping_sub(difference);
+            }
+            p = next;
         }
         true
     }
