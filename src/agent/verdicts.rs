@@ -127,10 +127,11 @@ pub(super) fn classify_live(input: &ScanInput) -> crate::scan::ScanOut {
         .map(|b| {
             let block = mark::Block::new(b.addr, b.size());
             match b.api().kind() {
-                // Device memory is not ours to read; a mapping may be partly inaccessible
-                // or reserved without memory behind it.
+                // Device memory is not ours to read. A mapping of the program's is read
+                // on its written pages, within the parts still writable (a mapping may
+                // be partly inaccessible, or reserved without memory behind it).
                 Kind::Device | Kind::Managed => block.opaque().cuda(),
-                Kind::Mmap => block.opaque(),
+                Kind::Mmap => block.mapping(),
                 Kind::Pinned => block.cuda(),
                 Kind::Host => block.in_glibc_chunk(),
                 _ => block,

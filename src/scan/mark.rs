@@ -7,7 +7,7 @@
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Block {
     pub start: u64,
-    /// The size (`SIZE`) and the `OPAQUE`, `CUDA` and `IN_GLIBC_CHUNK` bits.
+    /// The size (`SIZE`) and the `OPAQUE`, `CUDA`, `IN_GLIBC_CHUNK` and `MAPPING` bits.
     bits: u64,
 }
 
@@ -21,8 +21,14 @@ const CUDA: u64 = 1 << 62;
 /// A chunk of glibc's malloc: the next chunk's header, where it lies inside the block,
 /// does not keep it (`glibc_next_chunk_header`).
 const IN_GLIBC_CHUNK: u64 = 1 << 61;
-/// The size's bits (2 EiB: no block is larger).
-const SIZE: u64 = IN_GLIBC_CHUNK - 1;
+/// A mapping the program made itself (`mmap`): read only on its written pages
+/// (`Roots::mapped_written`), copied as root memory is. What a custom allocator's heap
+/// (gcc's collected memory, an arena, a coroutine's stack) holds keeps its blocks, as
+/// valgrind says; read as opaque, their only references went unseen and they read as
+/// leaks (gcc's `cc1`: 8 blocks that valgrind calls reachable).
+const MAPPING: u64 = 1 << 60;
+/// The size's bits (1 EiB: no block is larger).
+const SIZE: u64 = MAPPING - 1;
 
 impl Block {
     /// A block of `size` bytes at `start`, read whole; whatever points inside keeps it.
@@ -43,6 +49,16 @@ impl Block {
     /// The same block, a chunk of glibc's malloc.
     pub const fn in_glibc_chunk(self) -> Block {
         Block { start: self.start, bits: self.bits | IN_GLIBC_CHUNK }
+    }
+
+    /// The same block, a mapping of the program's (read on its written pages only).
+    pub const fn mapping(self) -> Block {
+        Block { start: self.start, bits: self.bits | MAPPING }
+    }
+
+    #[inline(always)]
+    pub fn is_mapping(&self) -> bool {
+        self.bits & MAPPING != 0
     }
 
     #[inline(always)]
@@ -339,6 +355,10 @@ pub struct Roots<'r> {
     /// whether or not something still points to it; it counts as reachable, and is not
     /// read (it may be unmapped meanwhile; what only it pointed to is lost with it).
     pub freed_meanwhile: &'r [u64],
+    /// The written parts of the program's own mappings (`Block::mapping`; sorted,
+    /// disjoint): only there can a mapping hold an address. A page never touched is zero,
+    /// and a large reservation is mostly such pages.
+    pub mapped_written: &'r [(u64, u64)],
 }
 
 /// Calls `f(start, len)` for each part of `[start, start + len)` inside `ranges` (sorted,
@@ -375,14 +395,19 @@ pub const PYTHON_INTERIOR: u64 = 256;
 /// it, and the allocator unmap it, meanwhile), a CUDA host allocation in place as before
 /// (page-locked memory the driver may map in a way a copy cannot read).
 #[inline(always)]
-fn read_block(mem: &impl Memory, b: &Block, visit: &mut impl FnMut(u64, u64)) {
-    read_block_prefix(mem, b, b.size(), visit);
+fn read_block(mem: &impl Memory, b: &Block, mapped_written: &[(u64, u64)], visit: &mut impl FnMut(u64, u64)) {
+    read_block_prefix(mem, b, b.size(), mapped_written, visit);
 }
 
-/// `read_block` for the first `len` bytes of `b` only.
+/// `read_block` for the first `len` bytes of `b` only; a mapping's written pages among
+/// them (`mapped_written`: sorted, disjoint) only.
 #[inline(always)]
-fn read_block_prefix(mem: &impl Memory, b: &Block, len: u64, visit: &mut impl FnMut(u64, u64)) {
-    if b.is_cuda() {
+fn read_block_prefix(mem: &impl Memory, b: &Block, len: u64, mapped_written: &[(u64, u64)], visit: &mut impl FnMut(u64, u64)) {
+    if b.is_mapping() {
+        for_each_within(mapped_written, b.start, len, |start, n| {
+            mem.root_words(start, n, visit);
+        });
+    } else if b.is_cuda() {
         mem.words(b.start, len, visit);
     } else {
         mem.block_words(b.start, len, visit);
@@ -456,7 +481,9 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
         while let Some(i) = m.work.pop() {
             if !blocks[i].is_opaque() {
                 let b = &blocks[i];
-                read_block_prefix(mem, b, super::pymalloc::list_part(b.start, b.size(), lists), &mut |at, w| keep(w, at, i as u32, m, keeps_cuda, u64::MAX));
+                read_block_prefix(mem, b, super::pymalloc::list_part(b.start, b.size(), lists), roots.mapped_written, &mut |at, w| {
+                    keep(w, at, i as u32, m, keeps_cuda, u64::MAX)
+                });
             }
         }
     };
@@ -543,7 +570,7 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
         if reached[i] || b.is_opaque() {
             continue;
         }
-        read_block(mem, b, &mut |_, w| {
+        read_block(mem, b, roots.mapped_written, &mut |_, w| {
             if let Some(j) = index.find(w) {
                 if j != i && !reached[j] && w != blocks[j].not_a_reference() {
                     indirect[j] = true;
@@ -571,7 +598,7 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
             if blocks[i].is_opaque() {
                 continue;
             }
-            read_block(mem, &blocks[i], &mut |_, w| {
+            read_block(mem, &blocks[i], roots.mapped_written, &mut |_, w| {
                 if let Some(j) = index.find(w) {
                     if verdicts[j] == Verdict::Indirect && !reached[j] && w != blocks[j].not_a_reference() {
                         reached[j] = true;
@@ -705,6 +732,37 @@ mod tests {
         use Verdict::*;
         assert_eq!(classify(&b, &[(0x10, 8)], &[], &Fake(m.clone())), vec![Reachable, Definite, Definite]);
         assert_eq!(classify(&b, &[], &[], &Fake(m)), vec![Indirect, Definite, Definite]);
+    }
+
+    #[test]
+    fn a_mapping_of_the_programs_keeps_what_its_written_pages_point_to() {
+        // Block 0 is a mapping the program made (a custom allocator's heap): its written
+        // part [0x1000, 0x1010) holds block 1's address, its unwritten rest a word that
+        // looks like block 2's (read, it would keep block 2).
+        let mut b = blocks();
+        b.truncate(4);
+        b[0] = b[0].mapping();
+        let mut m = BTreeMap::new();
+        m.insert(0x10, 0x1020);
+        m.insert(0x1008, 0x1100);
+        m.insert(0x1030, 0x1200);
+        let written = [(0x1000, 0x10)];
+        let run = |b: &[Block], roots: &[(u64, u64)], written: &[(u64, u64)]| {
+            let mut s = Scratch::new(b);
+            let r = Roots { program: roots, mapped_written: written, ..Default::default() };
+            classify_into(b, &r, &Fake(m.clone()), &mut s);
+            s.verdicts
+        };
+        use Verdict::*;
+        // A global points into the mapping: what its written page holds is reachable.
+        assert_eq!(run(&b, &[(0x10, 8)], &written), vec![Reachable, Reachable, Definite, Definite]);
+        // Nothing points to the mapping: it is lost, and what it holds with it.
+        assert_eq!(run(&b, &[], &written), vec![Definite, Indirect, Definite, Definite]);
+        // Written whole, its last word keeps block 2 as well.
+        assert_eq!(run(&b, &[(0x10, 8)], &[(0x1000, 0x40)]), vec![Reachable, Reachable, Reachable, Definite]);
+        // As opaque (device memory) it keeps nothing.
+        b[0] = Block::new(0x1000, 0x40).opaque();
+        assert_eq!(run(&b, &[(0x10, 8)], &[(0x1000, 0x40)]), vec![Reachable, Definite, Definite, Definite]);
     }
 
     #[test]

@@ -36,6 +36,10 @@ fn inherited_pages(inherited: &[(u64, u64)]) -> Vec<(u64, u64)> {
 /// grows into before the stop): 8 bytes each, reserved before the stop.
 const FREED_MEANWHILE: usize = 1 << 16;
 
+/// The most written parts of the program's mappings a scan keeps apart (1 MiB of room):
+/// past it, a mapping's last part reaches to its end.
+const MAPPED_PARTS: usize = 1 << 16;
+
 /// The frees read from the rings while the program's threads are held, in the buffer
 /// made for them before (`freed`), or, if the rings hold more (a ring added since it was
 /// sized), in a mapping made while the threads are held (`ZeroedArray::mapped`: no malloc
@@ -216,6 +220,11 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], extra_roots: &[(u64, u64
     let mut runtime_ranges = Vec::with_capacity(roots::WrittenPages::bound(&runtime_module_ranges));
     let forked_child = !inherited.is_empty();
     let inherited_pages = inherited_pages(inherited);
+    // The program's own mappings (`mark::Block::mapping`): read on their written pages,
+    // found while the threads are held. Room for the parts of a few large reservations
+    // at most: past it a range's last part is widened to its end (read, never lost).
+    let mappings: Vec<(u64, u64)> = blocks.iter().filter(|b| b.is_mapping()).map(|b| (b.start, b.size())).collect();
+    let mut mapped_written = Vec::with_capacity(roots::WrittenPages::bound(&mappings).min(MAPPED_PARTS));
     let mut changed_since_fork = Vec::with_capacity(roots::WrittenPages::bound(&inherited_pages));
     root_ranges.extend_from_slice(roots::main_tls());
     root_ranges.extend_from_slice(extra_roots);
@@ -291,6 +300,7 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], extra_roots: &[(u64, u64
         pages.keep_written(&runtime_module_ranges, &mut runtime_ranges);
     }
     pages.keep_changed_since_fork(&inherited_pages, &mut changed_since_fork);
+    pages.keep_written(&mappings, &mut mapped_written);
     if forked_child {
         python_arenas.sort_unstable();
         pages.keep_changed_since_fork(&python_arenas, &mut python_changed);
@@ -309,6 +319,7 @@ pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], extra_roots: &[(u64, u64
         python_ints: crate::scan::arenas::int_layout(),
         python_types: crate::scan::arenas::object_types(),
         freed_meanwhile: freed_meanwhile.addresses(&freed),
+        mapped_written: &mapped_written,
     };
     mark::classify_into(blocks, &all_roots, &memory, &mut scratch);
     roots::resume(stopped.asked);
