@@ -197,7 +197,10 @@ fn memory_just_under_the_main_threads_tls_block_is_not_a_root() {
         return;
     }
     assert!(run.stdout().starts_with("stored at"), "{}", run.stdout());
-    assert_eq!(class(&run.report(), "below_tls_block"), (4321, 0, 0));
+    // Lost: not reachable from the TLS root. The page is a mapping the program made and
+    // nothing points to (a definite leak), so the block it holds is lost with it
+    // (indirect), as a block held only by a leaked block is.
+    assert_eq!(class(&run.report(), "below_tls_block"), (0, 4321, 0));
 }
 
 /// Where `process_vm_readv` is refused (a seccomp profile), roots are read in place as
