@@ -961,10 +961,11 @@ fn make_record(t: &Tables, h: u64, epoch: u32, frames: &[u64], tail: Option<Shar
     }
     let tail = tail.and_then(|s| t.checked_tail(s, frames.len()));
     debug_assert!(tail.is_none_or(|(s, _)| t.reads_as(s.parent, s.first, &frames[s.own..])));
-    // The parent's chain was read just now: its base is readable (else no tail).
-    let (tail, base) = match tail.map(|(s, chain)| ((s, chain), t.base_of(s.parent))) {
-        Some((s, Some(base))) => (Some(s), base),
-        _ => (None, 0),
+    // The own frames are kept against the parent's base; a parent whose chain cannot be
+    // read through is not shared (the record keeps all its frames, from 0).
+    let (tail, base) = match tail.map_or(Some(0), |(s, _)| t.base_of(s.parent)) {
+        Some(base) => (tail, base),
+        None => (None, 0),
     };
     let own = tail.map_or(frames.len(), |(s, _)| s.own).min(MAX_FRAMES + 3);
     let mut encoded = [0u8; MAX_ENCODED];
