@@ -206,3 +206,52 @@ fn leaktrace_exit_code_makes_a_leaking_process_fail_unless_it_failed_already() {
     );
     assert_eq!(run.code(), Some(0));
 }
+
+/// A library that keeps its `.eh_frame` in a writable segment under RELRO, as CUDA's
+/// `libnvrtc.so` does (the unwinder cannot give those pages back once read: 3.6 MB of
+/// `import torch`'s peak): its frames unwind as any other's, read from a view of the
+/// library's file, and the program's own pages of the section stay untouched.
+#[test]
+fn a_librarys_writable_unwind_tables_are_read_from_its_file_not_from_the_programs_pages() {
+    let lib = build_fixture("writable_eh_frame.c", &["-shared", "-fPIC", "-Wl,-z,relro,-z,now"]);
+    let main = build_fixture("writable_eh_frame_main.c", &[]);
+    let Ok(out) = Command::new("readelf").arg("-SW").arg(&lib).output() else {
+        skip::missing("readelf", "apt-get install binutils");
+        return;
+    };
+    // `[15] .eh_frame PROGBITS ADDR OFF SIZE ES FLG ...`
+    let text = String::from_utf8_lossy(&out.stdout);
+    let fields: Vec<&str> = text.lines().find(|l| l.contains(" .eh_frame ")).unwrap_or_default().split_whitespace().collect();
+    let at = fields.iter().position(|f| *f == ".eh_frame").expect("the library has an .eh_frame section");
+    let (addr, size, flags) = (fields[at + 2], fields[at + 4], fields[at + 6]);
+    if !flags.contains('W') {
+        skip::not_here(&format!("this toolchain put .eh_frame in a read-only segment ({flags})"));
+        return;
+    }
+    let mut cmd = Command::new(&main);
+    cmd.arg(&lib).arg(addr).arg(size);
+    let run = run_traced(cmd, "writable-eh-frame");
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    // Pages wholly inside the section, dropped by the program before the calls; the
+    // plain program maps none of them again.
+    let line = run.stdout();
+    let (present, pages) = line.trim().strip_prefix("eh_frame pages present: ").and_then(|s| s.split_once(" of ")).expect(&line);
+    assert!(pages.parse::<u32>().unwrap() >= 8, "{line}");
+    assert_eq!(present, "0", "the program's pages of the library's .eh_frame were read: {line}");
+    // Every frame unwound through the library: the leak's stack, innermost first.
+    let r = run.report();
+    let lost = groups_with(&r, "lost_in_writable_eh_frame");
+    assert_eq!((sum(&lost, "bytes"), sum(&lost, "blocks")), (4321, 1), "{lost:#?}");
+    let names: Vec<&str> = lost[0]["stack"].as_array().unwrap().iter().filter_map(|f| f["function"].as_str()).collect();
+    assert_eq!(names[..4], ["leaf", "lost_in_writable_eh_frame", "call_all", "main"], "{names:?}");
+    // The 2,048 blocks the library keeps are reachable through its `kept` array.
+    let reach = &r["summary"]["host"]["reachability"];
+    assert_eq!((reach["definite"]["blocks"].as_u64(), reach["indirect"]["blocks"].as_u64()), (Some(1), Some(0)), "{reach:#}");
+    assert!(reach["reachable"]["blocks"].as_u64().unwrap() >= 2048, "{reach:#}");
+    let plain = run_plain({
+        let mut c = Command::new(&main);
+        c.arg(&lib).arg(addr).arg(size);
+        c
+    });
+    assert_eq!(String::from_utf8_lossy(&plain.stdout), line, "the same pages as without the library");
+}

@@ -229,8 +229,12 @@ fn with_fde<R>(lookup_ip: u64, f: impl FnOnce(&EhFrame<Section>, &BaseAddresses,
     if eh_frame_addr >= obj.map_end || eh_frame_addr < obj.map_start {
         return None;
     }
+    // A module that keeps `.eh_frame` in a writable segment is read from a view of its
+    // file (`os::unwind_view`), the others where the loader mapped them.
+    // SAFETY: `obj` is the loaded module that holds `lookup_ip`, as the loader gave it.
+    let view = unsafe { crate::os::unwind_view::eh_frame(obj.map_start, obj.map_end, obj.base, obj.name, eh_frame_addr) };
     // SAFETY: as above, `.eh_frame` is inside the object's mapping.
-    let eh: &'static [u8] = unsafe { std::slice::from_raw_parts(eh_frame_addr as *const u8, (obj.map_end - eh_frame_addr) as usize) };
+    let eh: &'static [u8] = view.unwrap_or_else(|| unsafe { std::slice::from_raw_parts(eh_frame_addr as *const u8, (obj.map_end - eh_frame_addr) as usize) });
     let eh_frame = EhFrame::new(eh, NativeEndian);
     let bases = bases.set_eh_frame(eh_frame_addr);
     let table = parsed.table()?;

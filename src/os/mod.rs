@@ -22,6 +22,7 @@ pub mod stack;
 pub mod startup;
 pub mod threads;
 pub mod unwind_tables;
+pub mod unwind_view;
 
 /// Types that any bytes are a valid value of: what `copy_own` may write into.
 pub trait Plain: Copy {}

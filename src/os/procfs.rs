@@ -142,6 +142,32 @@ pub fn unfiltered_now() -> bool {
     ok
 }
 
+/// `unfiltered_now` for a hook on a program's thread: no allocation, the held
+/// descriptor read once into a buffer on the stack (the `Seccomp:` line comes within
+/// its first kilobyte). False where that cannot tell.
+pub fn unfiltered_without_allocating() -> bool {
+    if FILTERED.load(Ordering::Acquire) {
+        return false;
+    }
+    let fd = STATUS.fd.load(Ordering::Acquire);
+    if !STATUS.is_ours(fd) {
+        return false;
+    }
+    let mut buf = [0u8; 2048];
+    // SAFETY: reads at most `buf.len()` bytes into `buf` from a descriptor of ours.
+    let n = unsafe { libc::syscall(libc::SYS_pread64, fd, buf.as_mut_ptr(), buf.len(), 0) };
+    if n <= 0 {
+        return false;
+    }
+    let read = &buf[..n as usize];
+    let text = match std::str::from_utf8(read) {
+        Ok(t) => t,
+        // A name cut in the middle of a character: what comes before it.
+        Err(e) => std::str::from_utf8(&read[..e.valid_up_to()]).unwrap_or(""),
+    };
+    unfiltered(text)
+}
+
 static FILTERED: AtomicBool = AtomicBool::new(false);
 #[cfg(test)]
 static STATUS_CHECKS: AtomicU64 = AtomicU64::new(0);

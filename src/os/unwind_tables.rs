@@ -205,6 +205,8 @@ pub fn release_all() -> u64 {
     let released = release(&ranges(), fd);
     // SAFETY: the descriptor opened just above.
     unsafe { libc::close(fd) };
+    // And what the unwinder read through its own views of the tables that stay.
+    super::unwind_view::release();
     released
 }
 
