@@ -40,11 +40,11 @@ pub type FxSet<K> = std::collections::HashSet<K, BuildHasherDefault<FxHasher>>;
 /// (`interpose::malloc::RealAllocator`): a fresh zeroed one costs no memory until its
 /// pages are written, where `resize` would write every new element (a table by stack id
 /// sized to the next power of two after `import torch`'s 2M stacks: 8 MB never used).
-pub fn grow_zeroed(v: &mut Vec<u32>, len: usize) {
+pub fn grow_zeroed<T: Copy + Default>(v: &mut Vec<T>, len: usize) {
     if len <= v.len() {
         return;
     }
-    let mut grown = vec![0u32; len];
+    let mut grown = vec![T::default(); len];
     grown[..v.len()].copy_from_slice(v);
     *v = grown;
 }

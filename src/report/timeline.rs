@@ -67,8 +67,9 @@ pub struct Timeline {
     /// map: after `import torch` every snapshot looks up ~600k groups among 2M stacks,
     /// and a hash map's probes were most of the collector's time then. A native stack
     /// and its first child share a place: the first of them to be looked up keeps it,
-    /// the other goes to `line_of_other`.
-    line_of: Vec<u32>,
+    /// the other goes to `line_of_other`. In 16 bits a place while the lines fit
+    /// (`LineMemo`).
+    line_of: LineMemo,
     line_of_other: crate::util::FxMap<u32, u32>,
     /// The same by Python part (`python::python_part`): decoded once per part.
     line_of_part: crate::util::FxMap<u32, u32>,
@@ -86,6 +87,59 @@ const LINE_UNKNOWN: u32 = 0;
 const NO_LINE: u32 = u32::MAX >> 1;
 /// In `line_of`: the place is its first Python child's.
 const FIRST_CHILD: u32 = 1 << 31;
+
+/// `Timeline::line_of`: a place per stack, 16 bits each while every line index fits
+/// them (after `import torch` 1.1M places, 4.4 MB resident in 32 bits; a program has a
+/// few hundred user lines), then 32 bits for good. Answers and takes the 32-bit form
+/// (`LINE_UNKNOWN`, `NO_LINE`, an index, `FIRST_CHILD`).
+#[derive(Clone, Debug, Default)]
+struct LineMemo {
+    narrow: Vec<u16>,
+    /// Once a line's index does not fit 15 bits: every place, in 32 bits.
+    wide: Option<Vec<u32>>,
+}
+
+const NARROW_CHILD: u16 = 1 << 15;
+const NARROW_NO_LINE: u16 = NARROW_CHILD - 1;
+
+impl LineMemo {
+    fn get(&self, slot: usize) -> u32 {
+        if let Some(wide) = &self.wide {
+            return wide.get(slot).copied().unwrap_or(LINE_UNKNOWN);
+        }
+        let v = self.narrow.get(slot).copied().unwrap_or(0);
+        let line = match v & !NARROW_CHILD {
+            NARROW_NO_LINE => NO_LINE,
+            i => i as u32,
+        };
+        if v & NARROW_CHILD != 0 {
+            line | FIRST_CHILD
+        } else {
+            line
+        }
+    }
+
+    fn set(&mut self, slot: usize, value: u32) {
+        let line = value & !FIRST_CHILD;
+        if self.wide.is_none() && line != NO_LINE && line >= NARROW_NO_LINE as u32 {
+            self.wide = Some(self.narrow.iter().enumerate().map(|(k, _)| self.get(k)).collect());
+            self.narrow = Vec::new();
+        }
+        if let Some(wide) = &mut self.wide {
+            if wide.len() <= slot {
+                crate::util::grow_zeroed(wide, (slot + 1).next_power_of_two());
+            }
+            wide[slot] = value;
+            return;
+        }
+        if self.narrow.len() <= slot {
+            // LINE_UNKNOWN is 0.
+            crate::util::grow_zeroed(&mut self.narrow, (slot + 1).next_power_of_two());
+        }
+        let narrow = if line == NO_LINE { NARROW_NO_LINE } else { line as u16 };
+        self.narrow[slot] = narrow | if value & FIRST_CHILD != 0 { NARROW_CHILD } else { 0 };
+    }
+}
 
 impl Timeline {
     /// The memory measured with the last point.
@@ -279,11 +333,7 @@ impl Timeline {
     fn memo_line(&mut self, stack: u32, work_out: impl FnOnce(&mut Self, u32) -> u32) -> u32 {
         let slot = crate::hotpath::stacks::shared_index(stack);
         let tag = if crate::hotpath::stacks::is_first_child(stack) { FIRST_CHILD } else { 0 };
-        if self.line_of.len() <= slot {
-            // LINE_UNKNOWN is 0.
-            crate::util::grow_zeroed(&mut self.line_of, (slot + 1).next_power_of_two());
-        }
-        let memo = self.line_of[slot];
+        let memo = self.line_of.get(slot);
         if memo != LINE_UNKNOWN {
             if memo & FIRST_CHILD == tag {
                 return memo & !FIRST_CHILD;
@@ -294,7 +344,7 @@ impl Timeline {
         }
         let found = work_out(self, stack);
         if memo == LINE_UNKNOWN {
-            self.line_of[slot] = found | tag;
+            self.line_of.set(slot, found | tag);
         } else {
             self.line_of_other.insert(stack, found);
         }
@@ -370,6 +420,35 @@ impl Timeline {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_line_memo_answers_in_16_bits_and_widens_for_good_past_them() {
+        let mut m = LineMemo::default();
+        assert_eq!(m.get(5), LINE_UNKNOWN);
+        for (slot, v) in [(0, NO_LINE), (1, NO_LINE | FIRST_CHILD), (2, 7), (3, 7 | FIRST_CHILD), (1000, NARROW_NO_LINE as u32 - 1)] {
+            m.set(slot, v);
+            assert_eq!(m.get(slot), v, "{slot}");
+        }
+        assert!(m.wide.is_none());
+        assert_eq!(m.narrow.len(), 1024);
+        // The first index past 15 bits: every place kept, in 32 bits from now on.
+        m.set(2000, NARROW_NO_LINE as u32 | FIRST_CHILD);
+        assert!(m.wide.is_some() && m.narrow.is_empty());
+        for (slot, v) in [
+            (0, NO_LINE),
+            (1, NO_LINE | FIRST_CHILD),
+            (2, 7),
+            (3, 7 | FIRST_CHILD),
+            (1000, NARROW_NO_LINE as u32 - 1),
+            (2000, NARROW_NO_LINE as u32 | FIRST_CHILD),
+            (4, LINE_UNKNOWN),
+            (1 << 20, LINE_UNKNOWN),
+        ] {
+            assert_eq!(m.get(slot), v, "{slot}");
+        }
+        m.set(3000, 1 << 20);
+        assert_eq!(m.get(3000), 1 << 20);
+    }
     use super::*;
     use crate::collector::state::{GroupSnapshot, Totals};
 
