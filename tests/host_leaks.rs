@@ -207,17 +207,14 @@ fn leaktrace_exit_code_makes_a_leaking_process_fail_unless_it_failed_already() {
     assert_eq!(run.code(), Some(0));
 }
 
-/// A library that keeps its `.eh_frame` in a writable segment under RELRO, as CUDA's
-/// `libnvrtc.so` does (the unwinder cannot give those pages back once read: 3.6 MB of
-/// `import torch`'s peak): its frames unwind as any other's, read from a view of the
-/// library's file, and the program's own pages of the section stay untouched.
-#[test]
-fn a_librarys_writable_unwind_tables_are_read_from_its_file_not_from_the_programs_pages() {
+/// The library of `writable_eh_frame.c`, its loader, and its `.eh_frame`'s address and
+/// size (hexadecimal, as `readelf -SW` prints them); `None` when the test is skipped.
+fn writable_eh_frame_fixture() -> Option<(std::path::PathBuf, std::path::PathBuf, String, String)> {
     let lib = build_fixture("writable_eh_frame.c", &["-shared", "-fPIC", "-Wl,-z,relro,-z,now"]);
     let main = build_fixture("writable_eh_frame_main.c", &[]);
     let Ok(out) = Command::new("readelf").arg("-SW").arg(&lib).output() else {
         skip::missing("readelf", "apt-get install binutils");
-        return;
+        return None;
     };
     // `[15] .eh_frame PROGBITS ADDR OFF SIZE ES FLG ...`
     let text = String::from_utf8_lossy(&out.stdout);
@@ -226,10 +223,20 @@ fn a_librarys_writable_unwind_tables_are_read_from_its_file_not_from_the_program
     let (addr, size, flags) = (fields[at + 2], fields[at + 4], fields[at + 6]);
     if !flags.contains('W') {
         skip::not_here(&format!("this toolchain put .eh_frame in a read-only segment ({flags})"));
-        return;
+        return None;
     }
+    Some((lib, main, addr.to_string(), size.to_string()))
+}
+
+/// A library that keeps its `.eh_frame` in a writable segment under RELRO, as CUDA's
+/// `libnvrtc.so` does (the unwinder cannot give those pages back once read: 3.6 MB of
+/// `import torch`'s peak): its frames unwind as any other's, read from a view of the
+/// library's file, and the program's own pages of the section stay untouched.
+#[test]
+fn a_librarys_writable_unwind_tables_are_read_from_its_file_not_from_the_programs_pages() {
+    let Some((lib, main, addr, size)) = writable_eh_frame_fixture() else { return };
     let mut cmd = Command::new(&main);
-    cmd.arg(&lib).arg(addr).arg(size);
+    cmd.arg(&lib).arg(&addr).arg(&size);
     let run = run_traced(cmd, "writable-eh-frame");
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     // Pages wholly inside the section, dropped by the program before the calls; the
@@ -250,8 +257,30 @@ fn a_librarys_writable_unwind_tables_are_read_from_its_file_not_from_the_program
     assert!(reach["reachable"]["blocks"].as_u64().unwrap() >= 2048, "{reach:#}");
     let plain = run_plain({
         let mut c = Command::new(&main);
-        c.arg(&lib).arg(addr).arg(size);
+        c.arg(&lib).arg(&addr).arg(&size);
         c
     });
     assert_eq!(String::from_utf8_lossy(&plain.stdout), line, "the same pages as without the library");
+}
+
+/// A library loaded by a relative path (`dlopen("./libx.so")`, `ctypes.CDLL("./libx.so")`)
+/// keeps that name in the loader, relative to a directory the program may leave: its
+/// frames are named from the file it mapped, wherever the program went since.
+#[test]
+fn a_library_loaded_by_a_relative_path_has_its_frames_named() {
+    let Some((lib, main, addr, size)) = writable_eh_frame_fixture() else { return };
+    let relative = format!("./{}", lib.file_name().unwrap().to_string_lossy());
+    let mut cmd = Command::new(&main);
+    cmd.current_dir(lib.parent().unwrap()).arg(&relative).arg(&addr).arg(&size).arg("/");
+    let run = run_traced(cmd, "relative-dlopen");
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let r = run.report();
+    let lost = groups_with(&r, "lost_in_writable_eh_frame");
+    assert_eq!((sum(&lost, "bytes"), sum(&lost, "blocks")), (4321, 1), "{lost:#?}");
+    let stack = lost[0]["stack"].as_array().unwrap();
+    let names: Vec<&str> = stack.iter().filter_map(|f| f["function"].as_str()).collect();
+    assert_eq!(names[..4], ["leaf", "lost_in_writable_eh_frame", "call_all", "main"], "{names:?}");
+    let real = std::fs::canonicalize(&lib).unwrap();
+    assert_eq!(stack[0]["module"].as_str(), real.to_str(), "{:#}", stack[0]);
+    assert!(stack[0]["file"].as_str().unwrap().ends_with("writable_eh_frame.c"), "{:#}", stack[0]);
 }

@@ -544,6 +544,33 @@ pub fn demangle_symbol(name: &str) -> String {
     }
 }
 
+/// The absolute path of the file mapped at `start` (`/proc/self/maps`), for a module the
+/// loader names by a relative path: `dlopen("./libx.so")` and `ctypes.CDLL("./libx.so")`
+/// keep the name as given, relative to the directory of that call, which the program may
+/// have left since. Such a module's frames had no names (its file is opened by absolute
+/// path only). `None` where the line is not found or its file was deleted.
+fn mapped_path_at(start: u64) -> Option<String> {
+    let maps = crate::os::anchor::read_proc_string("self/maps").ok()?;
+    path_at_in_maps(&maps, start)
+}
+
+/// `mapped_path_at`'s search of a `/proc/self/maps` text.
+fn path_at_in_maps(maps: &str, start: u64) -> Option<String> {
+    maps.lines().find_map(|line| {
+        let (lo, _) = line.split_once('-')?;
+        if u64::from_str_radix(lo, 16).ok()? != start {
+            return None;
+        }
+        // `lo-hi perms offset dev inode   path`: the path is the rest after the inode.
+        let mut rest = line;
+        for _ in 0..5 {
+            rest = rest.trim_start().split_once(' ')?.1;
+        }
+        let path = rest.trim_start();
+        (path.starts_with('/') && !path.ends_with(" (deleted)")).then(|| path.to_string())
+    })
+}
+
 impl Symbolizer {
     pub fn new(exe_path: String) -> Symbolizer {
         Symbolizer { exe_path, ..Default::default() }
@@ -554,7 +581,13 @@ impl Symbolizer {
     }
 
     fn module_index(&mut self, path: String, base: u64, start: u64, end: u64) -> u32 {
-        let path = if path.is_empty() { self.exe_path.clone() } else { path };
+        let path = if path.is_empty() {
+            self.exe_path.clone()
+        } else if !path.starts_with('/') {
+            mapped_path_at(start).unwrap_or(path)
+        } else {
+            path
+        };
         let key = (path.clone(), base, start);
         let next = self.modules.len() as u32;
         let idx = *self.module_ids.entry(key).or_insert(next);
@@ -763,6 +796,19 @@ impl Symbolizer {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_relatively_named_module_is_found_by_its_mapping() {
+        let maps = "7f00-7f10 r--p 00000000 fe:00 42                         /opt/my lib/libx.so\n\
+                    7f10-7f20 r-xp 00001000 fe:00 42                         /opt/my lib/libx.so\n\
+                    7f30-7f40 r--p 00000000 fe:00 43                         /tmp/gone.so (deleted)\n\
+                    7f50-7f60 rw-p 00000000 00:00 0 \n";
+        assert_eq!(super::path_at_in_maps(maps, 0x7f00).as_deref(), Some("/opt/my lib/libx.so"));
+        assert_eq!(super::path_at_in_maps(maps, 0x7f10).as_deref(), Some("/opt/my lib/libx.so"));
+        assert_eq!(super::path_at_in_maps(maps, 0x7f30), None);
+        assert_eq!(super::path_at_in_maps(maps, 0x7f50), None);
+        assert_eq!(super::path_at_in_maps(maps, 0x7f08), None);
+    }
     use super::*;
 
     /// Variables named for many holders at once (`prefetch_data_symbols`) are those
