@@ -195,14 +195,21 @@ fn freeing(p: *mut c_void) {
 /// backward-shift deletion in a mapping of its own. The interpreter's lock orders every
 /// call (pymalloc runs under it), so each operation sees the last one's result; a
 /// full table samples nothing more.
+///
+/// The table starts at `MIN_BITS` slots and doubles past half full, up to `MAX_BITS`: a
+/// process has a few hundred to a few thousand live samples (one per 64 KiB of live
+/// objects), and the 2 MiB of the largest table, its slots spread by hash, were all
+/// resident after `import torch`. A table outgrown is emptied (`MADV_DONTNEED`) and never
+/// unmapped: a caller that broke the interpreter's rule reads zeros, not a fault.
 mod table {
     use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-    const BITS: u32 = 18;
-    const SLOTS: usize = 1 << BITS;
-    /// The most live samples (half the slots, for short probes).
-    const MAX_LIVE: usize = SLOTS / 2;
+    const MIN_BITS: u32 = 10;
+    const MAX_BITS: u32 = 18;
+    /// The most live samples (half the largest table's slots, for short probes).
+    const MAX_LIVE: usize = (1 << MAX_BITS) / 2;
 
+    /// The table now: its mapping's address (page-aligned) with its bits in the low 12.
     static TABLE: AtomicUsize = AtomicUsize::new(0);
     static LIVE: AtomicUsize = AtomicUsize::new(0);
 
@@ -228,24 +235,54 @@ mod table {
     }
 
     pub fn prepare() -> bool {
-        if TABLE.load(Ordering::Acquire) != 0 {
-            return true;
-        }
-        let Some(m) = crate::hotpath::mapping::map_zeroed(SLOTS * 8, crate::os::own::Part::Python) else { return false };
-        TABLE.store(m as usize, Ordering::Release);
-        true
+        TABLE.load(Ordering::Acquire) != 0
+            || map(MIN_BITS).is_some_and(|m| {
+                TABLE.store(m | MIN_BITS as usize, Ordering::Release);
+                true
+            })
     }
 
-    fn slots() -> Option<&'static [AtomicU64]> {
-        let p = TABLE.load(Ordering::Acquire);
-        // SAFETY: a zeroed mapping of SLOTS words (all-zero atomics are valid), never
-        // unmapped.
-        (p != 0).then(|| unsafe { std::slice::from_raw_parts(p as *const AtomicU64, SLOTS) })
+    /// A zeroed table of `1 << bits` slots, page-aligned.
+    fn map(bits: u32) -> Option<usize> {
+        crate::hotpath::mapping::map_zeroed(8 << bits, crate::os::own::Part::Python).map(|m| m as usize)
+    }
+
+    /// The table now and its bits.
+    fn slots() -> Option<(&'static [AtomicU64], u32)> {
+        let word = TABLE.load(Ordering::Acquire);
+        let (p, bits) = (word & !0xfff, (word & 0xfff) as u32);
+        // SAFETY: a zeroed mapping of `1 << bits` words (all-zero atomics are valid),
+        // never unmapped.
+        (p != 0).then(|| (unsafe { std::slice::from_raw_parts(p as *const AtomicU64, 1 << bits) }, bits))
     }
 
     #[inline(always)]
-    fn home(addr: u64) -> usize {
-        ((addr >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - BITS)) as usize
+    fn home(addr: u64, bits: u32) -> usize {
+        ((addr >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - bits)) as usize
+    }
+
+    /// Puts `addr` (not in the table) in its run's first empty slot.
+    fn place(t: &[AtomicU64], bits: u32, addr: u64) {
+        let mut i = home(addr, bits);
+        while t[i].load(Ordering::Relaxed) != 0 {
+            i = (i + 1) & (t.len() - 1);
+        }
+        t[i].store(addr, Ordering::Relaxed);
+    }
+
+    /// Moves every entry to a table twice as large; false when none can be mapped.
+    fn grow(old: &[AtomicU64], bits: u32) -> bool {
+        let Some(m) = map(bits + 1) else { return false };
+        // SAFETY: the zeroed mapping just made, `2 << bits` words.
+        let new = unsafe { std::slice::from_raw_parts(m as *const AtomicU64, 2 << bits) };
+        for v in old.iter().map(|v| v.load(Ordering::Relaxed)).filter(|&v| v != 0) {
+            place(new, bits + 1, v);
+        }
+        TABLE.store(m | (bits + 1) as usize, Ordering::Release);
+        // SAFETY: the old table, ours, no longer the one published; its words read as
+        // zero afterwards (see the module's comment).
+        unsafe { libc::madvise(old.as_ptr() as *mut libc::c_void, old.len() * 8, libc::MADV_DONTNEED) };
+        true
     }
 
     #[cfg(test)]
@@ -254,11 +291,18 @@ mod table {
     }
 
     pub fn insert(addr: u64) -> bool {
-        let Some(t) = slots() else { return false };
-        if LIVE.load(Ordering::Relaxed) >= MAX_LIVE {
+        let Some((mut t, mut bits)) = slots() else { return false };
+        let live = LIVE.load(Ordering::Relaxed);
+        if live >= MAX_LIVE {
             return false;
         }
-        let mut i = home(addr);
+        if live + 1 > t.len() / 2 && bits < MAX_BITS {
+            if !grow(t, bits) {
+                return false;
+            }
+            (t, bits) = slots().expect("published by grow");
+        }
+        let mut i = home(addr, bits);
         loop {
             let v = t[i].load(Ordering::Relaxed);
             if v == addr {
@@ -274,13 +318,14 @@ mod table {
                 }
                 return true;
             }
-            i = (i + 1) & (SLOTS - 1);
+            i = (i + 1) & (t.len() - 1);
         }
     }
 
     pub fn remove(addr: u64) -> bool {
-        let Some(t) = slots() else { return false };
-        let mut i = home(addr);
+        let Some((t, bits)) = slots() else { return false };
+        let mask = t.len() - 1;
+        let mut i = home(addr, bits);
         loop {
             let v = t[i].load(Ordering::Relaxed);
             if v == 0 {
@@ -289,24 +334,24 @@ mod table {
             if v == addr {
                 break;
             }
-            i = (i + 1) & (SLOTS - 1);
+            i = (i + 1) & mask;
         }
         // Backward shift: later entries of the run move into the hole when their home
         // is not between the hole and them.
         let mut hole = i;
-        let mut j = (i + 1) & (SLOTS - 1);
+        let mut j = (i + 1) & mask;
         loop {
             let v = t[j].load(Ordering::Relaxed);
             if v == 0 {
                 break;
             }
-            let h = home(v);
+            let h = home(v, bits);
             let between = if hole <= j { hole < h && h <= j } else { hole < h || h <= j };
             if !between {
                 t[hole].store(v, Ordering::Relaxed);
                 hole = j;
             }
-            j = (j + 1) & (SLOTS - 1);
+            j = (j + 1) & mask;
         }
         t[hole].store(0, Ordering::Relaxed);
         LIVE.fetch_sub(1, Ordering::Relaxed);
@@ -338,6 +383,9 @@ mod table {
             }
             assert!(!any());
             assert!(addrs.iter().all(|&a| !may_hold(a)));
+            // 5,000 live samples grew the table from 1,024 slots to at least 16,384
+            // (never more than half full), which it keeps.
+            assert!(slots().is_some_and(|(t, bits)| bits >= 14 && t.len() == 1 << bits));
         }
     }
 }
