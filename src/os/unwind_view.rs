@@ -261,30 +261,35 @@ fn hash(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
 }
 
-/// The loaded module's program headers and build ID, read from its first page (where
-/// its ELF header is mapped: `map_start`, its lowest address) and notes; with `base`
-/// its load bias.
+/// The loaded module's program headers, read from its first page (where its ELF header
+/// is mapped: `map_start`, its lowest address).
 ///
 /// # Safety
 /// `[map_start, map_end)` must be the mapping of a loaded module (as `_dl_find_object`
 /// gives it), mapped while the caller runs code of it or holds it loaded.
-unsafe fn loaded(map_start: u64, map_end: u64, base: u64) -> Option<(&'static [u8], &'static [u8])> {
+unsafe fn loaded_phdrs(map_start: u64, map_end: u64) -> Option<&'static [u8]> {
     let span = map_end.checked_sub(map_start)? as usize;
     // The first page holds the ELF header and, in every linker's layout, the program
     // headers; only what lies inside the module is read.
     let first = span.min(PAGE);
     // SAFETY: the module's first page is mapped and readable (the caller's contract).
-    let head = unsafe { std::slice::from_raw_parts(map_start as *const u8, first) };
-    let ph = phdr_bytes(head)?;
-    let note = phdrs(ph).filter(|p| p.p_type == PT_NOTE).find_map(|p| {
+    phdr_bytes(unsafe { std::slice::from_raw_parts(map_start as *const u8, first) })
+}
+
+/// The loaded module's GNU build ID, from its notes (`ph`: its program headers; `base`:
+/// its load bias).
+///
+/// # Safety
+/// As `loaded_phdrs`.
+unsafe fn loaded_build_id(ph: &[u8], map_start: u64, map_end: u64, base: u64) -> Option<&'static [u8]> {
+    phdrs(ph).filter(|p| p.p_type == PT_NOTE).find_map(|p| {
         let at = base.checked_add(p.vaddr)?;
         if at < map_start || at.checked_add(p.filesz)? > map_end || p.filesz > 4096 {
             return None;
         }
         // SAFETY: a note segment inside the module's mapping (checked just above).
         build_id_in(unsafe { std::slice::from_raw_parts(at as *const u8, p.filesz as usize) })
-    })?;
-    Some((ph, note))
+    })
 }
 
 /// The `.eh_frame` at `eh_frame` of the module mapped at `[map_start, map_end)` with load
@@ -292,16 +297,19 @@ unsafe fn loaded(map_start: u64, map_end: u64, base: u64) -> Option<(&'static [u
 /// and its file has the same bytes; `None`: read the module's memory.
 ///
 /// # Safety
-/// As `loaded`; `name` is the loader's NUL-terminated path of the module (`l_name`, ""
-/// or null for the main program).
+/// As `loaded_phdrs`; `name` is the loader's NUL-terminated path of the module
+/// (`l_name`, "" or null for the main program).
 pub unsafe fn eh_frame(map_start: u64, map_end: u64, base: u64, name: *const c_char, eh_frame: u64) -> Option<&'static [u8]> {
     // SAFETY: the caller's contract.
-    let (mem_phdrs, build_id) = unsafe { loaded(map_start, map_end, base) }?;
+    let mem_phdrs = unsafe { loaded_phdrs(map_start, map_end) }?;
     let vaddr = eh_frame.checked_sub(base)?;
     let writable = phdrs(mem_phdrs).any(|p| p.p_type == PT_LOAD && p.flags & PF_W != 0 && p.vaddr <= vaddr && vaddr < p.vaddr + p.filesz);
     if !writable {
+        // Nearly every module: its tables are given back by `unwind_tables`.
         return None;
     }
+    // SAFETY: the caller's contract.
+    let build_id = unsafe { loaded_build_id(mem_phdrs, map_start, map_end, base) }?;
     let key = hash(build_id);
     for slot in &VIEWS {
         let state = slot.state.load(Ordering::Acquire);
