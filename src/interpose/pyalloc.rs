@@ -235,11 +235,12 @@ mod table {
     }
 
     pub fn prepare() -> bool {
-        TABLE.load(Ordering::Acquire) != 0
-            || map(MIN_BITS).is_some_and(|m| {
-                TABLE.store(m | MIN_BITS as usize, Ordering::Release);
-                true
-            })
+        if TABLE.load(Ordering::Acquire) != 0 {
+            return true;
+        }
+        let Some(m) = map(MIN_BITS) else { return false };
+        TABLE.store(m | MIN_BITS as usize, Ordering::Release);
+        true
     }
 
     /// A zeroed table of `1 << bits` slots, page-aligned.

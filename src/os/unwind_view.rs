@@ -29,10 +29,7 @@ use std::ffi::c_char;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 const PAGE: usize = 4096;
-const PT_LOAD: u32 = 1;
-const PT_DYNAMIC: u32 = 2;
-const PT_NOTE: u32 = 4;
-const PF_W: u32 = 2;
+use libc::{PF_W, PT_DYNAMIC, PT_LOAD, PT_NOTE};
 const SHT_PROGBITS: u32 = 1;
 const NT_GNU_BUILD_ID: u32 = 3;
 const PHDR_SIZE: usize = 56;
@@ -49,12 +46,9 @@ const DT_REL: u64 = 17;
 const DT_RELSZ: u64 = 18;
 const DT_RELENT: u64 = 19;
 const DT_PLTREL: u64 = 20;
-const DT_TEXTREL: u64 = 22;
 const DT_JMPREL: u64 = 23;
-const DT_FLAGS: u64 = 30;
 const DT_RELRSZ: u64 = 35;
 const DT_RELR: u64 = 36;
-const DF_TEXTREL: u64 = 4;
 
 /// Little-endian reads of a byte slice, `None` out of bounds (the file may be anything).
 fn u16_at(b: &[u8], at: usize) -> Option<u16> {
@@ -77,11 +71,10 @@ struct Phdr {
     offset: u64,
     vaddr: u64,
     filesz: u64,
-    memsz: u64,
 }
 
 fn phdr(b: &[u8]) -> Option<Phdr> {
-    Some(Phdr { p_type: u32_at(b, 0)?, flags: u32_at(b, 4)?, offset: u64_at(b, 8)?, vaddr: u64_at(b, 16)?, filesz: u64_at(b, 32)?, memsz: u64_at(b, 40)? })
+    Some(Phdr { p_type: u32_at(b, 0)?, flags: u32_at(b, 4)?, offset: u64_at(b, 8)?, vaddr: u64_at(b, 16)?, filesz: u64_at(b, 32)? })
 }
 
 /// The program headers of the ELF image whose first bytes are `image` (an x86-64
@@ -165,15 +158,15 @@ fn relocated_within(file: &[u8], file_phdrs: &[u8], start: u64, end: u64) -> Opt
         return Some(false);
     };
     let entries = file.get(dynamic.offset as usize..(dynamic.offset.checked_add(dynamic.filesz)?) as usize)?;
+    let dynamic = || entries.chunks_exact(16).filter_map(|e| Some((u64_at(e, 0)?, u64_at(e, 8)?)));
+    if super::unwind_tables::has_textrel(dynamic().map(|(t, v)| (t as i64, v))) {
+        return Some(true);
+    }
     let mut tag = [0u64; 37];
     let mut seen = [false; 37];
-    for e in entries.chunks_exact(16) {
-        let (t, v) = (u64_at(e, 0)?, u64_at(e, 8)?);
+    for (t, v) in dynamic() {
         if t == DT_NULL {
             break;
-        }
-        if t == DT_TEXTREL || (t == DT_FLAGS && v & DF_TEXTREL != 0) {
-            return Some(true);
         }
         if let Some(slot) = tag.get_mut(t as usize) {
             *slot = v;
@@ -536,9 +529,9 @@ mod tests {
         e.dynamic(&[(DT_REL, 0x600), (DT_RELSZ, 16)]);
         assert_eq!(e.check(), Some((0x1100, EH_SIZE as usize)), "only the first entry, outside");
         // Text relocations, either way of saying so.
-        e.dynamic(&[(DT_TEXTREL, 0)]);
+        e.dynamic(&[(22, 0)]); // DT_TEXTREL
         assert_eq!(e.check(), None);
-        e.dynamic(&[(DT_FLAGS, DF_TEXTREL)]);
+        e.dynamic(&[(30, 4)]); // DT_FLAGS with DF_TEXTREL
         assert_eq!(e.check(), None);
         // A relocation table that is not in the file: cannot tell.
         e.dynamic(&[(DT_RELA, 0x9000), (DT_RELASZ, 24)]);

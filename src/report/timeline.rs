@@ -122,7 +122,7 @@ impl LineMemo {
     fn set(&mut self, slot: usize, value: u32) {
         let line = value & !FIRST_CHILD;
         if self.wide.is_none() && line != NO_LINE && line >= NARROW_NO_LINE as u32 {
-            self.wide = Some(self.narrow.iter().enumerate().map(|(k, _)| self.get(k)).collect());
+            self.wide = Some((0..self.narrow.len()).map(|k| self.get(k)).collect());
             self.narrow = Vec::new();
         }
         if let Some(wide) = &mut self.wide {
