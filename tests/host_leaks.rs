@@ -284,3 +284,31 @@ fn a_library_loaded_by_a_relative_path_has_its_frames_named() {
     assert_eq!(stack[0]["module"].as_str(), real.to_str(), "{:#}", stack[0]);
     assert!(stack[0]["file"].as_str().unwrap().ends_with("writable_eh_frame.c"), "{:#}", stack[0]);
 }
+
+/// One function that calls an allocating function from 4,096 call sites, three rounds
+/// over (a static initializer registering thousands of operators, generated code): the
+/// unwinder's tree of paths has a node with 4,096 children there, found through its
+/// index once the list is long (`hotpath::hit_tree`). The blocks lost in the last round,
+/// whose captures the tree answers, each carry their own call site: four groups of one
+/// block, whose `all_sites` frames lie in the order of their sites, equally far apart
+/// (the four groups of 1,024 calls are the same code).
+#[test]
+fn captures_from_thousands_of_call_sites_in_one_function_keep_their_own_stacks() {
+    let exe = build_fixture("many_call_sites.c", &[]);
+    let run = run_traced(Command::new(&exe), "many-call-sites");
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let r = run.report();
+    let mut lost = groups_with(&r, "site_leaf");
+    lost.sort_by_key(|g| g["bytes"].as_u64());
+    let sizes: Vec<(u64, u64)> = lost.iter().map(|g| (g["bytes"].as_u64().unwrap(), g["blocks"].as_u64().unwrap())).collect();
+    assert_eq!(sizes, [(107, 1), (1131, 1), (2155, 1), (3179, 1)], "{lost:#?}");
+    let mut sites = Vec::new();
+    for g in &lost {
+        let stack = g["stack"].as_array().unwrap();
+        let names: Vec<&str> = stack.iter().filter_map(|f| f["function"].as_str()).collect();
+        assert_eq!(names[..3], ["site_leaf", "all_sites", "main"], "{names:?}");
+        sites.push(stack[1]["offset"].as_u64().unwrap());
+    }
+    let apart: Vec<u64> = sites.windows(2).map(|w| w[1].wrapping_sub(w[0])).collect();
+    assert!(apart[0] > 0 && apart.iter().all(|&d| d == apart[0]), "call sites at {sites:x?}");
+}

@@ -37,6 +37,22 @@
 //! whose lookups keep failing is looked in only now and then until one answers again
 //! (`GATE_AFTER`, `GATE_EVERY`): a skipped lookup costs at most the unwind it would
 //! have saved, and that root's paths are answered again after its next answer.
+//!
+//! **Long lists are indexed.** A function that calls many others at one depth — a
+//! static initializer that registers thousands of operators, generated code, a test
+//! runner calling each test — gives one node as many children as it has call sites,
+//! all at the same stack pointer. Walked as a list, each lookup and each filing went
+//! through them one by one: a program that calls 300,000 allocating sites from one
+//! function, three times over, took 50 s under the library against 0.01 s without
+//! (lists of 87k nodes, 29k steps a lookup). A list that would grow past `LONG_LIST`
+//! nodes is moved to the tree's index instead — a hash table from (list, word) to the
+//! node — and its first node says so (`INDEXED`): a lookup that does not match that
+//! node reads the index once. Every node of a list reads the same stack word (an unwind
+//! is a function of the words it read: the same words so far, the same next address),
+//! so the word read for the first node is the key; a list whose nodes read different
+//! words (the start RBP and a stack word) is not indexed, and stops taking nodes at
+//! `LONG_LIST`, as any list once the index is full: no walk is longer. The PyTorch
+//! training step's longest list has 48 nodes: nothing there changes.
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Nodes a thread's tree may grow to (16 bytes each: 8 MiB of address space).
@@ -60,6 +76,21 @@ const LEAF: u32 = u32::MAX - 1;
 /// Node 0's `off` (set at every reset): a walk that ever came to index 0 stops there.
 /// The lowest of the three tags, so one comparison sends a walk off its common case.
 const STOP: u32 = u32::MAX - 2;
+/// Nodes a list holds before it moves to the index (or, where it cannot, takes no more).
+const LONG_LIST: usize = 64;
+/// On a list's first node, in `sibling`: the list's other nodes are in the index.
+const INDEXED: u32 = 1 << 31;
+/// Slots of a tree's index (16 bytes each: 2 MiB of address space, touched as used).
+const INDEX_SLOTS: usize = 1 << 17;
+/// Entries the index takes at most: three quarters of its slots.
+const INDEX_MAX: usize = INDEX_SLOTS * 3 / 4;
+/// An index entry's `list` is its list's first node (below `MAX_NODES`) and, above
+/// these bits, the tree's generation when it was made: entries of earlier generations
+/// count as free, so a reset need not clear the index.
+const GENERATION_SHIFT: u32 = 19;
+const GENERATIONS: u32 = 1 << (32 - GENERATION_SHIFT);
+
+const _: () = assert!(MAX_NODES <= 1 << GENERATION_SHIFT && (MAX_NODES as u32) < INDEXED);
 
 /// Takes `n` nodes from the shared budget, if it has them.
 fn take_budget(n: usize) -> bool {
@@ -83,6 +114,31 @@ struct Node {
     /// Next node of the same parent (0: none); always a later node than this one. On a
     /// `LEAF`, the number of reads on its path.
     sibling: u32,
+}
+
+/// Where a read of a path being filed goes in a list (`HitTree::place_in_list`).
+enum Place {
+    /// The list's node for it: the path goes on under that node.
+    Found(u32),
+    /// The path parts here; its node is linked after this one (0: as the root's first).
+    After(u32),
+    /// The path parts here, in an indexed list: the index has taken its node, the one
+    /// filed next (`HitTree::used`).
+    Indexed,
+    /// The path is not filed: it goes on past another path's end, or the list takes no
+    /// more nodes (`LONG_LIST`; the index full, or the list's nodes read different words).
+    Refused,
+}
+
+/// A node of an indexed list: the list whose first node is `list % 2^GENERATION_SHIFT`
+/// (of generation `list >> GENERATION_SHIFT`; 0: a free entry) has node `node`, which
+/// matches the word `val`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct IndexEntry {
+    val: u64,
+    list: u32,
+    node: u32,
 }
 
 #[repr(C)]
@@ -110,13 +166,27 @@ pub struct HitTree {
     skip: u32,
     /// Counts lookups under roots that keep failing, to try one in `GATE_EVERY`.
     gated: u32,
+    /// Which filling of the tree this is (1 up to `GENERATIONS - 1`, then 1 again with
+    /// the index cleared; 0 before the first).
+    generation: u32,
+    /// Index entries of this generation.
+    indexed: u32,
+    /// Whether the index may hold entries of any generation (none in a fresh mapping).
+    index_written: bool,
     roots: [Root; ROOTS],
     nodes: [Node; MAX_NODES],
+    index: [IndexEntry; INDEX_SLOTS],
 }
 
 #[inline(always)]
 fn root_slot(sp: u64) -> usize {
     ((sp >> 3).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 52) as usize & (ROOTS - 1)
+}
+
+/// Where the index entry of list `first`'s node for word `val` is looked for first.
+#[inline(always)]
+fn index_slot(first: u32, val: u64) -> usize {
+    ((val ^ (first as u64) << 40).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 47) as usize & (INDEX_SLOTS - 1)
 }
 
 impl HitTree {
@@ -189,18 +259,18 @@ impl HitTree {
             let run = self.nodes.get(c..)?;
             for (k, n) in run.iter().enumerate() {
                 let addr = sp0.wrapping_add(n.off as u64);
-                let matched = if n.off < STOP {
-                    read(addr) == n.val
+                let word = if n.off < STOP {
+                    read(addr)
                 } else {
                     // Rare: the end of a path, node 0, or the start RBP (at most once a path).
                     std::hint::cold_path();
                     match n.off {
                         LEAF => return Some((n.val as u32, n.sibling as usize)),
                         STOP => return None,
-                        _ => bp0 == n.val,
+                        _ => bp0,
                     }
                 };
-                if matched {
+                if word == n.val {
                     on_read((n.off < STOP).then_some(addr), n.val);
                 } else {
                     // A mismatch either ends the lookup or moves to a sibling: rare on a
@@ -208,14 +278,127 @@ impl HitTree {
                     // or the sibling with a conditional move, and every node's address then
                     // waits for the previous word's comparison (lookups 2.3x slower).
                     std::hint::cold_path();
-                    if n.sibling as usize <= c + k {
-                        return None;
-                    }
-                    c = n.sibling as usize;
+                    c = self.next_in_list(c + k, n, word)? as usize;
                     continue 'runs;
                 }
             }
             return None;
+        }
+    }
+
+    /// Where a walk goes on when node `at` (`n`) does not match the `word` read for it:
+    /// the node of its list that does, through the index for an indexed list (then `at`
+    /// is that list's first node), else its next sibling. `None` ends the lookup: no
+    /// such node, or a link that does not go forward (never made by `insert`).
+    #[inline(always)]
+    fn next_in_list(&self, at: usize, n: &Node, word: u64) -> Option<u32> {
+        if n.sibling & INDEXED != 0 {
+            return self.indexed_node(at as u32, word);
+        }
+        (n.sibling as usize > at).then_some(n.sibling)
+    }
+
+    /// The node of indexed list `first` that matches `val`.
+    fn indexed_node(&self, first: u32, val: u64) -> Option<u32> {
+        let list = first | self.generation << GENERATION_SHIFT;
+        let mut i = index_slot(first, val);
+        // At most three quarters of the slots are this generation's: a free one ends
+        // every probe run; the bound only guards against a corrupted tree.
+        for _ in 0..INDEX_SLOTS {
+            let e = &self.index[i];
+            if e.list == list && e.val == val {
+                return Some(e.node);
+            }
+            if !self.is_current(e) {
+                return None;
+            }
+            i = (i + 1) & (INDEX_SLOTS - 1);
+        }
+        None
+    }
+
+    /// Whether index entry `e` belongs to this generation (else it is free).
+    #[inline(always)]
+    fn is_current(&self, e: &IndexEntry) -> bool {
+        e.list != 0 && e.list >> GENERATION_SHIFT == self.generation
+    }
+
+    /// Files node `node`, matching `val`, under indexed list `first`, whose nodes do not
+    /// hold `val` yet; false where the index is full.
+    fn index_node(&mut self, first: u32, val: u64, node: u32) -> bool {
+        if self.indexed as usize >= INDEX_MAX {
+            return false;
+        }
+        let mut i = index_slot(first, val);
+        while self.is_current(&self.index[i]) {
+            i = (i + 1) & (INDEX_SLOTS - 1);
+        }
+        self.index[i] = IndexEntry { val, list: first | self.generation << GENERATION_SHIFT, node };
+        self.indexed += 1;
+        self.index_written = true;
+        true
+    }
+
+    /// Moves list `first` (not indexed, `len` nodes) to the index, with room for one
+    /// node more, if all its nodes read the same stack word as the one to be added
+    /// (at `off`); false (nothing changed) otherwise, or where the index lacks room.
+    fn index_list(&mut self, first: u32, len: usize, off: u32) -> bool {
+        let head = self.nodes[first as usize];
+        if head.off != off || off >= STOP || self.indexed as usize + len > INDEX_MAX {
+            return false;
+        }
+        let mut c = head.sibling;
+        while c != 0 {
+            if self.nodes[c as usize].off != off {
+                return false;
+            }
+            c = self.nodes[c as usize].sibling;
+        }
+        let mut c = head.sibling;
+        while c != 0 {
+            let n = self.nodes[c as usize];
+            self.index_node(first, n.val, c);
+            c = n.sibling;
+        }
+        self.nodes[first as usize].sibling |= INDEXED;
+        true
+    }
+
+    /// Where the read `(off, val)` of a path being filed goes in list `first`.
+    fn place_in_list(&mut self, first: u32, off: u32, val: u64) -> Place {
+        let head = self.nodes[first as usize];
+        if first != 0 && head.sibling & INDEXED != 0 {
+            if head.off != off {
+                return Place::Refused;
+            }
+            if head.val == val {
+                return Place::Found(first);
+            }
+            if let Some(c) = self.indexed_node(first, val) {
+                return Place::Found(c);
+            }
+            return if self.index_node(first, val, self.used) { Place::Indexed } else { Place::Refused };
+        }
+        let (mut c, mut last, mut len) = (first, 0, 0);
+        while c != 0 {
+            let n = self.nodes[c as usize];
+            if n.off == LEAF {
+                // A path that ends where this one goes on: an unwind is a function of
+                // the words it reads, so this does not happen with the same epoch;
+                // leave the tree as it is if it does.
+                return Place::Refused;
+            }
+            if n.off == off && n.val == val {
+                return Place::Found(c);
+            }
+            (last, c, len) = (c, n.sibling, len + 1);
+        }
+        if len < LONG_LIST {
+            Place::After(last)
+        } else if self.index_list(first, len, off) && self.index_node(first, val, self.used) {
+            Place::Indexed
+        } else {
+            Place::Refused
         }
     }
 
@@ -270,30 +453,21 @@ impl HitTree {
         let mut list = Some(self.roots[slot].first);
         for (off, val) in seq {
             if let Some(first) = list {
-                let (mut c, mut last) = (first, 0);
-                while c != 0 {
-                    let n = self.nodes[c as usize];
-                    if n.off == LEAF {
-                        // A path that ends where this one goes on: an unwind is a
-                        // function of the words it reads, so this does not happen with
-                        // the same epoch; leave the tree as it is if it does.
-                        return;
+                match self.place_in_list(first, off, val) {
+                    Place::Refused => return,
+                    Place::Found(c) => {
+                        list = Some(c + 1);
+                        continue;
                     }
-                    if n.off == off && n.val == val {
-                        break;
+                    Place::Indexed => {}
+                    Place::After(last) => {
+                        let idx = self.used;
+                        if last != 0 {
+                            self.nodes[last as usize].sibling = idx;
+                        } else {
+                            self.roots[slot].first = idx;
+                        }
                     }
-                    (last, c) = (c, n.sibling);
-                }
-                if c != 0 {
-                    list = Some(c + 1);
-                    continue;
-                }
-                // Parts here: linked at the end of the list (or as the root's first).
-                let idx = self.used;
-                if last != 0 {
-                    self.nodes[last as usize].sibling = idx;
-                } else {
-                    self.roots[slot].first = idx;
                 }
                 list = None;
             }
@@ -321,6 +495,16 @@ impl HitTree {
         if !fresh {
             self.roots.fill(Root::default());
         }
+        // The index's entries of the last generation are free from now on.
+        self.indexed = 0;
+        self.generation += 1;
+        if self.generation == GENERATIONS {
+            if self.index_written {
+                self.index.fill(IndexEntry::default());
+                self.index_written = false;
+            }
+            self.generation = 1;
+        }
     }
 
     /// Starts the tree empty again at its first limit and gives back its nodes past it:
@@ -335,6 +519,7 @@ impl HitTree {
         self.reset(self.epoch_tag);
         self.skip = 0;
         BUDGET.fetch_add(limit - FIRST_LIMIT, Ordering::AcqRel);
+        self.forget_index();
         self.limit = FIRST_LIMIT as u32;
         let page = super::mapping::PAGE;
         let from = (self.nodes.as_ptr() as usize + FIRST_LIMIT * std::mem::size_of::<Node>()).next_multiple_of(page);
@@ -347,6 +532,22 @@ impl HitTree {
         // there is read before it is written again, and the pages read back as zeros.
         unsafe { libc::madvise(from as *mut libc::c_void, to - from, libc::MADV_DONTNEED) };
         to - from
+    }
+
+    /// Gives back the index's whole pages (they read as free entries again).
+    fn forget_index(&mut self) {
+        if !self.index_written {
+            return;
+        }
+        let page = super::mapping::PAGE;
+        let (start, len) = (self.index.as_ptr() as usize, std::mem::size_of_val(&self.index));
+        let (from, to) = (start.next_multiple_of(page), (start + len) / page * page);
+        if to > from {
+            // SAFETY: [from, to) lies inside this tree's `index` (whole pages of the
+            // private anonymous mapping that holds the tree); its entries are plain
+            // integers, and zero is a free entry.
+            unsafe { libc::madvise(from as *mut libc::c_void, to - from, libc::MADV_DONTNEED) };
+        }
     }
 
     /// Gives the tree's nodes back to the shared budget (its thread is ending).
@@ -602,6 +803,145 @@ mod tests {
                     assert_eq!(seen, expected, "round {round}: the reads of the path found");
                 }
             }
+        }
+    }
+
+    /// Path `v` of a node with many children: a shared first read, then its own word
+    /// (the list), then one more.
+    fn fan_out_path(sp: u64, v: u64) -> Vec<(u64, u64)> {
+        vec![(sp + 8, 1), (sp + 16, v), (sp + 24, 1000 + v)]
+    }
+
+    fn lookup_fresh(t: &mut HitTree, sp: u64, epoch: u32, reads: &[(u64, u64)]) -> (Option<u32>, Vec<(u64, u64)>) {
+        // Each lookup as the first at its root: the gate of earlier misses stays shut.
+        t.roots[root_slot(sp)].misses = 0;
+        let mem: HashMap<u64, u64> = reads.iter().copied().collect();
+        let mut seen = Vec::new();
+        let found = t.lookup(sp, 0, epoch, reader(&mem), usize::MAX, |a, v| seen.push((a.unwrap(), v)));
+        (found, seen)
+    }
+
+    /// A node with 5,000 children (one function calling 5,000 sites): past `LONG_LIST`
+    /// its list moves to the index; every path is found, with its reads, and a word no
+    /// path read is a miss.
+    #[test]
+    fn a_long_list_moves_to_the_index_and_every_path_in_it_is_found() {
+        let mut t = empty();
+        let sp = 0x7100_0000u64;
+        let n = 5_000u64;
+        for v in 0..n {
+            t.insert(sp, None, &fan_out_path(sp, v), 0, v as u32 + 1);
+        }
+        assert_eq!(t.nodes_used(), 1 + 1 + 3 * n as usize, "one shared node, then two and a leaf a path");
+        let head = t.roots[root_slot(sp)].first as usize + 1;
+        assert!(t.nodes[head].sibling & INDEXED != 0, "the list is indexed");
+        assert_eq!(t.indexed as u64, n - 1, "every node but the first");
+        for v in (0..n).rev() {
+            let path = fan_out_path(sp, v);
+            assert_eq!(lookup_fresh(&mut t, sp, 0, &path), (Some(v as u32 + 1), path.clone()), "path {v}");
+            // Filed again: nothing new.
+            t.insert(sp, None, &path, 0, v as u32 + 1);
+        }
+        assert_eq!(t.nodes_used(), 1 + 1 + 3 * n as usize);
+        assert_eq!(lookup_fresh(&mut t, sp, 0, &fan_out_path(sp, n + 7)).0, None);
+        let mut other_end = fan_out_path(sp, 3);
+        other_end[2].1 = 5;
+        assert_eq!(lookup_fresh(&mut t, sp, 0, &other_end).0, None, "the word after the list differs");
+        t.release();
+    }
+
+    /// A list whose nodes read different words, and a list that would need a full
+    /// index, stop at `LONG_LIST` nodes: the paths past that are not filed, the others
+    /// are still found.
+    #[test]
+    fn a_list_that_cannot_be_indexed_takes_no_more_than_long_list_nodes() {
+        let mut t = empty();
+        let sp = 0x7200_0000u64;
+        let n = 3 * LONG_LIST as u64;
+        // Each path's first read at its own offset: one list at the root, of mixed words.
+        for p in 0..n {
+            t.insert(sp, None, &[(sp + 8 + 8 * p, p)], 0, p as u32 + 1);
+        }
+        for p in 0..n {
+            let want = (p < LONG_LIST as u64).then_some(p as u32 + 1);
+            assert_eq!(lookup_fresh(&mut t, sp, 0, &[(sp + 8 + 8 * p, p)]).0, want, "path {p}");
+        }
+        assert_eq!(t.indexed, 0);
+        // The index full: a list of one word cannot move there either.
+        let sp = 0x7300_0000u64;
+        t.indexed = INDEX_MAX as u32;
+        for v in 0..n {
+            t.insert(sp, None, &fan_out_path(sp, v), 0, v as u32 + 1);
+        }
+        for v in 0..n {
+            let want = (v < LONG_LIST as u64).then_some(v as u32 + 1);
+            assert_eq!(lookup_fresh(&mut t, sp, 0, &fan_out_path(sp, v)).0, want, "path {v}");
+        }
+        t.release();
+    }
+
+    /// A reset (here a new epoch) frees the index's entries: the same list filed again
+    /// with fewer paths does not answer for the ones only the old one had. At the last
+    /// generation the index is cleared.
+    #[test]
+    fn a_tree_started_again_forgets_its_index() {
+        let mut t = empty();
+        let sp = 0x7400_0000u64;
+        for v in 0..200 {
+            t.insert(sp, None, &fan_out_path(sp, v), 0, v as u32 + 1);
+        }
+        assert_eq!(lookup_fresh(&mut t, sp, 0, &fan_out_path(sp, 150)).0, Some(151));
+        for v in 0..100 {
+            t.insert(sp, None, &fan_out_path(sp, v), 1, v as u32 + 1);
+        }
+        let head = t.roots[root_slot(sp)].first as usize + 1;
+        assert!(t.nodes[head].sibling & INDEXED != 0, "indexed again, at the same node");
+        assert_eq!(lookup_fresh(&mut t, sp, 1, &fan_out_path(sp, 50)).0, Some(51));
+        assert_eq!(lookup_fresh(&mut t, sp, 1, &fan_out_path(sp, 150)).0, None, "only the old list had it");
+        assert!(t.index_written);
+        t.generation = GENERATIONS - 1;
+        t.insert(sp, None, &fan_out_path(sp, 1), 2, 2);
+        assert_eq!((t.generation, t.index_written), (1, false));
+        assert!(t.index.iter().all(|e| e.list == 0 && e.val == 0 && e.node == 0), "cleared");
+        t.release();
+    }
+
+    /// Unwind-like paths whose second word takes hundreds of values (so that lists move
+    /// to the index) and whose others take few, filed in random order: a lookup answers
+    /// exactly the path all of whose words hold, with its reads.
+    #[test]
+    fn random_paths_through_indexed_lists_are_found_exactly() {
+        let mut rng = crate::test_rng::TestRng::new(0x1d3a_77c0_5eed_0042);
+        for round in 0..10 {
+            let mut t = empty();
+            let sp = 0x7500_0000u64;
+            let len = 3 + rng.below(6) as usize;
+            let value = |rng: &mut crate::test_rng::TestRng, k: usize| if k == 1 { rng.below(400) } else { rng.below(3) };
+            let mut paths: std::collections::BTreeMap<Vec<u64>, u32> = std::collections::BTreeMap::new();
+            for id in 1..=2_000u32 {
+                let vals: Vec<u64> = (0..len).map(|k| value(&mut rng, k)).collect();
+                let reads: Vec<(u64, u64)> = vals.iter().enumerate().map(|(k, &v)| (sp + 8 + 8 * k as u64, v)).collect();
+                paths.entry(vals).or_insert_with(|| {
+                    t.insert(sp, None, &reads, 0, id);
+                    id
+                });
+            }
+            assert!(t.indexed > 0, "round {round}: some list was indexed");
+            let filed: Vec<&Vec<u64>> = paths.keys().collect();
+            for _ in 0..2_000 {
+                let mut vals = filed[rng.below(filed.len() as u64) as usize].clone();
+                if rng.below(3) == 0 {
+                    let k = rng.below(len as u64) as usize;
+                    vals[k] = value(&mut rng, k) + rng.below(2);
+                }
+                let reads: Vec<(u64, u64)> = vals.iter().enumerate().map(|(k, &v)| (sp + 8 + 8 * k as u64, v)).collect();
+                let (got, seen) = lookup_fresh(&mut t, sp, 0, &reads);
+                assert_eq!(got, paths.get(&vals).copied(), "round {round}");
+                if got.is_some() {
+                    assert_eq!(seen, reads, "round {round}: the reads of the path found");
+                }
+            }
+            t.release();
         }
     }
 
