@@ -577,7 +577,7 @@ const RULE_SLOTS: usize = 1 << 18;
 const RULE_PROBES: usize = 16;
 /// Entries of the large table past which new keys go to the spare one.
 const RULE_CAP: usize = RULE_SLOTS * 3 / 4;
-const SPARE_RULE_SLOTS: usize = 1 << 19;
+const SPARE_RULE_SLOTS: usize = 1 << 18;
 const SPARE_RULE_PROBES: usize = 16;
 /// Entries of the spare table past which new rules are not kept (computed at each use).
 const SPARE_RULE_CAP: usize = SPARE_RULE_SLOTS * 3 / 4;
@@ -759,7 +759,7 @@ fn shared_slot(key: u64) -> usize {
 /// keys that share a full window of the large table spread here.
 #[inline(always)]
 fn spare_slot(key: u64) -> usize {
-    (key.wrapping_mul(0xff51_afd7_ed55_8ccd) >> 45) as usize & (SPARE_RULE_SLOTS - 1)
+    (key.wrapping_mul(0xff51_afd7_ed55_8ccd) >> 46) as usize & (SPARE_RULE_SLOTS - 1)
 }
 
 #[inline]
