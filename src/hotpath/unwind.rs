@@ -560,29 +560,14 @@ pub fn walk_own_stack(stack_end: u64, callee_saved: &mut [u64; 6], mut f: impl F
 // maps the zero page, the claim copies it), ~0.3 ms of a 1.4 ms run. A program with a
 // few thousand (Python starting up: ~1,000) stays in the tiny and small ones: spread
 // over the large table they had faulted in nearly all of its 1,024 pages.
-//
-// A fourth, the spare table, is probed only past the large one: where the large one is
-// three quarters full (`RULE_CAP`), or a key's window there is. `import torch` fills
-// 177k of the large table's 262k slots; a program with a third more return addresses
-// (more libraries), or one that calls `dlclose` (a key holds the epoch, so every return
-// address met again after it is a new key), used to find the large table at its cap and
-// compute each rule again at every capture that needed it (an FDE lookup and a CFI
-// evaluation a frame). The spare table lies in the same mapping, untouched until then:
-// a program below the cap has none of its pages.
 const TINY_RULE_SLOTS: usize = 1 << 9;
 const TINY_RULE_PROBES: usize = 8;
 const FIRST_RULE_SLOTS: usize = 1 << 14;
 const FIRST_RULE_PROBES: usize = 8;
 const RULE_SLOTS: usize = 1 << 18;
 const RULE_PROBES: usize = 16;
-/// Entries of the large table past which new keys go to the spare one.
-const RULE_CAP: usize = RULE_SLOTS * 3 / 4;
-const SPARE_RULE_SLOTS: usize = 1 << 18;
-const SPARE_RULE_PROBES: usize = 16;
-/// Entries of the spare table past which new rules are not kept (computed at each use).
-const SPARE_RULE_CAP: usize = SPARE_RULE_SLOTS * 3 / 4;
-/// The tables, in one mapping: the tiny one first, then the small, large and spare ones.
-const RULE_TABLE_ENTRIES: usize = TINY_RULE_SLOTS + FIRST_RULE_SLOTS + RULE_SLOTS + SPARE_RULE_SLOTS;
+/// The tables, in one mapping: the tiny one first, then the small one.
+const RULE_TABLE_ENTRIES: usize = TINY_RULE_SLOTS + FIRST_RULE_SLOTS + RULE_SLOTS;
 
 struct RuleEntry {
     key: AtomicU64,
@@ -590,51 +575,16 @@ struct RuleEntry {
 }
 
 static RULES: AtomicPtr<RuleEntry> = AtomicPtr::new(std::ptr::null_mut());
+/// Entries filled in the small table (prefetched only once there are some).
+static FIRST_RULES_USED: AtomicUsize = AtomicUsize::new(0);
+/// Entries filled in the large table.
+static RULES_USED: AtomicUsize = AtomicUsize::new(0);
 
-/// Entries filled in the small, large and spare tables (a table is prefetched only once
-/// it has some; the large and spare ones stop taking keys at their caps).
-struct RuleCounts {
-    first: AtomicUsize,
-    large: AtomicUsize,
-    spare: AtomicUsize,
-}
-
-impl RuleCounts {
-    const fn new() -> RuleCounts {
-        RuleCounts { first: AtomicUsize::new(0), large: AtomicUsize::new(0), spare: AtomicUsize::new(0) }
-    }
-
-    /// One more entry filled in `table` (0 tiny, 1 small, 2 large, 3 spare).
-    fn filled(&self, table: u8) {
-        let counter = match table {
-            1 => &self.first,
-            2 => &self.large,
-            3 => &self.spare,
-            _ => return,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-static RULE_COUNTS: RuleCounts = RuleCounts::new();
-
-/// The rule tables: tiny, small, large, spare.
+/// The rule tables: tiny, small, large.
 struct RuleTables {
     tiny: &'static [RuleEntry],
     first: &'static [RuleEntry],
     large: &'static [RuleEntry],
-    spare: &'static [RuleEntry],
-}
-
-/// Where a key's rule is, or may go.
-enum RuleSlot {
-    /// Its rule, cached.
-    Found(u64),
-    /// Not cached; this free entry of table 0–3 may take it.
-    Free(&'static RuleEntry, u8),
-    /// Not cached and not to be: the tables it may go to are at their caps, or another
-    /// thread filed the key a moment ago and has not stored its rule yet.
-    Uncached,
 }
 
 impl RuleTables {
@@ -651,65 +601,9 @@ impl RuleTables {
             (&self.large[(start + k - TINY_RULE_PROBES - FIRST_RULE_PROBES) & (RULE_SLOTS - 1)], 2)
         }
     }
-
-    /// Probe `j` of the spare table's window for a key that starts at `start`
-    /// (`spare_slot`).
-    #[inline(always)]
-    fn spare_probe(&self, start: usize, j: usize) -> &'static RuleEntry {
-        &self.spare[(start + j) & (SPARE_RULE_SLOTS - 1)]
-    }
-
-    /// Where `key`'s rule is, or the entry it may take: the first free one of its
-    /// sequence (slots only go from free to filled, so a key is always found where a
-    /// lookup would next claim), unless that one is in the large table at its cap, or
-    /// the large window is full: then the spare table's window, on the same terms.
-    #[inline]
-    fn lookup(&self, key: u64, counts: &RuleCounts) -> RuleSlot {
-        let start = shared_slot(key);
-        for k in 0..TINY_RULE_PROBES + FIRST_RULE_PROBES + RULE_PROBES {
-            let (e, table) = self.probe(start, k);
-            match Self::look(e, table, key) {
-                Some(slot @ (RuleSlot::Found(_) | RuleSlot::Uncached)) => return slot,
-                Some(free) if table < 2 || counts.large.load(Ordering::Relaxed) < RULE_CAP => return free,
-                // The large table at its cap: the spare one. Its count only grows, so a
-                // key filed in the spare table is never looked for where it is not.
-                Some(_) => break,
-                None => {}
-            }
-        }
-        self.lookup_spare(key, counts)
-    }
-
-    /// `lookup` in the spare table.
-    #[cold]
-    fn lookup_spare(&self, key: u64, counts: &RuleCounts) -> RuleSlot {
-        let start = spare_slot(key);
-        for j in 0..SPARE_RULE_PROBES {
-            match Self::look(self.spare_probe(start, j), 3, key) {
-                Some(RuleSlot::Free(..)) if counts.spare.load(Ordering::Relaxed) >= SPARE_RULE_CAP => return RuleSlot::Uncached,
-                Some(slot) => return slot,
-                None => {}
-            }
-        }
-        RuleSlot::Uncached
-    }
-
-    /// What entry `e` of `table` says of `key`: its rule, free, or `None` where it holds
-    /// another key.
-    #[inline(always)]
-    fn look(e: &'static RuleEntry, table: u8, key: u64) -> Option<RuleSlot> {
-        let found = e.key.load(Ordering::Acquire);
-        if found == key {
-            return Some(match e.rule.load(Ordering::Acquire) {
-                0 => RuleSlot::Uncached,
-                r => RuleSlot::Found(r),
-            });
-        }
-        (found == 0).then_some(RuleSlot::Free(e, table))
-    }
 }
 
-/// The four rule tables, mapped at the first call.
+/// The three rule tables, mapped at the first call.
 fn rule_tables() -> Option<RuleTables> {
     let mut p = RULES.load(Ordering::Acquire);
     if p.is_null() {
@@ -726,15 +620,9 @@ fn rule_tables() -> Option<RuleTables> {
     // SAFETY: the mapping holds RULE_TABLE_ENTRIES zero-initialised entries and lives
     // forever.
     let all = unsafe { std::slice::from_raw_parts(p, RULE_TABLE_ENTRIES) };
-    Some(split_rule_tables(all))
-}
-
-/// The four tables of `RULE_TABLE_ENTRIES` entries.
-fn split_rule_tables(all: &'static [RuleEntry]) -> RuleTables {
     let (tiny, rest) = all.split_at(TINY_RULE_SLOTS);
-    let (first, rest) = rest.split_at(FIRST_RULE_SLOTS);
-    let (large, spare) = rest.split_at(RULE_SLOTS);
-    RuleTables { tiny, first, large, spare }
+    let (first, large) = rest.split_at(FIRST_RULE_SLOTS);
+    Some(RuleTables { tiny, first, large })
 }
 
 #[inline]
@@ -753,13 +641,6 @@ fn l1_slot(key: u64) -> usize {
 #[inline(always)]
 fn shared_slot(key: u64) -> usize {
     (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 46) as usize & (RULE_SLOTS - 1)
-}
-
-/// Where a probe for `key` starts in the spare table: from another multiplier, so that
-/// keys that share a full window of the large table spread here.
-#[inline(always)]
-fn spare_slot(key: u64) -> usize {
-    (key.wrapping_mul(0xff51_afd7_ed55_8ccd) >> 46) as usize & (SPARE_RULE_SLOTS - 1)
 }
 
 #[inline]
@@ -787,14 +668,11 @@ fn prefetch_rule(lookup_ip: u64, epoch: u32, l1: Option<&[(u64, u64); L1_RULES]>
     if let Some(t) = rule_tables() {
         let i = shared_slot(key);
         super::mapping::prefetch_line(t.probe(i, 0).0);
-        if RULE_COUNTS.first.load(Ordering::Relaxed) != 0 {
+        if FIRST_RULES_USED.load(Ordering::Relaxed) != 0 {
             super::mapping::prefetch_line(t.probe(i, TINY_RULE_PROBES).0);
         }
-        if RULE_COUNTS.large.load(Ordering::Relaxed) != 0 {
+        if RULES_USED.load(Ordering::Relaxed) != 0 {
             super::mapping::prefetch_line(t.probe(i, TINY_RULE_PROBES + FIRST_RULE_PROBES).0);
-        }
-        if RULE_COUNTS.spare.load(Ordering::Relaxed) != 0 {
-            super::mapping::prefetch_line(t.spare_probe(spare_slot(key), 0));
         }
     }
 }
@@ -803,25 +681,37 @@ fn prefetch_rule(lookup_ip: u64, epoch: u32, l1: Option<&[(u64, u64); L1_RULES]>
 fn rule_for(lookup_ip: u64, epoch: u32) -> u64 {
     let key = rule_key(lookup_ip, epoch);
     let Some(t) = rule_tables() else { return compute_rule(lookup_ip) };
-    file_rule(&t, &RULE_COUNTS, key, || compute_rule(lookup_ip))
-}
-
-/// `key`'s rule from tables `t` (with fill counts `counts`), computed by `compute` and
-/// filed where it is not yet.
-#[inline]
-fn file_rule(t: &RuleTables, counts: &RuleCounts, key: u64, compute: impl FnOnce() -> u64) -> u64 {
-    match t.lookup(key, counts) {
-        RuleSlot::Found(r) => r,
-        RuleSlot::Uncached => compute(),
-        RuleSlot::Free(e, table) => {
-            let r = compute();
-            if e.key.compare_exchange(0, key, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
-                counts.filled(table);
+    let start = shared_slot(key);
+    for k in 0..TINY_RULE_PROBES + FIRST_RULE_PROBES + RULE_PROBES {
+        let (e, table) = t.probe(start, k);
+        let found = e.key.load(Ordering::Acquire);
+        if found == key {
+            let r = e.rule.load(Ordering::Acquire);
+            if r != 0 {
+                return r;
+            }
+            return compute_rule(lookup_ip);
+        }
+        if found == 0 {
+            let r = compute_rule(lookup_ip);
+            if (table < 2 || RULES_USED.load(Ordering::Relaxed) < RULE_SLOTS * 3 / 4)
+                && e.key.compare_exchange(0, key, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+            {
+                match table {
+                    0 => {}
+                    1 => {
+                        FIRST_RULES_USED.fetch_add(1, Ordering::Relaxed);
+                    }
+                    _ => {
+                        RULES_USED.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
                 e.rule.store(r, Ordering::Release);
             }
-            r
+            return r;
         }
     }
+    compute_rule(lookup_ip)
 }
 
 // ---- per-thread memo -----------------------------------------------------------------
@@ -1766,66 +1656,6 @@ mod tests {
             assert_eq!(rule_for(ip, epoch), rule_for(ip, epoch), "{ip:#x}");
             assert_eq!(rule_for(ip, epoch), compute_rule(ip), "{ip:#x}");
         }
-    }
-
-    /// Below the large table's cap a new rule goes there; past that cap, or past a full
-    /// window of it, to the spare table, where it is found again; past the spare table's
-    /// cap it is computed at each use. Private tables, so that the caps can be set.
-    #[test]
-    fn rules_past_the_large_tables_cap_go_to_the_spare_one_and_are_found_there() {
-        let all: &'static [RuleEntry] = Box::leak((0..RULE_TABLE_ENTRIES).map(|_| RuleEntry { key: AtomicU64::new(0), rule: AtomicU64::new(0) }).collect());
-        let t = split_rule_tables(all);
-        assert_eq!((t.tiny.len(), t.first.len(), t.large.len(), t.spare.len()), (TINY_RULE_SLOTS, FIRST_RULE_SLOTS, RULE_SLOTS, SPARE_RULE_SLOTS));
-        // Keys that are no return address's (bit 63 clear) fill the tiny and small
-        // tables: new keys go on to the large one.
-        let other = |i: usize| 0x7000_0000_0000_0000 | i as u64;
-        for (i, e) in t.tiny.iter().chain(t.first).enumerate() {
-            e.key.store(other(i), Ordering::Relaxed);
-            e.rule.store(1, Ordering::Relaxed);
-        }
-        let counts = RuleCounts::new();
-        let computed = std::cell::Cell::new(0u32);
-        let rule_of = |key: u64| key.rotate_left(7) | 1;
-        let file = |key: u64| {
-            file_rule(&t, &counts, key, || {
-                computed.set(computed.get() + 1);
-                rule_of(key)
-            })
-        };
-        let table_of = |key: u64| {
-            let has = |table: &[RuleEntry]| table.iter().any(|e| e.key.load(Ordering::Relaxed) == key);
-            [t.tiny, t.first, t.large, t.spare].iter().position(|table| has(table))
-        };
-        let key = |n: u64| rule_key(0x40_0000 + n * 0x10, 0);
-        // Below the cap: the large table; found there again without computing it.
-        assert_eq!((file(key(1)), file(key(1)), computed.get()), (rule_of(key(1)), rule_of(key(1)), 1));
-        assert_eq!((table_of(key(1)), counts.large.load(Ordering::Relaxed)), (Some(2), 1));
-        // At the cap: the spare table.
-        counts.large.store(RULE_CAP, Ordering::Relaxed);
-        assert_eq!((file(key(2)), file(key(2)), computed.get()), (rule_of(key(2)), rule_of(key(2)), 2));
-        assert_eq!((table_of(key(2)), counts.spare.load(Ordering::Relaxed)), (Some(3), 1));
-        assert_eq!((file(key(1)), computed.get()), (rule_of(key(1)), 2), "the large table still answers");
-        // Below the cap, a key whose window of the large table is full: the spare table.
-        counts.large.store(1, Ordering::Relaxed);
-        let start = shared_slot(key(3));
-        for j in 0..RULE_PROBES {
-            let e = &t.large[(start + j) & (RULE_SLOTS - 1)];
-            assert_eq!(e.key.load(Ordering::Relaxed) & (1 << 63), 0, "a test key in the window");
-            e.key.store(other(1 << 20 | j), Ordering::Relaxed);
-            e.rule.store(1, Ordering::Relaxed);
-        }
-        assert_eq!((file(key(3)), file(key(3)), computed.get()), (rule_of(key(3)), rule_of(key(3)), 3));
-        assert_eq!(table_of(key(3)), Some(3));
-        // Both at their caps: computed at each use, filed nowhere; the filed ones still
-        // answer.
-        counts.large.store(RULE_CAP, Ordering::Relaxed);
-        counts.spare.store(SPARE_RULE_CAP, Ordering::Relaxed);
-        assert_eq!((file(key(4)), file(key(4)), computed.get()), (rule_of(key(4)), rule_of(key(4)), 5));
-        assert_eq!(table_of(key(4)), None);
-        for n in 1..=3 {
-            assert_eq!(file(key(n)), rule_of(key(n)));
-        }
-        assert_eq!(computed.get(), 5);
     }
 
     #[test]
