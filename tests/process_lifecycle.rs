@@ -526,3 +526,30 @@ fn modules_with_tls_loaded_in_turn_never_recurse_through_the_hooks() {
     assert!(mallocs.is_empty(), "{mallocs:#?}");
     assert_eq!(host(&r, "total_allocs") - host(&r, "total_frees"), host(&r, "live_blocks"), "{:#}", r["summary"]);
 }
+
+/// A `dlclose` that unloads nothing (the library opened a second time and kept open)
+/// changes no code: the stacks filed before it still hold, and the rounds' two call
+/// sites are filed once, not again after each of 500 `dlclose` calls (1,009 stacks
+/// before). One that unloads the library still starts a new epoch: every round's
+/// stacks are filed again, and a later leak is named as ever.
+#[test]
+fn a_dlclose_that_unloads_nothing_keeps_the_stacks_filed_before_it() {
+    let plugin = build_fixture("plugin.c", &["-shared", "-fPIC"]);
+    let bin = build_fixture("dlclose_referenced.c", &[]);
+    let mut stacks = Vec::new();
+    for mode in ["kept", "unload"] {
+        let mut cmd = Command::new(&bin);
+        cmd.arg(&plugin).arg(mode);
+        let run = run_traced(cmd, &format!("dlclose-{mode}"));
+        assert_eq!(run.code(), Some(0), "{mode}: {}", run.stderr());
+        assert_eq!(run.stdout(), "rounds 500\n", "{mode}");
+        let r = run.report();
+        let lost = groups_with(&r, "lost_after_rounds");
+        assert_eq!((sum(&lost, "bytes"), sum(&lost, "blocks")), (555, 1), "{mode}: {:#}", r["leaks"]);
+        let names: Vec<&str> = lost[0]["stack"].as_array().unwrap().iter().filter_map(|f| f["function"].as_str()).collect();
+        assert_eq!(names[..2], ["lost_after_rounds", "main"], "{mode}: {names:?}");
+        stacks.push(r["diagnostics"]["stacks_interned"].as_u64().unwrap());
+    }
+    assert!(stacks[0] < 100, "kept open: {} stacks filed", stacks[0]);
+    assert!(stacks[1] >= 1000, "unloaded each round: {} stacks filed", stacks[1]);
+}

@@ -550,10 +550,11 @@ pub unsafe extern "C" fn chroot(path: *const std::ffi::c_char) -> c_int {
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> c_int {
     let Some(f) = real::dlclose() else { return -1 };
-    let _ = std::panic::catch_unwind(agent::before_dlclose);
+    let unloads = std::panic::catch_unwind(agent::before_dlclose).ok().flatten();
     // SAFETY: forwarding the caller's handle to the real dlclose.
     let rc = unsafe { f(handle) };
-    let _ = std::panic::catch_unwind(agent::after_dlclose);
+    let _errno = super::ErrnoGuard::save();
+    let _ = std::panic::catch_unwind(|| agent::after_dlclose(unloads));
     rc
 }
 

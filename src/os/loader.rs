@@ -58,6 +58,25 @@ pub unsafe fn iterate_modules(callback: Option<ModuleVisitor>, data: *mut std::f
     unsafe { libc::dl_iterate_phdr(callback, data) }
 }
 
+/// How many modules the loader has unloaded so far (`dl_phdr_info::dlpi_subs`), or
+/// `None` where it does not say.
+pub fn unloads() -> Option<u64> {
+    unsafe extern "C" fn first_module(info: *mut libc::dl_phdr_info, size: usize, data: *mut std::ffi::c_void) -> std::ffi::c_int {
+        // The count is there only in a large enough structure (glibc 2.4 on).
+        if size >= std::mem::offset_of!(libc::dl_phdr_info, dlpi_subs) + std::mem::size_of::<u64>() {
+            // SAFETY: `data` is the `Option<u64>` passed below; `info` is the loader's,
+            // valid during the call, and `size` covers the field read.
+            unsafe { *(data as *mut Option<u64>) = Some((*info).dlpi_subs) };
+        }
+        1
+    }
+    let mut out: Option<u64> = None;
+    // SAFETY: the callback writes only the `Option<u64>` it is given, and stops the walk
+    // at the first module.
+    unsafe { iterate_modules(Some(first_module), &mut out as *mut Option<u64> as *mut std::ffi::c_void) };
+    out
+}
+
 /// Fork `prepare`: waits for our walks of the module list to end and holds off new ones.
 pub fn fork_hold_loader_walks() {
     LOADER_WALKS.lock_raw();
