@@ -183,6 +183,22 @@ fn root_slot(sp: u64) -> usize {
     ((sp >> 3).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 52) as usize & (ROOTS - 1)
 }
 
+/// Gives back the whole pages inside `[start, end)`, a part of a tree (its nodes past
+/// the limit, its index) whose cells are plain integers that read as empty when zero;
+/// the bytes given back.
+fn give_back(start: usize, end: usize) -> usize {
+    let page = super::mapping::PAGE;
+    let (from, to) = (start.next_multiple_of(page), end / page * page);
+    if to <= from {
+        return 0;
+    }
+    // SAFETY: [from, to) lies inside the caller's part of a tree, whole pages of the
+    // private anonymous mapping that holds it; nothing there is read before it is
+    // written again, and the pages read back as zeros.
+    unsafe { libc::madvise(from as *mut libc::c_void, to - from, libc::MADV_DONTNEED) };
+    to - from
+}
+
 /// Where the index entry of list `first`'s node for word `val` is looked for first.
 #[inline(always)]
 fn index_slot(first: u32, val: u64) -> usize {
@@ -519,35 +535,22 @@ impl HitTree {
         self.reset(self.epoch_tag);
         self.skip = 0;
         BUDGET.fetch_add(limit - FIRST_LIMIT, Ordering::AcqRel);
-        self.forget_index();
         self.limit = FIRST_LIMIT as u32;
-        let page = super::mapping::PAGE;
-        let from = (self.nodes.as_ptr() as usize + FIRST_LIMIT * std::mem::size_of::<Node>()).next_multiple_of(page);
-        let to = (self.nodes.as_ptr() as usize + limit * std::mem::size_of::<Node>()) / page * page;
-        if to <= from {
-            return 0;
-        }
-        // SAFETY: [from, to) lies inside this tree's `nodes` (whole pages of the private
-        // anonymous mapping that holds the tree), past `used` and the limit: no node
-        // there is read before it is written again, and the pages read back as zeros.
-        unsafe { libc::madvise(from as *mut libc::c_void, to - from, libc::MADV_DONTNEED) };
-        to - from
+        let nodes = self.nodes.as_ptr() as usize;
+        let size = std::mem::size_of::<Node>();
+        // Past `used` and the limit: no node there is read before it is written again.
+        let given = give_back(nodes + FIRST_LIMIT * size, nodes + limit * size);
+        given + self.forget_index()
     }
 
-    /// Gives back the index's whole pages (they read as free entries again).
-    fn forget_index(&mut self) {
+    /// Gives back the index's whole pages (they read as free entries again); the bytes
+    /// given back.
+    fn forget_index(&mut self) -> usize {
         if !self.index_written {
-            return;
+            return 0;
         }
-        let page = super::mapping::PAGE;
-        let (start, len) = (self.index.as_ptr() as usize, std::mem::size_of_val(&self.index));
-        let (from, to) = (start.next_multiple_of(page), (start + len) / page * page);
-        if to > from {
-            // SAFETY: [from, to) lies inside this tree's `index` (whole pages of the
-            // private anonymous mapping that holds the tree); its entries are plain
-            // integers, and zero is a free entry.
-            unsafe { libc::madvise(from as *mut libc::c_void, to - from, libc::MADV_DONTNEED) };
-        }
+        let start = self.index.as_ptr() as usize;
+        give_back(start, start + std::mem::size_of_val(&self.index))
     }
 
     /// Gives the tree's nodes back to the shared budget (its thread is ending).

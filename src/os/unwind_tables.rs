@@ -32,9 +32,9 @@ pub struct Range {
 }
 
 const PF_W: u32 = 2;
-const DT_TEXTREL: i64 = 22;
-const DT_FLAGS: i64 = 30;
-const DF_TEXTREL: u64 = 4;
+pub(crate) const DT_TEXTREL: i64 = 22;
+pub(crate) const DT_FLAGS: i64 = 30;
+pub(crate) const DF_TEXTREL: u64 = 4;
 const DW_EH_PE_PCREL_SDATA4: u8 = 0x1b;
 
 /// The unwind-table range of a module loaded at `base` with program headers `phdrs`

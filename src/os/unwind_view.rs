@@ -529,9 +529,10 @@ mod tests {
         e.dynamic(&[(DT_REL, 0x600), (DT_RELSZ, 16)]);
         assert_eq!(e.check(), Some((0x1100, EH_SIZE as usize)), "only the first entry, outside");
         // Text relocations, either way of saying so.
-        e.dynamic(&[(22, 0)]); // DT_TEXTREL
+        use crate::os::unwind_tables::{DF_TEXTREL, DT_FLAGS, DT_TEXTREL};
+        e.dynamic(&[(DT_TEXTREL as u64, 0)]);
         assert_eq!(e.check(), None);
-        e.dynamic(&[(30, 4)]); // DT_FLAGS with DF_TEXTREL
+        e.dynamic(&[(DT_FLAGS as u64, DF_TEXTREL)]);
         assert_eq!(e.check(), None);
         // A relocation table that is not in the file: cannot tell.
         e.dynamic(&[(DT_RELA, 0x9000), (DT_RELASZ, 24)]);
