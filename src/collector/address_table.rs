@@ -8,28 +8,36 @@
 //! - The slot of an address is known before the event is applied, so the drain loop can
 //!   `prefetch` the slots of the events it will apply next and their misses overlap
 //!   instead of coming one after another.
-//! - A slot is 16 bytes, the address and its value in one word side by side: a probe
-//!   that finds its key has the value in the same cache line. A value that does not fit
-//!   a word (`Packed::pack` says so: a block of 64 GiB, a program's 16-millionth group,
-//!   a checkpoint region past the first) lives in a hash map aside, and its slot says so.
-//!   `import torch`'s peak of live blocks took 48 MiB as 24-byte slots at most half
-//!   full; now 16 MiB, at most three quarters full.
+//! - A slot is 12 bytes, the address and its value side by side: a probe that finds its
+//!   key has the value in the same cache line (two slots in sixteen cross a line). The
+//!   key is the address over 8 in `KEY_BITS` (an 8-byte aligned address below 2^47, as
+//!   every allocator's blocks in a 4-level address space); the value is a word of
+//!   `VALUE_BITS`. An address that has no key (unaligned, higher, or 0) lives in a hash
+//!   map aside, and so does a value that does not fit (`Packed::pack` says so: a block of
+//!   16 MiB or more, a program's 16-millionth group, a checkpoint region past the
+//!   first): its slot says so. `import torch`'s peak of live blocks took 48 MiB as
+//!   24-byte slots at most half full, 16 MiB as 16-byte slots at most three quarters
+//!   full, 12 MiB now.
 //! - Linear probing with backward-shift deletion: no tombstones, so a long run of
 //!   allocations and frees never degrades the probe lengths.
 
 use crate::hotpath::mapping::{prefetch_line, ZeroedArray};
 use crate::util::FxMap;
 
-/// Key of an empty slot. Address 0 is never a live block; it gets its own slot anyway
-/// so that the table is total.
+/// Bits of a slot's key: the address over 8.
+const KEY_BITS: u32 = 44;
+const KEY_MASK: u64 = (1 << KEY_BITS) - 1;
+/// Bits of a slot's value word.
+pub const VALUE_BITS: u32 = 96 - KEY_BITS;
+/// Key of an empty slot (address 0 has no key: it is kept aside).
 const EMPTY: u64 = 0;
 /// The value word of a slot whose value is in `AddressTable::wide`.
-const WIDE: u64 = u64::MAX;
+const WIDE: u64 = (1 << VALUE_BITS) - 1;
 const MIN_CAPACITY: usize = 1024;
-/// Growing to this many slots (4 MiB of new arrays) takes longer than a producer's
+/// Growing to this many slots (3 MiB of new arrays) takes longer than a producer's
 /// large ring lasts at full speed.
 const STALLING_CAPACITY: usize = 1 << 18;
-/// Tables of at most this many slots (1 MiB) are never shrunk.
+/// Tables of at most this many slots (768 KiB) are never shrunk.
 const SHRINK_FROM: usize = 1 << 16;
 /// The most entries per 8 slots: the table grows past three quarters full. Probe runs
 /// stay short enough (the windows' granules fill consecutive slots, and a slot's value
@@ -39,27 +47,55 @@ const SHRINK_FROM: usize = 1 << 16;
 /// and 531 MB so.
 const MAX_EIGHTHS: usize = 6;
 
-/// A value the table stores in one word (`None`: it does not fit, and is kept aside).
-/// `pack` never returns `Some(u64::MAX)`.
+/// A value the table stores in a word of `VALUE_BITS` (`None`, or a word of more bits or
+/// of all ones: it does not fit, and is kept aside).
 pub trait Packed: Copy {
     fn pack(self) -> Option<u64>;
     fn unpack(word: u64) -> Self;
 }
 
+/// A slot: key in bits 0..`KEY_BITS`, value word above, in three 32-bit words (12 bytes,
+/// 4-byte aligned).
+type Slot = [u32; 3];
+
+/// The key of `addr`, if it has one.
+#[inline(always)]
+fn key_of(addr: u64) -> Option<u64> {
+    (addr & 7 == 0 && addr != 0 && addr >> (KEY_BITS + 3) == 0).then_some(addr >> 3)
+}
+
+#[inline(always)]
+fn slot_key(s: &Slot) -> u64 {
+    (s[0] as u64 | (s[1] as u64) << 32) & KEY_MASK
+}
+
+#[inline(always)]
+fn slot_word(s: &Slot) -> u64 {
+    (s[1] >> (KEY_BITS - 32)) as u64 | (s[2] as u64) << (64 - KEY_BITS)
+}
+
+#[inline(always)]
+fn make_slot(key: u64, word: u64) -> Slot {
+    debug_assert!(key <= KEY_MASK && word <= WIDE);
+    [key as u32, (key >> 32) as u32 | (word as u32) << (KEY_BITS - 32), (word >> (64 - KEY_BITS)) as u32]
+}
+
 pub struct AddressTable<V: Packed> {
-    /// `[address, value word]`; the value is meaningful where the address is not `EMPTY`.
-    slots: ZeroedArray<[u64; 2]>,
+    slots: ZeroedArray<Slot>,
     /// The values that did not fit a word, by address.
     pub(super) wide: FxMap<u64, V>,
-    /// The value stored under address 0.
-    zero: Option<V>,
+    /// The entries whose address has no key.
+    odd: FxMap<u64, V>,
+    /// Entries in all.
     len: usize,
+    /// Entries in `slots`.
+    slotted: usize,
     mask: usize,
 }
 
 impl<V: Packed> Default for AddressTable<V> {
     fn default() -> Self {
-        AddressTable { slots: ZeroedArray::default(), wide: FxMap::default(), zero: None, len: 0, mask: 0 }
+        AddressTable { slots: ZeroedArray::default(), wide: FxMap::default(), odd: FxMap::default(), len: 0, slotted: 0, mask: 0 }
     }
 }
 
@@ -95,16 +131,16 @@ impl<V: Packed> AddressTable<V> {
         prefetch_line(&self.slots[home(addr, self.mask)]);
     }
 
-    /// The slot holding `addr`, if present.
+    /// The slot holding `key` (`addr`'s), if present.
     #[inline]
-    fn find(&self, addr: u64) -> Option<usize> {
+    fn find(&self, addr: u64, key: u64) -> Option<usize> {
         if self.slots.is_empty() {
             return None;
         }
         let mut i = home(addr, self.mask);
         loop {
-            let k = self.slots[i][0];
-            if k == addr {
+            let k = slot_key(&self.slots[i]);
+            if k == key {
                 return Some(i);
             }
             if k == EMPTY {
@@ -127,7 +163,7 @@ impl<V: Packed> AddressTable<V> {
     /// The word to store for `value` under `addr` (kept aside if it does not fit).
     #[inline(always)]
     fn word(&mut self, addr: u64, value: V) -> u64 {
-        match value.pack() {
+        match value.pack().filter(|&w| w < WIDE) {
             Some(w) => w,
             None => {
                 self.wide.insert(addr, value);
@@ -147,36 +183,40 @@ impl<V: Packed> AddressTable<V> {
     }
 
     pub fn get(&self, addr: u64) -> Option<V> {
-        if addr == EMPTY {
-            return self.zero;
-        }
-        self.find(addr).and_then(|i| self.value(addr, self.slots[i][1]))
+        let Some(key) = key_of(addr) else {
+            return self.odd.get(&addr).copied();
+        };
+        self.find(addr, key).and_then(|i| self.value(addr, slot_word(&self.slots[i])))
     }
 
     /// Stores `value` under `addr`; returns the value it replaces.
     #[inline]
     pub fn insert(&mut self, addr: u64, value: V) -> Option<V> {
-        if addr == EMPTY {
-            let old = self.zero.replace(value);
+        let Some(key) = key_of(addr) else {
+            let old = self.odd.insert(addr, value);
             if old.is_none() {
                 self.len += 1;
             }
             return old;
-        }
-        if (self.len + 1) * 8 > self.slots.len() * MAX_EIGHTHS {
+        };
+        if (self.slotted + 1) * 8 > self.slots.len() * MAX_EIGHTHS {
             self.grow();
         }
         let mut i = home(addr, self.mask);
         loop {
-            let [k, old] = self.slots[i];
-            if k == addr {
-                let old = self.take(addr, old);
-                self.slots[i][1] = self.word(addr, value);
+            let slot = self.slots[i];
+            let k = slot_key(&slot);
+            if k == key {
+                let old = self.take(addr, slot_word(&slot));
+                let word = self.word(addr, value);
+                self.slots[i] = make_slot(key, word);
                 return old;
             }
             if k == EMPTY {
-                self.slots[i] = [addr, self.word(addr, value)];
+                let word = self.word(addr, value);
+                self.slots[i] = make_slot(key, word);
                 self.len += 1;
+                self.slotted += 1;
                 return None;
             }
             i = (i + 1) & self.mask;
@@ -186,34 +226,35 @@ impl<V: Packed> AddressTable<V> {
     /// Removes `addr`; returns its value.
     #[inline]
     pub fn remove(&mut self, addr: u64) -> Option<V> {
-        if addr == EMPTY {
-            let old = self.zero.take();
+        let Some(key) = key_of(addr) else {
+            let old = self.odd.remove(&addr);
             if old.is_some() {
                 self.len -= 1;
             }
             return old;
-        }
-        let mut hole = self.find(addr)?;
-        let value = self.take(addr, self.slots[hole][1]);
+        };
+        let mut hole = self.find(addr, key)?;
+        let value = self.take(addr, slot_word(&self.slots[hole]));
         self.len -= 1;
+        self.slotted -= 1;
         // Backward shift: pull later members of the probe run into the hole when their
         // home slot is not after the hole (cyclically), so every key stays reachable
         // from its home without tombstones.
         let mut j = hole;
         loop {
             j = (j + 1) & self.mask;
-            let k = self.slots[j][0];
+            let k = slot_key(&self.slots[j]);
             if k == EMPTY {
                 break;
             }
-            let h = home(k, self.mask);
+            let h = home(k << 3, self.mask);
             let wraps_past_hole = if hole <= j { h <= hole || h > j } else { h <= hole && h > j };
             if wraps_past_hole {
                 self.slots[hole] = self.slots[j];
                 hole = j;
             }
         }
-        self.slots[hole] = [EMPTY, 0];
+        self.slots[hole] = [0; 3];
         value
     }
 
@@ -229,17 +270,17 @@ impl<V: Packed> AddressTable<V> {
     /// live blocks in the 1M slots its peak of 633k needed. Returns whether it moved.
     pub fn shrink_if_sparse(&mut self) -> bool {
         let capacity = self.slots.len();
-        if capacity <= SHRINK_FROM || self.len * 8 >= capacity {
+        if capacity <= SHRINK_FROM || self.slotted * 8 >= capacity {
             return false;
         }
         self.rebuild((capacity / 4).max(MIN_CAPACITY));
         true
     }
 
-    /// Moves every entry to a new array of `capacity` slots (a power of two, room for
-    /// `len` within the load limit).
+    /// Moves every slotted entry to a new array of `capacity` slots (a power of two, room
+    /// for them within the load limit).
     fn rebuild(&mut self, capacity: usize) {
-        debug_assert!(capacity.is_power_of_two() && capacity * MAX_EIGHTHS >= 8 * self.len);
+        debug_assert!(capacity.is_power_of_two() && capacity * MAX_EIGHTHS >= 8 * self.slotted);
         // Producers whose rings fill meanwhile move to larger ones instead of waiting.
         let _stall = (capacity >= STALLING_CAPACITY).then(crate::hotpath::channel::ConsumerStall::begin);
         let old = std::mem::replace(&mut self.slots, ZeroedArray::populated(capacity));
@@ -248,26 +289,30 @@ impl<V: Packed> AddressTable<V> {
         // a little ahead, so that the misses overlap (the collector stops taking events
         // while it grows, and producers fill their rings meanwhile).
         const AHEAD: usize = 16;
-        for (n, &slot) in old.iter().enumerate() {
-            if let Some(&[ahead, _]) = old.get(n + AHEAD) {
+        for (n, slot) in old.iter().enumerate() {
+            if let Some(ahead) = old.get(n + AHEAD).map(slot_key) {
                 if ahead != EMPTY {
-                    prefetch_line(&self.slots[home(ahead, self.mask)]);
+                    prefetch_line(&self.slots[home(ahead << 3, self.mask)]);
                 }
             }
-            if slot[0] == EMPTY {
+            let k = slot_key(slot);
+            if k == EMPTY {
                 continue;
             }
-            let mut i = home(slot[0], self.mask);
-            while self.slots[i][0] != EMPTY {
+            let mut i = home(k << 3, self.mask);
+            while slot_key(&self.slots[i]) != EMPTY {
                 i = (i + 1) & self.mask;
             }
-            self.slots[i] = slot;
+            self.slots[i] = *slot;
         }
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (u64, V)> + '_ {
-        let zero = self.zero.map(|v| (EMPTY, v));
-        zero.into_iter().chain(self.slots.iter().filter(|s| s[0] != EMPTY).filter_map(|&[k, w]| Some((k, self.value(k, w)?))))
+        let odd = self.odd.iter().map(|(&a, &v)| (a, v));
+        odd.chain(self.slots.iter().filter(|s| slot_key(s) != EMPTY).filter_map(|s| {
+            let addr = slot_key(s) << 3;
+            Some((addr, self.value(addr, slot_word(s))?))
+        }))
     }
 }
 
@@ -276,18 +321,21 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    /// Values past 2^31 do not fit (to test the values kept aside); a check word above
-    /// each one catches a slot read that was never written.
+    /// Values past 2^31 do not fit (to test the values kept aside); a check field above
+    /// each one (the value's complement, to the word's last bit) catches a slot read
+    /// that was never written or a word cut short.
     impl Packed for u32 {
         fn pack(self) -> Option<u64> {
-            (self < 1 << 31).then_some(self as u64 | (!(self as u64) & 0xffff_ffff) << 32)
+            (self < 1 << 31).then_some(self as u64 | (!(self as u64) & CHECK) << 31)
         }
 
         fn unpack(w: u64) -> u32 {
-            assert_eq!(w >> 32, !w & 0xffff_ffff, "a value read from a slot never written");
-            w as u32
+            assert_eq!(w >> 31, !w & CHECK, "a value read from a slot never written");
+            (w & 0x7fff_ffff) as u32
         }
     }
+
+    const CHECK: u64 = (1 << (VALUE_BITS - 31)) - 1;
 
     impl Packed for usize {
         fn pack(self) -> Option<u64> {
@@ -313,6 +361,67 @@ mod tests {
         assert_eq!(t.remove(0), Some(7));
         assert!(t.is_empty());
         assert_eq!(t.iter().count(), 0);
+    }
+
+    #[test]
+    fn a_slot_holds_every_bit_of_its_key_and_word() {
+        for (key, word) in [(1, 0), (KEY_MASK, WIDE), (KEY_MASK, 0), (1, WIDE), (0x5_5555_5555 & KEY_MASK, 0xa_aaaa_aaaa_aaaa & WIDE)] {
+            let s = make_slot(key, word);
+            assert_eq!((slot_key(&s), slot_word(&s)), (key, word));
+        }
+        assert_eq!(std::mem::size_of::<Slot>(), 12);
+    }
+
+    /// Addresses without a key (0, not 8-byte aligned, past 2^47) are kept aside and act
+    /// as any other: inserted, replaced, listed, removed; and a word that does not fit a
+    /// slot (too wide, or all ones) is kept aside too.
+    #[test]
+    fn addresses_without_a_key_and_words_too_wide_are_kept_aside() {
+        let mut t = AddressTable::new();
+        let odd = [0u64, 0x1004, 0x1001, 1 << 47, (1 << 47) + 16, !15];
+        for (i, &a) in odd.iter().enumerate() {
+            assert_eq!(t.insert(a, i as u32), None);
+        }
+        t.insert(0x1000, 100);
+        t.insert(0x1008, 101);
+        assert_eq!((t.len(), t.slotted), (odd.len() + 2, 2));
+        for (i, &a) in odd.iter().enumerate() {
+            assert_eq!(t.get(a), Some(i as u32));
+            assert_eq!(t.insert(a, i as u32 + 50), Some(i as u32));
+        }
+        assert_eq!((t.get(0x1000), t.get(0x1008)), (Some(100), Some(101)));
+        let mut seen: Vec<(u64, u32)> = t.iter().collect();
+        seen.sort_unstable();
+        let mut want: Vec<(u64, u32)> = odd.iter().enumerate().map(|(i, &a)| (a, i as u32 + 50)).chain([(0x1000, 100), (0x1008, 101)]).collect();
+        want.sort_unstable();
+        assert_eq!(seen, want);
+        for (i, &a) in odd.iter().enumerate() {
+            assert_eq!(t.remove(a), Some(i as u32 + 50));
+            assert_eq!(t.get(a), None);
+        }
+        assert_eq!((t.len(), t.slotted), (2, 2));
+
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        struct Raw(u64);
+        impl Packed for Raw {
+            fn pack(self) -> Option<u64> {
+                Some(self.0)
+            }
+            fn unpack(w: u64) -> Raw {
+                Raw(w)
+            }
+        }
+        let mut r = AddressTable::new();
+        let values = [0, 1, WIDE - 1, WIDE, WIDE + 1, u64::MAX];
+        for (n, &v) in values.iter().enumerate() {
+            r.insert(0x10_0000 + n as u64 * 16, Raw(v));
+        }
+        for (n, &v) in values.iter().enumerate() {
+            assert_eq!(r.get(0x10_0000 + n as u64 * 16), Some(Raw(v)));
+        }
+        assert_eq!(r.wide.len(), 3);
+        assert_eq!(r.remove(0x10_0000 + 3 * 16), Some(Raw(WIDE)));
+        assert_eq!(r.wide.len(), 2);
     }
 
     #[test]
@@ -344,7 +453,13 @@ mod tests {
             let x = rng.next_u64();
             let window = (x >> 8) % 6;
             let granule = (x >> 16) % 256;
-            let addr = (window << 24) | (granule << 4) | if step > 150_000 { 0 } else { ((x >> 32) % 64) << 12 };
+            let mut addr = (window << 24) | (granule << 4) | if step > 150_000 { 0 } else { ((x >> 32) % 64) << 12 };
+            // One address in 64 has no key (unaligned, or past 2^47) and is kept aside.
+            match (x >> 40) % 128 {
+                0 => addr |= 4,
+                1 => addr |= 1 << 47,
+                _ => {}
+            }
             // One value in seven does not fit a word and is kept aside.
             let value = if x.is_multiple_of(7) { step | 1 << 31 } else { step };
             if x % 5 < 3 {
@@ -358,7 +473,9 @@ mod tests {
             assert_eq!(t.get(*k), Some(*v));
         }
         // Nothing is kept aside for a slot that no longer holds it.
-        assert_eq!(t.wide.len(), m.values().filter(|&&v| v >= 1 << 31).count());
+        assert_eq!(t.wide.len(), m.iter().filter(|&(&a, &v)| v >= 1 << 31 && key_of(a).is_some()).count());
+        assert_eq!(t.odd.len(), m.keys().filter(|&&a| key_of(a).is_none()).count());
+        assert!(t.odd.len() > 100, "{} addresses without a key", t.odd.len());
         // It never stalled the consumer: the channel's tests count on their rings filling.
         assert!(t.slots.len() < STALLING_CAPACITY);
         let mut seen: Vec<(u64, u32)> = t.iter().collect();

@@ -46,27 +46,35 @@ pub struct LiveBlock {
 
 pub const MARK_MASK: u32 = (1 << 31) - 1;
 
-/// A live block in one word, as nearly all are: size below 64 GiB (36 bits), group
-/// index below 2^24 - 1 (24 bits), process generation below 4 (2 bits), checkpoint
-/// region 0 or 1, ignored. Any other block is kept aside by the table
-/// (`AddressTable::wide`), in full.
-const SIZE_BITS: u32 = 36;
+/// A live block in one word of the table's `VALUE_BITS` (52), as nearly all are: size
+/// below 16 MiB (24 bits), group index below 2^24 - 1 (24 bits), process generation below
+/// 4 (2 bits), checkpoint region 0 or 1, ignored. Any other block is kept aside by the
+/// table (`AddressTable::wide`), in full.
+const SIZE_BITS: u32 = 24;
 const GROUP_BITS: u32 = 24;
+const GENERATION_SHIFT: u32 = SIZE_BITS + GROUP_BITS;
+const _: () = assert!(GENERATION_SHIFT + 4 == super::address_table::VALUE_BITS);
 
 impl Packed for LiveBlock {
     fn pack(self) -> Option<u64> {
         let fits = self.size < 1 << SIZE_BITS && self.group < (1 << GROUP_BITS) - 1 && self.generation < 4 && self.mark < 2;
         // The group's bound keeps the word from being all ones (the table's mark).
-        fits.then_some(self.size | (self.group as u64) << SIZE_BITS | (self.generation as u64) << 60 | (self.mark as u64) << 62 | (self.ignored as u64) << 63)
+        fits.then_some(
+            self.size
+                | (self.group as u64) << SIZE_BITS
+                | (self.generation as u64) << GENERATION_SHIFT
+                | (self.mark as u64) << (GENERATION_SHIFT + 2)
+                | (self.ignored as u64) << (GENERATION_SHIFT + 3),
+        )
     }
 
     fn unpack(w: u64) -> LiveBlock {
         LiveBlock {
             size: w & ((1 << SIZE_BITS) - 1),
             group: ((w >> SIZE_BITS) & ((1 << GROUP_BITS) - 1)) as u32,
-            generation: ((w >> 60) & 3) as u16,
-            mark: ((w >> 62) & 1) as u32,
-            ignored: w >> 63 != 0,
+            generation: ((w >> GENERATION_SHIFT) & 3) as u16,
+            mark: ((w >> (GENERATION_SHIFT + 2)) & 1) as u32,
+            ignored: (w >> (GENERATION_SHIFT + 3)) & 1 != 0,
         }
     }
 }
@@ -1414,13 +1422,15 @@ mod tests {
 
     #[test]
     fn a_live_block_fits_a_word_unless_a_field_is_out_of_its_range() {
-        let b = LiveBlock { size: (1 << 36) - 1, group: (1 << 24) - 2, generation: 3, mark: 1, ignored: true };
-        assert_eq!(LiveBlock::unpack(b.pack().unwrap()), b);
-        assert_ne!(b.pack(), Some(u64::MAX));
+        let b = LiveBlock { size: (1 << 24) - 1, group: (1 << 24) - 2, generation: 3, mark: 1, ignored: true };
+        let w = b.pack().unwrap();
+        assert_eq!(LiveBlock::unpack(w), b);
+        // Within the table's word, and never all of its ones (its mark for a value aside).
+        assert!(w < (1 << super::super::address_table::VALUE_BITS) - 1, "{w:#x}");
         let plain = LiveBlock { size: 24, group: 7, generation: 0, mark: 0, ignored: false };
         assert_eq!(LiveBlock::unpack(plain.pack().unwrap()), plain);
         for wide in [
-            LiveBlock { size: 1 << 36, ..plain },
+            LiveBlock { size: 1 << 24, ..plain },
             LiveBlock { group: (1 << 24) - 1, ..plain },
             LiveBlock { generation: 4, ..plain },
             LiveBlock { mark: 2, ..plain },

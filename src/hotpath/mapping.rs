@@ -282,6 +282,11 @@ unsafe impl Zeroable for [u64; 2] {
     const ZERO: [u64; 2] = [0; 2];
 }
 
+// SAFETY: all zero bits are three valid u32s.
+unsafe impl Zeroable for [u32; 3] {
+    const ZERO: [u32; 3] = [0; 3];
+}
+
 /// A fixed-length array of `T`, all zero at first, in a mapping of its own: pages come
 /// from the kernel already zeroed when first touched, nothing is written up front, and
 /// arrays of 2 MiB or more are backed by huge pages (one fault per 2 MiB, not 512).
