@@ -625,6 +625,42 @@ fn rule_tables() -> Option<RuleTables> {
     Some(RuleTables { tiny, first, large })
 }
 
+/// Where a shared entry's rule word keeps `rule_check` of its key: a rule's own bits end
+/// at 56 (`pack_i24(..) << 32`).
+const RULE_CHECK_SHIFT: u32 = 56;
+const RULE_BITS: u64 = (1 << RULE_CHECK_SHIFT) - 1;
+
+/// Eight bits of `key` that its entry's rule word carries. A claim writes the key, then
+/// the rule; if the large table's pages were given back in between (`give_back_rules`),
+/// the rule lands in a slot whose key reads 0 again, and the next key to claim the slot
+/// would find it there before its own: a reader takes a rule only with its key's check.
+#[inline(always)]
+fn rule_check(key: u64) -> u64 {
+    let z = (key ^ key >> 31).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z >> RULE_CHECK_SHIFT
+}
+
+/// Gives back the pages of the large rule table (4 MiB, all resident after `import
+/// torch`): at the Python interpreter's exit, whose teardown frees far more than it
+/// allocates, and whose few new rules the tiny and small tables hold. Lookups go on
+/// meanwhile: an entry read as zeros is computed and claimed again, and a rule that a
+/// claim stores after its key was dropped is told apart by its check (`rule_check`).
+/// Returns the bytes given back. Not under a seccomp filter (`madvise`).
+pub fn give_back_rules() -> usize {
+    let Some(t) = (!RULES.load(Ordering::Acquire).is_null()).then(rule_tables).flatten() else { return 0 };
+    if RULES_USED.load(Ordering::Relaxed) == 0 {
+        return 0;
+    }
+    let bytes = std::mem::size_of_val(t.large);
+    // SAFETY: the large table is a page-aligned part of our own anonymous mapping (the
+    // tables before it are whole pages: 8 KiB and 256 KiB), which lives forever; its
+    // pages read as zeros again, which is an empty table (see above for the lookups
+    // meanwhile).
+    unsafe { libc::madvise(t.large.as_ptr() as *mut libc::c_void, bytes, libc::MADV_DONTNEED) };
+    RULES_USED.store(0, Ordering::Relaxed);
+    bytes
+}
+
 #[inline]
 fn rule_key(lookup_ip: u64, epoch: u32) -> u64 {
     lookup_ip ^ ((epoch as u64 & 0xffff) << 48) ^ (1 << 63)
@@ -686,9 +722,9 @@ fn rule_for(lookup_ip: u64, epoch: u32) -> u64 {
         let (e, table) = t.probe(start, k);
         let found = e.key.load(Ordering::Acquire);
         if found == key {
-            let r = e.rule.load(Ordering::Acquire);
-            if r != 0 {
-                return r;
+            let w = e.rule.load(Ordering::Acquire);
+            if w != 0 && w >> RULE_CHECK_SHIFT == rule_check(key) {
+                return w & RULE_BITS;
             }
             return compute_rule(lookup_ip);
         }
@@ -706,7 +742,8 @@ fn rule_for(lookup_ip: u64, epoch: u32) -> u64 {
                         RULES_USED.fetch_add(1, Ordering::Relaxed);
                     }
                 }
-                e.rule.store(r, Ordering::Release);
+                debug_assert_eq!(r & !RULE_BITS, 0);
+                e.rule.store(r | rule_check(key) << RULE_CHECK_SHIFT, Ordering::Release);
             }
             return r;
         }
@@ -1656,6 +1693,51 @@ mod tests {
             assert_eq!(rule_for(ip, epoch), rule_for(ip, epoch), "{ip:#x}");
             assert_eq!(rule_for(ip, epoch), compute_rule(ip), "{ip:#x}");
         }
+    }
+
+    /// A rule word filed under a key with another key's check (a claim whose key was
+    /// dropped with the large table's pages before its rule was stored) is not taken:
+    /// the rule is computed. One with its own check is taken.
+    #[test]
+    fn a_rule_filed_with_another_keys_check_is_not_taken() {
+        let t = rule_tables().unwrap();
+        let epoch = super::epoch();
+        // An address no module holds (its rule: unsupported), in the first slot of its
+        // probe sequence that is free or its own.
+        let ip = 0x0000_1234_5600_0000u64 + (std::process::id() as u64 & 0xfff) * 16;
+        let key = rule_key(ip, epoch);
+        let start = shared_slot(key);
+        let e = (0..TINY_RULE_PROBES + FIRST_RULE_PROBES + RULE_PROBES)
+            .map(|k| t.probe(start, k).0)
+            .find(|e| e.key.compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire).map_or_else(|found| found == key, |_| true))
+            .expect("a free slot");
+        let right = compute_rule(ip);
+        let other = (1..).map(|n| rule_key(ip + n, epoch)).find(|&o| rule_check(o) != rule_check(key)).unwrap();
+        let wrong = (right ^ (8 << 8)) & RULE_BITS;
+        e.rule.store(wrong | rule_check(other) << RULE_CHECK_SHIFT, Ordering::Release);
+        assert_eq!(rule_for(ip, epoch), right);
+        e.rule.store(wrong | rule_check(key) << RULE_CHECK_SHIFT, Ordering::Release);
+        assert_eq!(rule_for(ip, epoch), wrong, "a rule with its key's check is taken as filed");
+        e.rule.store(right | rule_check(key) << RULE_CHECK_SHIFT, Ordering::Release);
+    }
+
+    /// Giving back the large table leaves every lookup's answer what the CFI says, and
+    /// the table fills again.
+    #[test]
+    fn rules_given_back_are_computed_and_filed_again() {
+        let epoch = super::epoch();
+        let here = rules_given_back_are_computed_and_filed_again as *const () as u64;
+        let ips: Vec<u64> = (0..40_000u64).map(|i| here + i % 97 + (i / 97) * 131).collect();
+        // Enough keys that some go past the tiny and small windows.
+        for (n, &ip) in ips.iter().enumerate() {
+            assert_eq!(rule_for(ip ^ (n as u64) << 40, epoch), compute_rule(ip ^ (n as u64) << 40));
+        }
+        assert!(RULES_USED.load(Ordering::Relaxed) > 0);
+        assert_eq!(give_back_rules(), RULE_SLOTS * std::mem::size_of::<RuleEntry>());
+        for (n, &ip) in ips.iter().enumerate() {
+            assert_eq!(rule_for(ip ^ (n as u64) << 40, epoch), compute_rule(ip ^ (n as u64) << 40));
+        }
+        assert!(RULES_USED.load(Ordering::Relaxed) > 0, "filed again");
     }
 
     #[test]
