@@ -211,7 +211,18 @@ fn collector_main() {
         }
         let drained = {
             let mut g = STATE.lock();
-            g.as_mut().map(|c| drain_lagged_into(c, TURN_MAX)).unwrap_or(0)
+            g.as_mut()
+                .map(|c| {
+                    let drained = drain_lagged_into(c, TURN_MAX);
+                    // The interpreter's teardown and the libraries' destructors after it
+                    // free most of the blocks, while the process's peak is still ahead
+                    // (the destructors page their code in): the live table follows.
+                    if super::reports::INTERPRETER_FINALIZING.load(Ordering::Relaxed) {
+                        c.model.compact_going();
+                    }
+                    drained
+                })
+                .unwrap_or(0)
         };
         sleep_us = next_sleep_us(sleep_us, parked, drained);
         stacks::promote_tables_if_large();

@@ -277,6 +277,19 @@ impl<V: Packed> AddressTable<V> {
         true
     }
 
+    /// `shrink_if_sparse` for a table whose blocks are going (a program's teardown,
+    /// which frees most of them while the process's peak is still ahead): a table at
+    /// most three eighths full moves to one half its size (at most three quarters full),
+    /// on every call, so that it follows the frees down. Returns whether it moved.
+    pub fn halve_if_sparse(&mut self) -> bool {
+        let capacity = self.slots.len();
+        if capacity <= SHRINK_FROM || self.slotted * 8 >= capacity * 3 {
+            return false;
+        }
+        self.rebuild(capacity / 2);
+        true
+    }
+
     /// Moves every slotted entry to a new array of `capacity` slots (a power of two, room
     /// for them within the load limit).
     fn rebuild(&mut self, capacity: usize) {
@@ -515,5 +528,33 @@ mod tests {
         let mut small = AddressTable::new();
         small.insert(16, 1u32);
         assert!(!small.shrink_if_sparse());
+        assert!(!small.halve_if_sparse());
+    }
+
+    /// A table whose blocks go halves as they do, each time at most three quarters full
+    /// after, down to the size below which nothing shrinks; every entry kept.
+    #[test]
+    fn a_table_whose_blocks_go_halves_as_they_do() {
+        let mut t = AddressTable::new();
+        let n = 200_000u64;
+        let addr = |i: u64| 0x7f00_0000_0000 + i * 64;
+        for i in 0..n {
+            t.insert(addr(i), i as u32);
+        }
+        let mut sizes = vec![t.slots.len()];
+        for i in 0..n {
+            assert_eq!(t.remove(addr(i)), Some(i as u32));
+            if t.halve_if_sparse() {
+                sizes.push(t.slots.len());
+                assert!(t.slotted * 8 <= t.slots.len() * MAX_EIGHTHS);
+            }
+            if i % 1000 == 0 {
+                let j = i + 1 + i % 7;
+                assert_eq!(t.get(addr(j)), Some(j as u32));
+            }
+        }
+        assert!(sizes.windows(2).all(|w| w[1] == w[0] / 2), "{sizes:?}");
+        assert_eq!(*sizes.last().unwrap(), SHRINK_FROM, "{sizes:?}");
+        assert!(t.is_empty());
     }
 }

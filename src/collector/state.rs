@@ -539,6 +539,13 @@ impl Collector {
         self.totals
     }
 
+    /// On the collector's turns during a teardown (the Python interpreter's exit, and
+    /// the libraries' destructors after it): the live table follows the frees down
+    /// (`AddressTable::halve_if_sparse`) while the process's peak is still ahead.
+    pub fn compact_going(&mut self) {
+        self.live.halve_if_sparse();
+    }
+
     /// Between drains: the block tables give back what a peak of live blocks left
     /// (`AddressTable::shrink_if_sparse`).
     pub fn compact(&mut self) {
