@@ -1698,8 +1698,14 @@ mod tests {
     /// A rule word filed under a key with another key's check (a claim whose key was
     /// dropped with the large table's pages before its rule was stored) is not taken:
     /// the rule is computed. One with its own check is taken.
+    /// Held by the tests that file rules by hand or give the large table back: the
+    /// first must not have its entry dropped by the second midway (the other tests only
+    /// look rules up, which a give-back never changes the answer of).
+    static RULE_TABLE_WRITERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     #[test]
     fn a_rule_filed_with_another_keys_check_is_not_taken() {
+        let _alone = RULE_TABLE_WRITERS.lock().unwrap_or_else(|e| e.into_inner());
         let t = rule_tables().unwrap();
         let epoch = super::epoch();
         // An address no module holds (its rule: unsupported), in the first slot of its
@@ -1725,6 +1731,7 @@ mod tests {
     /// the table fills again.
     #[test]
     fn rules_given_back_are_computed_and_filed_again() {
+        let _alone = RULE_TABLE_WRITERS.lock().unwrap_or_else(|e| e.into_inner());
         let epoch = super::epoch();
         let here = rules_given_back_are_computed_and_filed_again as *const () as u64;
         let ips: Vec<u64> = (0..40_000u64).map(|i| here + i % 97 + (i / 97) * 131).collect();
