@@ -512,11 +512,11 @@ pub struct Collector {
     transients: Transients,
 }
 
-/// `Collector::retire_idle_changed` runs once this many groups changed, at least (in
-/// the unit tests, soon, so that every test of the collector goes through it).
 /// The most room the list of changed groups keeps once taken (256 KiB).
 const KEEP_CHANGED: usize = 1 << 16;
 
+/// `Collector::retire_idle_changed` runs once this many groups changed, at least (in
+/// the unit tests, soon, so that every test of the collector goes through it).
 const RETIRE_PASS_MIN: usize = if cfg!(test) { 8 } else { 1 << 16 };
 
 /// A forked child's blocks, kept apart from the moment the collector thread gathered the
