@@ -500,14 +500,10 @@ fn let_go(ring: &ThreadRing) {
 /// The whole pages of `ring`'s slots go back to the system (they read as zeros, the
 /// empty slot, when next written); the header stays.
 fn give_back_slots(r: &ThreadRing) {
-    let page = super::mapping::PAGE;
-    let start = (r.slots as usize).next_multiple_of(page);
-    let end = (r.slots as usize + r.capacity as usize * std::mem::size_of::<Slot>()) / page * page;
-    if start < end {
-        // SAFETY: whole pages inside the ring's own mapping (its slots); private
-        // anonymous memory reads back as zeros after MADV_DONTNEED.
-        unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
-    }
+    let start = r.slots as usize;
+    // SAFETY: the ring's slots, in its own private anonymous mapping; a zero slot is an
+    // empty one.
+    unsafe { super::mapping::give_back_pages(start, start + r.capacity as usize * std::mem::size_of::<Slot>()) };
 }
 
 #[inline(always)]

@@ -183,22 +183,6 @@ fn root_slot(sp: u64) -> usize {
     ((sp >> 3).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 52) as usize & (ROOTS - 1)
 }
 
-/// Gives back the whole pages inside `[start, end)`, a part of a tree (its nodes past
-/// the limit, its index) whose cells are plain integers that read as empty when zero;
-/// the bytes given back.
-fn give_back(start: usize, end: usize) -> usize {
-    let page = super::mapping::PAGE;
-    let (from, to) = (start.next_multiple_of(page), end / page * page);
-    if to <= from {
-        return 0;
-    }
-    // SAFETY: [from, to) lies inside the caller's part of a tree, whole pages of the
-    // private anonymous mapping that holds it; nothing there is read before it is
-    // written again, and the pages read back as zeros.
-    unsafe { libc::madvise(from as *mut libc::c_void, to - from, libc::MADV_DONTNEED) };
-    to - from
-}
-
 /// Where the index entry of list `first`'s node for word `val` is looked for first.
 #[inline(always)]
 fn index_slot(first: u32, val: u64) -> usize {
@@ -538,8 +522,10 @@ impl HitTree {
         self.limit = FIRST_LIMIT as u32;
         let nodes = self.nodes.as_ptr() as usize;
         let size = std::mem::size_of::<Node>();
-        // Past `used` and the limit: no node there is read before it is written again.
-        let given = give_back(nodes + FIRST_LIMIT * size, nodes + limit * size);
+        // SAFETY: this tree's nodes past `used` and the first limit, in the private
+        // anonymous mapping that holds the tree: no node there is read before it is
+        // written again.
+        let given = unsafe { super::mapping::give_back_pages(nodes + FIRST_LIMIT * size, nodes + limit * size) };
         given + self.forget_index()
     }
 
@@ -550,7 +536,9 @@ impl HitTree {
             return 0;
         }
         let start = self.index.as_ptr() as usize;
-        give_back(start, start + std::mem::size_of_val(&self.index))
+        // SAFETY: this tree's index, in the mapping that holds the tree; its entries
+        // are plain integers, and zero is a free entry.
+        unsafe { super::mapping::give_back_pages(start, start + std::mem::size_of_val(&self.index)) }
     }
 
     /// Gives the tree's nodes back to the shared budget (its thread is ending).

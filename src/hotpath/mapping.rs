@@ -237,6 +237,23 @@ pub fn prefetch_line_for_write<T>(p: &T) {
     prefetch_line(p);
 }
 
+/// Gives back the whole pages inside `[start, end)` (`MADV_DONTNEED`: they read as zeros
+/// when next touched); the bytes given back. Not under a seccomp filter, which may answer
+/// `madvise` with SIGSYS (callers check).
+///
+/// # Safety
+/// `[start, end)` must lie inside a private anonymous mapping of ours whose contents
+/// there read as empty when zero, and that nothing reads expecting what was there.
+pub unsafe fn give_back_pages(start: usize, end: usize) -> usize {
+    let (from, to) = (start.next_multiple_of(PAGE), end / PAGE * PAGE);
+    if to <= from {
+        return 0;
+    }
+    // SAFETY: whole pages inside the caller's range, as it promises.
+    unsafe { libc::madvise(from as *mut libc::c_void, to - from, libc::MADV_DONTNEED) };
+    to - from
+}
+
 /// Returns a mapping made by `map_zeroed` that was never shared.
 pub fn unmap(p: *mut u8, bytes: usize) {
     // SAFETY: callers pass a mapping of exactly `bytes` that no one else references.

@@ -651,14 +651,13 @@ pub fn give_back_rules() -> usize {
     if RULES_USED.load(Ordering::Relaxed) == 0 {
         return 0;
     }
-    let bytes = std::mem::size_of_val(t.large);
-    // SAFETY: the large table is a page-aligned part of our own anonymous mapping (the
-    // tables before it are whole pages: 8 KiB and 256 KiB), which lives forever; its
-    // pages read as zeros again, which is an empty table (see above for the lookups
-    // meanwhile).
-    unsafe { libc::madvise(t.large.as_ptr() as *mut libc::c_void, bytes, libc::MADV_DONTNEED) };
+    let start = t.large.as_ptr() as usize;
+    // SAFETY: the large table, a page-aligned part of our own anonymous mapping (the
+    // tables before it are whole pages: 8 KiB and 256 KiB) that lives forever; zeros are
+    // an empty table (see above for the lookups meanwhile).
+    let given = unsafe { super::mapping::give_back_pages(start, start + std::mem::size_of_val(t.large)) };
     RULES_USED.store(0, Ordering::Relaxed);
-    bytes
+    given
 }
 
 #[inline]
