@@ -86,16 +86,14 @@ pub struct AddressTable<V: Packed> {
     pub(super) wide: FxMap<u64, V>,
     /// The entries whose address has no key.
     odd: FxMap<u64, V>,
-    /// Entries in all.
-    len: usize,
-    /// Entries in `slots`.
+    /// Entries in `slots` (the others are in `odd`).
     slotted: usize,
     mask: usize,
 }
 
 impl<V: Packed> Default for AddressTable<V> {
     fn default() -> Self {
-        AddressTable { slots: ZeroedArray::default(), wide: FxMap::default(), odd: FxMap::default(), len: 0, slotted: 0, mask: 0 }
+        AddressTable { slots: ZeroedArray::default(), wide: FxMap::default(), odd: FxMap::default(), slotted: 0, mask: 0 }
     }
 }
 
@@ -115,11 +113,11 @@ impl<V: Packed> AddressTable<V> {
     }
 
     pub fn len(&self) -> usize {
-        self.len
+        self.slotted + self.odd.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
     /// Asks the CPU to start loading the slots `addr` would be found in.
@@ -193,11 +191,7 @@ impl<V: Packed> AddressTable<V> {
     #[inline]
     pub fn insert(&mut self, addr: u64, value: V) -> Option<V> {
         let Some(key) = key_of(addr) else {
-            let old = self.odd.insert(addr, value);
-            if old.is_none() {
-                self.len += 1;
-            }
-            return old;
+            return self.odd.insert(addr, value);
         };
         if (self.slotted + 1) * 8 > self.slots.len() * MAX_EIGHTHS {
             self.grow();
@@ -215,7 +209,6 @@ impl<V: Packed> AddressTable<V> {
             if k == EMPTY {
                 let word = self.word(addr, value);
                 self.slots[i] = make_slot(key, word);
-                self.len += 1;
                 self.slotted += 1;
                 return None;
             }
@@ -227,15 +220,10 @@ impl<V: Packed> AddressTable<V> {
     #[inline]
     pub fn remove(&mut self, addr: u64) -> Option<V> {
         let Some(key) = key_of(addr) else {
-            let old = self.odd.remove(&addr);
-            if old.is_some() {
-                self.len -= 1;
-            }
-            return old;
+            return self.odd.remove(&addr);
         };
         let mut hole = self.find(addr, key)?;
         let value = self.take(addr, slot_word(&self.slots[hole]));
-        self.len -= 1;
         self.slotted -= 1;
         // Backward shift: pull later members of the probe run into the hole when their
         // home slot is not after the hole (cyclically), so every key stays reachable
