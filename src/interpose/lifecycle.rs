@@ -242,6 +242,11 @@ fn owner(addr: *const c_void) -> Option<(usize, String, bool)> {
 /// Whether the program's calls to `malloc` reach us: when another allocator is
 /// preloaded *before* this library, they bind to it and we see nothing.
 fn host_tracking_state() -> String {
+    // The usual case, told from the modules' tables: no module before us defines
+    // `malloc`, so the program's calls reach our hook.
+    if crate::os::elf::first_definition_is_own(c"malloc") {
+        return "active".into();
+    }
     // Our own address of `malloc` cannot be taken directly: references from inside a
     // shared object to its exported symbols are themselves interposed. Compare the
     // owning modules instead, found with dladdr.

@@ -171,6 +171,42 @@ fn definitions<const N: usize>(names: [&CStr; N], from: usize, within: bool) -> 
     })
 }
 
+/// Whether `dlsym(RTLD_DEFAULT, name)` gives this library's own definition of `name`,
+/// told from the modules' tables alone (no `dlsym`, ~10 us at a process's start): true
+/// when no module before this one in load order defines `name` in any form and this one
+/// defines its default version. A module before this one in load order was loaded
+/// before it, as the program started (this library is preloaded, or another module
+/// would define the name first: the C library does): the global scope holds it, in
+/// the same order. False where that is not so or a table before ours cannot be read:
+/// then ask the loader.
+pub fn first_definition_is_own(name: &CStr) -> bool {
+    let Some(own) = home_of(gnu_hash as *const () as usize) else { return false };
+    let name = name.to_bytes();
+    let mut m = own;
+    // SAFETY: link_map entries of loaded modules; the list's ends are null.
+    while let Some(prev) = unsafe { (*m).prev.as_ref() } {
+        m = prev;
+    }
+    while !m.is_null() {
+        // SAFETY: as above.
+        let module = unsafe { &*m };
+        if !module.ld.is_null() {
+            // SAFETY: l_ld is the module's mapped, DT_NULL-terminated dynamic section.
+            let Some(table) = (unsafe { DynamicSymbols::read(module.addr, module.ld as usize) }) else { return false };
+            // SAFETY: the tables were just read from this module's dynamic section.
+            if unsafe { table.defines_any(name) } {
+                // SAFETY: as above.
+                return std::ptr::eq(m, own) && unsafe { table.lookup(name) }.is_some();
+            }
+        }
+        if std::ptr::eq(m, own) {
+            return false;
+        }
+        m = module.next;
+    }
+    false
+}
+
 /// This library's own `link_map` and the span of its segments, once found
 /// (`home_of`): every caller of `definitions` asks from inside it, and `dladdr1` walks
 /// the module's symbol table for the nearest symbol each time (~3,500 instructions, four
@@ -681,6 +717,18 @@ mod tests {
         // SAFETY: dlsym with a valid handle and a NUL-terminated name.
         let malloc = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) } as usize;
         assert!(seen.iter().any(|(n, k, v)| n == b"malloc" && (*v == malloc || (*k == SlotKind::Plt && *v >= m.lo && *v < m.hi))), "{seen:?}");
+    }
+
+    #[test]
+    fn the_first_definition_is_own_only_where_dlsym_finds_ours() {
+        // The test binary defines none of these (its hooks are not exported in test
+        // builds): each is the C library's, or nobody's.
+        for name in [c"malloc", c"free", c"pthread_create", c"dlsym", c"leaktrace_no_such_symbol_anywhere"] {
+            // SAFETY: dlsym with a valid handle and a NUL-terminated name.
+            let found = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) } as usize;
+            assert_eq!(first_definition_is_own(name), found != 0 && in_own_module(found), "{name:?}");
+            assert!(!first_definition_is_own(name), "{name:?}");
+        }
     }
 
     #[test]

@@ -100,13 +100,18 @@ pub fn probe_dir(dir: &Path) -> Result<(), String> {
 /// Picks the first usable directory: the wanted one, then the working directory, then
 /// /tmp. Returns the directory and, if it is not the wanted one, the warning to print.
 pub fn choose_output_dir(wanted: Option<PathBuf>) -> (PathBuf, Option<String>) {
-    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/tmp"));
-    let first = wanted.clone().map(|w| if w.is_absolute() { w } else { cwd.join(w) }).unwrap_or_else(|| cwd.clone());
+    // Asked of the system only where needed (a `getcwd` in every process's start).
+    let cwd = || std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/tmp"));
+    let first = match wanted {
+        Some(w) if w.is_absolute() => w,
+        Some(w) => cwd().join(w),
+        None => cwd(),
+    };
     let why = match probe_dir(&first) {
         Ok(()) => return (first, None),
         Err(why) => why,
     };
-    for fallback in [cwd, PathBuf::from("/tmp")] {
+    for fallback in [cwd(), PathBuf::from("/tmp")] {
         if fallback != first && probe_dir(&fallback).is_ok() {
             let msg = format!(
                 "leaktrace: output directory {} is unusable: {why}; writing reports to {} instead (set LEAKTRACE_OUTPUT to a writable directory)",
