@@ -44,6 +44,13 @@ static ROUTED: Mutex<Option<HashMap<usize, usize>>> = Mutex::new(None);
 /// attach`) rather than preloaded: its own exports are not what the program's lookups
 /// find. Decided once, in the constructor.
 pub fn loaded_late() -> bool {
+    // Preloaded, the usual case, told from the modules' tables: this library comes
+    // before the C library in load order (its `malloc` is the first), so the program
+    // started with it, and no module before it defines our export.
+    if let [true, true] = elf::first_definitions_are_own([c"malloc", c"leaktrace_active"]) {
+        LATE.store(false, Ordering::Relaxed);
+        return false;
+    }
     let [own] = elf::own_definitions([c"leaktrace_active"], loaded_late as *const () as usize);
     // The main program's handle searches what the program's own lookups search: the
     // program, what was loaded at its start (preloads included) and RTLD_GLOBAL loads.

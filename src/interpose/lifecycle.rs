@@ -244,7 +244,7 @@ fn owner(addr: *const c_void) -> Option<(usize, String, bool)> {
 fn host_tracking_state() -> String {
     // The usual case, told from the modules' tables: no module before us defines
     // `malloc`, so the program's calls reach our hook.
-    if crate::os::elf::first_definition_is_own(c"malloc") {
+    if let [true] = crate::os::elf::first_definitions_are_own([c"malloc"]) {
         return "active".into();
     }
     // Our own address of `malloc` cannot be taken directly: references from inside a

@@ -60,7 +60,11 @@ static PYTHON_SAMPLE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU6
 pub fn install(python_sample: u64) -> bool {
     PYTHON_SAMPLE.store(python_sample, Ordering::Relaxed);
     WANTED.store(true, Ordering::Relaxed);
-    install_with(&crate::os::loader::global_symbol)
+    // The two names a program without an interpreter lacks, in one walk of the
+    // modules' tables; any other name is looked up as asked.
+    let names = [c"PyObject_GetArenaAllocator", c"PyObject_SetArenaAllocator"];
+    let found = crate::os::loader::global_symbols(names);
+    install_with(&|name| names.iter().position(|n| *n == name).map_or_else(|| crate::os::loader::global_symbol(name), |i| found[i]))
 }
 
 /// `install` for a libpython the program loaded itself, found by `symbol`, when the

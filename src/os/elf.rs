@@ -171,40 +171,46 @@ fn definitions<const N: usize>(names: [&CStr; N], from: usize, within: bool) -> 
     })
 }
 
-/// Whether `dlsym(RTLD_DEFAULT, name)` gives this library's own definition of `name`,
-/// told from the modules' tables alone (no `dlsym`, ~10 us at a process's start): true
-/// when no module before this one in load order defines `name` in any form and this one
-/// defines its default version. A module before this one in load order was loaded
-/// before it, as the program started (this library is preloaded, or another module
-/// would define the name first: the C library does): the global scope holds it, in
-/// the same order. False where that is not so or a table before ours cannot be read:
-/// then ask the loader.
-pub fn first_definition_is_own(name: &CStr) -> bool {
-    let Some(own) = home_of(gnu_hash as *const () as usize) else { return false };
-    let name = name.to_bytes();
+/// Whether `dlsym(RTLD_DEFAULT, name)` gives this library's own definition of each of
+/// `names`, told from the modules' tables alone (no `dlsym`, ~10 us at a process's
+/// start): true when no module before this one in load order defines the name in any
+/// form and this one defines its default version. A module before this one in load
+/// order was loaded before it, as the program started (this library is preloaded, or a
+/// module before it defines `malloc`: the C library does): the global scope holds it,
+/// in the same order. False where that is not so or a table before ours cannot be
+/// read: then ask the loader.
+pub fn first_definitions_are_own<const N: usize>(names: [&CStr; N]) -> [bool; N] {
+    let mut out = [false; N];
+    let Some(own) = home_of(gnu_hash as *const () as usize) else { return out };
+    // Per name: decided (a module defines it, or a table could not be read first).
+    let mut decided = [false; N];
     let mut m = own;
     // SAFETY: link_map entries of loaded modules; the list's ends are null.
     while let Some(prev) = unsafe { (*m).prev.as_ref() } {
         m = prev;
     }
-    while !m.is_null() {
+    while !m.is_null() && !decided.iter().all(|&d| d) {
         // SAFETY: as above.
         let module = unsafe { &*m };
+        let is_own = std::ptr::eq(m, own);
         if !module.ld.is_null() {
             // SAFETY: l_ld is the module's mapped, DT_NULL-terminated dynamic section.
-            let Some(table) = (unsafe { DynamicSymbols::read(module.addr, module.ld as usize) }) else { return false };
-            // SAFETY: the tables were just read from this module's dynamic section.
-            if unsafe { table.defines_any(name) } {
-                // SAFETY: as above.
-                return std::ptr::eq(m, own) && unsafe { table.lookup(name) }.is_some();
+            let Some(table) = (unsafe { DynamicSymbols::read(module.addr, module.ld as usize) }) else { return out };
+            for (k, name) in names.iter().enumerate() {
+                // SAFETY: the tables were just read from this module's dynamic section.
+                if !decided[k] && unsafe { table.defines_any(name.to_bytes()) } {
+                    decided[k] = true;
+                    // SAFETY: as above.
+                    out[k] = is_own && unsafe { table.lookup(name.to_bytes()) }.is_some();
+                }
             }
         }
-        if std::ptr::eq(m, own) {
-            return false;
+        if is_own {
+            break;
         }
         m = module.next;
     }
-    false
+    out
 }
 
 /// This library's own `link_map` and the span of its segments, once found
@@ -726,8 +732,9 @@ mod tests {
         for name in [c"malloc", c"free", c"pthread_create", c"dlsym", c"leaktrace_no_such_symbol_anywhere"] {
             // SAFETY: dlsym with a valid handle and a NUL-terminated name.
             let found = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) } as usize;
-            assert_eq!(first_definition_is_own(name), found != 0 && in_own_module(found), "{name:?}");
-            assert!(!first_definition_is_own(name), "{name:?}");
+            let [own] = first_definitions_are_own([name]);
+            assert_eq!(own, found != 0 && in_own_module(found), "{name:?}");
+            assert!(!own, "{name:?}");
         }
     }
 

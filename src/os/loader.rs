@@ -38,6 +38,20 @@ pub fn global_symbols<const N: usize>(names: [&std::ffi::CStr; N]) -> [Option<us
     out
 }
 
+/// The C library's or the loader's own definition of each of `names` (what our module's
+/// `dlsym(RTLD_NEXT)` finds: the first module after this library that defines it, or
+/// failing that the first one before it), from the modules' tables: a `dlsym` was a
+/// few microseconds of every process's start. The loader answers where the tables
+/// cannot tell (an IFUNC, a hidden version only).
+pub fn library_symbols<const N: usize>(names: [&std::ffi::CStr; N]) -> [Option<usize>; N] {
+    let found = super::elf::next_definitions_found(names, library_symbols::<N> as *const () as usize);
+    std::array::from_fn(|i| match found[i] {
+        super::elf::Found::At(p) => Some(p),
+        super::elf::Found::Nowhere => None,
+        super::elf::Found::Unknown => global_symbol(names[i]),
+    })
+}
+
 /// A `dl_iterate_phdr` callback.
 pub type ModuleVisitor = unsafe extern "C" fn(*mut libc::dl_phdr_info, usize, *mut std::ffi::c_void) -> std::ffi::c_int;
 

@@ -26,16 +26,8 @@ pub fn note_main_thread() {
         // SAFETY: pthread_self has no preconditions.
         MAIN_THREAD.store(unsafe { libc::pthread_self() } as usize, Ordering::Relaxed);
     }
-    // The loader's variable, from the modules' tables (a `dlsym` was ~3 us of every
-    // process's start), or from the loader where they cannot tell.
-    let [found] = crate::os::elf::next_definitions([c"__libc_stack_end"], note_main_thread as *const () as usize);
-    let sym = if found != 0 {
-        found as *const libc::c_void
-    } else {
-        // SAFETY: dlsym with a valid handle and NUL-terminated name.
-        unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"__libc_stack_end".as_ptr()) }
-    };
-    if !sym.is_null() {
+    let [sym] = crate::os::loader::library_symbols([c"__libc_stack_end"]);
+    if let Some(sym) = sym {
         // SAFETY: the loader's `void *__libc_stack_end`, set before any constructor runs.
         let end = unsafe { *(sym as *const usize) };
         MAIN_STACK_END.store(end, Ordering::Relaxed);

@@ -49,16 +49,9 @@ static FMEMOPEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize
 /// Finds what the measure needs from the C library; call at the library's start.
 pub fn init() {
     crate::os::procfs::open(false);
-    // The C library's own (its heap's figures are what they give, and they are used
-    // only where malloc is glibc's), from the modules' tables after ours: three `dlsym`
-    // calls were ~8 us of every process's start.
-    let names = [c"mallinfo2", c"malloc_info", c"fmemopen"];
-    let found = crate::os::elf::next_definitions_found(names, init as *const () as usize);
-    let [mallinfo2, malloc_info, fmemopen] = std::array::from_fn(|i| match found[i] {
-        crate::os::elf::Found::At(p) => Some(p),
-        crate::os::elf::Found::Nowhere => None,
-        crate::os::elf::Found::Unknown => crate::os::loader::global_symbol(names[i]),
-    });
+    // The C library's own: its heap's figures are what they give, used only where
+    // malloc is glibc's.
+    let [mallinfo2, malloc_info, fmemopen] = crate::os::loader::library_symbols([c"mallinfo2", c"malloc_info", c"fmemopen"]);
     if let Some(f) = mallinfo2 {
         MALLINFO2.store(f, std::sync::atomic::Ordering::Relaxed);
     }

@@ -704,22 +704,19 @@ pub fn record_main_tls_of(main_tp: Option<u64>) {
     // the scan reads anyway. glibc publishes the structure's size for debuggers.
     let mut fs: u64 = 0;
     const ARCH_GET_FS: libc::c_long = 0x1003;
-    // SAFETY: dlsym with a valid handle and NUL-terminated name.
-    let size_sym = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_thread_db_sizeof_pthread".as_ptr()) };
+    let [size_sym, info] = crate::os::loader::library_symbols([c"_thread_db_sizeof_pthread", c"_dl_get_tls_static_info"]);
     // SAFETY: glibc's `const uint32_t _thread_db_sizeof_pthread`, when it exists.
-    let pthread_size = (!size_sym.is_null()).then(|| u64::from(unsafe { *(size_sym as *const u32) })).filter(|s| (64..1 << 16).contains(s));
+    let pthread_size = size_sym.map(|p| u64::from(unsafe { *(p as *const u32) })).filter(|s| (64..1 << 16).contains(s));
     // SAFETY: arch_prctl(ARCH_GET_FS) writes the thread pointer to a valid u64.
     if unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_GET_FS, &mut fs as *mut u64) } == 0 && fs != 0 {
         out.push((fs, pthread_size.unwrap_or(64)));
         // The whole static TLS area below the thread pointer, its surplus included:
         // glibc places the TLS of a module loaded later with dlopen there when it fits,
         // and only modules loaded before now are in the list above.
-        // SAFETY: dlsym with a valid handle and NUL-terminated name.
-        let info = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_dl_get_tls_static_info".as_ptr()) };
-        if let (false, Some(tcb)) = (info.is_null(), pthread_size) {
+        if let (Some(info), Some(tcb)) = (info, pthread_size) {
             let (mut size, mut align) = (0usize, 0usize);
             // SAFETY: ld.so's `void _dl_get_tls_static_info (size_t *, size_t *)`.
-            unsafe { std::mem::transmute::<*mut c_void, extern "C" fn(*mut usize, *mut usize)>(info)(&mut size, &mut align) };
+            unsafe { std::mem::transmute::<usize, extern "C" fn(*mut usize, *mut usize)>(info)(&mut size, &mut align) };
             if let Some(below) = static_tls_below_thread_pointer(size as u64, tcb, fs) {
                 out.push((fs - below, below));
             }
