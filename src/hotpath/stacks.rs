@@ -489,11 +489,20 @@ pub fn touched_arenas() -> Vec<crate::os::own::Touched> {
         let touched_end = (start.saturating_add(extent)).div_ceil(HUGE_PAGE).saturating_mul(HUGE_PAGE).min(start + len);
         crate::os::own::Touched { start, len, touched_end }
     };
+    let index = |base: *const AtomicU32, slots: usize, filed: &AtomicU32| {
+        let start = base as usize;
+        let len = slots * 4;
+        crate::os::own::Touched { start, len, touched_end: if filed.load(Ordering::Acquire) == 0 { start } else { start + len } }
+    };
     let record = std::mem::size_of::<Record>();
     vec![
         arena(t.records as *const u8, MAX_STACKS * record, stacks * record, RECORDS_POPULATED.load(Ordering::Relaxed)),
         arena(t.frames, FRAME_BYTES, (t.next_frame.load(Ordering::Acquire) as usize).min(FRAME_BYTES), FRAMES_POPULATED.load(Ordering::Relaxed)),
         arena(t.children as *const u8, MAX_STACKS * 4, stacks * 4, 0),
+        // The large index and the overflow, untouched until a stack is filed there
+        // (a short process files none): not looked at.
+        index(t.index, INDEX_SLOTS, &t.in_large_index),
+        index(t.overflow, OVERFLOW_SLOTS, &t.in_overflow),
     ]
 }
 
@@ -534,7 +543,9 @@ pub fn release_spilled() {
 /// made with them gone). Nothing reads a stack by its frames after tracking stopped:
 /// the report reads records by id. A thread still inside a hook then finds no stack
 /// and files its stack again under a new id; its event comes after the drain, in no
-/// report.
+/// report. An index nothing was filed in (the large one and the overflow of a short
+/// process) holds no page: it is left alone (four `madvise` calls of every exit report,
+/// two of which changed the mappings' flags).
 pub fn release_index() {
     let Some(t) = published_tables() else { return };
     // Not under a seccomp filter, which may answer `madvise` with SIGSYS.
@@ -542,11 +553,19 @@ pub fn release_index() {
         return;
     }
     let _errno = crate::os::ErrnoGuard::save();
-    for (base, slots) in [(t.tiny_index, TINY_INDEX_SLOTS + FIRST_INDEX_SLOTS), (t.index, INDEX_SLOTS), (t.overflow, OVERFLOW_SLOTS)] {
+    let filed = |count: &AtomicU32| count.load(Ordering::Relaxed) != 0;
+    let indexes = [
+        (t.tiny_index, TINY_INDEX_SLOTS + FIRST_INDEX_SLOTS, true),
+        (t.index, INDEX_SLOTS, filed(&t.in_large_index)),
+        (t.overflow, OVERFLOW_SLOTS, filed(&t.in_overflow)),
+    ];
+    for (base, slots, _) in indexes.into_iter().filter(|&(_, _, filed)| filed) {
         let (p, len) = (base as *mut libc::c_void, slots * 4);
         // Small pages from now on, so that a straggler's filing faults in 4 KiB, not a
-        // huge page.
-        super::mapping::advise_small_pages(p as *mut u8, len);
+        // huge page (a mapping smaller than one never has one).
+        if len >= HUGE_PAGE {
+            super::mapping::advise_small_pages(p as *mut u8, len);
+        }
         // SAFETY: whole mappings of ours (page-aligned, `slots * 4` bytes long) whose
         // cells are atomics read as zero afterwards: an empty slot.
         unsafe { libc::madvise(p, len, libc::MADV_DONTNEED) };
@@ -1064,12 +1083,20 @@ mod tests {
             assert_ne!(intern(0, &[0x5eed_0000 + k, k, 7]), 0);
         }
         let arenas: Vec<_> = touched_arenas().iter().map(|a| (a.start, a.len)).collect();
-        assert_eq!(arenas.len(), 3);
+        assert_eq!(arenas.len(), 5);
         // The whole reservations first, the cut ones after: other tests may intern
         // meanwhile, which only adds pages (nothing is spilled at this size).
         let whole: Vec<u64> = arenas.iter().map(|&(s, l)| crate::os::own::resident(s, l)).collect();
+        // The large index and the overflow: whole once a stack was filed there (their
+        // counts only grow; another test may file one at any time), else not at all.
+        let t = tables().unwrap();
+        let filed = [t.in_large_index.load(Ordering::Relaxed), t.in_overflow.load(Ordering::Relaxed)];
         let cut = touched_arenas();
-        for (k, a) in cut.iter().enumerate() {
+        for (a, filed) in cut[3..].iter().zip(filed) {
+            assert!(a.touched_end == a.start || a.touched_end == a.start + a.len, "{a:?}");
+            assert!(filed == 0 || a.touched_end == a.start + a.len, "{filed} filed: {a:?}");
+        }
+        for (k, a) in cut[..3].iter().enumerate() {
             assert_eq!((a.start, a.len), arenas[k]);
             assert!(a.touched_end > a.start && a.touched_end <= a.start + a.len, "{a:?}");
             assert!(crate::os::own::resident(a.start, a.touched_end - a.start) >= whole[k], "arena {k}: {a:?}");
