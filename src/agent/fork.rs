@@ -112,7 +112,7 @@ fn fork_child_inner() {
     }
     let mut r = REPORT.lock();
     if let Some(old) = r.take() {
-        let process = ProcessInfo::current(Some(old.process.pid));
+        let process = if was_free { ProcessInfo::forked(&old.process) } else { ProcessInfo::current(Some(old.process.pid)) };
         let (symbolizer, config, output_dir, host_tracking, suppressions) = if was_free {
             (old.symbolizer, old.config, old.output_dir, old.host_tracking, old.suppressions)
         } else {
