@@ -3,7 +3,7 @@
 # nothing, then short real programs that allocate and leave blocks for the exit report
 # (git --version, sort of 1,000 lines), each plain, under an empty preloaded library,
 # under leaktrace disabled and recording (its exit report written to tmpfs), interleaved
-# round by round.
+# round by round; then the cost of a fork in a traced program (scripts/fork_bench.c).
 #   scripts/bench_startup.sh [ROUNDS] [LIB] [BASE_LIB]
 # BASE_LIB (optional): a second build of the library, measured in the same rounds.
 set -eu
@@ -39,4 +39,17 @@ if command -v git >/dev/null; then
 fi
 echo "== sort -n (1,000 lines)"
 bench "$short" -- sort -n "$work/lines"
+# A fork in a traced process (scripts/fork_bench.c): the child's adoption of the
+# parent's state, and its exit report or the traced program it executes. Five rounds,
+# the builds interleaved, each 100 forks; the mean ms of one fork..wait.
+cc -O2 -o "$work/fork_bench" "$root/scripts/fork_bench.c"
+for mode in 0 1; do
+    [ "$mode" = 0 ] && echo "== fork, the child _exits (its exit report)" || echo "== fork, the child executes /bin/true"
+    for i in 1 2 3 4 5; do
+        echo "plain $("$work/fork_bench" 100 "$mode")"
+        echo "leaktrace $(LD_PRELOAD=$lib LEAKTRACE_OUTPUT=$shm LEAKTRACE_SUMMARY=0 "$work/fork_bench" 100 "$mode")"
+        [ -n "$base" ] && echo "base $(LD_PRELOAD=$base LEAKTRACE_OUTPUT=$shm LEAKTRACE_SUMMARY=0 "$work/fork_bench" 100 "$mode")"
+        rm -rf "${shm:?}"/*
+    done | awk '{v[$1] = v[$1] " " $2} END {for (k in v) print k ":" v[k] " ms"}' | sort
+done
 rm -rf "$shm"
