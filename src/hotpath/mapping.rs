@@ -213,8 +213,7 @@ fn glibc_extended_ecx() -> Option<u32> {
     /// `CPUID_INDEX_80000001` of glibc's enum.
     const INDEX_80000001: u32 = 2;
     const ECX: usize = 2;
-    let [f] = crate::os::loader::library_symbols([c"__x86_get_cpuid_feature_leaf"]);
-    let f = f?;
+    let [Some(f)] = crate::os::loader::library_symbols([c"__x86_get_cpuid_feature_leaf"]) else { return None };
     // SAFETY: the C library's `const struct cpuid_feature *__x86_get_cpuid_feature_leaf
     // (unsigned int)`, found by its name; it reads a table filled before any constructor.
     let leaf = unsafe { std::mem::transmute::<usize, extern "C" fn(u32) -> *const CpuidFeature>(f)(INDEX_80000001) };

@@ -317,7 +317,7 @@ pub fn init(wanted: bool) -> Found {
     if interp().is_none() && found.iter().any(Option::is_none) {
         return Found::NoPython;
     }
-    init_with(wanted, &|name| needed.iter().position(|n| *n == name).map_or_else(|| crate::os::loader::global_symbol(name), |i| found[i]))
+    init_with(wanted, &crate::os::loader::global_symbols_or_lookup(needed, found))
 }
 
 /// A CPython that the program loaded itself (`dlopen` of libpython, as a C++ program

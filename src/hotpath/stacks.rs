@@ -489,11 +489,8 @@ pub fn touched_arenas() -> Vec<crate::os::own::Touched> {
         let touched_end = (start.saturating_add(extent)).div_ceil(HUGE_PAGE).saturating_mul(HUGE_PAGE).min(start + len);
         crate::os::own::Touched { start, len, touched_end }
     };
-    let index = |base: *const AtomicU32, slots: usize, filed: &AtomicU32| {
-        let start = base as usize;
-        let len = slots * 4;
-        crate::os::own::Touched { start, len, touched_end: if filed.load(Ordering::Acquire) == 0 { start } else { start + len } }
-    };
+    // An index (2 MiB aligned) is used whole once a stack is filed there.
+    let index = |base: *const AtomicU32, slots: usize, count: &AtomicU32| arena(base as *const u8, slots * 4, if filed(count) { slots * 4 } else { 0 }, 0);
     let record = std::mem::size_of::<Record>();
     vec![
         arena(t.records as *const u8, MAX_STACKS * record, stacks * record, RECORDS_POPULATED.load(Ordering::Relaxed)),
@@ -537,6 +534,12 @@ pub fn release_spilled() {
     RECORDS_SPILL.release(t.records as *mut u8);
 }
 
+/// Whether a stack was ever filed in the index whose count is `count` (the large one,
+/// the overflow): until then none of its pages was written.
+fn filed(count: &AtomicU32) -> bool {
+    count.load(Ordering::Acquire) != 0
+}
+
 /// At the final report of a process that exits, once every event it reports is
 /// drained: the indexes that find a stack by its frames go back to the system (8 MiB
 /// of `import torch`'s peak, which comes in that report: its scan and names are then
@@ -553,22 +556,24 @@ pub fn release_index() {
         return;
     }
     let _errno = crate::os::ErrnoGuard::save();
-    let filed = |count: &AtomicU32| count.load(Ordering::Relaxed) != 0;
     let indexes = [
         (t.tiny_index, TINY_INDEX_SLOTS + FIRST_INDEX_SLOTS, true),
         (t.index, INDEX_SLOTS, filed(&t.in_large_index)),
         (t.overflow, OVERFLOW_SLOTS, filed(&t.in_overflow)),
     ];
-    for (base, slots, _) in indexes.into_iter().filter(|&(_, _, filed)| filed) {
-        let (p, len) = (base as *mut libc::c_void, slots * 4);
+    for (base, slots, used) in indexes {
+        if !used {
+            continue;
+        }
+        let (start, len) = (base as usize, slots * 4);
         // Small pages from now on, so that a straggler's filing faults in 4 KiB, not a
         // huge page (a mapping smaller than one never has one).
         if len >= HUGE_PAGE {
-            super::mapping::advise_small_pages(p as *mut u8, len);
+            super::mapping::advise_small_pages(start as *mut u8, len);
         }
         // SAFETY: whole mappings of ours (page-aligned, `slots * 4` bytes long) whose
         // cells are atomics read as zero afterwards: an empty slot.
-        unsafe { libc::madvise(p, len, libc::MADV_DONTNEED) };
+        unsafe { super::mapping::give_back_pages(start, start + len) };
     }
 }
 

@@ -64,7 +64,7 @@ pub fn install(python_sample: u64) -> bool {
     // modules' tables; any other name is looked up as asked.
     let names = [c"PyObject_GetArenaAllocator", c"PyObject_SetArenaAllocator"];
     let found = crate::os::loader::global_symbols(names);
-    install_with(&|name| names.iter().position(|n| *n == name).map_or_else(|| crate::os::loader::global_symbol(name), |i| found[i]))
+    install_with(&crate::os::loader::global_symbols_or_lookup(names, found))
 }
 
 /// `install` for a libpython the program loaded itself, found by `symbol`, when the

@@ -38,6 +38,13 @@ pub fn global_symbols<const N: usize>(names: [&std::ffi::CStr; N]) -> [Option<us
     out
 }
 
+/// A lookup like `global_symbol` that answers `names` from `found` (their
+/// `global_symbols`, one walk of the modules' tables at a start that asks after several
+/// names most programs lack) and looks any other name up as asked.
+pub fn global_symbols_or_lookup<const N: usize>(names: [&'static std::ffi::CStr; N], found: [Option<usize>; N]) -> impl Fn(&std::ffi::CStr) -> Option<usize> {
+    move |name| names.iter().position(|n| *n == name).map_or_else(|| global_symbol(name), |i| found[i])
+}
+
 /// The C library's or the loader's own definition of each of `names` (what our module's
 /// `dlsym(RTLD_NEXT)` finds: the first module after this library that defines it, or
 /// failing that the first one before it), from the modules' tables: a `dlsym` was a
