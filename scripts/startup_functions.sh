@@ -3,7 +3,8 @@
 # short process's start and exit, in the order the linker wrapper
 # (scripts/leaktrace-link-gcc) lays them out first: those callgrind sees run in
 # `/bin/true`, `git --version` and `sort`, one a line: the name without crate or legacy
-# hashes, a tab, and the legacy hash (empty for a name that has none). The wrapper takes
+# hashes, a tab, and the legacy hash (empty for a name that has none), after a line that
+# names the compiler (`# rustc ...`). The wrapper takes
 # the symbol with that hash, or, where no symbol has it (another compiler), every one
 # of that name.
 # Run after a change that moves much start or exit code; a stale list only orders less.
@@ -34,5 +35,8 @@ done | sed -E 's/^ *[0-9,]+ \([ 0-9.]+%\)  //; s/ \[.*//; s/^[^:]*://' | grep -v
 } | awk '!seen[$0]++' |
     c++filt | sed -E "s/'[0-9]+$//; s/\.llvm\.[0-9]+$//" |
     sed -E 's/\[[0-9a-f]{16}\]//g; s/::h([0-9a-f]{16})$/\t\1/; /\t/!s/$/\t/' | awk '!seen[$0]++' \
-    >"$root/build/startup_functions.txt"
+    >"$work/list"
+# The first line names the compiler: its inlining decides which functions run, and the
+# test that checks the list against a run (tests/environment.rs) runs with that one.
+{ echo "# $(rustc --version)"; cat "$work/list"; } >"$root/build/startup_functions.txt"
 echo "$(wc -l <"$root/build/startup_functions.txt") functions in build/startup_functions.txt"
