@@ -176,13 +176,26 @@ impl<'a> BlockIndex<'a> {
     pub fn find(&self, word: u64) -> Option<usize> {
         // Most words are small integers or other non-heap values: this test stays in the
         // caller's loop, and only the rest is a call.
-        if word < self.lo || word >= self.hi {
+        if !self.in_range(word) {
             return None;
         }
-        self.find_in_range(word)
+        self.find_out_of_line(word)
     }
 
     #[inline(never)]
+    fn find_out_of_line(&self, word: u64) -> Option<usize> {
+        self.find_in_range(word)
+    }
+
+    /// Whether `word` lies between the lowest block's start and the highest block's end
+    /// (`find`'s first test).
+    #[inline(always)]
+    fn in_range(&self, word: u64) -> bool {
+        word >= self.lo && word < self.hi
+    }
+
+    /// `find` for a word `in_range`.
+    #[inline(always)]
     fn find_in_range(&self, word: u64) -> Option<usize> {
         let contains = |i: usize| {
             let b = &self.blocks[i];
@@ -430,15 +443,16 @@ impl Keeper<'_> {
     /// GiB/s, `scripts/bench_scan.sh`).
     #[inline(always)]
     fn keep(&self, w: u64, at: u64, from: u32, m: &mut Marks, keeps_cuda: bool, within: u64) {
-        if let Some(i) = self.index.find(w) {
-            self.mark(i, w, at, from, m, keeps_cuda, within);
+        if self.index.in_range(w) {
+            self.mark(w, at, from, m, keeps_cuda, within);
         }
     }
 
-    /// `keep` for a word inside block `i`'s range.
+    /// `keep` for a word inside the blocks' range: one call, which finds the block and
+    /// marks it.
     #[inline(never)]
-    #[allow(clippy::too_many_arguments)]
-    fn mark(&self, i: usize, w: u64, at: u64, from: u32, m: &mut Marks, keeps_cuda: bool, within: u64) {
+    fn mark(&self, w: u64, at: u64, from: u32, m: &mut Marks, keeps_cuda: bool, within: u64) {
+        let Some(i) = self.index.find_in_range(w) else { return };
         let b = &self.blocks[i];
         if !m.reached[i] && (keeps_cuda || !b.is_cuda()) && w - b.start < within && w != b.not_a_reference() {
             m.reached[i] = true;
