@@ -198,6 +198,11 @@ pub fn status() -> String {
     read(&STATUS)
 }
 
+/// Whether `/proc/self/status` is held open (`open`) and the descriptor is still ours.
+pub fn status_held() -> bool {
+    STATUS.is_ours(STATUS.fd.load(Ordering::Acquire))
+}
+
 /// `/proc/self/smaps_rollup` now, or "".
 pub fn smaps_rollup() -> String {
     read(&ROLLUP)

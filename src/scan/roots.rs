@@ -517,8 +517,14 @@ const ROOT_CHUNK_WORDS: usize = 8192;
 /// Whether `process_vm_readv` may be called at all: not under a seccomp filter, which
 /// may answer it with SIGSYS instead of an error (Chromium's sandboxed renderers crash on
 /// it). `/proc/self/status` says ("Seccomp: 2" for a filter); where it cannot be read (a
-/// sandbox without /proc), the answer is no.
+/// sandbox without /proc), the answer is no. Read from the descriptor the library holds
+/// (`procfs::unfiltered_now`: no `openat`, which a sandbox entered since may trap, and
+/// within a report the answer its first step got); opened afresh only where the program
+/// closed that one.
 pub fn vm_readv_safe() -> bool {
+    if crate::os::procfs::status_held() {
+        return crate::os::procfs::unfiltered_now();
+    }
     let status = crate::os::anchor::read_proc_string("self/status").unwrap_or_default();
     crate::os::procfs::unfiltered(&status)
 }
