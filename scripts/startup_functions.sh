@@ -7,7 +7,8 @@
 # names the compiler (`# rustc ...`). The wrapper takes
 # the symbol with that hash, or, where no symbol has it (another compiler), every one
 # of that name.
-# Run after a change that moves much start or exit code; a stale list only orders less.
+# Run, then rebuild, when tests/environment.rs says the list lacks a function `/bin/true`
+# runs (most edits move the crate's inlining); a stale list only orders less.
 #   scripts/startup_functions.sh [LIB]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
