@@ -4,7 +4,7 @@
 # (scripts/leaktrace-link-gcc) lays them out first: those callgrind sees run in
 # `/bin/true`, `git --version` and `sort`, one a line: the name without crate or legacy
 # hashes, a tab, and the legacy hash (empty for a name that has none), after a line that
-# names the compiler (`# rustc ...`). The wrapper takes
+# names the compiler and the kernel (`# rustc ...; Linux ...`). The wrapper takes
 # the symbol with that hash, or, where no symbol has it (another compiler), every one
 # of that name.
 # Run, then rebuild, when tests/environment.rs says the list lacks a function `/bin/true`
@@ -37,7 +37,8 @@ done | sed -E 's/^ *[0-9,]+ \([ 0-9.]+%\)  //; s/ \[.*//; s/^[^:]*://' | grep -v
     c++filt | sed -E "s/'[0-9]+$//; s/\.llvm\.[0-9]+$//" |
     sed -E 's/\[[0-9a-f]{16}\]//g; s/::h([0-9a-f]{16})$/\t\1/; /\t/!s/$/\t/' | awk '!seen[$0]++' \
     >"$work/list"
-# The first line names the compiler: its inlining decides which functions run, and the
-# test that checks the list against a run (tests/environment.rs) runs with that one.
-{ echo "# $(rustc --version)"; cat "$work/list"; } >"$root/build/startup_functions.txt"
+# The first line names the compiler and the kernel: the compiler's inlining and the
+# kernel's features (a start-up step's fallback) decide which functions run, and the
+# test that checks the list against a run (tests/environment.rs) runs with those.
+{ echo "# $(rustc --version); $(uname -s) $(uname -r)"; cat "$work/list"; } >"$root/build/startup_functions.txt"
 echo "$(wc -l <"$root/build/startup_functions.txt") functions in build/startup_functions.txt"

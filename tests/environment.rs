@@ -528,16 +528,19 @@ fn a_program_that_does_not_use_libgcc_s_does_not_load_it_for_us() {
 /// every process's start. The list went stale twice as the start-up code changed (10
 /// faults in the library's code instead of 4 for `/bin/true`, ~30 µs of issue 55's
 /// 300); this says so when it happens, and what to run. callgrind names what ran. The
-/// list is a compiler's (its inlining decides which functions run as functions), so the
-/// check runs with the compiler that made it.
+/// list is a compiler's and a kernel's (the compiler's inlining decides which functions
+/// run as functions, the kernel's features which fallbacks run), so the check runs with
+/// the compiler and kernel that made it.
 #[test]
 fn the_start_up_list_holds_every_function_a_process_that_does_nothing_runs() {
     let list_path = root().join("build/startup_functions.txt");
     let list = std::fs::read_to_string(&list_path).unwrap();
     let made_with = list.lines().next().and_then(|l| l.strip_prefix("# ")).unwrap_or("").to_string();
-    let compiler = Command::new("rustc").arg("--version").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
-    if made_with != compiler {
-        skip::not_here(&format!("the start-up list was made with {made_with:?}, this is {compiler:?}: its inlining runs other functions"));
+    let output =
+        |cmd: &str, args: &[&str]| Command::new(cmd).args(args).output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+    let here = format!("{}; {}", output("rustc", &["--version"]), output("uname", &["-sr"]));
+    if made_with != here {
+        skip::not_here(&format!("the start-up list was made with {made_with:?}, this is {here:?}: other functions run"));
         return;
     }
     if Command::new("valgrind").arg("--version").output().is_err() {
