@@ -438,9 +438,8 @@ impl Keeper<'_> {
     /// block's start (everywhere but in Python objects: anywhere inside). `at`: the
     /// word's address; `from`: the block it is in, or `FROM_ROOT`. Inlined into every
     /// loop over words, so that a word outside the blocks' range (most of them) costs
-    /// its two comparisons there: as a closure it had been a call per word, which
-    /// saved and restored six registers (1 GiB of heap in 1 KiB blocks scanned at 1.1
-    /// GiB/s, `scripts/bench_scan.sh`).
+    /// its two comparisons there, not a call (design.md, "Finding the block under a
+    /// word").
     #[inline(always)]
     fn keep(&self, w: u64, at: u64, from: u32, m: &mut Marks, keeps_cuda: bool, within: u64) {
         if self.index.in_range(w) {
@@ -469,15 +468,14 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
     let index = &*index;
     let mut marks = Marks { reached, work, parent, via };
     let keeper = Keeper { index, blocks };
-    let keep = |w: u64, at: u64, from: u32, m: &mut Marks, keeps_cuda: bool, within: u64| keeper.keep(w, at, from, m, keeps_cuda, within);
     let mark_within = |start: u64, len: u64, m: &mut Marks, keeps_cuda: bool, within: u64| {
-        mem.words(start, len, &mut |at, w| keep(w, at, FROM_ROOT, m, keeps_cuda, within));
+        mem.words(start, len, &mut |at, w| keeper.keep(w, at, FROM_ROOT, m, keeps_cuda, within));
     };
     let mark_from = |start: u64, len: u64, m: &mut Marks, keeps_cuda: bool| {
-        mem.block_words(start, len, &mut |at, w| keep(w, at, FROM_ROOT, m, keeps_cuda, u64::MAX));
+        mem.block_words(start, len, &mut |at, w| keeper.keep(w, at, FROM_ROOT, m, keeps_cuda, u64::MAX));
     };
     let mark_root = |start: u64, len: u64, m: &mut Marks, keeps_cuda: bool| {
-        mem.root_words(start, len, &mut |at, w| keep(w, at, FROM_ROOT, m, keeps_cuda, u64::MAX));
+        mem.root_words(start, len, &mut |at, w| keeper.keep(w, at, FROM_ROOT, m, keeps_cuda, u64::MAX));
     };
     for &addr in roots.freed_meanwhile {
         if let Some(i) = index.find(addr) {
@@ -504,7 +502,7 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
                     return;
                 }
                 let mut find = |from: u64, n: u64| {
-                    super::pymalloc::lists_in(mem, start, from, n, t, lists, |at, items| keep(items, at, FROM_ROOT, &mut marks, true, PYTHON_INTERIOR))
+                    super::pymalloc::lists_in(mem, start, from, n, t, lists, |at, items| keeper.keep(items, at, FROM_ROOT, &mut marks, true, PYTHON_INTERIOR))
                 };
                 match roots.python_changed {
                     None => find(start, len),
@@ -520,7 +518,7 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
             if !blocks[i].is_opaque() {
                 let b = &blocks[i];
                 read_block_prefix(mem, b, super::pymalloc::list_part(b.start, b.size(), lists), roots.mapped_written, &mut |at, w| {
-                    keep(w, at, i as u32, m, keeps_cuda, u64::MAX)
+                    keeper.keep(w, at, i as u32, m, keeps_cuda, u64::MAX)
                 });
             }
         }
@@ -559,7 +557,7 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
                         // Its block's start only: an int is a number as often as an
                         // address (a timestamp, the `id` of a dead object), and one
                         // that happens to fall inside a leaked block must not keep it.
-                        keep(v, b, FROM_ROOT, &mut marks, true, 1);
+                        keeper.keep(v, b, FROM_ROOT, &mut marks, true, 1);
                     }
                     b += block_size;
                 }
