@@ -732,13 +732,12 @@ fn groups_by_line<'a>(
     out
 }
 
-/// Whether a followed stack's bytes rose over the points (three at least, most steps
-/// up, at least 64 KiB more at the end than at the start): a DataLoader worker of a few
-/// seconds on a loaded machine has few points.
+/// Whether a followed stack's or a line's bytes rose over the points (three at least, rising as the command's
+/// rule has it, `growth::rises_steadily`, at least 64 KiB more at the end than at the
+/// start): a DataLoader worker of a few seconds on a loaded machine has few points.
 fn grew(bytes: &[u64]) -> bool {
-    let seen: Vec<u64> = bytes.iter().copied().skip_while(|&b| b == 0).collect();
-    let (ups, downs) = seen.windows(2).fold((0, 0), |(u, d), w| (u + (w[1] > w[0]) as u64, d + (w[1] < w[0]) as u64));
-    seen.len() >= 3 && leaktrace_common::growth::mostly_rising(seen.len() as u64 - 1, ups, downs) && seen[seen.len() - 1] >= seen[0] + (64 << 10)
+    let seen = &bytes[bytes.iter().position(|&b| b != 0).unwrap_or(bytes.len())..];
+    seen.len() >= 3 && leaktrace_common::growth::rises_steadily(seen) && seen[seen.len() - 1] >= seen[0] + (64 << 10)
 }
 
 /// Names the paths the scan found for the listed groups and the followed stacks; where
