@@ -15,6 +15,9 @@ const JOIN_GROWING: usize = 16;
 /// Bytes a stack holds at least to join at a point between reports (`join_rising`):
 /// `reports::grew`'s least rise.
 const JOIN_AT_POINT_MIN: u64 = 64 << 10;
+/// Points in a row a stack rises at (by `JOIN_AT_POINT_MIN` at least) to join between
+/// reports however little it holds (`join_rising`).
+const RISES_TO_JOIN: u8 = 3;
 /// Points kept; beyond, every other old point is dropped (the series stay aligned).
 const MAX_POINTS: usize = 1024;
 
@@ -78,6 +81,9 @@ pub struct Timeline {
     index_of_line: crate::util::FxMap<super::python::UserLine, u32>,
     /// Live bytes under each known line now, by its index (slot 0 unused).
     line_now: Vec<u64>,
+    /// The stacks not followed that rose at the last point, and at how many points in a
+    /// row (`join_rising`; a report's point neither counts nor breaks a run).
+    rises: crate::util::FxMap<Key, u8>,
 }
 
 /// A followed stack: its id and entry point (its devices add up).
@@ -216,16 +222,21 @@ impl Timeline {
 
     /// Between reports, the stacks of `rising` (their bytes now; they rose since the last
     /// point and are not followed) that hold at least what the `JOIN_TOP`-th largest
-    /// followed stack holds now join, the largest `JOIN_TOP` of them at most; once a
-    /// report has followed `JOIN_TOP` stacks (before, an import's churn would fill every
-    /// slot). Without this a stack that starts to grow after a report is followed only
-    /// from the next one: with reports seconds apart (their cadence follows their
-    /// cost), a loop of a few seconds had too few points to be seen growing, and its
-    /// holders were not looked for while the program held them. Steady growers below
-    /// the largest still join at reports (their trend is worked out there). A stack
-    /// spread over several devices, of which only some changed, starts from those
-    /// devices' bytes; the next report counts all of them.
+    /// followed stack holds now, or that rose at the last `RISES_TO_JOIN` points in a
+    /// row, join, the largest `JOIN_TOP` of them at most; once a report has followed
+    /// `JOIN_TOP` stacks (before, an import's churn would fill every slot). Without this
+    /// a stack that starts to grow after a report is followed only from the next one:
+    /// with reports seconds apart (their cadence follows their cost), a loop of a few
+    /// seconds had too few points to be seen growing, and its holders were not looked
+    /// for while the program held them. Without the run of rises a small grower joined
+    /// when it reached the largest, a point that moves with the machine's load: a loop
+    /// that keeps its autograd graphs had a dozen stacks of ~1 MB judged growing on a
+    /// quiet machine and not beside two busy loops (they joined 6 points before the
+    /// end, and 8 are judged). A stack spread over several devices, of which only some
+    /// changed, starts from those devices' bytes; the next report counts all of them.
     fn join_rising(&mut self, rising: crate::util::FxMap<Key, u64>) {
+        let rises = rising.keys().map(|k| (*k, self.rises.get(k).map_or(1, |r| r.saturating_add(1)))).collect();
+        self.rises = rises;
         // Before a report has chosen the largest (an import's first seconds), nothing.
         if rising.is_empty() || self.series.len() < JOIN_TOP {
             return;
@@ -234,7 +245,8 @@ impl Timeline {
         nows.sort_unstable_by_key(|&n| std::cmp::Reverse(n));
         nows.truncate(JOIN_TOP);
         let bar = nows[JOIN_TOP - 1].0;
-        let mut newcomers: Vec<(Key, u64)> = rising.into_iter().filter(|&(_, now)| now >= bar).collect();
+        let rose_long = |k: &Key| self.rises.get(k).is_some_and(|&r| r >= RISES_TO_JOIN);
+        let mut newcomers: Vec<(Key, u64)> = rising.into_iter().filter(|&(k, now)| now >= bar || rose_long(&k)).collect();
         newcomers.sort_unstable_by_key(|&(k, now)| std::cmp::Reverse((now, k)));
         newcomers.truncate(JOIN_TOP);
         let keep: Vec<Key> = nows.iter().map(|&(_, k)| k).chain(newcomers.iter().map(|&(k, _)| k)).collect();
@@ -614,6 +626,40 @@ mod tests {
         assert_eq!(grown.bytes, [0, 0, 1 << 20, 3 << 19, 2 << 20, 5 << 19, 3 << 20]);
         assert!(!t.series.iter().any(|s| s.stack == 8), "a small stack waits for the next report's trend");
         assert_eq!(t.series.len(), JOIN_TOP + 1);
+        assert!(t.series.iter().all(|s| s.bytes.len() == t.points.len()));
+    }
+
+    #[test]
+    fn a_small_stack_that_rises_at_points_in_a_row_joins_though_never_among_the_largest() {
+        let mut c = crate::collector::state::Collector::new();
+        let mut t = Timeline::default();
+        let mut next = 0x10_000u64;
+        let mut alloc = |c: &mut crate::collector::state::Collector, stack: u32, size: u64| {
+            c.apply(&crate::hotpath::event::Event { kind: crate::hotpath::event::EventKind::Alloc, api: Api::Malloc, tid: 1, stack, addr: next, size });
+            next += size.next_multiple_of(4096);
+        };
+        for i in 0..JOIN_TOP as u32 + 4 {
+            alloc(&mut c, 100 + i, 1 << 20);
+        }
+        let mut snapshot = c.snapshot();
+        snapshot.sort_top(JOIN_TOP);
+        c.settle_changes();
+        t.record(0, &snapshot);
+        // Between reports: stack 7 rises by 96 KiB at every point (far below the 16th
+        // largest, 1 MB); stack 9 by as much at two points of every three.
+        let mut changes = Vec::new();
+        for point in 1..=8u64 {
+            alloc(&mut c, 7, 96 << 10);
+            if point % 3 != 0 {
+                alloc(&mut c, 9, 96 << 10);
+            }
+            c.take_changes(&mut changes);
+            t.record_changes(point, &c.totals(), &changes);
+        }
+        let grown = t.series.iter().find(|s| s.stack == 7).expect("the small riser is followed");
+        // It joined at the third point it rose at, with what it held then.
+        assert_eq!(grown.bytes, [0, 0, 0, 3 * 96 << 10, 4 * 96 << 10, 5 * 96 << 10, 6 * 96 << 10, 7 * 96 << 10, 8 * 96 << 10]);
+        assert!(!t.series.iter().any(|s| s.stack == 9), "a stack that rose at two points in a row waits");
         assert!(t.series.iter().all(|s| s.bytes.len() == t.points.len()));
     }
 
