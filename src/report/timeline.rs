@@ -658,7 +658,8 @@ mod tests {
         }
         let grown = t.series.iter().find(|s| s.stack == 7).expect("the small riser is followed");
         // It joined at the third point it rose at, with what it held then.
-        assert_eq!(grown.bytes, [0, 0, 0, 3 * 96 << 10, 4 * 96 << 10, 5 * 96 << 10, 6 * 96 << 10, 7 * 96 << 10, 8 * 96 << 10]);
+        let kib96 = |n: u64| n * (96 << 10);
+        assert_eq!(grown.bytes, [0, 0, 0, kib96(3), kib96(4), kib96(5), kib96(6), kib96(7), kib96(8)]);
         assert!(!t.series.iter().any(|s| s.stack == 9), "a stack that rose at two points in a row waits");
         assert!(t.series.iter().all(|s| s.bytes.len() == t.points.len()));
     }
