@@ -1510,6 +1510,51 @@ fn a_replay_deque_local_to_main_and_cleared_before_exit_is_named_as_that_local()
     assert!(held.contains("collections.deque"), "{held}");
 }
 
+/// `kept_list.py MODE` under `leaktrace run` with a CPython of 3.11 or later (frames in
+/// the interpreter's own chunks): the "held by" line under the growth of the line
+/// marked `# GROWS MODE`, the line of `def MODE`, and the report's text. None (skipped)
+/// without such a Python.
+fn kept_list_holder(mode: &str) -> Option<(String, u64, String)> {
+    let python = python();
+    let minor =
+        Command::new(&python).args(["-c", "import sys; print(sys.version_info[1])"]).output().map(|o| text(&o.stdout).trim().parse::<u32>().unwrap_or(0));
+    if !minor.is_ok_and(|m| m >= 11) {
+        skip::missing(&format!("CPython 3.11+ (frames in the interpreter's own chunks) for {python}"), "a python3 of 3.11 or later on PATH");
+        return None;
+    }
+    let script = manifest().join("../tests/fixtures/frameworks/kept_list.py");
+    let src = std::fs::read_to_string(&script).unwrap();
+    let line = src.lines().position(|l| l.ends_with(&format!("# GROWS {mode}"))).unwrap() + 1;
+    let def_line = src.lines().position(|l| l.starts_with(&format!("def {mode}("))).unwrap() as u64 + 1;
+    let dir = scratch(&format!("kept-list-{mode}"));
+    let out = Command::new(bin()).args(["run", "--output", "r", "--", &python, script.to_str().unwrap(), mode]).current_dir(&dir).bounded_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).starts_with("kept "), "the program's output is its own");
+    let shown = text(&leaktrace(&["report", "r"], &dir).stdout);
+    let held = shown.lines().skip_while(|l| !l.contains(&format!("kept_list.py:{line} [python]"))).nth(1).unwrap_or_default().to_string();
+    Some((held, def_line, shown))
+}
+
+/// The items that hold a line's buffers lie past the first MiB of their list's array:
+/// the holder search read a heap block's first MiB only, and named no holder.
+#[test]
+fn a_list_whose_items_lie_past_the_first_mib_of_its_array_is_named_with_its_index() {
+    let Some((held, def_line, shown)) = kept_list_holder("far") else { return };
+    assert!(held.contains("held by: bytearray (Python object, +32) ← list[15"), "{shown}");
+    assert!(held.ends_with(&format!("local kept of far() (kept_list.py:{def_line})")), "{shown}");
+}
+
+/// A closure appends to its function's list in a tight loop: the list's array moves at
+/// every ~12% of growth, many times during the second that a search over a large
+/// interpreter takes, and the array listed before the search was no longer the list's
+/// when the search came to it (the holder was named in 1 run of 3).
+#[test]
+fn a_list_that_a_closure_appends_to_is_named_though_its_array_moves_during_the_search() {
+    let Some((held, def_line, shown)) = kept_list_holder("append") else { return };
+    assert!(held.contains("held by: list ←"), "{shown}");
+    assert!(held.ends_with(&format!("local losses of append() (kept_list.py:{def_line})")), "{shown}");
+}
+
 /// A C test runner's checks (one `leaktrace_snapshot(label)` per test, the C API
 /// fixture) as `leaktrace report` shows them: one line per leaking label in text, one JUnit test
 /// case per label that fails when the check leaked, and `--fail-on-leak` failing the run.

@@ -548,7 +548,7 @@ pub(super) fn held_before_exit() {
         .collect();
     drop(report);
     let found: Vec<(crate::report::python::UserLine, crate::report::held::RawPath)> =
-        pending.into_iter().filter_map(|(line, objects)| Some((line, crate::report::held::python_holder(&live.blocks, &objects)?))).collect();
+        pending.into_iter().filter_map(|(line, objects)| Some((line, crate::report::held::python_holder(&live.blocks, &objects, &mut live_keys)?))).collect();
     drop(live);
     keep_line_holders(found);
 }
@@ -561,6 +561,16 @@ fn live_and_samples(samples: bool) -> Option<(crate::collector::state::ScanInput
     let backlog = c.order.backlog();
     drain_into(c, backlog, false);
     Some((c.model.live_blocks(), if samples { c.model.python_samples() } else { Vec::new() }))
+}
+
+/// The stack and entry point of each of `addrs` among the live heap blocks now (none
+/// when the collector is busy for a second).
+fn live_keys(addrs: &[u64]) -> Vec<Option<(u32, crate::hotpath::event::Api)>> {
+    let Some(mut state) = lock_bounded(&STATE, Duration::from_secs(1)) else { return vec![None; addrs.len()] };
+    let Some(c) = state.as_mut() else { return vec![None; addrs.len()] };
+    let backlog = c.order.backlog();
+    drain_into(c, backlog, false);
+    addrs.iter().map(|&a| c.model.live_key(a)).collect()
 }
 
 type LineGroups = HashMap<crate::report::python::UserLine, Vec<LineGroup>>;
@@ -677,7 +687,7 @@ fn search_holders(lines: Vec<crate::report::python::UserLine>) {
         let sampled_bytes: u64 = sampled.iter().map(|g| g.bytes).sum();
         let objects: Vec<u64> = sampled.iter().take(OBJECTS_PER_LINE).map(|g| g.addr).collect();
         let all = if heap.is_some_and(|(_, bytes)| bytes >= sampled_bytes) { [blocks, objects].concat() } else { [objects, blocks].concat() };
-        if let Some(path) = crate::report::held::python_holder(&live.blocks, &all) {
+        if let Some(path) = crate::report::held::python_holder(&live.blocks, &all, &mut live_keys) {
             found.push((line, path));
         }
     }

@@ -1090,6 +1090,13 @@ impl Collector {
         self.prepared = None;
     }
 
+    /// The stack and entry point of the live heap block at `addr`.
+    pub fn live_key(&self, addr: u64) -> Option<(u32, Api)> {
+        let b = self.live.get(addr)?;
+        let (stack, api, _) = self.groups.key(b.group);
+        Some((stack, api))
+    }
+
     /// Every outstanding block that the pointer scan can classify (heap blocks and CUDA
     /// allocations: ranges that never overlap), and the host blocks inherited from a
     /// parent process, each sorted by address.

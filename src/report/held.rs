@@ -247,7 +247,7 @@ fn root_link(addr: u64, label: Option<RootLabel>, sym: &mut Symbolizer) -> HeldL
         RootKind::PythonFrames => {
             let slot = crate::hotpath::python::minor()
                 .filter(|_| crate::scan::roots::copies_allowed())
-                .and_then(|minor| crate::scan::referrers::frame_slot(addr, (label.start, label.len), minor));
+                .and_then(|minor| crate::scan::referrers::frame_slot(addr, (label.start, label.len), minor, None));
             match slot {
                 Some(s) => local_link(s.name, Some(s.function)),
                 None => local_link(None, None),
@@ -376,11 +376,28 @@ fn extend_python_from<K: Clone + Eq + std::hash::Hash, S: std::hash::BuildHasher
                     }
                     referrers::Holder::Frame { start, size } => {
                         // A running function's local: a variable the user names.
-                        match referrers::frame_slot(f.at, (start, size), minor) {
+                        match referrers::frame_slot(f.at, (start, size), minor, Some(b.target)) {
                             Some(slot) => links.push(RawLink::Local { name: slot.name, function: slot.function }),
                             None => continue,
                         }
                         None
+                    }
+                    referrers::Holder::ListItems { items, list } => {
+                        if seen.contains(&list) {
+                            continue;
+                        }
+                        seen.push(list);
+                        // The item's place in the array, then the list: `list[i]`.
+                        links.push(RawLink::Python { start: items, offset: f.at - items, type_name: None, key: None, module: None, attribute: false });
+                        links.push(RawLink::Python {
+                            start: list,
+                            offset: referrers::LIST_ITEM_FIELD,
+                            type_name: Some("list".into()),
+                            key: None,
+                            module: None,
+                            attribute: false,
+                        });
+                        Some((list, 0))
                     }
                     referrers::Holder::Block(j) if parent.is_empty() => {
                         // No scan to follow: on through what refers to the block.
@@ -474,7 +491,17 @@ fn extend_python_from<K: Clone + Eq + std::hash::Hash, S: std::hash::BuildHasher
 /// found. Of the paths that reached one, the holder most of them reached (the first
 /// object's among equals), else the longest way; from the object's holder out. `live`:
 /// the heap blocks, sorted by address.
-pub fn python_holder(live: &[LiveEntry], objects: &[u64]) -> Option<RawPath> {
+/// Answers the stack and entry point of each live heap block of the addresses given,
+/// now (`python_holder`).
+pub type KeysOf<'a> = dyn FnMut(&[u64]) -> Vec<Option<(u32, Api)>> + 'a;
+
+/// `key_of` answers the stack and entry point of live heap blocks now (the collector's
+/// table): a block of `objects` that a list's array was when `live` was taken may have
+/// been reallocated since (a growing list moves its array at every ~12% of growth, and
+/// the search takes a second with torch loaded); the list whose array now has the same
+/// stack then holds it (`torch_user_leaks.py losses`: the line that appends to the
+/// list had no holder in 3 runs of 3 once its items were read whole).
+pub fn python_holder(live: &[LiveEntry], objects: &[u64], key_of: &mut KeysOf<'_>) -> Option<RawPath> {
     let mut arenas = Vec::with_capacity(crate::scan::arenas::capacity());
     crate::scan::arenas::live_arenas(&mut arenas);
     let mut paths: std::collections::HashMap<usize, RawPath> = std::collections::HashMap::new();
@@ -490,6 +517,7 @@ pub fn python_holder(live: &[LiveEntry], objects: &[u64]) -> Option<RawPath> {
         }
     }
     let heap_starts: Vec<usize> = starts.iter().map(|s| s.0).collect();
+    follow_moved_arrays(&mut paths, &mut starts, live, &arenas, key_of);
     extend_python_from(&mut paths, starts, live, &[], &[], Labels::new(&Default::default(), &[]), 0);
     // Its first link is the object itself: the path starts at what holds it.
     let found: Vec<(usize, RawPath)> = paths
@@ -522,6 +550,49 @@ pub fn python_holder(live: &[LiveEntry], objects: &[u64]) -> Option<RawPath> {
     let mut found: Vec<Option<RawPath>> = found.into_iter().map(|(_, p)| Some(p)).collect();
     let drawn: Vec<RawPath> = order.iter().map(|&i| found[i].take().unwrap_or_default()).collect();
     Some(with_second(drawn, best, at_module))
+}
+
+/// For each heap block of `starts` that is a live list's item array now, or that no
+/// list's array is now but whose stack and entry point a list's array has that `live`
+/// does not list (reallocated since), starts its path at that list (`python_holder`):
+/// found here, a moment after the blocks were listed, rather than by the search's pass
+/// over every object, a second later with torch loaded, when the array may have moved.
+fn follow_moved_arrays(
+    paths: &mut std::collections::HashMap<usize, RawPath>,
+    starts: &mut Vec<(usize, u64)>,
+    live: &[LiveEntry],
+    arenas: &[(u64, u64)],
+    key_of: &mut KeysOf<'_>,
+) {
+    if starts.is_empty() {
+        return;
+    }
+    let lists = crate::scan::referrers::lists_now(arenas);
+    // Arrays in the arenas are pymalloc's, never a tracked heap block.
+    let in_arenas = |a: u64| arenas.iter().any(|&(s, l)| a >= s && a < s + l);
+    let moved: Vec<(u64, u64)> =
+        lists.iter().copied().filter(|&(items, _)| !in_arenas(items) && live.binary_search_by_key(&items, |b| b.addr).is_err()).collect();
+    let mut keys: Option<Vec<Option<(u32, Api)>>> = None;
+    starts.retain(|&(k, addr)| {
+        let list = match lists.iter().find(|l| l.0 == addr) {
+            Some(&(_, list)) => list,
+            None if moved.is_empty() => return true,
+            None => {
+                let Ok(i) = live.binary_search_by_key(&addr, |b| b.addr) else { return true };
+                let key = Some((live[i].stack, live[i].api()));
+                let keys = keys.get_or_insert_with(|| key_of(&moved.iter().map(|m| m.0).collect::<Vec<_>>()));
+                match moved.iter().zip(keys.iter()).find(|(_, k)| **k == key) {
+                    Some((&(_, list), _)) => list,
+                    None => return true,
+                }
+            }
+        };
+        let Some(&(start, len)) = arenas.iter().find(|a| list >= a.0 && list < a.0 + a.1) else { return true };
+        let label = RootLabel { start, len, kind: RootKind::PythonObject };
+        let word = list + crate::scan::referrers::LIST_ITEM_FIELD;
+        paths.insert(k, RawPath { block_size: 0, links: vec![RawLink::Root { addr: word, label: Some(label) }], ..Default::default() });
+        false
+    });
 }
 
 /// When `p` ends at a Python object's word (a root in pymalloc's arenas), makes that

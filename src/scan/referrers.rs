@@ -24,6 +24,10 @@ pub enum Holder {
     /// A chunk of a thread's frame stack (3.11+: the frames of running functions, with
     /// their local variables), by its start and size.
     Frame { start: u64, size: u64 },
+    /// The item array of a live list (at `items`) that is not among the blocks given:
+    /// reallocated since they were listed (a growing list moves its array at every
+    /// ~12% of growth), or made after. `list` is the list object.
+    ListItems { items: u64, list: u64 },
 }
 
 /// One word holding a target: its address, the holder, and, when the word before it
@@ -73,6 +77,41 @@ fn live_runs_of(arenas: &[(u64, u64)], buf: &mut [u64], mut visit: impl FnMut(&C
     }
 }
 
+/// A list's item array and the list object (`(items, list)`).
+type ListAt = (u64, u64);
+
+/// The live lists in `arenas`: their item arrays and used bytes (sorted, as
+/// `pymalloc::Known` has them), and each list object with its item array
+/// (`(items, list)`), as the copies found them.
+fn live_lists(arenas: &[(u64, u64)], buf: &mut [u64], types: Option<&super::pymalloc::ObjectTypes>) -> (Vec<(u64, u64)>, Vec<ListAt>) {
+    let (mut lists, mut list_objects) = (Vec::new(), Vec::new());
+    if let Some(t) = types {
+        live_runs_of(arenas, buf, |mem, run, len, block| {
+            if block == super::pymalloc::LIST_BLOCK {
+                lists.reserve((len / block) as usize);
+                super::pymalloc::lists_in(mem, run, run, len, t, &mut lists, |at, items| list_objects.push((items, at - LIST_ITEM_FIELD)));
+            }
+        });
+        lists.sort_unstable();
+    }
+    (lists, list_objects)
+}
+
+/// Every live list in `arenas` (pymalloc's, sorted), as `(item array, list object)`,
+/// the array's address read from the list now.
+pub fn lists_now(arenas: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut buf = vec![0u64; (SPAN / 8) as usize];
+    let types = super::arenas::object_types();
+    let (_, list_objects) = live_lists(arenas, &mut buf, types.as_ref());
+    list_objects
+        .into_iter()
+        .filter_map(|(_, list)| {
+            let mut items = [0u64; 1];
+            (super::roots::read_own_memory(list + LIST_ITEM_FIELD, &mut items) == 8 && items[0] != 0).then_some((items[0], list))
+        })
+        .collect()
+}
+
 /// Copies `[start, start + 8 * buf.len())` into `buf`; the words that came.
 fn copy(start: u64, buf: &mut [u64]) -> &[u64] {
     let got = super::roots::read_own_memory(start, buf) / 8;
@@ -120,15 +159,39 @@ pub fn find(targets: &[(u64, u64)], arenas: &[(u64, u64)], chunks: &[(u64, u64)]
     // (`pymalloc::object_parts`): the lists' item arrays up to their lengths, found
     // first. A stale word past a list's length had named the wrong holder.
     let types = super::arenas::object_types();
-    let mut lists: Vec<(u64, u64)> = Vec::new();
-    if let Some(t) = types.as_ref() {
-        live_runs_of(arenas, &mut buf, |mem, run, len, block| {
-            if block == super::pymalloc::LIST_BLOCK {
-                lists.reserve((len / block) as usize);
-                super::pymalloc::lists_in(mem, run, run, len, t, &mut lists, |_, _| {});
+    let (lists, list_objects) = live_lists(arenas, &mut buf, types.as_ref());
+    // The item arrays of live lists that the blocks given do not have (moved or made
+    // since they were listed), each read from its list now: a list that grew while the
+    // holders were looked for had its array moved between the listing of the blocks
+    // and their reading, and the chain stopped at its items (a closure appending to a
+    // list in a loop: its holder named in 1 run of 3). The array's address is read
+    // again after the copy: one that moved meanwhile is left out.
+    for &(_, list) in &list_objects {
+        let mut h = [0u64; 2];
+        if super::roots::read_own_memory(list + LIST_LEN_FIELD, &mut h) != 16 {
+            continue;
+        }
+        let (len, items) = (h[0], h[1]);
+        // A length no list has (2^60 items) is a list freed and reused meanwhile.
+        if items == 0 || len == 0 || len >= 1 << 60 || blocks.binary_search_by_key(&items, |b| b.0).is_ok() {
+            continue;
+        }
+        let mut at = items;
+        let end = items + 8 * len;
+        while at < end {
+            let n = (end - at).min(SPAN);
+            let words = copy(at, &mut buf[..(n / 8) as usize]);
+            let mut again = [0u64; 1];
+            if super::roots::read_own_memory(list + LIST_ITEM_FIELD, &mut again) != 8 || again[0] != items {
+                break;
             }
-        });
-        lists.sort_unstable();
+            for (k, &w) in words.iter().enumerate() {
+                if let Some(t) = target_of(w).filter(|&t| t == w) {
+                    hit((t, at + 8 * k as u64, Holder::ListItems { items, list }, 0, true));
+                }
+            }
+            at += n;
+        }
     }
     live_runs_of(arenas, &mut buf, |mem, run, len, block| {
         let known = super::pymalloc::Known { types: types.as_ref(), lists: &lists };
@@ -168,19 +231,26 @@ pub fn find(targets: &[(u64, u64)], arenas: &[(u64, u64)], chunks: &[(u64, u64)]
             end = end.max(blocks[i].0 + blocks[i].1);
         }
         i += 1;
-        let len = (end - start).min(SPAN);
-        let words = copy(start & !7, &mut buf[..len.div_ceil(8) as usize]);
-        let mem = Copied { base: start & !7, words };
-        for (k, &(b, size)) in blocks.iter().enumerate().take(i).skip(first) {
-            let mut prev = 0;
-            mem.words(b, super::pymalloc::list_part(b, size, &lists), &mut |a, w| {
-                if let Some(t) = target_of(w) {
-                    if !(b..b + size).contains(&t) {
-                        hit((t, a, Holder::Block(k), if a > b && w == t { prev } else { 0 }, w == t));
+        // In pieces of `SPAN` where one block is larger (a list of more than 131,072
+        // items: its later items were never read, and the holder of an object there
+        // not found).
+        let mut at = start & !7;
+        while at < end {
+            let len = (end - at).min(SPAN);
+            let words = copy(at, &mut buf[..len.div_ceil(8) as usize]);
+            let mem = Copied { base: at, words };
+            for (k, &(b, size)) in blocks.iter().enumerate().take(i).skip(first) {
+                let mut prev = 0;
+                mem.words(b, super::pymalloc::list_part(b, size, &lists), &mut |a, w| {
+                    if let Some(t) = target_of(w) {
+                        if !(b..b + size).contains(&t) {
+                            hit((t, a, Holder::Block(k), if a > b && w == t { prev } else { 0 }, w == t));
+                        }
                     }
-                }
-                prev = w;
-            });
+                    prev = w;
+                });
+            }
+            at += len;
         }
     }
     let mut ranked: HashMap<u64, Vec<(u8, Found)>> = HashMap::new();
@@ -190,7 +260,7 @@ pub fn find(targets: &[(u64, u64)], arenas: &[(u64, u64)], chunks: &[(u64, u64)]
         if !exact {
             let in_pre_header = match holder {
                 Holder::Object { start, size } => object_in_block(start, size).is_some_and(|(o, _)| at < o),
-                Holder::Block(_) | Holder::Frame { .. } => false,
+                Holder::Block(_) | Holder::Frame { .. } | Holder::ListItems { .. } => false,
             };
             if !in_pre_header {
                 continue;
@@ -200,6 +270,7 @@ pub fn find(targets: &[(u64, u64)], arenas: &[(u64, u64)], chunks: &[(u64, u64)]
         let rank = match (&key, &holder) {
             (Some(_), _) | (None, Holder::Frame { .. }) => 0,
             (None, Holder::Block(_)) => 2,
+            (None, Holder::ListItems { .. }) => 1,
             (None, Holder::Object { start, size }) => match object_in_block(*start, *size).map(|(_, t)| t) {
                 Some(t) if t == "module" => 0,
                 Some(t) if matches!(t.as_str(), "function" | "frame" | "cell" | "method" | "code" | "builtin_function_or_method") => 5,
@@ -223,6 +294,10 @@ pub fn find(targets: &[(u64, u64)], arenas: &[(u64, u64)], chunks: &[(u64, u64)]
 
 /// Holders returned per target.
 pub const MAX_HOLDERS: usize = 4;
+
+/// Where a list object keeps its length (`ob_size`) and its item array (`ob_item`).
+const LIST_LEN_FIELD: u64 = 16;
+pub const LIST_ITEM_FIELD: u64 = 24;
 
 /// How far into a target a word may point and still be taken for a reference to it.
 pub const INTERIOR: u64 = 64;
@@ -333,12 +408,31 @@ fn slot_counts(minor: u8) -> Option<SlotCounts> {
 /// below it (a word that points to a code object, at the frame's code offset) whose
 /// locals and stack reach `at`. `None` where none does: a slot above the running
 /// frames, which a returned call left behind.
-pub fn frame_slot(at: u64, chunk: (u64, u64), minor: u8) -> Option<FrameSlot> {
+///
+/// `holds`: the address the slot was found holding while the program runs on (the
+/// holder search during the run). The frames have moved on since: the slot must still
+/// hold it, lie below its thread's top now, and hold it and the same code object after
+/// the frame was named (the word that held a loop's list, found in the frame of the
+/// closure that appends to it, was named a few hundred milliseconds later after the
+/// frame that had taken its place: "local traceback of
+/// `_GeneratorContextManager.__exit__()`", in 2 runs of 6).
+pub fn frame_slot(at: u64, chunk: (u64, u64), minor: u8, holds: Option<u64>) -> Option<FrameSlot> {
     let counts = slot_counts(minor)?;
     let f = crate::hotpath::python::code_fields()?;
     let first = chunk.0 + CHUNK_HEADER;
     if at < first + FRAME_LOCALSPLUS || at >= chunk.0 + chunk.1 {
         return None;
+    }
+    let word_now = |a: u64| {
+        let mut w = [0u64; 1];
+        (super::roots::read_own_memory(a, &mut w) == 8).then_some(w[0])
+    };
+    if let Some(target) = holds {
+        let mut live = [chunk];
+        super::arenas::cut_frame_chunks_to_live(&mut live);
+        if at + 8 > chunk.0 + live[0].1 || word_now(at) != Some(target) {
+            return None;
+        }
     }
     // The words below `at` (at most 64 KiB of them), copied at once.
     let from = first.max(at.saturating_sub(64 << 10));
@@ -374,6 +468,11 @@ pub fn frame_slot(at: u64, chunk: (u64, u64), minor: u8) -> Option<FrameSlot> {
             let file = text_at(f.filename).unwrap_or_else(|| "?".into());
             let file = file.rsplit('/').next().unwrap_or(&file).to_string();
             let line = int_at(code + f.firstlineno).unwrap_or(0);
+            if let Some(target) = holds {
+                if word_now(frame + f.frame_code) != Some(code) || word_now(at) != Some(target) {
+                    return None;
+                }
+            }
             return Some(FrameSlot { name, function: format!("{qualname}() ({file}:{line})") });
         }
         if frame < first + 8 || frame - 8 < from {
