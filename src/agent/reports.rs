@@ -747,7 +747,7 @@ fn groups_by_line<'a>(
 /// start): a DataLoader worker of a few seconds on a loaded machine has few points.
 fn grew(bytes: &[u64]) -> bool {
     let seen = &bytes[bytes.iter().position(|&b| b != 0).unwrap_or(bytes.len())..];
-    seen.len() >= 3 && leaktrace_common::growth::rises_steadily(seen) && seen[seen.len() - 1] >= seen[0] + (64 << 10)
+    seen.len() >= 3 && seen[seen.len() - 1] >= seen[0] + (64 << 10) && leaktrace_common::growth::rises_steadily(seen)
 }
 
 /// Names the paths the scan found for the listed groups and the followed stacks; where
