@@ -55,6 +55,10 @@ pub struct ProcessAnalysis {
     /// Held by caching allocators at exit (not counted as leaked).
     pub cached_bytes: u64,
     pub cached_groups: usize,
+    /// Outstanding when a periodic report was written, the process still running and
+    /// no pointer scan made: not counted as leaked (`--include-reachable` counts it).
+    pub outstanding_bytes: u64,
+    pub outstanding_groups: usize,
     /// Leaked in groups the report does not list (counted in `leaked_*`).
     pub unlisted_groups: u64,
     pub unlisted_bytes: u64,
@@ -207,6 +211,12 @@ pub fn analyze_one(r: &Report, filters: &Filters) -> ProcessAnalysis {
     let (mut suppressed_groups, mut suppressed_bytes) = (0, 0);
     let (mut reachable_groups, mut reachable_bytes) = (0, 0);
     let (mut cached_groups, mut cached_bytes) = (0, 0);
+    let (mut outstanding_groups, mut outstanding_bytes) = (0, 0);
+    // A periodic report is written while the process runs, without a pointer scan: its
+    // groups are what was outstanding then, which the program may still hold and free.
+    // Leaks are known at exit (or at a signal's snapshot, which scans); a process
+    // killed before it has only this (`model::without_final_report` says so).
+    let running = r.reason == "periodic" && !filters.include_reachable;
     let applied = filters.suppressions.as_ref().map(|s| s.apply_to_groups(&r.leaks));
     for (i, g) in r.leaks.iter().enumerate() {
         // Sampled Python objects are the interpreter's to free: their growth
@@ -240,6 +250,11 @@ pub fn analyze_one(r: &Report, filters: &Filters) -> ProcessAnalysis {
                     continue;
                 }
                 counted
+            }
+            (None, _) if running => {
+                outstanding_groups += 1;
+                outstanding_bytes = sat_add(outstanding_bytes, g.bytes);
+                continue;
             }
             _ => g.clone(),
         };
@@ -280,10 +295,12 @@ pub fn analyze_one(r: &Report, filters: &Filters) -> ProcessAnalysis {
         local_rank: r.launch.local_rank,
         world_size: r.launch.world_size,
         host: (r.launch.rank.is_some() || r.launch.launcher).then(|| r.launch.host.clone()).filter(|h| !h.is_empty()),
-        leaked_bytes: leaks.iter().map(|g| g.bytes).fold(r.summary.omitted.leaked_bytes, sat_add),
-        leaked_blocks: leaks.iter().map(|g| g.blocks).fold(r.summary.omitted.leaked_blocks, sat_add),
-        unlisted_groups: r.summary.omitted.groups,
-        unlisted_bytes: r.summary.omitted.leaked_bytes,
+        leaked_bytes: leaks.iter().map(|g| g.bytes).fold(if running { 0 } else { r.summary.omitted.leaked_bytes }, sat_add),
+        leaked_blocks: leaks.iter().map(|g| g.blocks).fold(if running { 0 } else { r.summary.omitted.leaked_blocks }, sat_add),
+        unlisted_groups: if running { 0 } else { r.summary.omitted.groups },
+        unlisted_bytes: if running { 0 } else { r.summary.omitted.leaked_bytes },
+        outstanding_bytes: if running { sat_add(outstanding_bytes, r.summary.omitted.leaked_bytes) } else { 0 },
+        outstanding_groups,
         suppressed_groups,
         suppressed_bytes,
         reachable_bytes,
@@ -330,5 +347,30 @@ mod tests {
         assert!(!shown(&report(3, 2, 1, 64)).contains(note));
         // No leak: nothing to doubt.
         assert!(!shown(&report(2, 1, 0, 0)).contains(note));
+    }
+
+    /// A periodic report lists what was outstanding while the process ran, unscanned:
+    /// `check` on a running job's folder (or on a killed process's last report) called
+    /// every live block a leak, and failed. At exit, unscanned (`LEAKTRACE_SCAN=0`),
+    /// what was never freed is the leak, as before.
+    #[test]
+    fn a_periodic_reports_outstanding_blocks_are_no_leak_and_an_exit_reports_are() {
+        let report = |reason: &str| {
+            let text = format!(
+                r#"{{"schema":"leaktrace-report/3","pid":7,"exe":"/bin/prog","reason":"{reason}",
+                "summary":{{"host":{{"live_bytes":4160,"live_blocks":2}}}},
+                "leaks":[{{"kind":"host","api":"malloc","bytes":4096,"blocks":1,"stack":[]}},{{"kind":"host","api":"malloc","bytes":64,"blocks":1,"stack":[]}}]}}"#
+            );
+            crate::model::parse(&text, std::path::Path::new("r.json")).unwrap()
+        };
+        let running = analyze_one(&report("periodic"), &Filters::default());
+        assert_eq!((running.leaked_bytes, running.leaks.len()), (0, 0));
+        assert_eq!((running.outstanding_bytes, running.outstanding_groups), (4160, 2));
+        let shown = crate::render::text(&analyze(&[report("periodic")], &Filters::default()), 10);
+        assert!(shown.contains("4160 byte(s) outstanding not counted: a periodic report"), "{shown}");
+        let counted = analyze_one(&report("periodic"), &Filters { include_reachable: true, ..Filters::default() });
+        assert_eq!(counted.leaked_bytes, 4160);
+        let exited = analyze_one(&report("exit"), &Filters::default());
+        assert_eq!((exited.leaked_bytes, exited.outstanding_bytes), (4160, 0));
     }
 }

@@ -107,6 +107,8 @@ mod tests {
                 reachable_groups: 0,
                 cached_bytes: 0,
                 cached_groups: 0,
+                outstanding_bytes: 0,
+                outstanding_groups: 0,
                 unlisted_groups: 0,
                 unlisted_bytes: 0,
                 leaks: vec![g],

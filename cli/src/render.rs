@@ -269,6 +269,12 @@ pub fn text(a: &Analysis, top: usize) -> String {
         if p.cached_bytes > 0 {
             notes.push(format!("{} byte(s) held by caching allocators not counted; --include-cached counts them", p.cached_bytes));
         }
+        if p.outstanding_bytes > 0 {
+            notes.push(format!(
+                "{} byte(s) outstanding not counted: a periodic report, written while the process ran and without a pointer scan, so no leak is known yet; its exit report says which are leaks, --include-reachable counts them",
+                p.outstanding_bytes
+            ));
+        }
         let suppressed = if notes.is_empty() { String::new() } else { format!(" ({})", notes.join("; ")) };
         let used = leaktrace_common::suppressions::used_table(&p.suppressions_used);
         if !used.is_empty() {
