@@ -518,7 +518,22 @@ pub fn python_holder(live: &[LiveEntry], objects: &[u64], key_of: &mut KeysOf<'_
     }
     let heap_starts: Vec<usize> = starts.iter().map(|s| s.0).collect();
     follow_moved_arrays(&mut paths, &mut starts, live, &arenas, key_of);
+    let searched: Vec<(usize, u64)> = starts.clone();
     extend_python_from(&mut paths, starts, live, &[], &[], Labels::new(&Default::default(), &[]), 0);
+    // A heap block freed while it was searched from (its memory handed out again: a
+    // list's old array, unmapped, and a Python arena mapped at its address) was found
+    // held by whatever holds the new occupant ("list[2890641]" for the array of the
+    // list itself, under load): its path is dropped unless the block is still live
+    // with the same stack and entry point.
+    if !searched.is_empty() {
+        let now = key_of(&searched.iter().map(|s| s.1).collect::<Vec<_>>());
+        for (&(k, addr), key) in searched.iter().zip(now) {
+            let then = live.binary_search_by_key(&addr, |b| b.addr).ok().map(|i| (live[i].stack, live[i].api()));
+            if key.is_none() || key != then {
+                paths.remove(&k);
+            }
+        }
+    }
     // Its first link is the object itself: the path starts at what holds it.
     let found: Vec<(usize, RawPath)> = paths
         .into_iter()
