@@ -268,6 +268,13 @@ pub fn analyze_one(r: &Report, filters: &Filters) -> ProcessAnalysis {
         }
         leaks.push(g.clone());
     }
+    // The groups the report does not list: leaked, or outstanding in a periodic one.
+    let unlisted = if running {
+        outstanding_bytes = sat_add(outstanding_bytes, r.summary.omitted.leaked_bytes);
+        Default::default()
+    } else {
+        r.summary.omitted
+    };
     let growth = growth::detect(r, filters.growth_min_bytes)
         .into_iter()
         .filter(|gr| {
@@ -295,11 +302,11 @@ pub fn analyze_one(r: &Report, filters: &Filters) -> ProcessAnalysis {
         local_rank: r.launch.local_rank,
         world_size: r.launch.world_size,
         host: (r.launch.rank.is_some() || r.launch.launcher).then(|| r.launch.host.clone()).filter(|h| !h.is_empty()),
-        leaked_bytes: leaks.iter().map(|g| g.bytes).fold(if running { 0 } else { r.summary.omitted.leaked_bytes }, sat_add),
-        leaked_blocks: leaks.iter().map(|g| g.blocks).fold(if running { 0 } else { r.summary.omitted.leaked_blocks }, sat_add),
-        unlisted_groups: if running { 0 } else { r.summary.omitted.groups },
-        unlisted_bytes: if running { 0 } else { r.summary.omitted.leaked_bytes },
-        outstanding_bytes: if running { sat_add(outstanding_bytes, r.summary.omitted.leaked_bytes) } else { 0 },
+        leaked_bytes: leaks.iter().map(|g| g.bytes).fold(unlisted.leaked_bytes, sat_add),
+        leaked_blocks: leaks.iter().map(|g| g.blocks).fold(unlisted.leaked_blocks, sat_add),
+        unlisted_groups: unlisted.groups,
+        unlisted_bytes: unlisted.leaked_bytes,
+        outstanding_bytes,
         outstanding_groups,
         suppressed_groups,
         suppressed_bytes,

@@ -595,32 +595,54 @@ mod tests {
         assert_eq!(t.series.len(), MAX_SERIES);
     }
 
+    /// A collector and its timeline after an import: `JOIN_TOP` + 4 stacks of 1 MB, flat,
+    /// and a report that follows the largest; then allocations and points between
+    /// reports.
+    struct AfterAnImport {
+        collector: crate::collector::state::Collector,
+        timeline: Timeline,
+        next: u64,
+        changes: Vec<Change>,
+    }
+
+    impl AfterAnImport {
+        fn new() -> Self {
+            let mut run =
+                AfterAnImport { collector: crate::collector::state::Collector::new(), timeline: Timeline::default(), next: 0x10_000, changes: Vec::new() };
+            for i in 0..JOIN_TOP as u32 + 4 {
+                run.alloc(100 + i, 1 << 20);
+            }
+            let mut snapshot = run.collector.snapshot();
+            snapshot.sort_top(JOIN_TOP);
+            run.collector.settle_changes();
+            run.timeline.record(0, &snapshot);
+            run
+        }
+
+        fn alloc(&mut self, stack: u32, size: u64) {
+            let ev = crate::hotpath::event::Event { kind: crate::hotpath::event::EventKind::Alloc, api: Api::Malloc, tid: 1, stack, addr: self.next, size };
+            self.collector.apply(&ev);
+            self.next += size.next_multiple_of(4096);
+        }
+
+        /// A point between reports at `unix_ms`.
+        fn point(&mut self, unix_ms: u64) {
+            self.collector.take_changes(&mut self.changes);
+            self.timeline.record_changes(unix_ms, &self.collector.totals(), &self.changes);
+        }
+    }
+
     #[test]
     fn a_stack_that_starts_growing_between_reports_is_followed_from_that_point() {
-        let mut c = crate::collector::state::Collector::new();
-        let mut t = Timeline::default();
-        let mut next = 0x10_000u64;
-        let mut alloc = |c: &mut crate::collector::state::Collector, stack: u32, size: u64| {
-            c.apply(&crate::hotpath::event::Event { kind: crate::hotpath::event::EventKind::Alloc, api: Api::Malloc, tid: 1, stack, addr: next, size });
-            next += size.next_multiple_of(4096);
-        };
-        // The import: JOIN_TOP + 4 stacks of 1 MB, flat; the report follows the largest.
-        for i in 0..JOIN_TOP as u32 + 4 {
-            alloc(&mut c, 100 + i, 1 << 20);
-        }
-        let mut snapshot = c.snapshot();
-        snapshot.sort_top(JOIN_TOP);
-        c.settle_changes();
-        t.record(0, &snapshot);
+        let mut run = AfterAnImport::new();
         // Then, between reports, a loop's stack 7 grows by 512 KiB a point, and stack 8
         // by 8 KiB (never near the largest).
-        let mut changes = Vec::new();
         for point in 1..=6u64 {
-            alloc(&mut c, 7, 512 << 10);
-            alloc(&mut c, 8, 8 << 10);
-            c.take_changes(&mut changes);
-            t.record_changes(point, &c.totals(), &changes);
+            run.alloc(7, 512 << 10);
+            run.alloc(8, 8 << 10);
+            run.point(point);
         }
+        let t = run.timeline;
         let grown = t.series.iter().find(|s| s.stack == 7).expect("the loop's stack is followed before the next report");
         // It joined at the point where it reached the 16th largest (1 MB), the second.
         assert_eq!(grown.bytes, [0, 0, 1 << 20, 3 << 19, 2 << 20, 5 << 19, 3 << 20]);
@@ -631,31 +653,17 @@ mod tests {
 
     #[test]
     fn a_small_stack_that_rises_at_points_in_a_row_joins_though_never_among_the_largest() {
-        let mut c = crate::collector::state::Collector::new();
-        let mut t = Timeline::default();
-        let mut next = 0x10_000u64;
-        let mut alloc = |c: &mut crate::collector::state::Collector, stack: u32, size: u64| {
-            c.apply(&crate::hotpath::event::Event { kind: crate::hotpath::event::EventKind::Alloc, api: Api::Malloc, tid: 1, stack, addr: next, size });
-            next += size.next_multiple_of(4096);
-        };
-        for i in 0..JOIN_TOP as u32 + 4 {
-            alloc(&mut c, 100 + i, 1 << 20);
-        }
-        let mut snapshot = c.snapshot();
-        snapshot.sort_top(JOIN_TOP);
-        c.settle_changes();
-        t.record(0, &snapshot);
+        let mut run = AfterAnImport::new();
         // Between reports: stack 7 rises by 96 KiB at every point (far below the 16th
         // largest, 1 MB); stack 9 by as much at two points of every three.
-        let mut changes = Vec::new();
         for point in 1..=8u64 {
-            alloc(&mut c, 7, 96 << 10);
+            run.alloc(7, 96 << 10);
             if point % 3 != 0 {
-                alloc(&mut c, 9, 96 << 10);
+                run.alloc(9, 96 << 10);
             }
-            c.take_changes(&mut changes);
-            t.record_changes(point, &c.totals(), &changes);
+            run.point(point);
         }
+        let t = run.timeline;
         let grown = t.series.iter().find(|s| s.stack == 7).expect("the small riser is followed");
         // It joined at the third point it rose at, with what it held then.
         let kib96 = |n: u64| n * (96 << 10);
