@@ -15,6 +15,7 @@ use crate::os::fds::stderr_line;
 use crate::os::lock::SpinLock;
 use crate::report::build::{self, Reason, RunFacts};
 use crate::report::checks;
+use crate::report::held::Start;
 use crate::report::process::{self, ProcessInfo};
 use crate::report::symbolize::Symbolizer;
 use crate::report::timeline::Timeline;
@@ -538,19 +539,18 @@ pub(super) fn held_before_exit() {
             named_bytes.insert(line, n);
         }
     }
-    let pending: Vec<(crate::report::python::UserLine, Vec<u64>)> = samples_by_line
+    let (pending, starts): (Vec<crate::report::python::UserLine>, Vec<Vec<Start>>) = samples_by_line
         .into_iter()
         .filter(|(line, groups)| groups.iter().map(|g| g.bytes).sum::<u64>() > named_bytes.get(line).copied().unwrap_or(0))
         .map(|(line, mut groups)| {
             groups.sort_unstable_by_key(|g| (std::cmp::Reverse(g.bytes), g.addr));
-            (line, groups.into_iter().take(OBJECTS_PER_LINE).map(|g| g.addr).collect())
+            (line, groups.into_iter().take(OBJECTS_PER_LINE).map(|g| Start::Object(g.addr)).collect())
         })
-        .collect();
+        .unzip();
     drop(report);
-    let found: Vec<(crate::report::python::UserLine, crate::report::held::RawPath)> =
-        pending.into_iter().filter_map(|(line, objects)| Some((line, crate::report::held::python_holder(&live.blocks, &objects, &mut live_keys)?))).collect();
+    let found = crate::report::held::python_holders(&live.blocks, &starts, &mut live_keys);
     drop(live);
-    keep_line_holders(found);
+    keep_line_holders(pending.into_iter().zip(found).filter_map(|(line, path)| Some((line, path?))).collect());
 }
 
 /// The live blocks, and the sampled Python objects when `samples` (else none), after a
@@ -665,34 +665,36 @@ extern "C" fn holder_search_main(arg: *mut std::ffi::c_void) -> *mut std::ffi::c
     std::ptr::null_mut()
 }
 
-/// `held_while_growing`'s search, for `lines`.
+/// `held_while_growing`'s search, for `lines`: all at once (`held::python_holders`).
 fn search_holders(lines: Vec<crate::report::python::UserLine>) {
     let Some((live, samples)) = live_and_samples(true) else { return };
     let Some((by_line, samples_by_line)) = line_groups(&live, &samples, &lines) else { return };
-    let mut found = Vec::new();
-    for line in lines {
-        let largest = |groups: Option<&Vec<LineGroup>>| groups.and_then(|g| g.iter().max_by_key(|g| (g.bytes, g.key.0)).map(|g| (g.key, g.bytes)));
-        let heap = largest(by_line.get(&line));
-        // Blocks spread over the largest heap group (its newest alone is often also a
-        // running function's local), and one sampled object of each of the largest
-        // groups of samples; the larger kind first.
-        let blocks: Vec<u64> = heap
-            .map(|(key, _)| {
-                let all: Vec<u64> = live.blocks.iter().filter(|b| (b.stack, b.api()) == key).map(|b| b.addr).collect();
-                super::verdicts::spread(&all, OBJECTS_PER_LINE + 1)
-            })
-            .unwrap_or_default();
-        let mut sampled: Vec<&LineGroup> = samples_by_line.get(&line).map(|g| g.iter().collect()).unwrap_or_default();
-        sampled.sort_unstable_by_key(|g| (std::cmp::Reverse(g.bytes), g.addr));
-        let sampled_bytes: u64 = sampled.iter().map(|g| g.bytes).sum();
-        let objects: Vec<u64> = sampled.iter().take(OBJECTS_PER_LINE).map(|g| g.addr).collect();
-        let all = if heap.is_some_and(|(_, bytes)| bytes >= sampled_bytes) { [blocks, objects].concat() } else { [objects, blocks].concat() };
-        if let Some(path) = crate::report::held::python_holder(&live.blocks, &all, &mut live_keys) {
-            found.push((line, path));
-        }
-    }
+    let starts: Vec<Vec<Start>> = lines.iter().map(|line| line_starts(&live.blocks, by_line.get(line), samples_by_line.get(line))).collect();
+    let found = crate::report::held::python_holders(&live.blocks, &starts, &mut live_keys);
     drop(live);
-    keep_line_holders(found);
+    keep_line_holders(lines.into_iter().zip(found).filter_map(|(line, path)| Some((line, path?))).collect());
+}
+
+/// Where a growing line's holder is looked for from: blocks spread over its largest
+/// heap group (its newest alone is often also a running function's local), and one
+/// sampled object of each of its largest groups of samples; the larger kind first.
+fn line_starts(live: &[crate::collector::state::LiveEntry], heap: Option<&Vec<LineGroup>>, sampled: Option<&Vec<LineGroup>>) -> Vec<Start> {
+    let heap = heap.and_then(|g| g.iter().max_by_key(|g| (g.bytes, g.key.0)).map(|g| (g.key, g.bytes)));
+    let blocks: Vec<Start> = heap
+        .map(|(key, _)| {
+            let all: Vec<u64> = live.iter().filter(|b| (b.stack, b.api()) == key).map(|b| b.addr).collect();
+            super::verdicts::spread(&all, OBJECTS_PER_LINE + 1).into_iter().map(Start::Block).collect()
+        })
+        .unwrap_or_default();
+    let mut sampled: Vec<&LineGroup> = sampled.map(|g| g.iter().collect()).unwrap_or_default();
+    sampled.sort_unstable_by_key(|g| (std::cmp::Reverse(g.bytes), g.addr));
+    let sampled_bytes: u64 = sampled.iter().map(|g| g.bytes).sum();
+    let objects: Vec<Start> = sampled.iter().take(OBJECTS_PER_LINE).map(|g| Start::Object(g.addr)).collect();
+    if heap.is_some_and(|(_, bytes)| bytes >= sampled_bytes) {
+        [blocks, objects].concat()
+    } else {
+        [objects, blocks].concat()
+    }
 }
 
 /// Sampled objects of a growing line whose holders are looked for (the first to reach a

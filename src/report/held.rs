@@ -484,69 +484,111 @@ fn extend_python_from<K: Clone + Eq + std::hash::Hash, S: std::hash::BuildHasher
     }
 }
 
-/// What holds the Python objects or heap blocks at `objects` (sampled objects, which the
-/// scan never reaches, and blocks looked for without a scan, while a line grows): from
-/// each out through the objects and heap blocks that refer to it (`extend_python`
-/// without a scan's paths), up to a module's global or a function's local where one is
-/// found. Of the paths that reached one, the holder most of them reached (the first
-/// object's among equals), else the longest way; from the object's holder out. `live`:
-/// the heap blocks, sorted by address.
 /// Answers the stack and entry point of each live heap block of the addresses given,
-/// now (`python_holder`).
+/// now (`python_holders`).
 pub type KeysOf<'a> = dyn FnMut(&[u64]) -> Vec<Option<(u32, Api)>> + 'a;
 
+/// Where a holder search starts (`python_holders`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Start {
+    /// A heap block of the live blocks the search was given: where its address lies in
+    /// a Python arena now, the block was freed and its memory mapped again since, and it
+    /// is not searched from (the arena's objects are not what held it).
+    Block(u64),
+    /// A sampled Python object: in an arena, or a heap block (a large object).
+    Object(u64),
+}
+
+/// What holds the starts of each of `lines` (sampled Python objects, which the scan
+/// never reaches, and heap blocks looked for without a scan, while a line grows): from
+/// each out through the objects and heap blocks that refer to it (`extend_python`
+/// without a scan's paths), up to a module's global or a function's local where one is
+/// found. Per line, of the paths that reached one, the holder most of them reached (the
+/// first start's among equals), else the longest way; from the object's holder out.
+/// `live`: the heap blocks, sorted by address.
+///
+/// All lines are searched at once: each round of the search reads every object and heap
+/// block of the program (1–3 s with torch loaded), whatever the number of targets, so
+/// lines searched one after another named the last ones seconds late, often after the
+/// program had let the memory go (`kept_list.py append`: no holder in 1 run of 12).
+///
 /// `key_of` answers the stack and entry point of live heap blocks now (the collector's
-/// table): a block of `objects` that a list's array was when `live` was taken may have
-/// been reallocated since (a growing list moves its array at every ~12% of growth, and
-/// the search takes a second with torch loaded); the list whose array now has the same
-/// stack then holds it (`torch_user_leaks.py losses`: the line that appends to the
-/// list had no holder in 3 runs of 3 once its items were read whole).
-pub fn python_holder(live: &[LiveEntry], objects: &[u64], key_of: &mut KeysOf<'_>) -> Option<RawPath> {
+/// table): a block that a list's array was when `live` was taken may have been
+/// reallocated since (a growing list moves its array at every ~12% of growth, and the
+/// search takes a second with torch loaded); the list whose array now has the same stack
+/// then holds it (`torch_user_leaks.py losses`: the line that appends to the list had no
+/// holder in 3 runs of 3 once its items were read whole).
+pub fn python_holders(live: &[LiveEntry], lines: &[Vec<Start>], key_of: &mut KeysOf<'_>) -> Vec<Option<RawPath>> {
     let mut arenas = Vec::with_capacity(crate::scan::arenas::capacity());
     crate::scan::arenas::live_arenas(&mut arenas);
-    let mut paths: std::collections::HashMap<usize, RawPath> = std::collections::HashMap::new();
+    let in_arena = |addr: u64| arenas.iter().find(|a| addr >= a.0 && addr < a.0 + a.1).copied();
+    let is_live = |addr: u64| live.binary_search_by_key(&addr, |b| b.addr).is_ok();
+    let mut paths: std::collections::HashMap<(usize, usize), RawPath> = std::collections::HashMap::new();
     let mut starts = Vec::new();
-    for (k, &addr) in objects.iter().enumerate() {
-        if let Some(&(start, len)) = arenas.iter().find(|a| addr >= a.0 && addr < a.0 + a.1) {
-            let label = RootLabel { start, len, kind: RootKind::PythonObject };
-            paths.insert(k, RawPath { block_size: 0, links: vec![RawLink::Root { addr, label: Some(label) }], ..Default::default() });
-        } else if live.binary_search_by_key(&addr, |b| b.addr).is_ok() {
-            // A heap block: its holders are found from its start; no link of its own.
-            paths.insert(k, RawPath::default());
-            starts.push((k, addr));
+    for (line, drawn) in lines.iter().enumerate() {
+        for (k, &start) in drawn.iter().enumerate() {
+            let key = (line, k);
+            match start {
+                // Freed since `live` was taken: its memory is a Python arena's now.
+                Start::Block(addr) if in_arena(addr).is_some() || !is_live(addr) => {}
+                Start::Block(addr) => {
+                    // A heap block: its holders are found from its start; no link of its own.
+                    paths.insert(key, RawPath::default());
+                    starts.push((key, addr));
+                }
+                Start::Object(addr) => {
+                    if let Some((start, len)) = in_arena(addr) {
+                        let label = RootLabel { start, len, kind: RootKind::PythonObject };
+                        paths.insert(key, RawPath { block_size: 0, links: vec![RawLink::Root { addr, label: Some(label) }], ..Default::default() });
+                    } else if is_live(addr) {
+                        paths.insert(key, RawPath::default());
+                        starts.push((key, addr));
+                    }
+                }
+            }
         }
     }
-    let heap_starts: Vec<usize> = starts.iter().map(|s| s.0).collect();
+    let heap_starts: Vec<(usize, usize)> = starts.iter().map(|s| s.0).collect();
     follow_moved_arrays(&mut paths, &mut starts, live, &arenas, key_of);
-    let searched: Vec<(usize, u64)> = starts.clone();
+    let searched: Vec<((usize, usize), u64)> = starts.clone();
     extend_python_from(&mut paths, starts, live, &[], &[], Labels::new(&Default::default(), &[]), 0);
     // A heap block freed while it was searched from (its memory handed out again: a
     // list's old array, unmapped, and a Python arena mapped at its address) was found
     // held by whatever holds the new occupant ("list[2890641]" for the array of the
     // list itself, under load): its path is dropped unless the block is still live
-    // with the same stack and entry point.
+    // with the same stack and entry point, and outside the arenas.
     if !searched.is_empty() {
         let now = key_of(&searched.iter().map(|s| s.1).collect::<Vec<_>>());
+        let mut arenas_now = Vec::with_capacity(crate::scan::arenas::capacity());
+        crate::scan::arenas::live_arenas(&mut arenas_now);
         for (&(k, addr), key) in searched.iter().zip(now) {
             let then = live.binary_search_by_key(&addr, |b| b.addr).ok().map(|i| (live[i].stack, live[i].api()));
-            if key.is_none() || key != then {
+            let mapped_over = arenas_now.iter().any(|a| addr >= a.0 && addr < a.0 + a.1);
+            if key.is_none() || key != then || mapped_over {
                 paths.remove(&k);
             }
         }
     }
-    // Its first link is the object itself: the path starts at what holds it.
-    let found: Vec<(usize, RawPath)> = paths
-        .into_iter()
-        .filter_map(|(k, mut p)| {
-            if !heap_starts.contains(&k) {
-                if p.links.len() < 2 {
-                    return None;
-                }
-                p.links.remove(0);
+    let mut by_line: Vec<Vec<(usize, RawPath)>> = vec![Vec::new(); lines.len()];
+    for ((line, k), mut p) in paths {
+        // An object's first link is the object itself: the path starts at what holds it.
+        if !heap_starts.contains(&(line, k)) {
+            if p.links.len() < 2 {
+                continue;
             }
-            (!p.links.is_empty()).then_some((k, p))
-        })
-        .collect();
+            p.links.remove(0);
+        }
+        if !p.links.is_empty() {
+            by_line[line].push((k, p));
+        }
+    }
+    by_line.into_iter().map(chosen_holder).collect()
+}
+
+/// Of the paths found from one line's starts (by the start's place in the order drawn):
+/// the holder most of those that reached a module or a named local reached (the first
+/// start's among equals), else the longest way, with the second holder.
+fn chosen_holder(found: Vec<(usize, RawPath)>) -> Option<RawPath> {
     let at_module = |p: &RawPath| matches!(p.links.last(), Some(RawLink::Python { module: Some(_), .. }) | Some(RawLink::Local { name: Some(_), .. }));
     let votes = |p: &RawPath| found.iter().filter(|(_, q)| at_module(q) && same_holder(q, p)).count();
     let keys: Vec<(usize, usize, usize)> = found.iter().map(|(k, p)| (votes(p), p.links.len(), *k)).collect();
@@ -569,12 +611,12 @@ pub fn python_holder(live: &[LiveEntry], objects: &[u64], key_of: &mut KeysOf<'_
 
 /// For each heap block of `starts` that is a live list's item array now, or that no
 /// list's array is now but whose stack and entry point a list's array has that `live`
-/// does not list (reallocated since), starts its path at that list (`python_holder`):
+/// does not list (reallocated since), starts its path at that list (`python_holders`):
 /// found here, a moment after the blocks were listed, rather than by the search's pass
 /// over every object, a second later with torch loaded, when the array may have moved.
-fn follow_moved_arrays(
-    paths: &mut std::collections::HashMap<usize, RawPath>,
-    starts: &mut Vec<(usize, u64)>,
+fn follow_moved_arrays<K: Copy + Eq + std::hash::Hash>(
+    paths: &mut std::collections::HashMap<K, RawPath>,
+    starts: &mut Vec<(K, u64)>,
     live: &[LiveEntry],
     arenas: &[(u64, u64)],
     key_of: &mut KeysOf<'_>,
