@@ -530,13 +530,21 @@ pub(super) fn held_before_exit() {
         r.held_before_exit.insert((stack, api), (links, also));
     }
     r.symbolizer.forget_data_symbols();
-    // Per line, the bytes of the largest group that has a holder.
+    // Per line, the bytes of the largest group that has a holder. A holder found while
+    // the line grew stays unless the group named now stands for half the line's bytes
+    // at its last point: the memory that grew may be gone (a list cleared before the
+    // program ends), and what is left under the line is something else (pymalloc's
+    // arena table, made at the line whose int needed a new arena: "global nfp2lasta"
+    // in place of the list that held the ints, in 1 run of 12).
     let mut named_bytes: HashMap<crate::report::python::UserLine, u64> = HashMap::default();
     for (line, groups) in by_line {
         let held = groups.iter().find_map(|g| Some((r.held_before_exit.get(&(g.key.0, g.key.1.name())).filter(|l| !l.0.is_empty())?, g.bytes)));
         if let Some((links, n)) = held {
-            r.held_lines_before_exit.insert(line, links.clone());
-            named_bytes.insert(line, n);
+            let last = r.timeline.lines.iter().find(|l| l.line == line).and_then(|l| l.bytes.last().copied()).unwrap_or(0);
+            if !r.held_lines_before_exit.contains_key(&line) || n.saturating_mul(2) >= last {
+                r.held_lines_before_exit.insert(line, links.clone());
+                named_bytes.insert(line, n);
+            }
         }
     }
     let (pending, starts): (Vec<crate::report::python::UserLine>, Vec<Vec<Start>>) = samples_by_line

@@ -24,9 +24,10 @@ pub enum Holder {
     /// A chunk of a thread's frame stack (3.11+: the frames of running functions, with
     /// their local variables), by its start and size.
     Frame { start: u64, size: u64 },
-    /// The item array of a live list (at `items`) that is not among the blocks given:
-    /// reallocated since they were listed (a growing list moves its array at every
-    /// ~12% of growth), or made after. `list` is the list object.
+    /// The item array of a live list (at `items`): one that is not among the blocks
+    /// given (reallocated since they were listed: a growing list moves its array at
+    /// every ~12% of growth; or made after), or a block given that the list's word
+    /// points to now. `list` is the list object.
     ListItems { items: u64, list: u64 },
 }
 
@@ -103,13 +104,44 @@ pub fn lists_now(arenas: &[(u64, u64)]) -> Vec<(u64, u64)> {
     let mut buf = vec![0u64; (SPAN / 8) as usize];
     let types = super::arenas::object_types();
     let (_, list_objects) = live_lists(arenas, &mut buf, types.as_ref());
-    list_objects
-        .into_iter()
-        .filter_map(|(_, list)| {
-            let mut items = [0u64; 1];
-            (super::roots::read_own_memory(list + LIST_ITEM_FIELD, &mut items) == 8 && items[0] != 0).then_some((items[0], list))
-        })
-        .collect()
+    list_objects.into_iter().filter_map(|(_, list)| list_fields(list).map(|(_, items)| (items, list))).collect()
+}
+
+/// How many times a list's items are read when its array moves while they are.
+const LIST_READS: usize = 3;
+
+/// A live list's length and item array, read now (`None` where the list cannot be read,
+/// has no array, or has a length no list has: 2^60 items, a list freed and reused).
+fn list_fields(list: u64) -> Option<(u64, u64)> {
+    let mut h = [0u64; 2];
+    if super::roots::read_own_memory(list + LIST_LEN_FIELD, &mut h) != 16 {
+        return None;
+    }
+    let (len, items) = (h[0], h[1]);
+    (items != 0 && len < 1 << 60).then_some((len, items))
+}
+
+/// Reads the `len` items of `list`'s array at `items` in pieces of `SPAN`, `hit(target,
+/// word)` for each word that is a target's start (`target_of`); false where the list's
+/// array moved before all were read (the hits already made stand: they were the list's
+/// items when read).
+fn read_list_items(list: u64, items: u64, len: u64, buf: &mut [u64], hit: &mut impl FnMut(u64, u64), target_of: &impl Fn(u64) -> Option<u64>) -> bool {
+    let mut at = items;
+    let end = items + 8 * len;
+    while at < end {
+        let n = (end - at).min(SPAN);
+        let words = copy(at, &mut buf[..(n / 8) as usize]);
+        if list_fields(list).is_none_or(|(_, now)| now != items) {
+            return false;
+        }
+        for (k, &w) in words.iter().enumerate() {
+            if let Some(t) = target_of(w).filter(|&t| t == w) {
+                hit(t, at + 8 * k as u64);
+            }
+        }
+        at += n;
+    }
+    true
 }
 
 /// Copies `[start, start + 8 * buf.len())` into `buf`; the words that came.
@@ -160,39 +192,24 @@ pub fn find(targets: &[(u64, u64)], arenas: &[(u64, u64)], chunks: &[(u64, u64)]
     // first. A stale word past a list's length had named the wrong holder.
     let types = super::arenas::object_types();
     let (lists, list_objects) = live_lists(arenas, &mut buf, types.as_ref());
-    // The item arrays of live lists that the blocks given do not have (moved or made
-    // since they were listed), each read from its list now: a list that grew while the
-    // holders were looked for had its array moved between the listing of the blocks
-    // and their reading, and the chain stopped at its items (a closure appending to a
-    // list in a loop: its holder named in 1 run of 3). The array's address is read
-    // again after the copy: one that moved meanwhile is left out.
+    // Every live list's item array, read from its list now, before the passes over the
+    // objects and blocks, which take a second with torch loaded: a list that grows
+    // moves its array at every ~12% of growth, and an array read where the blocks had
+    // it when they were listed was gone by then (a closure appending to a list in a
+    // loop: its holder named in 1 run of 3; the ints it appends "held by" pymalloc's
+    // arena table in 4 runs of 12). The array's address is read again after each piece
+    // copied: where it moved meanwhile, the list is read again from its new array.
+    let mut read_arrays: Vec<u64> = Vec::new();
     for &(_, list) in &list_objects {
-        let mut h = [0u64; 2];
-        if super::roots::read_own_memory(list + LIST_LEN_FIELD, &mut h) != 16 {
-            continue;
-        }
-        let (len, items) = (h[0], h[1]);
-        // A length no list has (2^60 items) is a list freed and reused meanwhile.
-        if items == 0 || len == 0 || len >= 1 << 60 || blocks.binary_search_by_key(&items, |b| b.0).is_ok() {
-            continue;
-        }
-        let mut at = items;
-        let end = items + 8 * len;
-        while at < end {
-            let n = (end - at).min(SPAN);
-            let words = copy(at, &mut buf[..(n / 8) as usize]);
-            let mut again = [0u64; 1];
-            if super::roots::read_own_memory(list + LIST_ITEM_FIELD, &mut again) != 8 || again[0] != items {
+        for _ in 0..LIST_READS {
+            let Some((len, items)) = list_fields(list).filter(|&(len, _)| len > 0) else { break };
+            if read_list_items(list, items, len, &mut buf, &mut |t, at| hit((t, at, Holder::ListItems { items, list }, 0, true)), &target_of) {
+                read_arrays.push(items);
                 break;
             }
-            for (k, &w) in words.iter().enumerate() {
-                if let Some(t) = target_of(w).filter(|&t| t == w) {
-                    hit((t, at + 8 * k as u64, Holder::ListItems { items, list }, 0, true));
-                }
-            }
-            at += n;
         }
     }
+    read_arrays.sort_unstable();
     live_runs_of(arenas, &mut buf, |mem, run, len, block| {
         let known = super::pymalloc::Known { types: types.as_ref(), lists: &lists };
         super::pymalloc::object_parts(mem, run, block, run, len, known, |from, part| {
@@ -220,6 +237,13 @@ pub fn find(targets: &[(u64, u64)], arenas: &[(u64, u64)], chunks: &[(u64, u64)]
             }
         }
     }
+    // A block that is a live list's item array (one its list's pass did not read) holds
+    // for that list: the path goes on from the list itself, not from whatever refers to
+    // the array a round later, when a growing list may have moved it (the ints a
+    // closure appends: "host block (37.3 MiB) from list_resize" ended the path in 2
+    // runs of 12 beside two busy loops).
+    let mut array_of: Vec<ListAt> = list_objects;
+    array_of.sort_unstable();
     let mut i = 0;
     while i < blocks.len() {
         // A run of neighbouring blocks, copied at once.
@@ -240,11 +264,18 @@ pub fn find(targets: &[(u64, u64)], arenas: &[(u64, u64)], chunks: &[(u64, u64)]
             let words = copy(at, &mut buf[..len.div_ceil(8) as usize]);
             let mem = Copied { base: at, words };
             for (k, &(b, size)) in blocks.iter().enumerate().take(i).skip(first) {
+                if read_arrays.binary_search(&b).is_ok() {
+                    continue;
+                }
+                let holder = match array_of.binary_search_by_key(&b, |l| l.0) {
+                    Ok(x) => Holder::ListItems { items: b, list: array_of[x].1 },
+                    Err(_) => Holder::Block(k),
+                };
                 let mut prev = 0;
                 mem.words(b, super::pymalloc::list_part(b, size, &lists), &mut |a, w| {
                     if let Some(t) = target_of(w) {
                         if !(b..b + size).contains(&t) {
-                            hit((t, a, Holder::Block(k), if a > b && w == t { prev } else { 0 }, w == t));
+                            hit((t, a, holder.clone(), if a > b && w == t { prev } else { 0 }, w == t));
                         }
                     }
                     prev = w;
@@ -523,5 +554,50 @@ mod tests {
         assert_eq!(f.key, None);
         assert!(matches!(f.holder, Holder::Block(_)));
         drop(stale);
+    }
+
+    /// A list whose array moves while its items are read: the items read before the
+    /// move stand, the read says it did not finish (the search reads the list again from
+    /// its new array), and a list that stays put is read to its length, past the first
+    /// piece.
+    #[test]
+    fn a_list_read_while_its_array_moves_says_so() {
+        let target = 0x5000_0000u64;
+        let len = SPAN / 8 + 1000;
+        let mut items = vec![0u64; len as usize];
+        items[3] = target;
+        items[(SPAN / 8) as usize + 10] = target;
+        let other = vec![0u64; 4];
+        // refcount, type, length, item array.
+        let mut list = Box::new([1u64, 0, len, items.as_ptr() as u64]);
+        let list_at = &*list as *const _ as u64;
+        let target_of = |w: u64| (w == target).then_some(w);
+        let mut buf = vec![0u64; (SPAN / 8) as usize];
+        let mut hits = Vec::new();
+        assert_eq!(list_fields(list_at), Some((len, items.as_ptr() as u64)));
+        assert!(read_list_items(list_at, items.as_ptr() as u64, len, &mut buf, &mut |t, at| hits.push((t, at)), &target_of));
+        let base = items.as_ptr() as u64;
+        assert_eq!(hits, vec![(target, base + 24), (target, base + SPAN + 80)]);
+        // The array moves after the first piece was copied and checked.
+        hits.clear();
+        let list_ptr: *mut [u64; 4] = &mut *list;
+        let moved = read_list_items(
+            list_at,
+            base,
+            len,
+            &mut buf,
+            &mut |t, at| {
+                hits.push((t, at));
+                // SAFETY: the box lives to the end of the test; the read copies it through
+                // the kernel, never through a reference held across this write.
+                unsafe { (*list_ptr)[3] = other.as_ptr() as u64 };
+            },
+            &target_of,
+        );
+        assert!(!moved);
+        assert_eq!(hits, vec![(target, base + 24)]);
+        // A length no list has is a list freed and reused.
+        list[2] = 1 << 60;
+        assert_eq!(list_fields(list_at), None);
     }
 }
