@@ -567,7 +567,7 @@ mod tests {
         let mut items = vec![0u64; len as usize];
         items[3] = target;
         items[(SPAN / 8) as usize + 10] = target;
-        let other = vec![0u64; 4];
+        let other = [0u64; 4];
         // refcount, type, length, item array.
         let mut list = Box::new([1u64, 0, len, items.as_ptr() as u64]);
         let list_at = &*list as *const _ as u64;
