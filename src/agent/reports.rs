@@ -626,7 +626,7 @@ fn lines_to_name() -> Vec<crate::report::python::UserLine> {
 /// still has its holder in the final report. No scan (which holds the program's
 /// threads: over a second with torch loaded): from some of the line's largest heap
 /// group's blocks and sampled objects out through what refers to them, read from
-/// copies (`held::python_holder`), as the interpreter runs on. Each line once; the
+/// copies (`held::python_holders`), as the interpreter runs on. Each line once; the
 /// atexit callback looks again where the line still grows then.
 ///
 /// The search runs on a thread of its own (~1 s of CPU with torch loaded): the
