@@ -550,15 +550,12 @@ pub(super) fn held_before_exit() {
     let (pending, starts): (Vec<crate::report::python::UserLine>, Vec<Vec<Start>>) = samples_by_line
         .into_iter()
         .filter(|(line, groups)| groups.iter().map(|g| g.bytes).sum::<u64>() > named_bytes.get(line).copied().unwrap_or(0))
-        .map(|(line, mut groups)| {
-            groups.sort_unstable_by_key(|g| (std::cmp::Reverse(g.bytes), g.addr));
-            (line, groups.into_iter().take(OBJECTS_PER_LINE).map(|g| Start::Object(g.addr)).collect())
-        })
+        .map(|(line, groups)| (line, line_starts(&live.blocks, None, Some(&groups))))
         .unzip();
     drop(report);
     let found = crate::report::held::python_holders(&live.blocks, &starts, &mut live_keys);
     drop(live);
-    keep_line_holders(pending.into_iter().zip(found).filter_map(|(line, path)| Some((line, path?))).collect());
+    keep_line_holders(pending, found);
 }
 
 /// The live blocks, and the sampled Python objects when `samples` (else none), after a
@@ -595,11 +592,13 @@ fn line_groups(
     Some((groups_by_line(heap, lines, &mut r.timeline), groups_by_line(samples.iter(), lines, &mut r.timeline)))
 }
 
-/// Names the holders found for growing lines and keeps them for the reports.
-fn keep_line_holders(found: Vec<(crate::report::python::UserLine, crate::report::held::RawPath)>) {
+/// Names the holders found for growing lines (`found[i]` for `lines[i]`, where one was)
+/// and keeps them for the reports.
+fn keep_line_holders(lines: Vec<crate::report::python::UserLine>, found: Vec<Option<crate::report::held::RawPath>>) {
     let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(30)) else { return };
     let Some(r) = report.as_mut() else { return };
-    for (line, path) in found {
+    for (line, path) in lines.into_iter().zip(found) {
+        let Some(path) = path else { continue };
         let links = crate::report::held::resolve(&path, &mut r.symbolizer);
         let also = crate::report::held::resolve_also(&path, &mut r.symbolizer);
         r.held_lines_before_exit.insert(line, (links, also));
@@ -680,7 +679,7 @@ fn search_holders(lines: Vec<crate::report::python::UserLine>) {
     let starts: Vec<Vec<Start>> = lines.iter().map(|line| line_starts(&live.blocks, by_line.get(line), samples_by_line.get(line))).collect();
     let found = crate::report::held::python_holders(&live.blocks, &starts, &mut live_keys);
     drop(live);
-    keep_line_holders(lines.into_iter().zip(found).filter_map(|(line, path)| Some((line, path?))).collect());
+    keep_line_holders(lines, found);
 }
 
 /// Where a growing line's holder is looked for from: blocks spread over its largest

@@ -521,7 +521,7 @@ pub enum Start {
 pub fn python_holders(live: &[LiveEntry], lines: &[Vec<Start>], key_of: &mut KeysOf<'_>) -> Vec<Option<RawPath>> {
     let mut arenas = Vec::with_capacity(crate::scan::arenas::capacity());
     crate::scan::arenas::live_arenas(&mut arenas);
-    let in_arena = |addr: u64| arenas.iter().find(|a| addr >= a.0 && addr < a.0 + a.1).copied();
+    let in_arena = |addr: u64| arena_of(&arenas, addr);
     let is_live = |addr: u64| live.binary_search_by_key(&addr, |b| b.addr).is_ok();
     let mut paths: std::collections::HashMap<(usize, usize), RawPath> = std::collections::HashMap::new();
     let mut starts = Vec::new();
@@ -563,7 +563,7 @@ pub fn python_holders(live: &[LiveEntry], lines: &[Vec<Start>], key_of: &mut Key
         crate::scan::arenas::live_arenas(&mut arenas_now);
         for (&(k, addr), key) in searched.iter().zip(now) {
             let then = live.binary_search_by_key(&addr, |b| b.addr).ok().map(|i| (live[i].stack, live[i].api()));
-            let mapped_over = arenas_now.iter().any(|a| addr >= a.0 && addr < a.0 + a.1);
+            let mapped_over = arena_of(&arenas_now, addr).is_some();
             if key.is_none() || key != then || mapped_over {
                 paths.remove(&k);
             }
@@ -583,6 +583,11 @@ pub fn python_holders(live: &[LiveEntry], lines: &[Vec<Start>], key_of: &mut Key
         }
     }
     by_line.into_iter().map(chosen_holder).collect()
+}
+
+/// The arena of `arenas` (`(start, len)`) that `addr` lies in.
+fn arena_of(arenas: &[(u64, u64)], addr: u64) -> Option<(u64, u64)> {
+    arenas.iter().find(|a| addr >= a.0 && addr < a.0 + a.1).copied()
 }
 
 /// Of the paths found from one line's starts (by the start's place in the order drawn):
@@ -626,7 +631,7 @@ fn follow_moved_arrays<K: Copy + Eq + std::hash::Hash>(
     }
     let lists = crate::scan::referrers::lists_now(arenas);
     // Arrays in the arenas are pymalloc's, never a tracked heap block.
-    let in_arenas = |a: u64| arenas.iter().any(|&(s, l)| a >= s && a < s + l);
+    let in_arenas = |a: u64| arena_of(arenas, a).is_some();
     let moved: Vec<(u64, u64)> =
         lists.iter().copied().filter(|&(items, _)| !in_arenas(items) && live.binary_search_by_key(&items, |b| b.addr).is_err()).collect();
     let mut keys: Option<Vec<Option<(u32, Api)>>> = None;
@@ -644,7 +649,7 @@ fn follow_moved_arrays<K: Copy + Eq + std::hash::Hash>(
                 }
             }
         };
-        let Some(&(start, len)) = arenas.iter().find(|a| list >= a.0 && list < a.0 + a.1) else { return true };
+        let Some((start, len)) = arena_of(arenas, list) else { return true };
         let label = RootLabel { start, len, kind: RootKind::PythonObject };
         let word = list + crate::scan::referrers::LIST_ITEM_FIELD;
         paths.insert(k, RawPath { block_size: 0, links: vec![RawLink::Root { addr: word, label: Some(label) }], ..Default::default() });
