@@ -1156,7 +1156,7 @@ fn suffix_needs_bp(e: &MemoEntry, k: usize) -> bool {
 /// where the byte-by-byte loop was 28% of `suffix_from`'s samples, `perf record`).
 #[inline(always)]
 fn first_bp_step(steps: &[u8]) -> Option<u8> {
-    const BP_BITS: u64 = u64::from_ne_bytes([STEP_USES_BP | STEP_RELOADS_BP; 8]);
+    const BP_BITS: u64 = u64::from_le_bytes([STEP_USES_BP | STEP_RELOADS_BP; 8]);
     let mut eights = steps.chunks_exact(8);
     for eight in &mut eights {
         let word = u64::from_le_bytes([eight[0], eight[1], eight[2], eight[3], eight[4], eight[5], eight[6], eight[7]]) & BP_BITS;
@@ -1638,6 +1638,7 @@ fn capture(state: &ThreadState, depth: usize, memoise: bool, before_intern: impl
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn the_first_step_that_touches_rbp_is_found_eight_at_a_time_as_one_by_one() {
@@ -1663,7 +1664,6 @@ mod tests {
             }
         }
     }
-    use super::*;
 
     /// The search table read as pairs finds, for every address of this test program's
     /// and the C library's code sampled, the FDE gimli's search finds (or none where it
