@@ -374,10 +374,12 @@ fn extend_python_from<K: Clone + Eq + std::hash::Hash, S: std::hash::BuildHasher
                             Some((object, reach))
                         }
                     }
-                    referrers::Holder::Frame { ref slot, .. } => {
-                        // A running function's local (named when found): a variable the
-                        // user names.
-                        links.push(RawLink::Local { name: slot.name.clone(), function: slot.function.clone() });
+                    referrers::Holder::Frame { start, size } => {
+                        // A running function's local: a variable the user names.
+                        match referrers::frame_slot(f.at, (start, size), minor, Some(b.target)) {
+                            Some(slot) => links.push(RawLink::Local { name: slot.name, function: slot.function }),
+                            None => continue,
+                        }
                         None
                     }
                     referrers::Holder::ListItems { items, list } => {

@@ -22,9 +22,8 @@ pub enum Holder {
     /// A tracked heap block, by its index in the blocks given.
     Block(usize),
     /// A chunk of a thread's frame stack (3.11+: the frames of running functions, with
-    /// their local variables), by its start and size, and the slot that holds the
-    /// target, named as soon as the chunk was copied (`frame_slot`).
-    Frame { start: u64, size: u64, slot: FrameSlot },
+    /// their local variables), by its start and size.
+    Frame { start: u64, size: u64 },
     /// The item array of a live list (at `items`): one that is not among the blocks
     /// given (reallocated since they were listed: a growing list moves its array at
     /// every ~12% of growth; or made after), or a block given that the list's word
@@ -188,24 +187,6 @@ pub fn find(targets: &[(u64, u64)], arenas: &[(u64, u64)], chunks: &[(u64, u64)]
             hits.push(h);
         }
     };
-    // The running functions' frames first: a local variable holds an object by its
-    // start. Each slot found is named at once, while its function still runs: named
-    // after the passes over the objects and blocks (half a second or more with torch
-    // loaded), the slot of a function that returned meanwhile could no longer be
-    // checked, and the path ended at the object it held ("list ← cell" without the
-    // local that held the cell, for the line of a loop's last second: 2 runs of 4).
-    for &(start, size) in chunks {
-        let n = size.min(SPAN);
-        let words = copy(start, &mut buf[..(n / 8) as usize]);
-        for (k, &w) in words.iter().enumerate() {
-            if let Some(t) = target_of(w).filter(|&t| t == w) {
-                let at = start + 8 * k as u64;
-                if let Some(slot) = frame_slot(at, (start, size), minor, Some(t)) {
-                    hit((t, at, Holder::Frame { start, size, slot }, 0, true));
-                }
-            }
-        }
-    }
     // Objects are read only where they can hold a reference, as the scan reads them
     // (`pymalloc::object_parts`): the lists' item arrays up to their lengths, found
     // first. A stale word past a list's length had named the wrong holder.
@@ -246,6 +227,16 @@ pub fn find(targets: &[(u64, u64)], arenas: &[(u64, u64)], chunks: &[(u64, u64)]
             });
         });
     });
+    // The running functions' frames: a local variable holds an object by its start.
+    for &(start, size) in chunks {
+        let n = size.min(SPAN);
+        let words = copy(start, &mut buf[..(n / 8) as usize]);
+        for (k, &w) in words.iter().enumerate() {
+            if let Some(t) = target_of(w).filter(|&t| t == w) {
+                hit((t, start + 8 * k as u64, Holder::Frame { start, size }, 0, true));
+            }
+        }
+    }
     // A block that is a live list's item array (one its list's pass did not read) holds
     // for that list: the path goes on from the list itself, not from whatever refers to
     // the array a round later, when a growing list may have moved it (the ints a
