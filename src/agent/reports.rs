@@ -48,8 +48,11 @@ pub(super) struct ReportSide {
     pub(super) held_before_exit: crate::util::FxMap<(u32, &'static str), Named>,
     /// The same for the growing lines of the user's Python code.
     pub(super) held_lines_before_exit: crate::util::FxMap<crate::report::python::UserLine, Named>,
-    /// Growing lines whose holders were looked for while they grew (`held_while_growing`).
-    pub(super) looked_for: crate::util::FxSet<crate::report::python::UserLine>,
+    /// Growing lines whose holders were looked for while they grew (`held_while_growing`),
+    /// with how many searches looked.
+    pub(super) looked_for: crate::util::FxMap<crate::report::python::UserLine, u8>,
+    /// The lines of `held_lines_before_exit` whose holder reached its end (`held::reaches_a_holder`).
+    pub(super) line_holder_reached: crate::util::FxSet<crate::report::python::UserLine>,
     /// The checks the program asked for (`checkpoint`), and how many more were not kept.
     pub(super) checks: Vec<checks::Check>,
     pub(super) checks_dropped: u64,
@@ -83,6 +86,7 @@ impl ReportSide {
             held_before_exit: Default::default(),
             held_lines_before_exit: Default::default(),
             looked_for: Default::default(),
+            line_holder_reached: Default::default(),
             checks: Vec::new(),
             checks_dropped: 0,
         }
@@ -531,18 +535,16 @@ pub(super) fn held_before_exit() {
     }
     r.symbolizer.forget_data_symbols();
     // Per line, the bytes of the largest group that has a holder. A holder found while
-    // the line grew stays unless the group named now stands for half the line's bytes
-    // at its last point: the memory that grew may be gone (a list cleared before the
-    // program ends), and what is left under the line is something else (pymalloc's
-    // arena table, made at the line whose int needed a new arena: "global nfp2lasta"
-    // in place of the list that held the ints, in 1 run of 12).
+    // the line grew stays unless the group named now stands for half the line's peak
+    // (`held::exit_holder_replaces`).
     let mut named_bytes: HashMap<crate::report::python::UserLine, u64> = HashMap::default();
     for (line, groups) in by_line {
         let held = groups.iter().find_map(|g| Some((r.held_before_exit.get(&(g.key.0, g.key.1.name())).filter(|l| !l.0.is_empty())?, g.bytes)));
         if let Some((links, n)) = held {
-            let last = r.timeline.lines.iter().find(|l| l.line == line).and_then(|l| l.bytes.last().copied()).unwrap_or(0);
-            if !r.held_lines_before_exit.contains_key(&line) || n.saturating_mul(2) >= last {
+            let series = r.timeline.lines.iter().find(|l| l.line == line).map_or(&[][..], |l| &l.bytes[..]);
+            if !r.held_lines_before_exit.contains_key(&line) || crate::report::held::exit_holder_replaces(n, series) {
                 r.held_lines_before_exit.insert(line, links.clone());
+                r.line_holder_reached.insert(line);
                 named_bytes.insert(line, n);
             }
         }
@@ -593,20 +595,35 @@ fn line_groups(
 }
 
 /// Names the holders found for growing lines (`found[i]` for `lines[i]`, where one was)
-/// and keeps them for the reports.
+/// and keeps them for the reports: in place of the one kept before, unless that one
+/// reached a holder and the new one does not (`held::reaches_a_holder`).
 fn keep_line_holders(lines: Vec<crate::report::python::UserLine>, found: Vec<Option<crate::report::held::RawPath>>) {
     let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(30)) else { return };
     let Some(r) = report.as_mut() else { return };
     for (line, path) in lines.into_iter().zip(found) {
         let Some(path) = path else { continue };
+        let reached = crate::report::held::reaches_a_holder(&path);
+        if !reached && r.line_holder_reached.contains(&line) {
+            continue;
+        }
         let links = crate::report::held::resolve(&path, &mut r.symbolizer);
         let also = crate::report::held::resolve_also(&path, &mut r.symbolizer);
         r.held_lines_before_exit.insert(line, (links, also));
+        if reached {
+            r.line_holder_reached.insert(line);
+        } else {
+            r.line_holder_reached.remove(&line);
+        }
     }
 }
 
-/// The lines that grow, have no holder yet and were not looked for while growing; they
-/// are noted as looked for (`held_while_growing` looks for each once).
+/// Searches for a growing line's holder at most: a search that reached no holder for
+/// it (none found, or a way cut short) is made again at a later point, while the line
+/// still grows.
+const LINE_SEARCHES: u8 = 3;
+
+/// The lines that grow and have no holder that reached its end yet, looked for fewer
+/// than `LINE_SEARCHES` times while growing; each is counted as looked for once more.
 fn lines_to_name() -> Vec<crate::report::python::UserLine> {
     let lines = growing_lines();
     if lines.is_empty() {
@@ -614,8 +631,10 @@ fn lines_to_name() -> Vec<crate::report::python::UserLine> {
     }
     let Some(mut r) = lock_bounded(&REPORT, Duration::from_secs(1)) else { return Vec::new() };
     let Some(r) = r.as_mut() else { return Vec::new() };
-    let new: Vec<_> = lines.into_iter().filter(|l| !r.held_lines_before_exit.contains_key(l) && !r.looked_for.contains(l)).collect();
-    r.looked_for.extend(new.iter().copied());
+    let new: Vec<_> = lines.into_iter().filter(|l| !r.line_holder_reached.contains(l) && r.looked_for.get(l).copied().unwrap_or(0) < LINE_SEARCHES).collect();
+    for l in &new {
+        *r.looked_for.entry(*l).or_default() += 1;
+    }
     new
 }
 
@@ -625,8 +644,9 @@ fn lines_to_name() -> Vec<crate::report::python::UserLine> {
 /// still has its holder in the final report. No scan (which holds the program's
 /// threads: over a second with torch loaded): from some of the line's largest heap
 /// group's blocks and sampled objects out through what refers to them, read from
-/// copies (`held::python_holders`), as the interpreter runs on. Each line once; the
-/// atexit callback looks again where the line still grows then.
+/// copies (`held::python_holders`), as the interpreter runs on. Each line until a
+/// search reaches its holder, at most `LINE_SEARCHES` times; the atexit callback looks
+/// again where the line still grows then.
 ///
 /// The search runs on a thread of its own (~1 s of CPU with torch loaded): the
 /// collector goes on draining and taking points meanwhile (on the collector's thread it
