@@ -611,8 +611,6 @@ fn keep_line_holders(lines: Vec<crate::report::python::UserLine>, found: Vec<Opt
         r.held_lines_before_exit.insert(line, (links, also));
         if reached {
             r.line_holder_reached.insert(line);
-        } else {
-            r.line_holder_reached.remove(&line);
         }
     }
 }

@@ -592,12 +592,12 @@ pub fn python_holders(live: &[LiveEntry], lines: &[Vec<Start>], key_of: &mut Key
 /// 1 run in 30 beside two busy loops, the interpreter moving on as it is read), which a
 /// later search may carry to its end.
 pub fn reaches_a_holder(p: &RawPath) -> bool {
-    match p.links.last() {
-        Some(RawLink::Python { module, .. }) => module.is_some(),
-        Some(RawLink::Local { name, .. }) => name.is_some(),
-        Some(RawLink::Root { label, .. }) => label.as_ref().is_none_or(|l| l.kind != RootKind::PythonObject),
-        _ => false,
-    }
+    at_module_or_local(p) || matches!(p.links.last(), Some(RawLink::Root { label, .. }) if label.as_ref().is_none_or(|l| l.kind != RootKind::PythonObject))
+}
+
+/// Whether `p` ends at a module or at a local the user named.
+fn at_module_or_local(p: &RawPath) -> bool {
+    matches!(p.links.last(), Some(RawLink::Python { module: Some(_), .. }) | Some(RawLink::Local { name: Some(_), .. }))
 }
 
 /// Whether the holder the exit's scan found for a group of `named` bytes under a growing
@@ -622,12 +622,11 @@ fn arena_of(arenas: &[(u64, u64)], addr: u64) -> Option<(u64, u64)> {
 /// the holder most of those that reached a module or a named local reached (the first
 /// start's among equals), else the longest way, with the second holder.
 fn chosen_holder(found: Vec<(usize, RawPath)>) -> Option<RawPath> {
-    let at_module = |p: &RawPath| matches!(p.links.last(), Some(RawLink::Python { module: Some(_), .. }) | Some(RawLink::Local { name: Some(_), .. }));
-    let votes = |p: &RawPath| found.iter().filter(|(_, q)| at_module(q) && same_holder(q, p)).count();
+    let votes = |p: &RawPath| found.iter().filter(|(_, q)| at_module_or_local(q) && same_holder(q, p)).count();
     let keys: Vec<(usize, usize, usize)> = found.iter().map(|(k, p)| (votes(p), p.links.len(), *k)).collect();
     let best = (0..found.len()).min_by_key(|&i| {
         let (votes, len, k) = keys[i];
-        let reached = at_module(&found[i].1);
+        let reached = at_module_or_local(&found[i].1);
         (!reached, std::cmp::Reverse(if reached { votes } else { 0 }), if reached { 0 } else { usize::MAX - len }, k)
     })?;
     // In the order drawn, for the second holder's tie-break.
@@ -639,7 +638,7 @@ fn chosen_holder(found: Vec<(usize, RawPath)>) -> Option<RawPath> {
     let best = order.iter().position(|&i| i == best)?;
     let mut found: Vec<Option<RawPath>> = found.into_iter().map(|(_, p)| Some(p)).collect();
     let drawn: Vec<RawPath> = order.iter().map(|&i| found[i].take().unwrap_or_default()).collect();
-    Some(with_second(drawn, best, at_module))
+    Some(with_second(drawn, best, at_module_or_local))
 }
 
 /// For each heap block of `starts` that is a live list's item array now, or that no
@@ -720,10 +719,10 @@ fn short(path: &Arc<str>) -> &str {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn a_way_cut_short_reaches_no_holder_and_one_that_ends_at_a_module_a_named_local_or_a_global_does() {
-        use super::{reaches_a_holder, RawLink, RawPath};
-        use crate::scan::{RootKind, RootLabel};
         let path = |links: Vec<RawLink>| RawPath { links, ..Default::default() };
         let object = |type_name: &str, module: Option<&str>| RawLink::Python {
             start: 0x1000,
@@ -770,8 +769,6 @@ mod tests {
         // A line with no points (none followed): the exit's holder.
         assert!(super::exit_holder_replaces(1, &[]));
     }
-
-    use super::*;
 
     fn entry(addr: u64, size: u64, stack: u32) -> LiveEntry {
         LiveEntry::new(addr, size, 0, false, stack, Api::Malloc, None)
