@@ -125,6 +125,53 @@ pub fn copy_own_words(addrs: &[u64]) -> Vec<Option<u64>> {
     out
 }
 
+/// Copies each of `ranges` (`(address, words)`) of this process's own memory into `buf`,
+/// one after another from its start, as `copy_own` would copy each alone, in as few
+/// system calls as the kernel allows (one `process_vm_readv` takes up to 1,024 ranges);
+/// returns how many whole words of each came, from its start. A call stops at the first
+/// range it cannot read whole; that range is then copied alone (what `copy_own` gives
+/// it) and the next call starts after it. Ranges past `buf`'s end get nothing.
+pub fn copy_own_ranges(ranges: &[(u64, usize)], buf: &mut [u64]) -> Vec<usize> {
+    const MAX_IOV: usize = 1024;
+    let mut got = vec![0; ranges.len()];
+    // Where each range goes in `buf`: those that fit, in order.
+    let mut offsets = Vec::with_capacity(ranges.len() + 1);
+    offsets.push(0usize);
+    for &(_, words) in ranges {
+        let end = offsets[offsets.len() - 1] + words;
+        if end > buf.len() {
+            break;
+        }
+        offsets.push(end);
+    }
+    let fit = offsets.len() - 1;
+    let mut at = 0;
+    while at < fit {
+        let end = (at + MAX_IOV).min(fit);
+        let remote: Vec<libc::iovec> =
+            ranges[at..end].iter().map(|&(a, words)| libc::iovec { iov_base: a as *mut std::ffi::c_void, iov_len: words * 8 }).collect();
+        let local = libc::iovec { iov_base: buf[offsets[at]..].as_mut_ptr() as *mut std::ffi::c_void, iov_len: (offsets[end] - offsets[at]) * 8 };
+        // SAFETY: writes at most `offsets[end] - offsets[at]` words, inside `buf` (each
+        // offset was checked against its length above); the kernel checks each remote
+        // range and stops at the first it cannot read instead of faulting.
+        let n = unsafe { libc::process_vm_readv(image::own_pid(), &local, 1, remote.as_ptr(), remote.len() as libc::c_ulong, 0) };
+        let mut left = n.max(0) as usize;
+        let mut k = at;
+        while k < end && left >= ranges[k].1 * 8 {
+            got[k] = ranges[k].1;
+            left -= ranges[k].1 * 8;
+            k += 1;
+        }
+        if k < end {
+            // The range the call stopped in: alone, as `copy_own` reads it.
+            got[k] = copy_own(ranges[k].0, &mut buf[offsets[k]..offsets[k + 1]]) / 8;
+            k += 1;
+        }
+        at = k;
+    }
+    got
+}
+
 /// The whole of `fd` from offset 0, a page at a time (`pread`: a descriptor held and
 /// read again, as `/proc/self/status`, needs no seek). A `/proc` file has no size to ask
 /// for, and the standard library's probing reads (32 bytes, then doubling) took nine
@@ -266,6 +313,45 @@ mod tests {
             assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "status {status:#x}");
         }
         assert_eq!(std::hint::black_box(value), 1);
+    }
+
+    #[test]
+    fn ranges_are_read_as_each_alone_would_be_with_an_unreadable_one_anywhere() {
+        let data: Vec<u64> = (0..6000u64).map(|i| i * 13 + 5).collect();
+        // SAFETY: two fresh pages, the second unreadable, kept mapped until the end.
+        let page = unsafe {
+            let p = libc::mmap(std::ptr::null_mut(), 8192, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+            assert_ne!(p, libc::MAP_FAILED);
+            assert_eq!(libc::mprotect((p as usize + 4096) as *mut libc::c_void, 4096, libc::PROT_NONE), 0);
+            std::ptr::write_bytes(p as *mut u8, 0x5a, 4096);
+            p as u64
+        };
+        let at = |i: usize| data.as_ptr() as u64 + 8 * i as u64;
+        // More than one call's worth (1,024 ranges), of 0 to 6 words; among them one that
+        // runs into the unreadable page (2 words come), and ones wholly in it.
+        let mut ranges: Vec<(u64, usize)> = (0..2600).map(|i| (at((i * 7) % 5990), i % 7)).collect();
+        ranges.insert(0, (page + 4096, 2));
+        ranges.insert(900, (page + 4096 - 16, 4));
+        ranges.insert(2000, (page + 4096 + 64, 1));
+        ranges.push((page + 4096 - 8, 3));
+        let words: usize = ranges.iter().map(|r| r.1).sum();
+        let mut buf = vec![0u64; words];
+        let got = super::copy_own_ranges(&ranges, &mut buf);
+        let mut off = 0;
+        for (k, &(a, n)) in ranges.iter().enumerate() {
+            let mut alone = vec![0u64; n];
+            let want = super::copy_own(a, &mut alone) / 8;
+            assert_eq!(got[k], want, "range {k}");
+            assert_eq!(&buf[off..off + want], &alone[..want], "range {k}");
+            off += n;
+        }
+        assert_eq!(got[900], 2);
+        // Ranges past the buffer's end get nothing.
+        let mut small = vec![0u64; 5];
+        assert_eq!(super::copy_own_ranges(&[(at(0), 3), (at(10), 3), (at(20), 2)], &mut small), vec![3, 0, 0]);
+        assert!(super::copy_own_ranges(&[], &mut small).is_empty());
+        // SAFETY: the pages mapped above.
+        unsafe { libc::munmap(page as *mut libc::c_void, 8192) };
     }
 
     #[test]

@@ -111,23 +111,200 @@ pub fn lists_now(arenas: &[(u64, u64)]) -> Vec<(u64, u64)> {
 const LIST_READS: usize = 3;
 
 /// A live list's length and item array, read now (`None` where the list cannot be read,
-/// has no array, or has a length no list has: 2^60 items, a list freed and reused).
+/// has no array, or has fields no list has: a length past its capacity or a capacity of
+/// 2^40 items, as `pymalloc::list_items` rules when the pass finds the list). A list
+/// freed and its memory reused since the pass found it may read as any words: a length
+/// of ~10^12 items once had its "array" read a MiB at a time for longer than the
+/// program's exit waits for the search (10 s; a 12 s script took 22 s).
 fn list_fields(list: u64) -> Option<(u64, u64)> {
-    let mut h = [0u64; 2];
-    if super::roots::read_own_memory(list + LIST_LEN_FIELD, &mut h) != 16 {
+    let mut h = [0u64; 3];
+    if super::roots::read_own_memory(list + LIST_LEN_FIELD, &mut h) != 24 {
         return None;
     }
-    let (len, items) = (h[0], h[1]);
-    (items != 0 && len < 1 << 60).then_some((len, items))
+    fields_from(h)
+}
+
+/// `list_fields` from the three words read at `LIST_LEN_FIELD`: the length, the item
+/// array and the capacity.
+fn fields_from([len, items, allocated]: [u64; 3]) -> Option<(u64, u64)> {
+    (items != 0 && len <= allocated && allocated < 1 << 40).then_some((len, items))
+}
+
+/// `list_fields` of each of `lists`, read together (`os::copy_own_ranges`) through
+/// `scratch` (three words a list).
+fn fields_of(lists: impl Iterator<Item = u64>, scratch: &mut Vec<u64>) -> Vec<Option<(u64, u64)>> {
+    let ranges: Vec<(u64, usize)> = lists.map(|l| (l + LIST_LEN_FIELD, 3)).collect();
+    scratch.resize(3 * ranges.len(), 0);
+    let got = super::roots::read_own_ranges(&ranges, scratch);
+    got.iter().enumerate().map(|(k, &n)| (n == 3).then(|| fields_from([scratch[3 * k], scratch[3 * k + 1], scratch[3 * k + 2]])).flatten()).collect()
+}
+
+/// A list read alone: from its array now, up to `tries` times while the array moves
+/// under the read (`read_list_items`); the array read to its end, if one was.
+fn read_list_alone(list: u64, tries: usize, buf: &mut [u64], hit: &mut impl FnMut(u64, u64, u64, u64), target_of: &impl Fn(u64) -> Option<u64>) -> Option<u64> {
+    for _ in 0..tries {
+        let (len, items) = list_fields(list).filter(|&(len, _)| len > 0)?;
+        if read_list_items(list, items, len, buf, &mut |t, at| hit(t, at, items, list), target_of) {
+            return Some(items);
+        }
+    }
+    None
+}
+
+/// Lists whose fields, or arrays, are read in one system call.
+const LIST_BATCH: usize = 1024;
+
+/// Every list of `list_objects` (`(items, list)`) read as `read_list_alone` reads one,
+/// `hit(target, at, items, list)` in the lists' order, but the fields and the item
+/// arrays of many lists copied in one system call each (`os::copy_own_ranges`): with
+/// torch loaded a round read ~10k lists at three calls each (36 ms). A list's array is
+/// copied from where its fields said, and the fields are read again after: where the
+/// array moved meanwhile, the list is read alone (its other tries). A list longer than
+/// one copy is read alone. Returns the arrays read to their end.
+fn read_lists(list_objects: &[ListAt], buf: &mut [u64], hit: &mut impl FnMut(u64, u64, u64, u64), target_of: &impl Fn(u64) -> Option<u64>) -> Vec<u64> {
+    let mut read = Vec::new();
+    let (mut before, mut after) = (Vec::new(), Vec::new());
+    // For the lists read alone while `buf` holds a batch's arrays: made when first needed.
+    let mut alone_buf: Vec<u64> = Vec::new();
+    for chunk in list_objects.chunks(LIST_BATCH) {
+        let fields = fields_of(chunk.iter().map(|l| l.1), &mut before);
+        let mut k = 0;
+        while k < chunk.len() {
+            // The next lists, in order, whose arrays fit `buf` together.
+            let mut batch: Vec<(u64, u64, u64)> = Vec::new();
+            let mut words = 0;
+            while k < chunk.len() {
+                match fields[k].filter(|&(len, _)| len > 0) {
+                    None => k += 1,
+                    Some((len, _)) if len * 8 > SPAN || words + len as usize > buf.len() => break,
+                    Some((len, items)) => {
+                        batch.push((chunk[k].1, len, items));
+                        words += len as usize;
+                        k += 1;
+                    }
+                }
+            }
+            if !batch.is_empty() {
+                let ranges: Vec<(u64, usize)> = batch.iter().map(|&(_, len, items)| (items, len as usize)).collect();
+                let got = super::roots::read_own_ranges(&ranges, buf);
+                let now = fields_of(batch.iter().map(|b| b.0), &mut after);
+                let mut off = 0;
+                for (j, &(list, len, items)) in batch.iter().enumerate() {
+                    // As `read_list_items` takes its one piece: no hits where the array
+                    // moved; those that came where it did not copy whole; then the list's
+                    // other tries alone.
+                    let moved = now[j].is_none_or(|(_, now)| now != items);
+                    if !moved {
+                        for (w, &word) in buf[off..off + got[j]].iter().enumerate() {
+                            if let Some(t) = target_of(word).filter(|&t| t == word) {
+                                hit(t, items + 8 * w as u64, items, list);
+                            }
+                        }
+                    }
+                    if moved || got[j] < len as usize {
+                        alone_buf.resize((SPAN / 8) as usize, 0);
+                        read.extend(read_list_alone(list, LIST_READS - 1, &mut alone_buf, hit, target_of));
+                    } else {
+                        read.push(items);
+                    }
+                    off += len as usize;
+                }
+            } else if k < chunk.len() {
+                // A list longer than one copy.
+                read.extend(read_list_alone(chunk[k].1, LIST_READS, buf, hit, target_of));
+                k += 1;
+            }
+        }
+    }
+    read
+}
+
+/// Whether a word found in an arena object (`find`'s pass over the arenas) lies in a
+/// live list's item array past the list's length (`lists`: arrays and used bytes,
+/// sorted), where a pass that knew the lists would not have read (`pymalloc::Known`).
+/// Such an array's first word is an item's address, never a live object's count, so the
+/// pass that did not know it read at least the part in use (`pymalloc::extent`).
+fn past_list_lengths(h: &(u64, u64, Holder, u64, bool), lists: &[(u64, u64)]) -> bool {
+    let Holder::Object { start, size } = h.2 else { return false };
+    match lists.binary_search_by_key(&start, |e| e.0) {
+        Ok(k) => h.1 >= start + lists[k].1.min(size),
+        Err(_) => false,
+    }
+}
+
+/// Which 64-byte granules of the address space a target's words may point into, as a
+/// filter of 2^16 bits: a word whose granule's bit is clear holds no target, dismissed
+/// with one load where a search among the targets took ~7 steps (most words of the heap
+/// are addresses, and the targets span it).
+struct Granules {
+    bits: Vec<u64>,
+}
+
+impl Granules {
+    const BITS: u32 = 16;
+
+    fn slot(w: u64) -> usize {
+        ((w >> 6).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - Self::BITS)) as usize
+    }
+
+    /// The filter of `targets` (`(start, reach)`).
+    fn of(targets: &[(u64, u64)]) -> Granules {
+        let mut bits = vec![0u64; (1 << Self::BITS) / 64];
+        for &(t, reach) in targets {
+            let (first, last) = (t >> 6, t.saturating_add(reach) >> 6);
+            if last - first >= 1 << Self::BITS {
+                // Reaches more granules than there are bits: every word may.
+                bits.fill(u64::MAX);
+                break;
+            }
+            for g in first..=last {
+                let s = Self::slot(g << 6);
+                bits[s / 64] |= 1 << (s % 64);
+            }
+        }
+        Granules { bits }
+    }
+
+    /// False: `w` points into no target's reach.
+    #[inline(always)]
+    fn may_hold(&self, w: u64) -> bool {
+        let s = Self::slot(w);
+        self.bits[s / 64] >> (s % 64) & 1 != 0
+    }
+}
+
+/// The place of a key in a sorted slice, for keys that mostly come in ascending order:
+/// it moves on from the last key's place, and searches afresh for a key below it.
+#[derive(Default)]
+struct Cursor {
+    at: usize,
+    last: u64,
+}
+
+impl Cursor {
+    /// The index of an entry whose key (`key_of`) is `key`, as a binary search finds one.
+    #[inline(always)]
+    fn find<T>(&mut self, sorted: &[T], key: u64, key_of: impl Fn(&T) -> u64) -> Option<usize> {
+        if key < self.last {
+            self.at = sorted.partition_point(|e| key_of(e) < key);
+        } else {
+            while self.at < sorted.len() && key_of(&sorted[self.at]) < key {
+                self.at += 1;
+            }
+        }
+        self.last = key;
+        (self.at < sorted.len() && key_of(&sorted[self.at]) == key).then_some(self.at)
+    }
 }
 
 /// Reads the `len` items of `list`'s array at `items` in pieces of `SPAN`, `hit(target,
 /// word)` for each word that is a target's start (`target_of`); false where the list's
-/// array moved before all were read (the hits already made stand: they were the list's
-/// items when read).
+/// array moved before all were read, or a piece did not copy whole (a live list's array
+/// is mapped to its end: it was freed meanwhile), and the rest is not read (the hits
+/// already made stand: they were the list's items when read).
 fn read_list_items(list: u64, items: u64, len: u64, buf: &mut [u64], hit: &mut impl FnMut(u64, u64), target_of: &impl Fn(u64) -> Option<u64>) -> bool {
     let mut at = items;
-    let end = items + 8 * len;
+    let end = items.saturating_add(len.saturating_mul(8));
     while at < end {
         let n = (end - at).min(SPAN);
         let words = copy(at, &mut buf[..(n / 8) as usize]);
@@ -138,6 +315,9 @@ fn read_list_items(list: u64, items: u64, len: u64, buf: &mut [u64], hit: &mut i
             if let Some(t) = target_of(w).filter(|&t| t == w) {
                 hit(t, at + 8 * k as u64);
             }
+        }
+        if (words.len() as u64) < n / 8 {
+            return false;
         }
         at += n;
     }
@@ -168,8 +348,9 @@ pub fn find(targets: &[(u64, u64)], arenas: &[(u64, u64)], chunks: &[(u64, u64)]
     sorted.sort_unstable();
     sorted.dedup_by_key(|t| t.0);
     let (lo, hi) = (sorted[0].0, sorted.iter().map(|t| t.0 + t.1).max().unwrap_or(0) + 1);
+    let near = Granules::of(&sorted);
     let target_of = |w: u64| -> Option<u64> {
-        if w < lo || w >= hi {
+        if w < lo || w >= hi || !near.may_hold(w) {
             return None;
         }
         let k = sorted.partition_point(|&(t, _)| t <= w);
@@ -188,45 +369,55 @@ pub fn find(targets: &[(u64, u64)], arenas: &[(u64, u64)], chunks: &[(u64, u64)]
         }
     };
     // Objects are read only where they can hold a reference, as the scan reads them
-    // (`pymalloc::object_parts`): the lists' item arrays up to their lengths, found
-    // first. A stale word past a list's length had named the wrong holder.
+    // (`pymalloc::object_parts`): the lists' item arrays up to their lengths. A stale
+    // word past a list's length had named the wrong holder. One pass over the arenas
+    // finds the lists and the words of the objects that hold a target; the words in a
+    // list's item array past its length are dropped after it (`past_list_lengths`), as a
+    // pass that knew the lists first would not have read them (two passes copied the
+    // arenas twice a round: 110 MB each with torch loaded).
     let types = super::arenas::object_types();
-    let (lists, list_objects) = live_lists(arenas, &mut buf, types.as_ref());
-    // Every live list's item array, read from its list now, before the passes over the
-    // objects and blocks, which take a second with torch loaded: a list that grows
-    // moves its array at every ~12% of growth, and an array read where the blocks had
-    // it when they were listed was gone by then (a closure appending to a list in a
-    // loop: its holder named in 1 run of 3; the ints it appends "held by" pymalloc's
-    // arena table in 4 runs of 12). The array's address is read again after each piece
-    // copied: where it moved meanwhile, the list is read again from its new array.
-    let mut read_arrays: Vec<u64> = Vec::new();
-    for &(_, list) in &list_objects {
-        for _ in 0..LIST_READS {
-            let Some((len, items)) = list_fields(list).filter(|&(len, _)| len > 0) else { break };
-            if read_list_items(list, items, len, &mut buf, &mut |t, at| hit((t, at, Holder::ListItems { items, list }, 0, true)), &target_of) {
-                read_arrays.push(items);
-                break;
-            }
-        }
-    }
-    read_arrays.sort_unstable();
+    let (mut lists, mut list_objects) = (Vec::new(), Vec::new());
+    let mut object_hits: Vec<(u64, u64, Holder, u64, bool)> = Vec::new();
+    let mut object_hits_per_target: HashMap<u64, usize> = HashMap::new();
     live_runs_of(arenas, &mut buf, |mem, run, len, block| {
-        let known = super::pymalloc::Known { types: types.as_ref(), lists: &lists };
+        if let Some(t) = types.as_ref().filter(|_| block == super::pymalloc::LIST_BLOCK) {
+            lists.reserve((len / block) as usize);
+            super::pymalloc::lists_in(mem, run, run, len, t, &mut lists, |at, items| list_objects.push((items, at - LIST_ITEM_FIELD)));
+        }
+        let known = super::pymalloc::Known { types: types.as_ref(), lists: &[] };
         super::pymalloc::object_parts(mem, run, block, run, len, known, |from, part| {
             let mut prev = 0;
             mem.words(from, part, &mut |a, w| {
                 if let Some(t) = target_of(w) {
                     let start = run + (a - run) / block * block;
                     let before = if a > start && w == t { prev } else { 0 };
-                    // Never an object's own words.
-                    if !(start..start + block).contains(&t) {
-                        hit((t, a, Holder::Object { start, size: block }, before, w == t));
+                    // Never an object's own words; past what `hit` keeps, with room for
+                    // those that fall past a list's length.
+                    let n = object_hits_per_target.entry(t).or_default();
+                    if !(start..start + block).contains(&t) && *n < 2 * MAX_CANDIDATES {
+                        *n += 1;
+                        object_hits.push((t, a, Holder::Object { start, size: block }, before, w == t));
                     }
                 }
                 prev = w;
             });
         });
     });
+    lists.sort_unstable();
+    // Every live list's item array, read from its list now, before the passes over the
+    // blocks, which take a second with torch loaded: a list that grows moves its array
+    // at every ~12% of growth, and an array read where the blocks had it when they were
+    // listed was gone by then (a closure appending to a list in a loop: its holder named
+    // in 1 run of 3; the ints it appends "held by" pymalloc's arena table in 4 runs of
+    // 12). The array's address is read again after it was copied: where it moved
+    // meanwhile, the list is read again from its new array.
+    let mut read_arrays = read_lists(&list_objects, &mut buf, &mut |t, at, items, list| hit((t, at, Holder::ListItems { items, list }, 0, true)), &target_of);
+    read_arrays.sort_unstable();
+    for h in object_hits {
+        if !past_list_lengths(&h, &lists) {
+            hit(h);
+        }
+    }
     // The running functions' frames: a local variable holds an object by its start.
     for &(start, size) in chunks {
         let n = size.min(SPAN);
@@ -244,6 +435,9 @@ pub fn find(targets: &[(u64, u64)], arenas: &[(u64, u64)], chunks: &[(u64, u64)]
     // runs of 12 beside two busy loops).
     let mut array_of: Vec<ListAt> = list_objects;
     array_of.sort_unstable();
+    // The blocks come in address order: each of the three sorted lists is looked up by
+    // a cursor that moves on with them.
+    let (mut read_cursor, mut array_cursor, mut list_cursor) = (Cursor::default(), Cursor::default(), Cursor::default());
     let mut i = 0;
     while i < blocks.len() {
         // A run of neighbouring blocks, copied at once.
@@ -264,15 +458,16 @@ pub fn find(targets: &[(u64, u64)], arenas: &[(u64, u64)], chunks: &[(u64, u64)]
             let words = copy(at, &mut buf[..len.div_ceil(8) as usize]);
             let mem = Copied { base: at, words };
             for (k, &(b, size)) in blocks.iter().enumerate().take(i).skip(first) {
-                if read_arrays.binary_search(&b).is_ok() {
+                if read_cursor.find(&read_arrays, b, |&a| a).is_some() {
                     continue;
                 }
-                let holder = match array_of.binary_search_by_key(&b, |l| l.0) {
-                    Ok(x) => Holder::ListItems { items: b, list: array_of[x].1 },
-                    Err(_) => Holder::Block(k),
+                let holder = match array_cursor.find(&array_of, b, |l| l.0) {
+                    Some(x) => Holder::ListItems { items: b, list: array_of[x].1 },
+                    None => Holder::Block(k),
                 };
+                let part = list_cursor.find(&lists, b, |e| e.0).map_or(size, |x| lists[x].1.min(size));
                 let mut prev = 0;
-                mem.words(b, super::pymalloc::list_part(b, size, &lists), &mut |a, w| {
+                mem.words(b, part, &mut |a, w| {
                     if let Some(t) = target_of(w) {
                         if !(b..b + size).contains(&t) {
                             hit((t, a, holder.clone(), if a > b && w == t { prev } else { 0 }, w == t));
@@ -556,6 +751,105 @@ mod tests {
         drop(stale);
     }
 
+    /// Lists read many at a time find what each read alone finds, in the same order:
+    /// more lists than one batch, lists longer than one copy among them, empty ones,
+    /// one whose fields cannot be read, and arrays that together overflow one copy.
+    #[test]
+    fn lists_read_together_hit_as_each_read_alone() {
+        let targets = [0x5000_0000u64, 0x5000_1000, 0x6000_0000];
+        let mut rng = crate::test_rng::TestRng::new(17);
+        let mut arrays: Vec<Vec<u64>> = Vec::new();
+        for k in 0..2500usize {
+            let len = match k % 500 {
+                7 => SPAN / 8 + 300,
+                11 => 0,
+                _ => rng.below(40_000) % 9000,
+            };
+            let mut a: Vec<u64> = (0..len).map(|_| rng.below(1 << 30) + 0x7000_0000).collect();
+            for _ in 0..rng.below(4) {
+                if len > 0 {
+                    a[rng.below(len) as usize] = targets[rng.below(3) as usize];
+                }
+            }
+            arrays.push(a);
+        }
+        // refcount, type, length, item array, capacity.
+        let lists: Vec<Box<[u64; 5]>> = arrays.iter().map(|a| Box::new([1u64, 0, a.len() as u64, a.as_ptr() as u64, a.len() as u64])).collect();
+        // SAFETY: one fresh page that nothing may read, kept until the end: a list there
+        // has fields that cannot be read.
+        let gone = unsafe {
+            let p = libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+            assert_ne!(p, libc::MAP_FAILED);
+            p as u64
+        };
+        let mut list_objects: Vec<ListAt> = lists.iter().map(|l| (l[3], &**l as *const _ as u64)).collect();
+        list_objects.insert(1200, (0, gone));
+        let target_of = |w: u64| targets.contains(&w).then_some(w);
+        let mut buf = vec![0u64; (SPAN / 8) as usize];
+        let mut together = Vec::new();
+        let read = read_lists(&list_objects, &mut buf, &mut |t, at, items, list| together.push((t, at, items, list)), &target_of);
+        let mut alone = Vec::new();
+        let mut read_alone = Vec::new();
+        for &(_, list) in &list_objects {
+            read_alone.extend(read_list_alone(list, LIST_READS, &mut buf, &mut |t, at, items, list| alone.push((t, at, items, list)), &target_of));
+        }
+        assert!(alone.len() > 1000, "{} hits", alone.len());
+        assert_eq!(together, alone);
+        assert_eq!(read, read_alone);
+        assert_eq!(read.len(), arrays.iter().filter(|a| !a.is_empty()).count());
+        // SAFETY: the page mapped above.
+        unsafe { libc::munmap(gone as *mut libc::c_void, 4096) };
+    }
+
+    #[test]
+    fn the_granule_filter_passes_every_word_a_target_reaches_and_few_others() {
+        let mut rng = crate::test_rng::TestRng::new(5);
+        let targets: Vec<(u64, u64)> = (0..300).map(|_| (rng.below(1 << 40) << 3, [0, 8, 64][rng.below(3) as usize])).collect();
+        let g = Granules::of(&targets);
+        for &(t, reach) in &targets {
+            for w in (t..=t + reach).step_by(8) {
+                assert!(g.may_hold(w), "{w:#x} of {t:#x}+{reach}");
+            }
+        }
+        let passed = (0..100_000).filter(|_| g.may_hold(rng.below(1 << 44) << 3)).count();
+        assert!(passed < 2_000, "{passed} of 100,000 random words");
+        // A reach longer than the filter: every word may.
+        assert!(Granules::of(&[(0x1000, u64::MAX / 2)]).may_hold(0xdead_beef_0000));
+    }
+
+    #[test]
+    fn a_cursor_finds_what_a_binary_search_finds_for_keys_in_any_order() {
+        let mut rng = crate::test_rng::TestRng::new(9);
+        let mut sorted: Vec<u64> = (0..2000).map(|_| rng.below(50_000) * 16).collect();
+        sorted.sort_unstable();
+        let mut keys: Vec<u64> = (0..20_000).map(|_| rng.below(50_000) * 16).collect();
+        keys.sort_unstable();
+        // Mostly ascending, with some keys out of order.
+        for k in (0..keys.len()).step_by(97) {
+            keys[k] = rng.below(50_000) * 16;
+        }
+        let mut c = Cursor::default();
+        for &k in &keys {
+            let found = c.find(&sorted, k, |&e| e);
+            assert_eq!(found.map(|i| sorted[i]), sorted.binary_search(&k).ok().map(|i| sorted[i]), "key {k}");
+        }
+        assert_eq!(Cursor::default().find(&[] as &[u64], 5, |&e| e), None);
+    }
+
+    #[test]
+    fn a_word_in_a_lists_array_past_its_length_is_dropped_and_no_other() {
+        let lists = [(0x1000u64, 16u64), (0x2000, 0), (0x3000, 4096)];
+        let at = |a: u64, start: u64, size: u64| (1u64, a, Holder::Object { start, size }, 0u64, true);
+        assert!(!past_list_lengths(&at(0x1008, 0x1000, 64), &lists));
+        assert!(past_list_lengths(&at(0x1010, 0x1000, 64), &lists));
+        assert!(past_list_lengths(&at(0x2000, 0x2000, 32), &lists));
+        // Used bytes past the block (a stale length): the block's end bounds it.
+        assert!(!past_list_lengths(&at(0x3038, 0x3000, 64), &lists));
+        // Not a list's array, or not an arena object.
+        assert!(!past_list_lengths(&at(0x4010, 0x4000, 64), &lists));
+        assert!(!past_list_lengths(&(1, 0x1010, Holder::Block(3), 0, true), &lists));
+    }
+
     /// A list whose array moves while its items are read: the items read before the
     /// move stand, the read says it did not finish (the search reads the list again from
     /// its new array), and a list that stays put is read to its length, past the first
@@ -568,8 +862,8 @@ mod tests {
         items[3] = target;
         items[(SPAN / 8) as usize + 10] = target;
         let other = [0u64; 4];
-        // refcount, type, length, item array.
-        let mut list = Box::new([1u64, 0, len, items.as_ptr() as u64]);
+        // refcount, type, length, item array, capacity.
+        let mut list = Box::new([1u64, 0, len, items.as_ptr() as u64, len]);
         let list_at = &*list as *const _ as u64;
         let target_of = |w: u64| (w == target).then_some(w);
         let mut buf = vec![0u64; (SPAN / 8) as usize];
@@ -580,7 +874,7 @@ mod tests {
         assert_eq!(hits, vec![(target, base + 24), (target, base + SPAN + 80)]);
         // The array moves after the first piece was copied and checked.
         hits.clear();
-        let list_ptr: *mut [u64; 4] = &mut *list;
+        let list_ptr: *mut [u64; 5] = &mut *list;
         let moved = read_list_items(
             list_at,
             base,
@@ -596,8 +890,48 @@ mod tests {
         );
         assert!(!moved);
         assert_eq!(hits, vec![(target, base + 24)]);
-        // A length no list has is a list freed and reused.
-        list[2] = 1 << 60;
+        // Fields no list has are a list freed and reused: a length past the capacity, a
+        // capacity of 2^40 items.
+        list[2] = len + 1;
         assert_eq!(list_fields(list_at), None);
+        list[2] = 1 << 40;
+        list[4] = 1 << 40;
+        assert_eq!(list_fields(list_at), None);
+    }
+
+    /// A list freed and its memory reused reads as whatever words are there: a length of
+    /// 2^39 items whose "array" starts in a mapped page is read to that page's end, not
+    /// a MiB at a time through 4 TiB (it had held a search, and the program's exit
+    /// behind it, for more than 10 s).
+    #[test]
+    fn a_list_whose_array_does_not_copy_whole_is_read_no_further() {
+        let target = 0x5000_0000u64;
+        // SAFETY: two fresh pages, the second unreadable, kept mapped until the end.
+        let page = unsafe {
+            let p = libc::mmap(std::ptr::null_mut(), 8192, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+            assert_ne!(p, libc::MAP_FAILED);
+            assert_eq!(libc::mprotect((p as usize + 4096) as *mut libc::c_void, 4096, libc::PROT_NONE), 0);
+            *(p as *mut u64).add(100) = target;
+            p as u64
+        };
+        let len = 1u64 << 39;
+        let list = Box::new([1u64, 0, len, page, len]);
+        let list_at = &*list as *const _ as u64;
+        let target_of = |w: u64| (w == target).then_some(w);
+        let mut buf = vec![0u64; (SPAN / 8) as usize];
+        let mut hits = Vec::new();
+        let started = std::time::Instant::now();
+        assert!(!read_list_items(list_at, page, len, &mut buf, &mut |t, at| hits.push((t, at)), &target_of));
+        assert_eq!(hits, vec![(target, page + 800)]);
+        // Its tries, alone and read together with others, end as soon.
+        let mut n = 0;
+        assert_eq!(read_list_alone(list_at, LIST_READS, &mut buf, &mut |_, _, _, _| n += 1, &target_of), None);
+        assert_eq!(n, LIST_READS);
+        let mut m = 0;
+        assert!(read_lists(&[(page, list_at)], &mut buf, &mut |_, _, _, _| m += 1, &target_of).is_empty());
+        assert_eq!(m, LIST_READS);
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "{:?}", started.elapsed());
+        // SAFETY: the pages mapped above.
+        unsafe { libc::munmap(page as *mut libc::c_void, 8192) };
     }
 }

@@ -547,6 +547,12 @@ pub fn read_own_words(addrs: &[u64]) -> Vec<Option<u64>> {
     crate::os::copy_own_words(addrs)
 }
 
+/// `os::copy_own_ranges`, for reading many short ranges the scan named after it ran.
+/// Only where `copies_allowed` said yes.
+pub fn read_own_ranges(ranges: &[(u64, usize)], buf: &mut [u64]) -> Vec<usize> {
+    crate::os::copy_own_ranges(ranges, buf)
+}
+
 /// Copies `buf.len()` words from `from` (`os::copy_own`) and visits those that came;
 /// returns how many.
 #[inline(always)]
