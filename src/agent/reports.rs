@@ -555,7 +555,7 @@ pub(super) fn held_before_exit() {
         .map(|(line, groups)| (line, line_starts(&live.blocks, None, Some(&groups))))
         .unzip();
     drop(report);
-    let found = crate::report::held::python_holders(&live.blocks, &starts, &mut live_keys);
+    let (found, _) = crate::report::held::python_holders(&live.blocks, &starts, &mut live_keys, &|| false);
     drop(live);
     keep_line_holders(pending, found);
 }
@@ -622,19 +622,69 @@ const LINE_SEARCHES: u8 = 3;
 
 /// The lines that grow and have no holder that reached its end yet, looked for fewer
 /// than `LINE_SEARCHES` times while growing; each is counted as looked for once more.
-fn lines_to_name() -> Vec<crate::report::python::UserLine> {
+/// The second value: every one of them was looked for before (the search is made
+/// again, and gives way to a line never looked for: `FIRST_LOOK_WAITS`).
+fn lines_to_name() -> (Vec<crate::report::python::UserLine>, bool) {
     let lines = growing_lines();
     if lines.is_empty() {
-        return lines;
+        return (lines, false);
     }
-    let Some(mut r) = lock_bounded(&REPORT, Duration::from_secs(1)) else { return Vec::new() };
-    let Some(r) = r.as_mut() else { return Vec::new() };
-    let new: Vec<_> = lines.into_iter().filter(|l| !r.line_holder_reached.contains(l) && r.looked_for.get(l).copied().unwrap_or(0) < LINE_SEARCHES).collect();
-    for l in &new {
-        *r.looked_for.entry(*l).or_default() += 1;
-    }
-    new
+    let Some(mut r) = lock_bounded(&REPORT, Duration::from_secs(1)) else { return (Vec::new(), false) };
+    let Some(r) = r.as_mut() else { return (Vec::new(), false) };
+    to_look_for(lines, &r.line_holder_reached, &mut r.looked_for)
 }
+
+/// `lines_to_name` of growing `lines`, given the lines whose holder was reached and how
+/// many times each line was looked for (counted up for those returned).
+fn to_look_for(
+    lines: Vec<crate::report::python::UserLine>,
+    reached: &crate::util::FxSet<crate::report::python::UserLine>,
+    looked_for: &mut crate::util::FxMap<crate::report::python::UserLine, u8>,
+) -> (Vec<crate::report::python::UserLine>, bool) {
+    let new: Vec<_> = lines.into_iter().filter(|l| !reached.contains(l) && looked_for.get(l).copied().unwrap_or(0) < LINE_SEARCHES).collect();
+    let again = !new.is_empty() && new.iter().all(|l| looked_for.get(l).is_some_and(|&n| n > 0));
+    for l in &new {
+        *looked_for.entry(*l).or_default() += 1;
+    }
+    (new, again)
+}
+
+/// Whether a line grows that was never looked for and has no holder yet (counted as
+/// nothing).
+fn a_line_never_looked_for() -> bool {
+    let lines = growing_lines();
+    if lines.is_empty() {
+        return false;
+    }
+    let Some(r) = lock_bounded(&REPORT, Duration::from_secs(1)) else { return false };
+    r.as_ref().is_some_and(|r| lines.iter().any(|l| !r.line_holder_reached.contains(l) && !r.looked_for.contains_key(l)))
+}
+
+/// The lines of a search that gave way before its end (`FIRST_LOOK_WAITS`) and reached
+/// no holder: that search is not counted against them.
+fn give_back_tries(lines: &[crate::report::python::UserLine]) {
+    let Some(mut r) = lock_bounded(&REPORT, Duration::from_secs(1)) else { return };
+    let Some(r) = r.as_mut() else { return };
+    for l in lines {
+        if !r.line_holder_reached.contains(l) {
+            if let Some(n) = r.looked_for.get_mut(l) {
+                *n = n.saturating_sub(1);
+            }
+        }
+    }
+}
+
+/// Set while a search made again runs (`lines_to_name`'s second value).
+static SEARCH_AGAIN_RUNS: AtomicBool = AtomicBool::new(false);
+
+/// Set when a line never looked for starts to grow while a search made again runs: that
+/// search ends at its next round, and its thread looks for the new line at once, with
+/// the lines the search was made for (`holder_search_main`). A
+/// line's first search may come too late otherwise: in `torch_user_leaks.py losses` a
+/// search made again for a line whose first search was cut short took the 3 s in which
+/// the appending line crossed the rule, and that line was never looked for (no holder
+/// in 2 runs of 6).
+static FIRST_LOOK_WAITS: AtomicBool = AtomicBool::new(false);
 
 /// After a timeline point, on the collector's thread: the holders of the lines of the
 /// user's code that started to grow, found while the program holds the memory, so that
@@ -650,26 +700,33 @@ fn lines_to_name() -> Vec<crate::report::python::UserLine> {
 /// collector goes on draining and taking points meanwhile (on the collector's thread it
 /// cost a 5 s loop four of its points). A scan waits for it (`wait_for_holder_search`).
 pub(super) fn held_while_growing() {
-    if !SCAN_AT_EXIT.load(Ordering::Relaxed)
-        || !crate::hotpath::python::enabled()
-        || super::python_exit::teardown_began()
-        || HOLDER_SEARCH.load(Ordering::SeqCst)
-    {
+    if !SCAN_AT_EXIT.load(Ordering::Relaxed) || !crate::hotpath::python::enabled() || super::python_exit::teardown_began() {
         return;
     }
-    let lines = lines_to_name();
+    if HOLDER_SEARCH.load(Ordering::SeqCst) {
+        if SEARCH_AGAIN_RUNS.load(Ordering::SeqCst) && !FIRST_LOOK_WAITS.load(Ordering::SeqCst) && a_line_never_looked_for() {
+            FIRST_LOOK_WAITS.store(true, Ordering::SeqCst);
+        }
+        return;
+    }
+    let (lines, again) = lines_to_name();
     if lines.is_empty() {
         return;
     }
+    FIRST_LOOK_WAITS.store(false, Ordering::SeqCst);
+    SEARCH_AGAIN_RUNS.store(again, Ordering::SeqCst);
     HOLDER_SEARCH.store(true, Ordering::SeqCst);
-    let arg = Box::into_raw(Box::new(lines)) as *mut std::ffi::c_void;
+    let arg = Box::into_raw(Box::new((lines, again))) as *mut std::ffi::c_void;
     // SAFETY: the thread takes over the box `arg` is (or it is dropped below).
     if unsafe { crate::os::threads::spawn_raw(holder_search_main, arg) }.is_err() {
         // SAFETY: the thread did not start: the box is still ours.
-        drop(unsafe { Box::from_raw(arg as *mut Vec<crate::report::python::UserLine>) });
+        drop(unsafe { Box::from_raw(arg as *mut SearchLines) });
         HOLDER_SEARCH.store(false, Ordering::SeqCst);
     }
 }
+
+/// A search's lines, and whether it is made again for all of them.
+type SearchLines = (Vec<crate::report::python::UserLine>, bool);
 
 /// Set while a holder search (`held_while_growing`) runs (a scan leaves its thread out,
 /// as every thread of ours: `os::threads::own_tids_settled`).
@@ -684,20 +741,41 @@ pub(super) fn wait_for_holder_search() {
 extern "C" fn holder_search_main(arg: *mut std::ffi::c_void) -> *mut std::ffi::c_void {
     thread::mark_internal();
     // SAFETY: arg is the box `held_while_growing` leaked for this thread.
-    let lines = unsafe { Box::from_raw(arg as *mut Vec<crate::report::python::UserLine>) };
-    let _ = catch_unwind(AssertUnwindSafe(|| crate::os::procfs::one_seccomp_check(|| search_holders(*lines))));
+    let first = unsafe { Box::from_raw(arg as *mut SearchLines) };
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        crate::os::procfs::one_seccomp_check(|| {
+            let (mut lines, mut again) = *first;
+            // A search that gave way is followed at once by the one it gave way to (the
+            // next point could come after the function holding the new line returned).
+            while search_holders(lines, again) && !super::python_exit::teardown_began() {
+                (lines, again) = lines_to_name();
+                if lines.is_empty() {
+                    break;
+                }
+                FIRST_LOOK_WAITS.store(false, Ordering::SeqCst);
+                SEARCH_AGAIN_RUNS.store(again, Ordering::SeqCst);
+            }
+        })
+    }));
     HOLDER_SEARCH.store(false, Ordering::SeqCst);
     std::ptr::null_mut()
 }
 
 /// `held_while_growing`'s search, for `lines`: all at once (`held::python_holders`).
-fn search_holders(lines: Vec<crate::report::python::UserLine>) {
-    let Some((live, samples)) = live_and_samples(true) else { return };
-    let Some((by_line, samples_by_line)) = line_groups(&live, &samples, &lines) else { return };
+/// One made `again` for all its lines gives way to a line never looked for
+/// (`FIRST_LOOK_WAITS`): true where it did.
+fn search_holders(lines: Vec<crate::report::python::UserLine>, again: bool) -> bool {
+    let Some((live, samples)) = live_and_samples(true) else { return false };
+    let Some((by_line, samples_by_line)) = line_groups(&live, &samples, &lines) else { return false };
     let starts: Vec<Vec<Start>> = lines.iter().map(|line| line_starts(&live.blocks, by_line.get(line), samples_by_line.get(line))).collect();
-    let found = crate::report::held::python_holders(&live.blocks, &starts, &mut live_keys);
+    let give_way = || again && FIRST_LOOK_WAITS.load(Ordering::SeqCst);
+    let (found, stopped) = crate::report::held::python_holders(&live.blocks, &starts, &mut live_keys, &give_way);
     drop(live);
-    keep_line_holders(lines, found);
+    keep_line_holders(lines.clone(), found);
+    if stopped {
+        give_back_tries(&lines);
+    }
+    stopped
 }
 
 /// Where a growing line's holder is looked for from: blocks spread over its largest
@@ -877,4 +955,27 @@ pub(super) fn final_report() {
     });
     channel::close();
     LIFECYCLE.final_written();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::python::UserLine;
+
+    #[test]
+    fn a_search_is_made_again_only_when_every_line_of_it_was_looked_for_before() {
+        let (a, b, c) = (UserLine { code: 1, line: 10 }, UserLine { code: 1, line: 20 }, UserLine { code: 2, line: 5 });
+        let mut reached = crate::util::FxSet::default();
+        let mut looked = crate::util::FxMap::default();
+        assert_eq!(to_look_for(vec![a, b], &reached, &mut looked), (vec![a, b], false));
+        // Both looked for once: made again.
+        assert_eq!(to_look_for(vec![a, b], &reached, &mut looked), (vec![a, b], true));
+        // A line never looked for joins: a first look, which no line gives way to.
+        reached.insert(b);
+        assert_eq!(to_look_for(vec![a, b, c], &reached, &mut looked), (vec![a, c], false));
+        assert_eq!(looked.get(&a), Some(&3));
+        // `a` has had its searches; `c` is looked for again.
+        assert_eq!(to_look_for(vec![a, b, c], &reached, &mut looked), (vec![c], true));
+        assert_eq!(to_look_for(vec![a, b], &reached, &mut looked), (vec![], false));
+    }
 }

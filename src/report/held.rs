@@ -296,11 +296,14 @@ pub fn extend_python<K: Clone + Eq + std::hash::Hash, S: std::hash::BuildHasher>
     labels: Labels<'_>,
     path_links: usize,
 ) {
-    extend_python_from(paths, Vec::new(), live, parent, via, labels, path_links);
+    extend_python_from(paths, Vec::new(), live, parent, via, labels, path_links, &|| false);
 }
 
 /// `extend_python`, with `starts` (a path's key and a heap block's start) looked for
-/// from the start as well: the paths of heap blocks that no scan reached.
+/// from the start as well: the paths of heap blocks that no scan reached. `stop` is
+/// asked before each round after the first: true ends the search there, each path as
+/// far as it went (returns whether it did).
+#[allow(clippy::too_many_arguments)]
 fn extend_python_from<K: Clone + Eq + std::hash::Hash, S: std::hash::BuildHasher>(
     paths: &mut std::collections::HashMap<K, RawPath, S>,
     starts: Vec<(K, u64)>,
@@ -309,11 +312,12 @@ fn extend_python_from<K: Clone + Eq + std::hash::Hash, S: std::hash::BuildHasher
     via: &[u64],
     labels: Labels<'_>,
     path_links: usize,
-) {
+    stop: &dyn Fn() -> bool,
+) -> bool {
     use crate::scan::referrers;
-    let Some(minor) = crate::hotpath::python::minor() else { return };
+    let Some(minor) = crate::hotpath::python::minor() else { return false };
     if !crate::scan::roots::copies_allowed() {
-        return;
+        return false;
     }
     let mut frontier: Vec<Branch<K>> =
         starts.into_iter().map(|(path, target)| Branch { path, links: Vec::new(), target, reach: 0, seen: vec![target] }).collect();
@@ -323,7 +327,7 @@ fn extend_python_from<K: Clone + Eq + std::hash::Hash, S: std::hash::BuildHasher
         }
     }
     if frontier.is_empty() {
-        return;
+        return false;
     }
     let mut arenas = Vec::with_capacity(crate::scan::arenas::capacity());
     crate::scan::arenas::live_arenas(&mut arenas);
@@ -340,7 +344,12 @@ fn extend_python_from<K: Clone + Eq + std::hash::Hash, S: std::hash::BuildHasher
     let mut done: std::collections::HashSet<K> = Default::default();
     // Per path: the first branch that reached a root that is no module.
     let mut rooted: std::collections::HashMap<K, Vec<RawLink>> = Default::default();
-    for _ in 0..PYTHON_ROUNDS {
+    let mut stopped = false;
+    for round in 0..PYTHON_ROUNDS {
+        if round > 0 && stop() {
+            stopped = true;
+            break;
+        }
         let targets: Vec<(u64, u64)> = frontier.iter().map(|b| (b.target, b.reach)).collect();
         let found = referrers::find(&targets, &arenas, &chunks, &blocks, minor);
         let mut next: Vec<Branch<K>> = Vec::new();
@@ -482,6 +491,7 @@ fn extend_python_from<K: Clone + Eq + std::hash::Hash, S: std::hash::BuildHasher
             }
         }
     }
+    stopped
 }
 
 /// Answers the stack and entry point of each live heap block of the addresses given,
@@ -518,7 +528,10 @@ pub enum Start {
 /// search takes a second with torch loaded); the list whose array now has the same stack
 /// then holds it (`torch_user_leaks.py losses`: the line that appends to the list had no
 /// holder in 3 runs of 3 once its items were read whole).
-pub fn python_holders(live: &[LiveEntry], lines: &[Vec<Start>], key_of: &mut KeysOf<'_>) -> Vec<Option<RawPath>> {
+///
+/// `stop`, asked before each round after the first, ends the search early (see
+/// `extend_python_from`); the second value says it did.
+pub fn python_holders(live: &[LiveEntry], lines: &[Vec<Start>], key_of: &mut KeysOf<'_>, stop: &dyn Fn() -> bool) -> (Vec<Option<RawPath>>, bool) {
     let mut arenas = Vec::with_capacity(crate::scan::arenas::capacity());
     crate::scan::arenas::live_arenas(&mut arenas);
     let in_arena = |addr: u64| arena_of(&arenas, addr);
@@ -551,7 +564,7 @@ pub fn python_holders(live: &[LiveEntry], lines: &[Vec<Start>], key_of: &mut Key
     let heap_starts: Vec<(usize, usize)> = starts.iter().map(|s| s.0).collect();
     follow_moved_arrays(&mut paths, &mut starts, live, &arenas, key_of);
     let searched: Vec<((usize, usize), u64)> = starts.clone();
-    extend_python_from(&mut paths, starts, live, &[], &[], Labels::new(&Default::default(), &[]), 0);
+    let stopped = extend_python_from(&mut paths, starts, live, &[], &[], Labels::new(&Default::default(), &[]), 0, stop);
     // A heap block freed while it was searched from (its memory handed out again: a
     // list's old array, unmapped, and a Python arena mapped at its address) was found
     // held by whatever holds the new occupant ("list[2890641]" for the array of the
@@ -582,7 +595,7 @@ pub fn python_holders(live: &[LiveEntry], lines: &[Vec<Start>], key_of: &mut Key
             by_line[line].push((k, p));
         }
     }
-    by_line.into_iter().map(chosen_holder).collect()
+    (by_line.into_iter().map(chosen_holder).collect(), stopped)
 }
 
 /// Whether a path found for a growing line ends at a holder: a module, a named local, or
