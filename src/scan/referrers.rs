@@ -6,9 +6,11 @@
 //! pymalloc's arenas and the live tracked heap blocks per round.
 //!
 //! Everything is read through copies (`process_vm_readv`, one per arena or per run of
-//! neighbouring blocks) after the threads were let go: a block freed meanwhile reads as
-//! whatever the copy found, and only live objects and blocks are ever read, so no freed
-//! block is named a holder. Not under a seccomp filter (no copies there).
+//! neighbouring blocks, and the lists' fields and item arrays up to 1,024 to a call)
+//! after the threads were let go: a block freed meanwhile reads as whatever the copy
+//! found, and only live objects and blocks are ever read, so no freed block is named a
+//! holder; a list freed meanwhile is read no further than fields a list can have and
+//! memory that copies whole allow. Not under a seccomp filter (no copies there).
 use std::collections::HashMap;
 
 use super::mark::Memory;
