@@ -555,7 +555,7 @@ pub(super) fn held_before_exit() {
         .map(|(line, groups)| (line, line_starts(&live.blocks, None, Some(&groups))))
         .unzip();
     drop(report);
-    let (found, _) = crate::report::held::python_holders(&live.blocks, &starts, &mut live_keys, &|| false);
+    let found = crate::report::held::python_holders(&live.blocks, &starts, &mut live_keys, None);
     drop(live);
     keep_line_holders(pending, found);
 }
@@ -611,6 +611,8 @@ fn keep_line_holders(lines: Vec<crate::report::python::UserLine>, found: Vec<Opt
         r.held_lines_before_exit.insert(line, (links, also));
         if reached {
             r.line_holder_reached.insert(line);
+        } else {
+            r.line_holder_reached.remove(&line);
         }
     }
 }
@@ -622,69 +624,25 @@ const LINE_SEARCHES: u8 = 3;
 
 /// The lines that grow and have no holder that reached its end yet, looked for fewer
 /// than `LINE_SEARCHES` times while growing; each is counted as looked for once more.
-/// The second value: every one of them was looked for before (the search is made
-/// again, and gives way to a line never looked for: `FIRST_LOOK_WAITS`).
-fn lines_to_name() -> (Vec<crate::report::python::UserLine>, bool) {
+fn lines_to_name(never_looked_for: bool) -> Vec<crate::report::python::UserLine> {
     let lines = growing_lines();
     if lines.is_empty() {
-        return (lines, false);
+        return lines;
     }
-    let Some(mut r) = lock_bounded(&REPORT, Duration::from_secs(1)) else { return (Vec::new(), false) };
-    let Some(r) = r.as_mut() else { return (Vec::new(), false) };
-    to_look_for(lines, &r.line_holder_reached, &mut r.looked_for)
-}
-
-/// `lines_to_name` of growing `lines`, given the lines whose holder was reached and how
-/// many times each line was looked for (counted up for those returned).
-fn to_look_for(
-    lines: Vec<crate::report::python::UserLine>,
-    reached: &crate::util::FxSet<crate::report::python::UserLine>,
-    looked_for: &mut crate::util::FxMap<crate::report::python::UserLine, u8>,
-) -> (Vec<crate::report::python::UserLine>, bool) {
-    let new: Vec<_> = lines.into_iter().filter(|l| !reached.contains(l) && looked_for.get(l).copied().unwrap_or(0) < LINE_SEARCHES).collect();
-    let again = !new.is_empty() && new.iter().all(|l| looked_for.get(l).is_some_and(|&n| n > 0));
+    let Some(mut r) = lock_bounded(&REPORT, Duration::from_secs(1)) else { return Vec::new() };
+    let Some(r) = r.as_mut() else { return Vec::new() };
+    let new: Vec<_> = lines
+        .into_iter()
+        .filter(|l| {
+            let tries = r.looked_for.get(l).copied().unwrap_or(0);
+            !r.line_holder_reached.contains(l) && tries < LINE_SEARCHES && (tries == 0 || !never_looked_for)
+        })
+        .collect();
     for l in &new {
-        *looked_for.entry(*l).or_default() += 1;
+        *r.looked_for.entry(*l).or_default() += 1;
     }
-    (new, again)
+    new
 }
-
-/// Whether a line grows that was never looked for and has no holder yet (counted as
-/// nothing).
-fn a_line_never_looked_for() -> bool {
-    let lines = growing_lines();
-    if lines.is_empty() {
-        return false;
-    }
-    let Some(r) = lock_bounded(&REPORT, Duration::from_secs(1)) else { return false };
-    r.as_ref().is_some_and(|r| lines.iter().any(|l| !r.line_holder_reached.contains(l) && !r.looked_for.contains_key(l)))
-}
-
-/// The lines of a search that gave way before its end (`FIRST_LOOK_WAITS`) and reached
-/// no holder: that search is not counted against them.
-fn give_back_tries(lines: &[crate::report::python::UserLine]) {
-    let Some(mut r) = lock_bounded(&REPORT, Duration::from_secs(1)) else { return };
-    let Some(r) = r.as_mut() else { return };
-    for l in lines {
-        if !r.line_holder_reached.contains(l) {
-            if let Some(n) = r.looked_for.get_mut(l) {
-                *n = n.saturating_sub(1);
-            }
-        }
-    }
-}
-
-/// Set while a search made again runs (`lines_to_name`'s second value).
-static SEARCH_AGAIN_RUNS: AtomicBool = AtomicBool::new(false);
-
-/// Set when a line never looked for starts to grow while a search made again runs: that
-/// search ends at its next round, and its thread looks for the new line at once, with
-/// the lines the search was made for (`holder_search_main`). A
-/// line's first search may come too late otherwise: in `torch_user_leaks.py losses` a
-/// search made again for a line whose first search was cut short took the 3 s in which
-/// the appending line crossed the rule, and that line was never looked for (no holder
-/// in 2 runs of 6).
-static FIRST_LOOK_WAITS: AtomicBool = AtomicBool::new(false);
 
 /// After a timeline point, on the collector's thread: the holders of the lines of the
 /// user's code that started to grow, found while the program holds the memory, so that
@@ -704,29 +662,52 @@ pub(super) fn held_while_growing() {
         return;
     }
     if HOLDER_SEARCH.load(Ordering::SeqCst) {
-        if SEARCH_AGAIN_RUNS.load(Ordering::SeqCst) && !FIRST_LOOK_WAITS.load(Ordering::SeqCst) && a_line_never_looked_for() {
-            FIRST_LOOK_WAITS.store(true, Ordering::SeqCst);
+        // The running search takes them in at its next round (`joining_lines`).
+        let lines = lines_to_name(true);
+        if !lines.is_empty() {
+            if let Some(mut waiting) = lock_bounded(&JOINING, Duration::from_millis(10)) {
+                waiting.extend(lines);
+            }
         }
         return;
     }
-    let (lines, again) = lines_to_name();
+    let mut lines = lines_to_name(false);
+    // Lines that came too late to join the last search.
+    if let Some(mut waiting) = lock_bounded(&JOINING, Duration::from_millis(10)) {
+        for line in waiting.drain(..) {
+            if !lines.contains(&line) {
+                lines.push(line);
+            }
+        }
+    }
     if lines.is_empty() {
         return;
     }
-    FIRST_LOOK_WAITS.store(false, Ordering::SeqCst);
-    SEARCH_AGAIN_RUNS.store(again, Ordering::SeqCst);
     HOLDER_SEARCH.store(true, Ordering::SeqCst);
-    let arg = Box::into_raw(Box::new((lines, again))) as *mut std::ffi::c_void;
+    let arg = Box::into_raw(Box::new(lines)) as *mut std::ffi::c_void;
     // SAFETY: the thread takes over the box `arg` is (or it is dropped below).
     if unsafe { crate::os::threads::spawn_raw(holder_search_main, arg) }.is_err() {
         // SAFETY: the thread did not start: the box is still ours.
-        drop(unsafe { Box::from_raw(arg as *mut SearchLines) });
+        drop(unsafe { Box::from_raw(arg as *mut Vec<crate::report::python::UserLine>) });
         HOLDER_SEARCH.store(false, Ordering::SeqCst);
     }
 }
 
-/// A search's lines, and whether it is made again for all of them.
-type SearchLines = (Vec<crate::report::python::UserLine>, bool);
+/// Lines that started to grow while a holder search ran (`held_while_growing`), noted
+/// as looked for: the search takes them in before its next round (`joining_lines`), or,
+/// past the rounds it takes new lines in, the next search does.
+static JOINING: SpinLock<Vec<crate::report::python::UserLine>> = SpinLock::new(Vec::new());
+
+/// In a forked child: the parent's search thread, which may have held `JOINING`, is not
+/// here, and its lines are the parent's to look for.
+pub(super) fn forget_joining_after_fork() {
+    JOINING.unlock_raw();
+    if let Some(mut waiting) = JOINING.try_lock() {
+        // Left as it is, not freed: a thread the child does not have may have been
+        // growing it.
+        std::mem::forget(std::mem::take(&mut *waiting));
+    }
+}
 
 /// Set while a holder search (`held_while_growing`) runs (a scan leaves its thread out,
 /// as every thread of ours: `os::threads::own_tids_settled`).
@@ -741,41 +722,54 @@ pub(super) fn wait_for_holder_search() {
 extern "C" fn holder_search_main(arg: *mut std::ffi::c_void) -> *mut std::ffi::c_void {
     thread::mark_internal();
     // SAFETY: arg is the box `held_while_growing` leaked for this thread.
-    let first = unsafe { Box::from_raw(arg as *mut SearchLines) };
-    let _ = catch_unwind(AssertUnwindSafe(|| {
-        crate::os::procfs::one_seccomp_check(|| {
-            let (mut lines, mut again) = *first;
-            // A search that gave way is followed at once by the one it gave way to (the
-            // next point could come after the function holding the new line returned).
-            while search_holders(lines, again) && !super::python_exit::teardown_began() {
-                (lines, again) = lines_to_name();
-                if lines.is_empty() {
-                    break;
-                }
-                FIRST_LOOK_WAITS.store(false, Ordering::SeqCst);
-                SEARCH_AGAIN_RUNS.store(again, Ordering::SeqCst);
-            }
-        })
-    }));
+    let lines = unsafe { Box::from_raw(arg as *mut Vec<crate::report::python::UserLine>) };
+    let _ = catch_unwind(AssertUnwindSafe(|| crate::os::procfs::one_seccomp_check(|| search_holders(*lines))));
     HOLDER_SEARCH.store(false, Ordering::SeqCst);
     std::ptr::null_mut()
 }
 
-/// `held_while_growing`'s search, for `lines`: all at once (`held::python_holders`).
-/// One made `again` for all its lines gives way to a line never looked for
-/// (`FIRST_LOOK_WAITS`): true where it did.
-fn search_holders(lines: Vec<crate::report::python::UserLine>, again: bool) -> bool {
-    let Some((live, samples)) = live_and_samples(true) else { return false };
-    let Some((by_line, samples_by_line)) = line_groups(&live, &samples, &lines) else { return false };
+/// `held_while_growing`'s search, for `lines`: all at once (`held::python_holders`),
+/// and for the lines that start to grow meanwhile, which join it (`joining_lines`).
+fn search_holders(mut lines: Vec<crate::report::python::UserLine>) {
+    let Some((live, samples)) = live_and_samples(true) else { return };
+    let Some((by_line, samples_by_line)) = line_groups(&live, &samples, &lines) else { return };
     let starts: Vec<Vec<Start>> = lines.iter().map(|line| line_starts(&live.blocks, by_line.get(line), samples_by_line.get(line))).collect();
-    let give_way = || again && FIRST_LOOK_WAITS.load(Ordering::SeqCst);
-    let (found, stopped) = crate::report::held::python_holders(&live.blocks, &starts, &mut live_keys, &give_way);
+    drop(samples);
+    let mut joined = Vec::new();
+    let found = {
+        let mut joining = || joining_lines(&mut joined);
+        crate::report::held::python_holders(&live.blocks, &starts, &mut live_keys, Some(&mut joining))
+    };
     drop(live);
-    keep_line_holders(lines.clone(), found);
-    if stopped {
-        give_back_tries(&lines);
+    lines.extend(joined);
+    keep_line_holders(lines, found);
+}
+
+/// The lines waiting to join the running search (`JOINING`), added to `joined`, with the
+/// live heap blocks now and each one's starts drawn from them; `None` when none waits.
+/// Where the blocks cannot be had now, the lines wait for the next search.
+fn joining_lines(joined: &mut Vec<crate::report::python::UserLine>) -> Option<(Vec<crate::collector::state::LiveEntry>, Vec<Vec<Start>>)> {
+    let lines: Vec<crate::report::python::UserLine> = std::mem::take(&mut *JOINING.try_lock()?);
+    if lines.is_empty() {
+        return None;
     }
-    stopped
+    let drawn = live_and_samples(true).and_then(|(live, samples)| {
+        let (by_line, samples_by_line) = line_groups(&live, &samples, &lines)?;
+        let starts: Vec<Vec<Start>> = lines.iter().map(|line| line_starts(&live.blocks, by_line.get(line), samples_by_line.get(line))).collect();
+        Some((live.blocks, starts))
+    });
+    match drawn {
+        Some(drawn) => {
+            joined.extend(lines);
+            Some(drawn)
+        }
+        None => {
+            if let Some(mut waiting) = lock_bounded(&JOINING, Duration::from_millis(10)) {
+                waiting.extend(lines);
+            }
+            None
+        }
+    }
 }
 
 /// Where a growing line's holder is looked for from: blocks spread over its largest
@@ -852,7 +846,7 @@ fn groups_by_line<'a>(
 /// start): a DataLoader worker of a few seconds on a loaded machine has few points.
 fn grew(bytes: &[u64]) -> bool {
     let seen = &bytes[bytes.iter().position(|&b| b != 0).unwrap_or(bytes.len())..];
-    seen.len() >= 3 && seen[seen.len() - 1] >= seen[0] + (64 << 10) && leaktrace_common::growth::rises_steadily(seen)
+    seen.len() >= 3 && seen[seen.len() - 1] >= seen[0] + (16 << 10) && leaktrace_common::growth::rises_steadily(seen)
 }
 
 /// Names the paths the scan found for the listed groups and the followed stacks; where
@@ -955,27 +949,4 @@ pub(super) fn final_report() {
     });
     channel::close();
     LIFECYCLE.final_written();
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::report::python::UserLine;
-
-    #[test]
-    fn a_search_is_made_again_only_when_every_line_of_it_was_looked_for_before() {
-        let (a, b, c) = (UserLine { code: 1, line: 10 }, UserLine { code: 1, line: 20 }, UserLine { code: 2, line: 5 });
-        let mut reached = crate::util::FxSet::default();
-        let mut looked = crate::util::FxMap::default();
-        assert_eq!(to_look_for(vec![a, b], &reached, &mut looked), (vec![a, b], false));
-        // Both looked for once: made again.
-        assert_eq!(to_look_for(vec![a, b], &reached, &mut looked), (vec![a, b], true));
-        // A line never looked for joins: a first look, which no line gives way to.
-        reached.insert(b);
-        assert_eq!(to_look_for(vec![a, b, c], &reached, &mut looked), (vec![a, c], false));
-        assert_eq!(looked.get(&a), Some(&3));
-        // `a` has had its searches; `c` is looked for again.
-        assert_eq!(to_look_for(vec![a, b, c], &reached, &mut looked), (vec![c], true));
-        assert_eq!(to_look_for(vec![a, b], &reached, &mut looked), (vec![], false));
-    }
 }

@@ -279,7 +279,40 @@ struct Branch<K> {
     target: u64,
     reach: u64,
     seen: Vec<u64>,
+    /// Rounds its path has left: `PYTHON_ROUNDS` from the round the path joined.
+    left: usize,
 }
+
+impl<K> Branch<K> {
+    /// A path's first branch: from `target`, its whole budget of rounds ahead.
+    fn start(path: K, target: u64, reach: u64) -> Branch<K> {
+        Branch { path, links: Vec::new(), target, reach, seen: vec![target], left: PYTHON_ROUNDS }
+    }
+}
+
+/// The first branches of paths that joined a running search (`Joiner`'s answer).
+fn joined_branches<K: Clone + Eq + std::hash::Hash, S: std::hash::BuildHasher>(
+    joined: Vec<(K, Option<u64>)>,
+    paths: &mut std::collections::HashMap<K, RawPath, S>,
+) -> Vec<Branch<K>> {
+    joined
+        .into_iter()
+        .filter_map(|(k, block)| match block {
+            Some(addr) => Some(Branch::start(k, addr, 0)),
+            None => paths.get_mut(&k).and_then(python_end).map(|(start, reach)| Branch::start(k, start, reach)),
+        })
+        .collect()
+}
+
+/// Paths that join a search while it runs (`python_holders`' later lines): called
+/// before each round while the search is young enough (`JOIN_ROUNDS`), it inserts the
+/// new paths into the map and returns their keys, each with the heap block to look
+/// for holders of from the start (`None`: the path ends at a Python object already).
+type Joiner<'a, K, S> = dyn FnMut(&mut std::collections::HashMap<K, RawPath, S>) -> Vec<(K, Option<u64>)> + 'a;
+
+/// Rounds of a search during which new paths may join it: past these, a line that
+/// starts to grow waits for the next search, so that no search runs on for ever.
+const JOIN_ROUNDS: usize = 2 * PYTHON_ROUNDS;
 
 /// Paths that end at a Python object go on through the objects that refer to it (the
 /// scan does not trace through Python objects: they are its roots), breadth first:
@@ -296,13 +329,12 @@ pub fn extend_python<K: Clone + Eq + std::hash::Hash, S: std::hash::BuildHasher>
     labels: Labels<'_>,
     path_links: usize,
 ) {
-    extend_python_from(paths, Vec::new(), live, parent, via, labels, path_links, &|| false);
+    extend_python_from(paths, Vec::new(), live, parent, via, labels, path_links, None);
 }
 
 /// `extend_python`, with `starts` (a path's key and a heap block's start) looked for
-/// from the start as well: the paths of heap blocks that no scan reached. `stop` is
-/// asked before each round after the first: true ends the search there, each path as
-/// far as it went (returns whether it did).
+/// from the start as well: the paths of heap blocks that no scan reached.
+/// `join`, where given, brings paths that join while the search runs (`Joiner`).
 #[allow(clippy::too_many_arguments)]
 fn extend_python_from<K: Clone + Eq + std::hash::Hash, S: std::hash::BuildHasher>(
     paths: &mut std::collections::HashMap<K, RawPath, S>,
@@ -312,22 +344,21 @@ fn extend_python_from<K: Clone + Eq + std::hash::Hash, S: std::hash::BuildHasher
     via: &[u64],
     labels: Labels<'_>,
     path_links: usize,
-    stop: &dyn Fn() -> bool,
-) -> bool {
+    mut join: Option<&mut Joiner<'_, K, S>>,
+) {
     use crate::scan::referrers;
-    let Some(minor) = crate::hotpath::python::minor() else { return false };
+    let Some(minor) = crate::hotpath::python::minor() else { return };
     if !crate::scan::roots::copies_allowed() {
-        return false;
+        return;
     }
-    let mut frontier: Vec<Branch<K>> =
-        starts.into_iter().map(|(path, target)| Branch { path, links: Vec::new(), target, reach: 0, seen: vec![target] }).collect();
+    let mut frontier: Vec<Branch<K>> = starts.into_iter().map(|(path, target)| Branch::start(path, target, 0)).collect();
     for (k, p) in paths.iter_mut() {
         if let Some((start, reach)) = python_end(p) {
-            frontier.push(Branch { path: k.clone(), links: Vec::new(), target: start, reach, seen: vec![start] });
+            frontier.push(Branch::start(k.clone(), start, reach));
         }
     }
-    if frontier.is_empty() {
-        return false;
+    if frontier.is_empty() && join.is_none() {
+        return;
     }
     let mut arenas = Vec::with_capacity(crate::scan::arenas::capacity());
     crate::scan::arenas::live_arenas(&mut arenas);
@@ -344,10 +375,14 @@ fn extend_python_from<K: Clone + Eq + std::hash::Hash, S: std::hash::BuildHasher
     let mut done: std::collections::HashSet<K> = Default::default();
     // Per path: the first branch that reached a root that is no module.
     let mut rooted: std::collections::HashMap<K, Vec<RawLink>> = Default::default();
-    let mut stopped = false;
-    for round in 0..PYTHON_ROUNDS {
-        if round > 0 && stop() {
-            stopped = true;
+    for round in 0.. {
+        if round < JOIN_ROUNDS {
+            if let Some(join) = join.as_deref_mut() {
+                frontier.extend(joined_branches(join(paths), paths));
+            }
+        }
+        frontier.retain(|b| b.left > 0);
+        if frontier.is_empty() {
             break;
         }
         let targets: Vec<(u64, u64)> = frontier.iter().map(|b| (b.target, b.reach)).collect();
@@ -465,16 +500,13 @@ fn extend_python_from<K: Clone + Eq + std::hash::Hash, S: std::hash::BuildHasher
                         let n = branches.entry(b.path.clone()).or_default();
                         if *n < MAX_BRANCHES && links.len() < MAX_LINKS {
                             *n += 1;
-                            next.push(Branch { path: b.path.clone(), links, target, reach, seen });
+                            next.push(Branch { path: b.path.clone(), links, target, reach, seen, left: b.left - 1 });
                         }
                     }
                 }
             }
         }
         next.retain(|b| !done.contains(&b.path));
-        if next.is_empty() {
-            break;
-        }
         frontier = next;
     }
     for (k, links) in rooted {
@@ -491,7 +523,6 @@ fn extend_python_from<K: Clone + Eq + std::hash::Hash, S: std::hash::BuildHasher
             }
         }
     }
-    stopped
 }
 
 /// Answers the stack and entry point of each live heap block of the addresses given,
@@ -529,63 +560,47 @@ pub enum Start {
 /// then holds it (`torch_user_leaks.py losses`: the line that appends to the list had no
 /// holder in 3 runs of 3 once its items were read whole).
 ///
-/// `stop`, asked before each round after the first, ends the search early (see
-/// `extend_python_from`); the second value says it did.
-pub fn python_holders(live: &[LiveEntry], lines: &[Vec<Start>], key_of: &mut KeysOf<'_>, stop: &dyn Fn() -> bool) -> (Vec<Option<RawPath>>, bool) {
-    let mut arenas = Vec::with_capacity(crate::scan::arenas::capacity());
-    crate::scan::arenas::live_arenas(&mut arenas);
-    let in_arena = |addr: u64| arena_of(&arenas, addr);
-    let is_live = |addr: u64| live.binary_search_by_key(&addr, |b| b.addr).is_ok();
+/// A line that starts to grow while the search runs joins it (`joining`, asked before
+/// each of its first `JOIN_ROUNDS` rounds) with its own starts, drawn from the live
+/// blocks then, and its own `PYTHON_ROUNDS`: waiting for the search to end named it
+/// seconds late, after the program had let the memory go (`torch_user_leaks.py
+/// losses`: the appending line "list ← a Python object" in 2 runs of 8). The answer has
+/// one entry per line, `lines` first, then the joined ones in the order they joined.
+pub fn python_holders(live: &[LiveEntry], lines: &[Vec<Start>], key_of: &mut KeysOf<'_>, mut joining: Option<&mut LinesJoining<'_>>) -> Vec<Option<RawPath>> {
     let mut paths: std::collections::HashMap<(usize, usize), RawPath> = std::collections::HashMap::new();
-    let mut starts = Vec::new();
-    for (line, drawn) in lines.iter().enumerate() {
-        for (k, &start) in drawn.iter().enumerate() {
-            let key = (line, k);
-            match start {
-                // Freed since `live` was taken: its memory is a Python arena's now.
-                Start::Block(addr) if in_arena(addr).is_some() || !is_live(addr) => {}
-                Start::Block(addr) => {
-                    // A heap block: its holders are found from its start; no link of its own.
-                    paths.insert(key, RawPath::default());
-                    starts.push((key, addr));
-                }
-                Start::Object(addr) => {
-                    if let Some((start, len)) = in_arena(addr) {
-                        let label = RootLabel { start, len, kind: RootKind::PythonObject };
-                        paths.insert(key, RawPath { block_size: 0, links: vec![RawLink::Root { addr, label: Some(label) }], ..Default::default() });
-                    } else if is_live(addr) {
-                        paths.insert(key, RawPath::default());
-                        starts.push((key, addr));
-                    }
-                }
-            }
-        }
-    }
-    let heap_starts: Vec<(usize, usize)> = starts.iter().map(|s| s.0).collect();
-    follow_moved_arrays(&mut paths, &mut starts, live, &arenas, key_of);
-    let searched: Vec<((usize, usize), u64)> = starts.clone();
-    let stopped = extend_python_from(&mut paths, starts, live, &[], &[], Labels::new(&Default::default(), &[]), 0, stop);
+    let mut drawn = Drawn::default();
+    let starts = drawn.add(lines, live, &mut paths, key_of);
+    let mut later = |paths: &mut std::collections::HashMap<(usize, usize), RawPath>| -> Vec<((usize, usize), Option<u64>)> {
+        let Some(joining) = joining.as_deref_mut() else { return Vec::new() };
+        let Some((live_now, new_lines)) = joining() else { return Vec::new() };
+        let known: std::collections::HashSet<(usize, usize)> = paths.keys().copied().collect();
+        let blocks = drawn.add(&new_lines, &live_now, paths, key_of);
+        let mut out: Vec<((usize, usize), Option<u64>)> = blocks.iter().map(|&(k, addr)| (k, Some(addr))).collect();
+        // Their objects in the arenas, and blocks that are a list's array now: paths that
+        // end at a Python object already.
+        out.extend(paths.keys().filter(|k| !known.contains(k) && !blocks.iter().any(|b| b.0 == **k)).map(|&k| (k, None)));
+        out
+    };
+    extend_python_from(&mut paths, starts, live, &[], &[], Labels::new(&Default::default(), &[]), 0, Some(&mut later));
     // A heap block freed while it was searched from (its memory handed out again: a
     // list's old array, unmapped, and a Python arena mapped at its address) was found
     // held by whatever holds the new occupant ("list[2890641]" for the array of the
     // list itself, under load): its path is dropped unless the block is still live
     // with the same stack and entry point, and outside the arenas.
-    if !searched.is_empty() {
-        let now = key_of(&searched.iter().map(|s| s.1).collect::<Vec<_>>());
+    if !drawn.searched.is_empty() {
+        let now = key_of(&drawn.searched.iter().map(|s| s.1).collect::<Vec<_>>());
         let mut arenas_now = Vec::with_capacity(crate::scan::arenas::capacity());
         crate::scan::arenas::live_arenas(&mut arenas_now);
-        for (&(k, addr), key) in searched.iter().zip(now) {
-            let then = live.binary_search_by_key(&addr, |b| b.addr).ok().map(|i| (live[i].stack, live[i].api()));
-            let mapped_over = arena_of(&arenas_now, addr).is_some();
-            if key.is_none() || key != then || mapped_over {
+        for (&(k, addr, then), key) in drawn.searched.iter().zip(now) {
+            if key.is_none() || key != then || arena_of(&arenas_now, addr).is_some() {
                 paths.remove(&k);
             }
         }
     }
-    let mut by_line: Vec<Vec<(usize, RawPath)>> = vec![Vec::new(); lines.len()];
+    let mut by_line: Vec<Vec<(usize, RawPath)>> = vec![Vec::new(); drawn.lines];
     for ((line, k), mut p) in paths {
         // An object's first link is the object itself: the path starts at what holds it.
-        if !heap_starts.contains(&(line, k)) {
+        if !drawn.heap_starts.contains(&(line, k)) {
             if p.links.len() < 2 {
                 continue;
             }
@@ -595,7 +610,7 @@ pub fn python_holders(live: &[LiveEntry], lines: &[Vec<Start>], key_of: &mut Key
             by_line[line].push((k, p));
         }
     }
-    (by_line.into_iter().map(chosen_holder).collect(), stopped)
+    by_line.into_iter().map(chosen_holder).collect()
 }
 
 /// Whether a path found for a growing line ends at a holder: a module, a named local, or
@@ -605,12 +620,12 @@ pub fn python_holders(live: &[LiveEntry], lines: &[Vec<Start>], key_of: &mut Key
 /// 1 run in 30 beside two busy loops, the interpreter moving on as it is read), which a
 /// later search may carry to its end.
 pub fn reaches_a_holder(p: &RawPath) -> bool {
-    at_module_or_local(p) || matches!(p.links.last(), Some(RawLink::Root { label, .. }) if label.as_ref().is_none_or(|l| l.kind != RootKind::PythonObject))
-}
-
-/// Whether `p` ends at a module or at a local the user named.
-fn at_module_or_local(p: &RawPath) -> bool {
-    matches!(p.links.last(), Some(RawLink::Python { module: Some(_), .. }) | Some(RawLink::Local { name: Some(_), .. }))
+    match p.links.last() {
+        Some(RawLink::Python { module, .. }) => module.is_some(),
+        Some(RawLink::Local { name, .. }) => name.is_some(),
+        Some(RawLink::Root { label, .. }) => label.as_ref().is_none_or(|l| l.kind != RootKind::PythonObject),
+        _ => false,
+    }
 }
 
 /// Whether the holder the exit's scan found for a group of `named` bytes under a growing
@@ -626,6 +641,74 @@ pub fn exit_holder_replaces(named: u64, series: &[u64]) -> bool {
     named.saturating_mul(2) >= peak
 }
 
+/// Lines that join a running search (`python_holders`): the live blocks now (sorted by
+/// address) and each new line's starts drawn from them, or `None`.
+pub type LinesJoining<'a> = dyn FnMut() -> Option<(Vec<LiveEntry>, Vec<Vec<Start>>)> + 'a;
+
+/// A heap block searched from: its path's key, its address, and its stack and entry
+/// point when drawn.
+type Searched = ((usize, usize), u64, Option<(u32, Api)>);
+
+/// The starts of a search's lines as drawn (`python_holders`), those of lines that
+/// joined it included.
+#[derive(Default)]
+struct Drawn {
+    /// Lines so far: the next line's number.
+    lines: usize,
+    /// Paths that start at a heap block (the block itself is no link of the path).
+    heap_starts: Vec<(usize, usize)>,
+    /// Heap blocks searched from, with their stack and entry point when drawn.
+    searched: Vec<Searched>,
+}
+
+impl Drawn {
+    /// Numbers `lines` on from the lines so far and draws their starts against `live`
+    /// (sorted by address) and the arenas now: each start's path goes into `paths`;
+    /// returns the heap blocks to search from.
+    fn add(
+        &mut self,
+        lines: &[Vec<Start>],
+        live: &[LiveEntry],
+        paths: &mut std::collections::HashMap<(usize, usize), RawPath>,
+        key_of: &mut KeysOf<'_>,
+    ) -> Vec<((usize, usize), u64)> {
+        let mut arenas = Vec::with_capacity(crate::scan::arenas::capacity());
+        crate::scan::arenas::live_arenas(&mut arenas);
+        let in_arena = |addr: u64| arena_of(&arenas, addr);
+        let live_at = |addr: u64| live.binary_search_by_key(&addr, |b| b.addr).ok();
+        let first = self.lines;
+        self.lines += lines.len();
+        let mut starts = Vec::new();
+        for (line, drawn) in lines.iter().enumerate() {
+            for (k, &start) in drawn.iter().enumerate() {
+                let key = (first + line, k);
+                match start {
+                    // Freed since `live` was taken: its memory is a Python arena's now.
+                    Start::Block(addr) if in_arena(addr).is_some() || live_at(addr).is_none() => {}
+                    Start::Block(addr) => {
+                        // A heap block: its holders are found from its start; no link of its own.
+                        paths.insert(key, RawPath::default());
+                        starts.push((key, addr));
+                        self.heap_starts.push(key);
+                    }
+                    Start::Object(addr) => {
+                        if let Some((start, len)) = in_arena(addr) {
+                            let label = RootLabel { start, len, kind: RootKind::PythonObject };
+                            paths.insert(key, RawPath { block_size: 0, links: vec![RawLink::Root { addr, label: Some(label) }], ..Default::default() });
+                        } else if live_at(addr).is_some() {
+                            paths.insert(key, RawPath::default());
+                            starts.push((key, addr));
+                        }
+                    }
+                }
+            }
+        }
+        follow_moved_arrays(paths, &mut starts, live, &arenas, key_of);
+        self.searched.extend(starts.iter().map(|&(k, addr)| (k, addr, live_at(addr).map(|i| (live[i].stack, live[i].api())))));
+        starts
+    }
+}
+
 /// The arena of `arenas` (`(start, len)`) that `addr` lies in.
 fn arena_of(arenas: &[(u64, u64)], addr: u64) -> Option<(u64, u64)> {
     arenas.iter().find(|a| addr >= a.0 && addr < a.0 + a.1).copied()
@@ -635,11 +718,12 @@ fn arena_of(arenas: &[(u64, u64)], addr: u64) -> Option<(u64, u64)> {
 /// the holder most of those that reached a module or a named local reached (the first
 /// start's among equals), else the longest way, with the second holder.
 fn chosen_holder(found: Vec<(usize, RawPath)>) -> Option<RawPath> {
-    let votes = |p: &RawPath| found.iter().filter(|(_, q)| at_module_or_local(q) && same_holder(q, p)).count();
+    let at_module = |p: &RawPath| matches!(p.links.last(), Some(RawLink::Python { module: Some(_), .. }) | Some(RawLink::Local { name: Some(_), .. }));
+    let votes = |p: &RawPath| found.iter().filter(|(_, q)| at_module(q) && same_holder(q, p)).count();
     let keys: Vec<(usize, usize, usize)> = found.iter().map(|(k, p)| (votes(p), p.links.len(), *k)).collect();
     let best = (0..found.len()).min_by_key(|&i| {
         let (votes, len, k) = keys[i];
-        let reached = at_module_or_local(&found[i].1);
+        let reached = at_module(&found[i].1);
         (!reached, std::cmp::Reverse(if reached { votes } else { 0 }), if reached { 0 } else { usize::MAX - len }, k)
     })?;
     // In the order drawn, for the second holder's tie-break.
@@ -651,7 +735,7 @@ fn chosen_holder(found: Vec<(usize, RawPath)>) -> Option<RawPath> {
     let best = order.iter().position(|&i| i == best)?;
     let mut found: Vec<Option<RawPath>> = found.into_iter().map(|(_, p)| Some(p)).collect();
     let drawn: Vec<RawPath> = order.iter().map(|&i| found[i].take().unwrap_or_default()).collect();
-    Some(with_second(drawn, best, at_module_or_local))
+    Some(with_second(drawn, best, at_module))
 }
 
 /// For each heap block of `starts` that is a live list's item array now, or that no
@@ -732,10 +816,10 @@ fn short(path: &Arc<str>) -> &str {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
     #[test]
     fn a_way_cut_short_reaches_no_holder_and_one_that_ends_at_a_module_a_named_local_or_a_global_does() {
+        use super::{reaches_a_holder, RawLink, RawPath};
+        use crate::scan::{RootKind, RootLabel};
         let path = |links: Vec<RawLink>| RawPath { links, ..Default::default() };
         let object = |type_name: &str, module: Option<&str>| RawLink::Python {
             start: 0x1000,
@@ -783,6 +867,8 @@ mod tests {
         assert!(super::exit_holder_replaces(1, &[]));
     }
 
+    use super::*;
+
     fn entry(addr: u64, size: u64, stack: u32) -> LiveEntry {
         LiveEntry::new(addr, size, 0, false, stack, Api::Malloc, None)
     }
@@ -815,6 +901,37 @@ mod tests {
         assert_eq!(also.path.links, global("LATER", 9).links);
         // All held by one thing: no second.
         assert!(with_second(vec![global("SEEN", 1), global("SEEN", 2)], 0, |p| !p.links.is_empty()).also.is_none());
+    }
+
+    #[test]
+    fn lines_that_join_a_search_are_numbered_after_the_first_and_keep_their_own_blocks() {
+        // No interpreter in this test: no arenas, no lists, so every block start stays a
+        // heap block to search from.
+        let first = [entry(0x1000, 64, 7), entry(0x3000, 16, 9)];
+        let later = [entry(0x1000, 64, 7), entry(0x2000, 32, 8), entry(0x3000, 16, 10)];
+        let mut paths: std::collections::HashMap<(usize, usize), RawPath> = Default::default();
+        let mut drawn = Drawn::default();
+        let mut no_keys = |_: &[u64]| -> Vec<Option<(u32, Api)>> { panic!("no list moved: nothing to ask") };
+        // A block gone before the search began (0x9000) is not searched from.
+        let starts = drawn.add(&[vec![Start::Block(0x1000), Start::Block(0x9000)], vec![Start::Object(0x3000)]], &first, &mut paths, &mut no_keys);
+        assert_eq!(starts, vec![((0, 0), 0x1000), ((1, 0), 0x3000)]);
+        // A line that joins later is the third, drawn against the blocks live then: its
+        // block 0x2000 was not live when the search began, and 0x3000 has another stack now.
+        let joined = drawn.add(&[vec![Start::Block(0x2000), Start::Block(0x3000)]], &later, &mut paths, &mut no_keys);
+        assert_eq!(joined, vec![((2, 0), 0x2000), ((2, 1), 0x3000)]);
+        assert_eq!(drawn.lines, 3);
+        // Heap starts are the blocks' (an object's first link is the object itself).
+        assert_eq!(drawn.heap_starts, vec![(0, 0), (2, 0), (2, 1)]);
+        // Each searched block with the stack it had where it was drawn: the check after
+        // the search compares with that one.
+        let searched: Vec<_> = drawn.searched.iter().map(|&(k, a, key)| (k, a, key.map(|k| k.0))).collect();
+        assert_eq!(searched, vec![((0, 0), 0x1000, Some(7)), ((1, 0), 0x3000, Some(9)), ((2, 0), 0x2000, Some(8)), ((2, 1), 0x3000, Some(10))]);
+        assert_eq!(paths.len(), 4);
+        // They start with a whole search's rounds ahead, however late they joined; a path
+        // that ends at no Python object has no branch.
+        let branches = joined_branches(vec![((2, 0), Some(0x2000)), ((0, 0), None)], &mut paths);
+        assert_eq!(branches.len(), 1);
+        assert_eq!((branches[0].path, branches[0].target, branches[0].left), ((2, 0), 0x2000, PYTHON_ROUNDS));
     }
 
     #[test]
