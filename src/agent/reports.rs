@@ -842,8 +842,10 @@ fn groups_by_line<'a>(
 }
 
 /// Whether a followed stack's or a line's bytes rose over the points (three at least, rising as the command's
-/// rule has it, `growth::rises_steadily`, at least 64 KiB more at the end than at the
-/// start): a DataLoader worker of a few seconds on a loaded machine has few points.
+/// rule has it, `growth::rises_steadily`, at least 16 KiB more at the end than at the
+/// start): a DataLoader worker of a few seconds on a loaded machine has few points, and
+/// a line that appends to a list in a loop of seconds rises by tens of KiB (64 KiB had
+/// its holder looked for too late or never: docs/benchmarks.md, thirty-second round).
 fn grew(bytes: &[u64]) -> bool {
     let seen = &bytes[bytes.iter().position(|&b| b != 0).unwrap_or(bytes.len())..];
     seen.len() >= 3 && seen[seen.len() - 1] >= seen[0] + (16 << 10) && leaktrace_common::growth::rises_steadily(seen)
