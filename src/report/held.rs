@@ -696,8 +696,10 @@ impl Drawn {
                             let label = RootLabel { start, len, kind: RootKind::PythonObject };
                             paths.insert(key, RawPath { block_size: 0, links: vec![RawLink::Root { addr, label: Some(label) }], ..Default::default() });
                         } else if live_at(addr).is_some() {
+                            // A large object, a heap block: as a block start, no link of its own.
                             paths.insert(key, RawPath::default());
                             starts.push((key, addr));
+                            self.heap_starts.push(key);
                         }
                     }
                 }
@@ -920,8 +922,9 @@ mod tests {
         let joined = drawn.add(&[vec![Start::Block(0x2000), Start::Block(0x3000)]], &later, &mut paths, &mut no_keys);
         assert_eq!(joined, vec![((2, 0), 0x2000), ((2, 1), 0x3000)]);
         assert_eq!(drawn.lines, 3);
-        // Heap starts are the blocks' (an object's first link is the object itself).
-        assert_eq!(drawn.heap_starts, vec![(0, 0), (2, 0), (2, 1)]);
+        // Heap starts are the heap blocks', an object's among them (an object in an
+        // arena has a first link, the object itself; one in a heap block has none).
+        assert_eq!(drawn.heap_starts, vec![(0, 0), (1, 0), (2, 0), (2, 1)]);
         // Each searched block with the stack it had where it was drawn: the check after
         // the search compares with that one.
         let searched: Vec<_> = drawn.searched.iter().map(|&(k, a, key)| (k, a, key.map(|k| k.0))).collect();
