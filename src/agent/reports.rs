@@ -732,8 +732,7 @@ extern "C" fn holder_search_main(arg: *mut std::ffi::c_void) -> *mut std::ffi::c
 /// and for the lines that start to grow meanwhile, which join it (`joining_lines`).
 fn search_holders(mut lines: Vec<crate::report::python::UserLine>) {
     let Some((live, samples)) = live_and_samples(true) else { return };
-    let Some((by_line, samples_by_line)) = line_groups(&live, &samples, &lines) else { return };
-    let starts: Vec<Vec<Start>> = lines.iter().map(|line| line_starts(&live.blocks, by_line.get(line), samples_by_line.get(line))).collect();
+    let Some(starts) = starts_of(&live, &samples, &lines) else { return };
     drop(samples);
     let mut joined = Vec::new();
     let found = {
@@ -745,6 +744,17 @@ fn search_holders(mut lines: Vec<crate::report::python::UserLine>) {
     keep_line_holders(lines, found);
 }
 
+/// Each of `lines`' starts (`line_starts`), drawn from `live`'s heap groups and
+/// `samples`' under it; `None` when the report side is busy.
+fn starts_of(
+    live: &crate::collector::state::ScanInput,
+    samples: &[crate::collector::state::LiveEntry],
+    lines: &[crate::report::python::UserLine],
+) -> Option<Vec<Vec<Start>>> {
+    let (by_line, samples_by_line) = line_groups(live, samples, lines)?;
+    Some(lines.iter().map(|line| line_starts(&live.blocks, by_line.get(line), samples_by_line.get(line))).collect())
+}
+
 /// The lines waiting to join the running search (`JOINING`), added to `joined`, with the
 /// live heap blocks now and each one's starts drawn from them; `None` when none waits.
 /// Where the blocks cannot be had now, the lines wait for the next search.
@@ -754,8 +764,7 @@ fn joining_lines(joined: &mut Vec<crate::report::python::UserLine>) -> Option<(V
         return None;
     }
     let drawn = live_and_samples(true).and_then(|(live, samples)| {
-        let (by_line, samples_by_line) = line_groups(&live, &samples, &lines)?;
-        let starts: Vec<Vec<Start>> = lines.iter().map(|line| line_starts(&live.blocks, by_line.get(line), samples_by_line.get(line))).collect();
+        let starts = starts_of(&live, &samples, &lines)?;
         Some((live.blocks, starts))
     });
     match drawn {
