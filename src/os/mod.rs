@@ -99,30 +99,13 @@ pub fn copy_own<T: Plain>(from: u64, buf: &mut [T]) -> usize {
 }
 
 /// The words at `addrs` (each 8-byte aligned) of this process's own memory, as
-/// `copy_own` reads them, in as few system calls as the kernel allows: one
-/// `process_vm_readv` takes up to 1,024 of them, and stops at the first that is not
-/// mapped, which is then skipped (`None`).
+/// `copy_own` reads them, in as few system calls as the kernel allows
+/// (`copy_own_ranges`, a word a range); one that is not mapped is `None`.
 pub fn copy_own_words(addrs: &[u64]) -> Vec<Option<u64>> {
-    const MAX_IOV: usize = 1024;
-    let mut out = vec![None; addrs.len()];
+    let ranges: Vec<(u64, usize)> = addrs.iter().map(|&a| (a, 1)).collect();
     let mut values = vec![0u64; addrs.len()];
-    let mut at = 0;
-    while at < addrs.len() {
-        let n = (addrs.len() - at).min(MAX_IOV);
-        let local = libc::iovec { iov_base: values[at..].as_mut_ptr() as *mut std::ffi::c_void, iov_len: n * 8 };
-        let remote: Vec<libc::iovec> = addrs[at..at + n].iter().map(|&a| libc::iovec { iov_base: a as *mut std::ffi::c_void, iov_len: 8 }).collect();
-        // SAFETY: writes at most `n * 8` bytes into `values[at..at + n]`; the kernel checks
-        // each remote range and stops at the first it cannot read instead of faulting.
-        let got = unsafe { libc::process_vm_readv(image::own_pid(), &local, 1, remote.as_ptr(), n as libc::c_ulong, 0) };
-        // Whole words only: an aligned word never straddles a page.
-        let whole = (got.max(0) as usize / 8).min(n);
-        for k in at..at + whole {
-            out[k] = Some(values[k]);
-        }
-        // Short: the word after those that came could not be read, and is skipped.
-        at += if whole == n { n } else { whole + 1 };
-    }
-    out
+    let got = copy_own_ranges(&ranges, &mut values);
+    got.iter().zip(values).map(|(&n, v)| (n == 1).then_some(v)).collect()
 }
 
 /// Copies each of `ranges` (`(address, words)`) of this process's own memory into `buf`,

@@ -88,16 +88,28 @@ type ListAt = (u64, u64);
 /// (`(items, list)`), as the copies found them.
 fn live_lists(arenas: &[(u64, u64)], buf: &mut [u64], types: Option<&super::pymalloc::ObjectTypes>) -> (Vec<(u64, u64)>, Vec<ListAt>) {
     let (mut lists, mut list_objects) = (Vec::new(), Vec::new());
-    if let Some(t) = types {
-        live_runs_of(arenas, buf, |mem, run, len, block| {
-            if block == super::pymalloc::LIST_BLOCK {
-                lists.reserve((len / block) as usize);
-                super::pymalloc::lists_in(mem, run, run, len, t, &mut lists, |at, items| list_objects.push((items, at - LIST_ITEM_FIELD)));
-            }
-        });
+    if types.is_some() {
+        live_runs_of(arenas, buf, |mem, run, len, block| lists_of_run(mem, run, len, block, types, &mut lists, &mut list_objects));
         lists.sort_unstable();
     }
     (lists, list_objects)
+}
+
+/// Adds the live lists of a run of `block`-sized blocks (`live_runs_of`) to `lists`
+/// (item arrays and used bytes, unsorted) and `list_objects`; none without the types.
+fn lists_of_run(
+    mem: &Copied,
+    run: u64,
+    len: u64,
+    block: u64,
+    types: Option<&super::pymalloc::ObjectTypes>,
+    lists: &mut Vec<(u64, u64)>,
+    list_objects: &mut Vec<ListAt>,
+) {
+    if let Some(t) = types.filter(|_| block == super::pymalloc::LIST_BLOCK) {
+        lists.reserve((len / block) as usize);
+        super::pymalloc::lists_in(mem, run, run, len, t, lists, |at, items| list_objects.push((items, at - LIST_ITEM_FIELD)));
+    }
 }
 
 /// Every live list in `arenas` (pymalloc's, sorted), as `(item array, list object)`,
@@ -382,10 +394,7 @@ pub fn find(targets: &[(u64, u64)], arenas: &[(u64, u64)], chunks: &[(u64, u64)]
     let mut object_hits: Vec<(u64, u64, Holder, u64, bool)> = Vec::new();
     let mut object_hits_per_target: HashMap<u64, usize> = HashMap::new();
     live_runs_of(arenas, &mut buf, |mem, run, len, block| {
-        if let Some(t) = types.as_ref().filter(|_| block == super::pymalloc::LIST_BLOCK) {
-            lists.reserve((len / block) as usize);
-            super::pymalloc::lists_in(mem, run, run, len, t, &mut lists, |at, items| list_objects.push((items, at - LIST_ITEM_FIELD)));
-        }
+        lists_of_run(mem, run, len, block, types.as_ref(), &mut lists, &mut list_objects);
         let known = super::pymalloc::Known { types: types.as_ref(), lists: &[] };
         super::pymalloc::object_parts(mem, run, block, run, len, known, |from, part| {
             let mut prev = 0;
