@@ -192,8 +192,9 @@ fn write_report_steps(reason: Reason) {
     // import's growth apart), taken before the collector is: no symbolizing under it.
     let (limit, followed, growing) = if scan_now { report_limits() } else { (0, Vec::new(), Vec::new()) };
     if scan_now {
-        // Before the live set is taken and the consumers are held off.
-        wait_for_holder_search();
+        // Before the live set is taken and the consumers are held off. The process ends:
+        // a running search stops at its next round rather than hold its exit.
+        wait_for_holder_search(final_report);
     }
     let Some(mut state) = lock_bounded(&STATE, Duration::from_secs(5)) else {
         stderr_line("leaktrace: collector busy for 5 s; report skipped");
@@ -252,7 +253,7 @@ fn write_report_steps(reason: Reason) {
     }
     // The scan stops the other threads: it runs holding none of our locks.
     let why = WHY_REACHABLE.get().cloned();
-    let scan = live.as_ref().map(|live| reachability_scan(live, &wanted, &through_python, why.is_some()));
+    let scan = live.as_ref().map(|live| reachability_scan(live, &wanted, &through_python, why.is_some(), &mut crate::report::held::Budget::unbounded()));
     // Past the scan the live blocks (one `LiveEntry` each, 21 MB of `import torch`'s at
     // an `os._exit`) serve `LEAKTRACE_WHY_REACHABLE` alone: the names and the write that
     // come next would pay for them on the process's peak.
@@ -515,11 +516,15 @@ pub(super) fn held_before_exit() {
         })
         .collect();
     wanted.extend(by_line.values().flatten().map(|g| g.key));
-    wait_for_holder_search();
+    // The search running now would hold the exit until its rounds end: it stops at its
+    // next one, and its lines that reached no holder are looked for below.
+    wait_for_holder_search(true);
+    // One budget for both searches below.
+    let mut budget = crate::report::held::Budget { bytes_left: EXIT_SEARCH_BYTES, stop: None };
     let pause = ScanPause::start();
     // This thread's stack is the program's (the callback runs on its main thread).
     crate::scan::roots::mark_entry();
-    let scan = reachability_scan(&live, &wanted, &wanted, false);
+    let scan = reachability_scan(&live, &wanted, &wanted, false, &mut budget);
     drop(pause);
     let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(30)) else { return };
     let Some(r) = report.as_mut() else { return };
@@ -528,6 +533,10 @@ pub(super) fn held_before_exit() {
         crate::report::held::data_roots(path, &mut roots);
     }
     r.symbolizer.prefetch_data_symbols(&roots);
+    // The groups whose path reached a holder: one cut short (the budget's rounds spent)
+    // replaces no line's holder that reached its end.
+    let reached: crate::util::FxSet<(u32, &str)> =
+        scan.held_by.iter().filter(|(_, p)| crate::report::held::reaches_a_holder(p)).map(|(&(stack, api, _), _)| (stack, api)).collect();
     for (&(stack, api, _), path) in &scan.held_by {
         let links = crate::report::held::resolve(path, &mut r.symbolizer);
         let also = crate::report::held::resolve_also(path, &mut r.symbolizer);
@@ -539,23 +548,35 @@ pub(super) fn held_before_exit() {
     // (`held::exit_holder_replaces`).
     let mut named_bytes: HashMap<crate::report::python::UserLine, u64> = HashMap::default();
     for (line, groups) in by_line {
-        let held = groups.iter().find_map(|g| Some((r.held_before_exit.get(&(g.key.0, g.key.1.name())).filter(|l| !l.0.is_empty())?, g.bytes)));
-        if let Some((links, n)) = held {
+        let held = groups.iter().find_map(|g| {
+            let key = (g.key.0, g.key.1.name());
+            Some((r.held_before_exit.get(&key).filter(|l| !l.0.is_empty())?, g.bytes, reached.contains(&key)))
+        });
+        if let Some((links, n, reached)) = held {
+            if !reached && r.line_holder_reached.contains(&line) {
+                continue;
+            }
             let series = r.timeline.lines.iter().find(|l| l.line == line).map_or(&[][..], |l| &l.bytes[..]);
             if !r.held_lines_before_exit.contains_key(&line) || crate::report::held::exit_holder_replaces(n, series) {
                 r.held_lines_before_exit.insert(line, links.clone());
-                r.line_holder_reached.insert(line);
+                if reached {
+                    r.line_holder_reached.insert(line);
+                }
                 named_bytes.insert(line, n);
             }
         }
     }
+    // A line whose holder was found while it grew, on a path that reached its end,
+    // keeps it: searching for it again would cost the exit a search's rounds for the
+    // same answer.
     let (pending, starts): (Vec<crate::report::python::UserLine>, Vec<Vec<Start>>) = samples_by_line
         .into_iter()
+        .filter(|(line, _)| !r.line_holder_reached.contains(line))
         .filter(|(line, groups)| groups.iter().map(|g| g.bytes).sum::<u64>() > named_bytes.get(line).copied().unwrap_or(0))
         .map(|(line, groups)| (line, line_starts(&live.blocks, None, Some(&groups))))
         .unzip();
     drop(report);
-    let found = crate::report::held::python_holders(&live.blocks, &starts, &mut live_keys, None);
+    let found = crate::report::held::python_holders(&live.blocks, &starts, &mut live_keys, None, &mut budget);
     drop(live);
     keep_line_holders(pending, found);
 }
@@ -713,9 +734,23 @@ pub(super) fn forget_joining_after_fork() {
 /// as every thread of ours: `os::threads::own_tids_settled`).
 pub(super) static HOLDER_SEARCH: AtomicBool = AtomicBool::new(false);
 
+/// Set once the process is ending (`wait_for_holder_search(true)`): a running search
+/// ends before its next round, and a later one before its first. Cleared in a forked
+/// child.
+pub(super) static STOP_SEARCHES: AtomicBool = AtomicBool::new(false);
+
+/// What the holder searches at Python's exit may read in all (`held::Budget`): 4 GiB,
+/// 13 rounds with torch loaded (~0.31 GB a round), 3 for a program that keeps 1.2 GB of
+/// Python objects (1.36 GB and ~1.45 s a round on a quiet 2-core machine).
+const EXIT_SEARCH_BYTES: u64 = 4 << 30;
+
 /// Before a scan: the holder search running now ends first (at most 10 s), so that no
-/// thread of ours reads the program's memory while the scan holds it.
-pub(super) fn wait_for_holder_search() {
+/// thread of ours reads the program's memory while the scan holds it; `ending` (the
+/// process is ending) stops it at its next round, and any later one.
+pub(super) fn wait_for_holder_search(ending: bool) {
+    if ending {
+        STOP_SEARCHES.store(true, Ordering::SeqCst);
+    }
     wait_while(|| HOLDER_SEARCH.load(Ordering::SeqCst), Duration::from_secs(10), Duration::from_millis(1));
 }
 
@@ -737,7 +772,8 @@ fn search_holders(mut lines: Vec<crate::report::python::UserLine>) {
     let mut joined = Vec::new();
     let found = {
         let mut joining = || joining_lines(&mut joined);
-        crate::report::held::python_holders(&live.blocks, &starts, &mut live_keys, Some(&mut joining))
+        let mut budget = crate::report::held::Budget { stop: Some(&STOP_SEARCHES), ..crate::report::held::Budget::unbounded() };
+        crate::report::held::python_holders(&live.blocks, &starts, &mut live_keys, Some(&mut joining), &mut budget)
     };
     drop(live);
     lines.extend(joined);

@@ -172,12 +172,14 @@ pub(super) fn classify_live(input: &ScanInput) -> crate::scan::ScanOut {
 }
 
 /// `wanted`: the groups to find a holder for (`(stack, api)`; the report's largest and
-/// the growing ones).
+/// the growing ones); `budget` bounds the search through Python objects for those of
+/// `through_python` (`held::Budget`).
 pub(super) fn reachability_scan(
     input: &ScanInput,
     wanted: &crate::util::FxSet<(u32, crate::hotpath::event::Api)>,
     through_python: &crate::util::FxSet<(u32, crate::hotpath::event::Api)>,
     keep: bool,
+    budget: &mut crate::report::held::Budget<'_>,
 ) -> ScanResult {
     let live = &input.blocks;
     let crate::scan::ScanOut { verdicts, owners, parent, via, labels, info } = classify_live(input);
@@ -237,7 +239,7 @@ pub(super) fn reachability_scan(
             );
         }
     }
-    crate::report::held::extend_python(&mut python, live, &parent, &via, crate::scan::Labels::new(&labels, &input.inherited), PATH_LINKS);
+    crate::report::held::extend_python(&mut python, live, &parent, &via, crate::scan::Labels::new(&labels, &input.inherited), PATH_LINKS, budget);
     held_by.extend(most_common_holder(python));
     let kept = keep.then_some(KeptScan { verdicts, parent, via, labels });
     ScanResult { out: info, by_group, totals, indirect_from, held_by, kept }
@@ -266,7 +268,7 @@ pub(super) fn why_reachable(
             (i, crate::report::held::RawPath::new(live, i, &steps, left_out, PATH_LINKS / 2, labels))
         })
         .collect();
-    crate::report::held::extend_python(&mut paths, live, parent, via, labels, PATH_LINKS);
+    crate::report::held::extend_python(&mut paths, live, parent, via, labels, PATH_LINKS, &mut crate::report::held::Budget::unbounded());
     blocks
         .iter()
         .take(WHY_BLOCKS)
