@@ -55,6 +55,8 @@ pub fn link_text(l: &HeldLink) -> String {
             (Some(t), _) if l.attribute => format!("an attribute of a {t} object"),
             // A list's item array (`ob_item`) or a dict's entries (`ma_keys`): the container.
             (Some(t), _) if (t == "list" && l.offset == 24) || (t == "dict" && l.offset == 32) => t.clone(),
+            // A tuple's items follow its reference count, type and length.
+            (Some(t), _) if t == "tuple" && l.offset >= 24 && l.offset % 8 == 0 => format!("tuple[{}]", (l.offset - 24) / 8),
             (Some(t), _) => format!("{t} (Python object, +{})", l.offset),
             (None, _) => match &l.key {
                 Some(k) => format!("the entry {k:?} of a dict"),
@@ -78,6 +80,9 @@ pub fn link_text(l: &HeldLink) -> String {
     }
 }
 
+/// Types whose dicts are items, never an instance's `__dict__` (`phrases`).
+const CONTAINERS: &[&str] = &["module", "tuple", "list", "dict", "set", "frozenset", "cell", "collections.deque"];
+
 fn python_type(l: Option<&HeldLink>) -> Option<&str> {
     l.filter(|l| l.kind == "python_object").and_then(|l| l.type_name.as_deref())
 }
@@ -91,7 +96,9 @@ pub fn phrases(links: &[HeldLink]) -> Vec<String> {
     while i < links.len() {
         let l = &links[i];
         let next = links.get(i + 1);
-        let owner = python_type(links.get(i + 2)).filter(|t| *t != "module");
+        // What may own a dict as an instance's `__dict__`: no container, whose dicts are
+        // its items (a dict in a tuple: "attribute v of a tuple object" had said so).
+        let owner = python_type(links.get(i + 2)).filter(|t| !CONTAINERS.contains(t));
         if let (Some(key), Some("dict")) = (&l.key, python_type(next)) {
             if let (Some("module"), Some(name)) = (python_type(links.get(i + 2)), links.get(i + 2).and_then(|m| m.symbol.as_deref())) {
                 out.push(format!("global {key} of module {name}"));
@@ -115,8 +122,11 @@ pub fn phrases(links: &[HeldLink]) -> Vec<String> {
                 continue;
             }
         }
-        // An object's attribute values (a raw block beside it) and the object.
-        if l.kind == "python_object" && l.type_name.is_none() && l.key.is_none() && next.is_some_and(|n| n.kind == "python_object" && n.attribute) {
+        // An object's attribute values (a raw block beside it, 3.11+) and the object. The
+        // values have no keys between them: a key read before one is the value of the
+        // attribute before it, not its name ("the entry \"request %d done: %s\" of a
+        // dict ← an attribute of a LogRecord object": `msg`'s value, for `args`).
+        if l.kind == "python_object" && l.type_name.is_none() && next.is_some_and(|n| n.kind == "python_object" && n.attribute) {
             out.push(link_text(next.expect("checked")));
             i += 2;
             continue;
@@ -270,10 +280,22 @@ mod tests {
             ..Default::default()
         };
         let links = vec![py(Some("tuple"), 24), py(Some("collections.deque"), 16), local(Some("replay"))];
-        assert_eq!(
-            held_by_text(&links).unwrap(),
-            "held by: tuple (Python object, +24) ← collections.deque (Python object, +16) ← local replay of main() (replay_deque.py:16)"
-        );
+        assert_eq!(held_by_text(&links).unwrap(), "held by: tuple[0] ← collections.deque (Python object, +16) ← local replay of main() (replay_deque.py:16)");
+        // A dict that a tuple holds (`args=(i, payload)`), the tuple among a 3.11+ object's
+        // attribute values (a raw block whose "key" is the value before it): the dict
+        // entry by key, the tuple's item, the object's attribute.
+        let attribute = |t: &str| HeldLink { attribute: true, ..py(Some(t), 0) };
+        let links = vec![
+            py(Some("list"), 24),
+            HeldLink { key: Some("v".into()), ..py(None, 56) },
+            py(Some("dict"), 32),
+            py(Some("tuple"), 32),
+            HeldLink { key: Some("request %d done: %s".into()), ..py(None, 40) },
+            attribute("LogRecord"),
+        ];
+        assert_eq!(held_by_text(&links).unwrap(), "held by: list ← dict[\"v\"] ← tuple[1] ← an attribute of a LogRecord object");
+        let links = vec![HeldLink { key: Some("v".into()), ..py(None, 56) }, py(Some("dict"), 32), py(Some("cell"), 16)];
+        assert_eq!(held_by_text(&links).unwrap(), "held by: dict[\"v\"] ← cell (Python object, +16)");
         assert_eq!(link_text(&local(None)), "a value on the stack of main() (replay_deque.py:16)");
         // A word into a block's middle makes the path uncertain.
         let links = vec![HeldLink { into: Some(224), ..py(None, 8) }, HeldLink { kind: "global".into(), symbol: Some("table".into()), ..Default::default() }];

@@ -191,7 +191,20 @@ pub fn resolve(path: &RawPath, sym: &mut Symbolizer) -> Vec<HeldLink> {
             l.into = Some(into);
         }
     }
+    forget_keys_of_attribute_values(&mut links);
     links
+}
+
+/// A raw block that an object's pre-header points to holds its attribute values (3.11+):
+/// no keys lie between them, so the "key" read before a value there (a string the word
+/// before it points to) is the attribute before it, not its name.
+fn forget_keys_of_attribute_values(links: &mut [HeldLink]) {
+    for k in 1..links.len() {
+        let (values, object) = (&links[k - 1], &links[k]);
+        if values.kind == "python_object" && values.type_name.is_none() && object.kind == "python_object" && object.attribute {
+            links[k - 1].key = None;
+        }
+    }
 }
 
 /// The addresses of `path`'s roots in a module's data (its second holder's too): the
@@ -868,6 +881,20 @@ fn short(path: &Arc<str>) -> &str {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_key_read_among_an_objects_attribute_values_is_dropped_and_no_other() {
+        let py = |t: Option<&str>, key: Option<&str>, attribute: bool| HeldLink {
+            kind: "python_object".into(),
+            type_name: t.map(Into::into),
+            key: key.map(Into::into),
+            attribute,
+            ..Default::default()
+        };
+        let mut links = vec![py(None, Some("v"), false), py(Some("dict"), None, false), py(None, Some("msg's value"), false), py(Some("LogRecord"), None, true)];
+        forget_keys_of_attribute_values(&mut links);
+        assert_eq!(links.iter().map(|l| l.key.as_deref()).collect::<Vec<_>>(), [Some("v"), None, None, None]);
+    }
+
     #[test]
     fn a_budget_takes_whole_rounds_until_it_has_too_few_bytes_or_is_stopped() {
         let mut b = Budget { bytes_left: 10, stop: None };
