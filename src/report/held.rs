@@ -890,7 +890,8 @@ mod tests {
             attribute,
             ..Default::default()
         };
-        let mut links = vec![py(None, Some("v"), false), py(Some("dict"), None, false), py(None, Some("msg's value"), false), py(Some("LogRecord"), None, true)];
+        let mut links =
+            vec![py(None, Some("v"), false), py(Some("dict"), None, false), py(None, Some("msg's value"), false), py(Some("LogRecord"), None, true)];
         forget_keys_of_attribute_values(&mut links);
         assert_eq!(links.iter().map(|l| l.key.as_deref()).collect::<Vec<_>>(), [Some("v"), None, None, None]);
     }
