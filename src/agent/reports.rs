@@ -193,8 +193,9 @@ fn write_report_steps(reason: Reason) {
     let (limit, followed, growing) = if scan_now { report_limits() } else { (0, Vec::new(), Vec::new()) };
     if scan_now {
         // Before the live set is taken and the consumers are held off. The process ends:
-        // a running search stops at its next round rather than hold its exit.
-        wait_for_holder_search(final_report);
+        // a running search stops at its next round rather than hold its exit (not at a
+        // detach: a later attach records again, searches included).
+        wait_for_holder_search(reason == Reason::Exit);
     }
     let Some(mut state) = lock_bounded(&STATE, Duration::from_secs(5)) else {
         stderr_line("leaktrace: collector busy for 5 s; report skipped");
