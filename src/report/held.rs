@@ -318,9 +318,11 @@ impl Budget<'_> {
     }
 }
 
-/// What one round of a search reads: the arenas, the heap blocks and the frame chunks.
-fn round_bytes(arenas: &[(u64, u64)], chunks: &[(u64, u64)], blocks: &[(u64, u64)]) -> u64 {
-    [arenas, chunks, blocks].iter().flat_map(|r| r.iter()).map(|&(_, len)| len).sum()
+/// What one round of a search reads: the arenas, the frame chunks and the heap blocks
+/// not found holding no address (`referrers::find`'s `pointer_free`).
+fn round_bytes(arenas: &[(u64, u64)], chunks: &[(u64, u64)], blocks: &[(u64, u64)], pointer_free: &[bool]) -> u64 {
+    let blocks: u64 = blocks.iter().zip(pointer_free).filter(|(_, &free)| !free).map(|(b, _)| b.1).sum();
+    [arenas, chunks].iter().flat_map(|r| r.iter()).map(|&(_, len)| len).sum::<u64>() + blocks
 }
 
 /// One way out from a path's Python object so far: the links found after the path's
@@ -425,7 +427,8 @@ fn extend_python_from<K: Clone + Eq + std::hash::Hash, S: std::hash::BuildHasher
     chunks.retain(|c| c.1 > 0);
     let heap: Vec<usize> = (0..live.len()).filter(|&i| live[i].api().kind() == crate::hotpath::event::Kind::Host).collect();
     let blocks: Vec<(u64, u64)> = heap.iter().map(|&i| (live[i].addr, live[i].size())).collect();
-    let per_round = round_bytes(&arenas, &chunks, &blocks);
+    // The heap blocks a round found holding no address: skipped by the rounds after it.
+    let mut pointer_free = vec![false; blocks.len()];
     // Per path: the branch that went furthest through first choices, for a path that
     // reaches no module.
     let mut best: std::collections::HashMap<K, Vec<RawLink>> = Default::default();
@@ -439,11 +442,11 @@ fn extend_python_from<K: Clone + Eq + std::hash::Hash, S: std::hash::BuildHasher
             }
         }
         frontier.retain(|b| b.left > 0);
-        if frontier.is_empty() || !budget.take_round(per_round) {
+        if frontier.is_empty() || !budget.take_round(round_bytes(&arenas, &chunks, &blocks, &pointer_free)) {
             break;
         }
         let targets: Vec<(u64, u64)> = frontier.iter().map(|b| (b.target, b.reach)).collect();
-        let found = referrers::find(&targets, &arenas, &chunks, &blocks, minor);
+        let found = referrers::find(&targets, &arenas, &chunks, &blocks, minor, &mut pointer_free);
         let mut next: Vec<Branch<K>> = Vec::new();
         let mut branches: std::collections::HashMap<K, usize> = Default::default();
         for b in frontier {
@@ -908,7 +911,8 @@ mod tests {
         assert!(b.take_round(1 << 40));
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         assert!(!b.take_round(1), "stopped");
-        assert_eq!(round_bytes(&[(0x1000, 100)], &[(0x9000, 5)], &[(0x5000, 7), (0x6000, 1)]), 113);
+        assert_eq!(round_bytes(&[(0x1000, 100)], &[(0x9000, 5)], &[(0x5000, 7), (0x6000, 1)], &[false, false]), 113);
+        assert_eq!(round_bytes(&[(0x1000, 100)], &[(0x9000, 5)], &[(0x5000, 7), (0x6000, 1)], &[true, false]), 106);
     }
 
     #[test]
