@@ -680,7 +680,13 @@ fn lines_to_name(never_looked_for: bool) -> Vec<crate::report::python::UserLine>
 /// collector goes on draining and taking points meanwhile (on the collector's thread it
 /// cost a 5 s loop four of its points). A scan waits for it (`wait_for_holder_search`).
 pub(super) fn held_while_growing() {
-    if !SCAN_AT_EXIT.load(Ordering::Relaxed) || !crate::hotpath::python::enabled() || super::python_exit::teardown_began() {
+    // Once the process is ending (`STOP_SEARCHES`), a search would make no round, and its
+    // lines' paths (their starts alone) would replace what the exit's search found.
+    if !SCAN_AT_EXIT.load(Ordering::Relaxed)
+        || !crate::hotpath::python::enabled()
+        || STOP_SEARCHES.load(Ordering::SeqCst)
+        || super::python_exit::teardown_began()
+    {
         return;
     }
     if HOLDER_SEARCH.load(Ordering::SeqCst) {
