@@ -80,6 +80,12 @@ pub fn link_text(l: &HeldLink) -> String {
     }
 }
 
+/// Whether `values` is a raw block that `object`'s pre-header points to: the object's
+/// attribute values (3.11+), with no keys between them.
+pub fn are_attribute_values(values: &HeldLink, object: Option<&HeldLink>) -> bool {
+    values.kind == "python_object" && values.type_name.is_none() && object.is_some_and(|o| o.kind == "python_object" && o.attribute)
+}
+
 /// Types whose dicts are items, never an instance's `__dict__` (`phrases`).
 const CONTAINERS: &[&str] = &["module", "tuple", "list", "dict", "set", "frozenset", "cell", "collections.deque"];
 
@@ -126,7 +132,7 @@ pub fn phrases(links: &[HeldLink]) -> Vec<String> {
         // values have no keys between them: a key read before one is the value of the
         // attribute before it, not its name ("the entry \"request %d done: %s\" of a
         // dict ← an attribute of a LogRecord object": `msg`'s value, for `args`).
-        if l.kind == "python_object" && l.type_name.is_none() && next.is_some_and(|n| n.kind == "python_object" && n.attribute) {
+        if are_attribute_values(l, next) {
             out.push(link_text(next.expect("checked")));
             i += 2;
             continue;

@@ -553,14 +553,14 @@ pub(super) fn held_before_exit() {
             let key = (g.key.0, g.key.1.name());
             Some((r.held_before_exit.get(&key).filter(|l| !l.0.is_empty())?, g.bytes, reached.contains(&key)))
         });
-        if let Some((links, n, reached)) = held {
-            if !reached && r.line_holder_reached.contains(&line) {
+        if let Some((links, n, path_reached)) = held {
+            if !path_reached && r.line_holder_reached.contains(&line) {
                 continue;
             }
             let series = r.timeline.lines.iter().find(|l| l.line == line).map_or(&[][..], |l| &l.bytes[..]);
             if !r.held_lines_before_exit.contains_key(&line) || crate::report::held::exit_holder_replaces(n, series) {
                 r.held_lines_before_exit.insert(line, links.clone());
-                if reached {
+                if path_reached {
                     r.line_holder_reached.insert(line);
                 }
                 named_bytes.insert(line, n);

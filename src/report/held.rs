@@ -200,8 +200,7 @@ pub fn resolve(path: &RawPath, sym: &mut Symbolizer) -> Vec<HeldLink> {
 /// before it points to) is the attribute before it, not its name.
 fn forget_keys_of_attribute_values(links: &mut [HeldLink]) {
     for k in 1..links.len() {
-        let (values, object) = (&links[k - 1], &links[k]);
-        if values.kind == "python_object" && values.type_name.is_none() && object.kind == "python_object" && object.attribute {
+        if leaktrace_common::held::are_attribute_values(&links[k - 1], links.get(k)) {
             links[k - 1].key = None;
         }
     }

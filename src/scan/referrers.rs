@@ -810,8 +810,8 @@ mod tests {
     }
 
     /// A block of floats (a tensor's storage) is flagged by the round that reads it and
-    /// not read by the next; a block that holds an address, one never read and one
-    /// already flagged keep their flags.
+    /// not read by the next; a block that holds an address is not flagged; flags made
+    /// afresh read the block again.
     #[test]
     fn a_block_that_holds_no_address_is_flagged_and_the_next_round_skips_it() {
         let target: Box<[u64; 4]> = Box::new([0; 4]);
