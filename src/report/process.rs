@@ -60,7 +60,12 @@ pub fn sanitize_component(s: &str) -> String {
 
 pub fn report_file_name(exe: &str, pid: u32) -> String {
     let base = Path::new(exe).file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    format!("leaktrace.{}.{}.{:x}{:08x}.json", sanitize_component(&base), pid, unix_ns(), random_u32())
+    // The random part's 8 digits, leading zeros included, without a width: a padded
+    // number is filled one character at a time (`fmt::Write::write_char`), which then
+    // ran in 1 process of 16 (a value under 0x10000000) and was missing from the
+    // start-up list (tests/environment.rs failed 2 runs of 14).
+    let random = format!("{:x}", 1u64 << 32 | u64::from(random_u32()));
+    format!("leaktrace.{}.{}.{:x}{}.json", sanitize_component(&base), pid, unix_ns(), &random[1..])
 }
 
 impl ProcessInfo {
@@ -228,6 +233,8 @@ mod tests {
         assert_ne!(a, b);
         assert!(a.starts_with("leaktrace.python3.11.42."));
         assert!(a.ends_with(".json"));
+        // The random part keeps its 8 digits (leading zeros too): every name is as long.
+        assert!((0..2000).all(|_| report_file_name("/usr/bin/python3.11", 42).len() == a.len()));
         let weird = report_file_name("/x/../..evil name/\u{e9}", 1);
         assert!(!weird.contains('/') && !weird.contains(' '));
         assert_eq!(sanitize_component(""), "x");
