@@ -80,6 +80,9 @@ pub struct ProcessAnalysis {
     /// (`unread_threads`): a leak it calls definite may be held there.
     #[serde(skip_serializing_if = "leaktrace_common::report_schema::is_zero")]
     pub unread_threads: usize,
+    /// What leaktrace's holder searches cost the process (`diagnostics.holder_searches`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holder_searches: Option<leaktrace_common::report_schema::HolderSearches>,
 }
 
 /// The threads of a report's pointer scan that it could neither hold nor copy: one that
@@ -320,6 +323,7 @@ pub fn analyze_one(r: &Report, filters: &Filters) -> ProcessAnalysis {
         checks: r.checks.clone(),
         why_reachable: r.why_reachable.clone(),
         unread_threads: unread_threads(r.scan.as_ref()),
+        holder_searches: r.diagnostics.holder_searches,
     }
 }
 

@@ -98,6 +98,7 @@ mod tests {
                 memory_findings: Vec::new(),
                 memory_points: Vec::new(),
                 unread_threads: 0,
+                holder_searches: None,
                 leaked_bytes: 4096,
                 leaked_blocks: 1,
                 suppressed_groups: 0,

@@ -181,6 +181,41 @@ fn memory_text(out: &mut String, p: &crate::analyze::ProcessAnalysis) {
     }
 }
 
+/// What the holder searches cost, where it is worth a line: a second or more of CPU
+/// while the program ran, or of its exit. A user who sees the exit held must be able to
+/// tell the tool's share from the program's.
+fn search_cost_text(h: &leaktrace_common::report_schema::HolderSearches) -> Option<String> {
+    const WORTH_MS: u64 = 1000;
+    if h.cpu_ms < WORTH_MS && h.exit_ms < WORTH_MS {
+        return None;
+    }
+    let secs = |ms: u64| format!("{:.1} s", ms as f64 / 1000.0);
+    let mut parts = Vec::new();
+    if h.searches > 0 {
+        parts.push(format!(
+            "{} search(es) while it ran, {} round(s) reading {} in all, {} of CPU on a thread of leaktrace's",
+            h.searches,
+            h.rounds,
+            human_bytes(h.bytes_read),
+            secs(h.cpu_ms)
+        ));
+    }
+    if h.exit_ms > 0 {
+        parts.push(format!(
+            "at Python's exit a scan and {} round(s) reading {}, which held the exit {}",
+            h.exit_rounds,
+            human_bytes(h.exit_bytes_read),
+            secs(h.exit_ms)
+        ));
+    }
+    Some(format!(
+        "
+leaktrace's holder searches (what holds the growing memory) cost: {}. Each round reads every live Python object once; LEAKTRACE_SCAN=0 turns them off, with the leak verdicts.
+",
+        parts.join("; ")
+    ))
+}
+
 /// "bash (12), sed (3)": the program names of `quiet` processes, most frequent first.
 fn quiet_names(ps: &[&crate::analyze::ProcessAnalysis]) -> String {
     let mut counts: Vec<(String, usize)> = Vec::new();
@@ -253,6 +288,9 @@ pub fn text(a: &Analysis, top: usize) -> String {
             why_text(&mut out, &format!(" in check {}", c.label), &c.why_reachable);
         }
         memory_text(&mut out, p);
+        if let Some(note) = p.holder_searches.as_ref().and_then(search_cost_text) {
+            out.push_str(&note);
+        }
         let mut notes = Vec::new();
         if p.suppressed_groups > 0 {
             notes.push(format!("{} group(s), {} byte(s) suppressed", p.suppressed_groups, p.suppressed_bytes));
@@ -508,4 +546,24 @@ pub fn diff_text(changes: &[Change], top: usize, include_reachable: bool) -> Str
     let held = if held > 0 { format!(", {held} held by something else") } else { String::new() };
     out.push_str(&format!("\nDIFF: {} new, {} grew, {} shrank, {} gone{held} ({counted}).\n", count("new"), count("grew"), count("shrank"), count("gone")));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use leaktrace_common::report_schema::HolderSearches;
+
+    /// The holder searches' cost gets a line once it is a second of CPU or of the exit,
+    /// with what ran while the program ran and what held its exit, each where it ran.
+    #[test]
+    fn the_holder_searches_cost_is_told_once_it_is_a_second() {
+        let cheap = HolderSearches { searches: 2, rounds: 9, bytes_read: 3 << 30, cpu_ms: 999, exit_ms: 400, ..Default::default() };
+        assert_eq!(super::search_cost_text(&cheap), None);
+        let exit = HolderSearches { searches: 1, rounds: 14, bytes_read: 816 << 20, cpu_ms: 1120, exit_rounds: 3, exit_bytes_read: 4 << 30, exit_ms: 7310 };
+        let t = super::search_cost_text(&exit).unwrap();
+        assert!(t.contains("1 search(es) while it ran, 14 round(s) reading 816.0 MiB in all, 1.1 s of CPU"), "{t}");
+        assert!(t.contains("at Python's exit a scan and 3 round(s) reading 4.0 GiB, which held the exit 7.3 s"), "{t}");
+        let only_exit = HolderSearches { exit_rounds: 2, exit_bytes_read: 1 << 30, exit_ms: 2500, ..Default::default() };
+        let t = super::search_cost_text(&only_exit).unwrap();
+        assert!(!t.contains("while it ran") && t.contains("held the exit 2.5 s"), "{t}");
+    }
 }

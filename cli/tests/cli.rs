@@ -1508,6 +1508,13 @@ fn a_replay_deque_local_to_main_and_cleared_before_exit_is_named_as_that_local()
     let held = shown.lines().skip_while(|l| !l.contains(&format!("replay_deque.py:{line} [python]"))).nth(1).unwrap_or_default();
     assert!(held.contains("held by:") && held.ends_with(&format!("local replay of main() (replay_deque.py:{def_line})")), "{shown}");
     assert!(held.contains("collections.deque"), "{held}");
+    // What finding it cost, in the report: the search that found it ran while the
+    // program did, and each of its rounds read the interpreter's live objects (~13 MB
+    // with NumPy loaded).
+    let json: Value = serde_json::from_slice(&leaktrace(&["report", "--format", "json", "r"], &dir).stdout).unwrap();
+    let searches = json["processes"].as_array().unwrap().iter().find_map(|p| p.get("holder_searches")).expect("the search's cost");
+    let n = |k: &str| searches[k].as_u64().unwrap_or(0);
+    assert!(n("searches") >= 1 && n("rounds") >= 1 && n("bytes_read") >= n("rounds") * (1 << 20), "{searches}");
 }
 
 /// `kept_list.py MODE` under `leaktrace run` with a CPython of 3.11 or later (frames in

@@ -425,6 +425,37 @@ pub struct Diagnostics {
     pub stack_table_overflows: u64,
     #[serde(default)]
     pub cuda_untracked_copies: u64,
+    /// What the holder searches through Python objects cost this process image; absent
+    /// when none made a round (added without a major version change).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder_searches: Option<HolderSearches>,
+}
+
+/// The holder searches' cost (`diagnostics.holder_searches`): those made on a thread of
+/// leaktrace's while the program ran, and those at Python's exit, on its main thread.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HolderSearches {
+    /// Searches started while the program ran, each on a thread of leaktrace's.
+    #[serde(default)]
+    pub searches: u64,
+    /// Their rounds (one pass over the live Python objects and heap blocks each), and
+    /// what those rounds read of the program's memory.
+    #[serde(default)]
+    pub rounds: u64,
+    #[serde(default)]
+    pub bytes_read: u64,
+    /// CPU time of the threads that made those searches.
+    #[serde(default)]
+    pub cpu_ms: u64,
+    /// The rounds at Python's exit (the atexit callback, on the program's main thread),
+    /// what they read, and the wall time of that whole step (its scan too), which the
+    /// program's exit waited for.
+    #[serde(default)]
+    pub exit_rounds: u64,
+    #[serde(default)]
+    pub exit_bytes_read: u64,
+    #[serde(default)]
+    pub exit_ms: u64,
 }
 
 /// The pointer scan of this report: whether it ran, and what it measured.

@@ -53,6 +53,7 @@ pub fn fork_child() {
     // A holder search of the parent's has no thread here.
     super::reports::HOLDER_SEARCH.store(false, Ordering::SeqCst);
     super::reports::STOP_SEARCHES.store(false, Ordering::SeqCst);
+    super::reports::forget_search_cost_after_fork();
     super::reports::forget_joining_after_fork();
     // Nor any other thread of ours.
     crate::os::threads::forget_after_fork();

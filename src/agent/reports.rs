@@ -5,7 +5,7 @@
 use crate::util::FxMap as HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::config::Config;
@@ -341,6 +341,7 @@ fn write_report_steps(reason: Reason) {
         no_final_report: r.no_final_report,
         cuda_untracked_copies: super::record::untracked_copies(),
         releases_dropped: super::record::releases_dropped(),
+        holder_searches: SEARCH_COST.now(),
     };
     let scan_out = scan.as_ref().map(|s| (&s.out, s.totals));
     let emit = |path: &std::path::Path, process: &ProcessInfo| {
@@ -497,17 +498,30 @@ type HeldKeys = crate::util::FxSet<(u32, crate::hotpath::event::Api)>;
 /// that grew, found while the modules still hold them, kept for the final report.
 /// Nothing when no followed stack grew (no second scan at exit for nothing).
 pub(super) fn held_before_exit() {
+    let started = std::time::Instant::now();
+    let mut budget = crate::report::held::Budget::new(EXIT_SEARCH_BYTES, None);
+    if holders_at_exit(&mut budget) {
+        // At least 1 ns: the step ran.
+        SEARCH_COST.exit_ns.fetch_add((started.elapsed().as_nanos() as u64).max(1), Ordering::Relaxed);
+    }
+    SEARCH_COST.exit_rounds.fetch_add(budget.rounds, Ordering::Relaxed);
+    SEARCH_COST.exit_bytes_read.fetch_add(budget.bytes_read, Ordering::Relaxed);
+}
+
+/// `held_before_exit`'s step, its searches' rounds taken from `budget`; false when
+/// there was nothing to look for.
+fn holders_at_exit(budget: &mut crate::report::held::Budget<'_>) -> bool {
     let (_, _, growing) = report_limits();
     let mut wanted: HeldKeys = growing.into_iter().collect();
     let lines = growing_lines();
     if (wanted.is_empty() && lines.is_empty()) || !SCAN_AT_EXIT.load(Ordering::Relaxed) {
-        return;
+        return false;
     }
-    let Some((live, samples)) = live_and_samples(!lines.is_empty()) else { return };
+    let Some((live, samples)) = live_and_samples(!lines.is_empty()) else { return false };
     // The groups under each growing line, heap blocks' and sampled objects': a line's
     // holder is the path of the largest heap group that has one, or, where the samples
     // stand for more, found from one object of each of its largest groups of samples.
-    let Some((by_line, samples_by_line)) = line_groups(&live, &samples, &lines) else { return };
+    let Some((by_line, samples_by_line)) = line_groups(&live, &samples, &lines) else { return false };
     let by_line: HashMap<crate::report::python::UserLine, Vec<LineGroup>> = by_line
         .into_iter()
         .map(|(line, mut groups)| {
@@ -521,14 +535,13 @@ pub(super) fn held_before_exit() {
     // next one, and its lines that reached no holder are looked for below.
     wait_for_holder_search(true);
     // One budget for both searches below.
-    let mut budget = crate::report::held::Budget { bytes_left: EXIT_SEARCH_BYTES, stop: None };
     let pause = ScanPause::start();
     // This thread's stack is the program's (the callback runs on its main thread).
     crate::scan::roots::mark_entry();
-    let scan = reachability_scan(&live, &wanted, &wanted, false, &mut budget);
+    let scan = reachability_scan(&live, &wanted, &wanted, false, budget);
     drop(pause);
-    let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(30)) else { return };
-    let Some(r) = report.as_mut() else { return };
+    let Some(mut report) = lock_bounded(&REPORT, Duration::from_secs(30)) else { return true };
+    let Some(r) = report.as_mut() else { return true };
     let mut roots = Vec::new();
     for path in scan.held_by.values() {
         crate::report::held::data_roots(path, &mut roots);
@@ -577,9 +590,10 @@ pub(super) fn held_before_exit() {
         .map(|(line, groups)| (line, line_starts(&live.blocks, None, Some(&groups))))
         .unzip();
     drop(report);
-    let found = crate::report::held::python_holders(&live.blocks, &starts, &mut live_keys, None, &mut budget);
+    let found = crate::report::held::python_holders(&live.blocks, &starts, &mut live_keys, None, budget);
     drop(live);
     keep_line_holders(pending, found);
+    true
 }
 
 /// The live blocks, and the sampled Python objects when `samples` (else none), after a
@@ -765,22 +779,79 @@ extern "C" fn holder_search_main(arg: *mut std::ffi::c_void) -> *mut std::ffi::c
     thread::mark_internal();
     // SAFETY: arg is the box `held_while_growing` leaked for this thread.
     let lines = unsafe { Box::from_raw(arg as *mut Vec<crate::report::python::UserLine>) };
-    let _ = catch_unwind(AssertUnwindSafe(|| crate::os::procfs::one_seccomp_check(|| search_holders(*lines))));
+    let mut budget = crate::report::held::Budget::new(u64::MAX, Some(&STOP_SEARCHES));
+    let _ = catch_unwind(AssertUnwindSafe(|| crate::os::procfs::one_seccomp_check(|| search_holders(*lines, &mut budget))));
+    // The thread is this search's alone: its CPU time is the search's (the clock asked
+    // only where no seccomp filter may answer the call with SIGSYS).
+    SEARCH_COST.searches.fetch_add(1, Ordering::Relaxed);
+    if crate::scan::roots::copies_allowed() {
+        SEARCH_COST.cpu_ns.fetch_add(crate::os::thread_cpu_ns(), Ordering::Relaxed);
+    }
+    SEARCH_COST.rounds.fetch_add(budget.rounds, Ordering::Relaxed);
+    SEARCH_COST.bytes_read.fetch_add(budget.bytes_read, Ordering::Relaxed);
     HOLDER_SEARCH.store(false, Ordering::SeqCst);
     std::ptr::null_mut()
 }
 
+/// What the holder searches cost this process image (`diagnostics.holder_searches`):
+/// while the program ran, and at Python's exit.
+struct SearchCost {
+    searches: AtomicU64,
+    rounds: AtomicU64,
+    bytes_read: AtomicU64,
+    cpu_ns: AtomicU64,
+    exit_rounds: AtomicU64,
+    exit_bytes_read: AtomicU64,
+    exit_ns: AtomicU64,
+}
+
+static SEARCH_COST: SearchCost = SearchCost {
+    searches: AtomicU64::new(0),
+    rounds: AtomicU64::new(0),
+    bytes_read: AtomicU64::new(0),
+    cpu_ns: AtomicU64::new(0),
+    exit_rounds: AtomicU64::new(0),
+    exit_bytes_read: AtomicU64::new(0),
+    exit_ns: AtomicU64::new(0),
+};
+
+impl SearchCost {
+    fn counters(&self) -> [&AtomicU64; 7] {
+        [&self.searches, &self.rounds, &self.bytes_read, &self.cpu_ns, &self.exit_rounds, &self.exit_bytes_read, &self.exit_ns]
+    }
+
+    /// For the report; `None` while no search ran.
+    fn now(&self) -> Option<leaktrace_common::report_schema::HolderSearches> {
+        let [searches, rounds, bytes_read, cpu_ns, exit_rounds, exit_bytes_read, exit_ns] = self.counters().map(|c| c.load(Ordering::Relaxed));
+        (searches > 0 || exit_ns > 0).then_some(leaktrace_common::report_schema::HolderSearches {
+            searches,
+            rounds,
+            bytes_read,
+            cpu_ms: cpu_ns / 1_000_000,
+            exit_rounds,
+            exit_bytes_read,
+            exit_ms: exit_ns / 1_000_000,
+        })
+    }
+}
+
+/// In a forked child: the parent's searches are the parent's to count.
+pub(super) fn forget_search_cost_after_fork() {
+    for c in SEARCH_COST.counters() {
+        c.store(0, Ordering::Relaxed);
+    }
+}
+
 /// `held_while_growing`'s search, for `lines`: all at once (`held::python_holders`),
 /// and for the lines that start to grow meanwhile, which join it (`joining_lines`).
-fn search_holders(mut lines: Vec<crate::report::python::UserLine>) {
+fn search_holders(mut lines: Vec<crate::report::python::UserLine>, budget: &mut crate::report::held::Budget<'_>) {
     let Some((live, samples)) = live_and_samples(true) else { return };
     let Some(starts) = starts_of(&live, &samples, &lines) else { return };
     drop(samples);
     let mut joined = Vec::new();
     let found = {
         let mut joining = || joining_lines(&mut joined);
-        let mut budget = crate::report::held::Budget { stop: Some(&STOP_SEARCHES), ..crate::report::held::Budget::unbounded() };
-        crate::report::held::python_holders(&live.blocks, &starts, &mut live_keys, Some(&mut joining), &mut budget)
+        crate::report::held::python_holders(&live.blocks, &starts, &mut live_keys, Some(&mut joining), budget)
     };
     drop(live);
     lines.extend(joined);

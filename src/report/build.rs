@@ -69,6 +69,7 @@ pub struct RunFacts {
     /// than there are copy wrappers.
     pub cuda_untracked_copies: u64,
     pub releases_dropped: u64,
+    pub holder_searches: Option<schema::HolderSearches>,
 }
 
 /// Stacks read back between two releases of the spilled stack table's pages
@@ -440,6 +441,7 @@ pub fn write_report_json(w: impl std::io::Write, parts: &ReportParts) -> std::io
             stacks_interned: facts.stacks_interned,
             stack_table_overflows: facts.stack_table_overflows,
             cuda_untracked_copies: facts.cuda_untracked_copies,
+            holder_searches: facts.holder_searches,
         },
         scan: scan.map(|s| *s.0),
         memory: memory.cloned(),

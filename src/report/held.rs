@@ -298,12 +298,21 @@ pub struct Budget<'a> {
     pub bytes_left: u64,
     /// Set by another thread: the search ends before its next round.
     pub stop: Option<&'a std::sync::atomic::AtomicBool>,
+    /// The rounds taken so far, and the bytes they read: what the searches cost
+    /// (`diagnostics.holder_searches`).
+    pub rounds: u64,
+    pub bytes_read: u64,
 }
 
 impl Budget<'_> {
     /// No bound.
     pub fn unbounded() -> Budget<'static> {
-        Budget { bytes_left: u64::MAX, stop: None }
+        Budget::new(u64::MAX, None)
+    }
+
+    /// `bytes` to read in all; `stop`, where given, ends the search before its next round.
+    pub fn new(bytes: u64, stop: Option<&std::sync::atomic::AtomicBool>) -> Budget<'_> {
+        Budget { bytes_left: bytes, stop, rounds: 0, bytes_read: 0 }
     }
 
     /// Takes a round of `bytes` from the budget; false (nothing taken) when it has not
@@ -313,6 +322,8 @@ impl Budget<'_> {
             return false;
         }
         self.bytes_left -= bytes;
+        self.rounds += 1;
+        self.bytes_read += bytes;
         true
     }
 }
@@ -900,13 +911,15 @@ mod tests {
 
     #[test]
     fn a_budget_takes_whole_rounds_until_it_has_too_few_bytes_or_is_stopped() {
-        let mut b = Budget { bytes_left: 10, stop: None };
+        let mut b = Budget::new(10, None);
         assert!(b.take_round(4) && b.take_round(4));
         assert!(!b.take_round(4), "2 bytes left: no round of 4");
         assert_eq!(b.bytes_left, 2, "a round not made takes nothing");
+        assert_eq!((b.rounds, b.bytes_read), (2, 8), "what the rounds made read, and no more");
         assert!(b.take_round(2) && !b.take_round(1));
+        assert_eq!((b.rounds, b.bytes_read), (3, 10));
         let stop = std::sync::atomic::AtomicBool::new(false);
-        let mut b = Budget { stop: Some(&stop), ..Budget::unbounded() };
+        let mut b = Budget::new(u64::MAX, Some(&stop));
         assert!(b.take_round(1 << 40));
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         assert!(!b.take_round(1), "stopped");
