@@ -713,6 +713,9 @@ pub(super) fn held_while_growing() {
         }
         return;
     }
+    // Past what the searches may read while the program runs, none starts, and its
+    // lines keep their tries for a later point.
+    let Some(allowance) = run_search_allowance() else { return };
     let mut lines = lines_to_name(false);
     // Lines that came too late to join the last search.
     if let Some(mut waiting) = lock_bounded(&JOINING, Duration::from_millis(10)) {
@@ -726,13 +729,41 @@ pub(super) fn held_while_growing() {
         return;
     }
     HOLDER_SEARCH.store(true, Ordering::SeqCst);
-    let arg = Box::into_raw(Box::new(lines)) as *mut std::ffi::c_void;
+    let arg = Box::into_raw(Box::new((lines, allowance))) as *mut std::ffi::c_void;
     // SAFETY: the thread takes over the box `arg` is (or it is dropped below).
     if unsafe { crate::os::threads::spawn_raw(holder_search_main, arg) }.is_err() {
         // SAFETY: the thread did not start: the box is still ours.
-        drop(unsafe { Box::from_raw(arg as *mut Vec<crate::report::python::UserLine>) });
+        drop(unsafe { Box::from_raw(arg as *mut SearchArg) });
         HOLDER_SEARCH.store(false, Ordering::SeqCst);
     }
+}
+
+/// A search thread's lines and the bytes its rounds may read.
+type SearchArg = (Vec<crate::report::python::UserLine>, u64);
+
+/// What the holder searches made while the program runs may read in all: this much at
+/// first, and `RUN_SEARCH_BYTES_PER_MINUTE` more for each minute the process has
+/// recorded. A round reads every live Python object and heap block once: ~0.3 GB with
+/// torch loaded (a search of 36 rounds ~11 GB), but a process that keeps 10 GB of
+/// objects would read 120 GB a search, two minutes of a core in the background, for
+/// each line that grows (three searches each). Past the first amount the searches take
+/// at most ~1 GiB a minute, ~2% of a core at this machine's ~1 GB/s.
+const RUN_SEARCH_BYTES: u64 = 64 << 30;
+const RUN_SEARCH_BYTES_PER_MINUTE: u64 = 1 << 30;
+
+/// What the searches while the program runs may still read, `elapsed_ms` after the
+/// process started recording, `read` read so far: `None` where that is less than
+/// `next_round` (about what the next round would read).
+fn allowance_left(elapsed_ms: u64, read: u64, next_round: u64) -> Option<u64> {
+    let earned = RUN_SEARCH_BYTES.saturating_add(RUN_SEARCH_BYTES_PER_MINUTE.saturating_mul(elapsed_ms / 60_000));
+    let left = earned.saturating_sub(read);
+    (left > 0 && left >= next_round).then_some(left)
+}
+
+/// `allowance_left` now; `None` when the report side is busy.
+fn run_search_allowance() -> Option<u64> {
+    let started = lock_bounded(&REPORT, Duration::from_secs(1))?.as_ref()?.process.started_unix_ms;
+    allowance_left(process::unix_ms().saturating_sub(started), SEARCH_COST.bytes_read.load(Ordering::Relaxed), SEARCH_COST.last_round.load(Ordering::Relaxed))
 }
 
 /// Lines that started to grow while a holder search ran (`held_while_growing`), noted
@@ -778,9 +809,9 @@ pub(super) fn wait_for_holder_search(ending: bool) {
 extern "C" fn holder_search_main(arg: *mut std::ffi::c_void) -> *mut std::ffi::c_void {
     thread::mark_internal();
     // SAFETY: arg is the box `held_while_growing` leaked for this thread.
-    let lines = unsafe { Box::from_raw(arg as *mut Vec<crate::report::python::UserLine>) };
-    let mut budget = crate::report::held::Budget::new(u64::MAX, Some(&STOP_SEARCHES));
-    let _ = catch_unwind(AssertUnwindSafe(|| crate::os::procfs::one_seccomp_check(|| search_holders(*lines, &mut budget))));
+    let (lines, allowance) = *unsafe { Box::from_raw(arg as *mut SearchArg) };
+    let mut budget = crate::report::held::Budget::new(allowance, Some(&STOP_SEARCHES));
+    let _ = catch_unwind(AssertUnwindSafe(|| crate::os::procfs::one_seccomp_check(|| search_holders(lines, &mut budget))));
     // The thread is this search's alone: its CPU time is the search's (the clock asked
     // only where no seccomp filter may answer the call with SIGSYS).
     SEARCH_COST.searches.fetch_add(1, Ordering::Relaxed);
@@ -789,6 +820,9 @@ extern "C" fn holder_search_main(arg: *mut std::ffi::c_void) -> *mut std::ffi::c
     }
     SEARCH_COST.rounds.fetch_add(budget.rounds, Ordering::Relaxed);
     SEARCH_COST.bytes_read.fetch_add(budget.bytes_read, Ordering::Relaxed);
+    if budget.last_round > 0 {
+        SEARCH_COST.last_round.store(budget.last_round, Ordering::Relaxed);
+    }
     HOLDER_SEARCH.store(false, Ordering::SeqCst);
     std::ptr::null_mut()
 }
@@ -803,6 +837,8 @@ struct SearchCost {
     exit_rounds: AtomicU64,
     exit_bytes_read: AtomicU64,
     exit_ns: AtomicU64,
+    /// What the last round of a search while the program ran read (not reported).
+    last_round: AtomicU64,
 }
 
 static SEARCH_COST: SearchCost = SearchCost {
@@ -813,11 +849,18 @@ static SEARCH_COST: SearchCost = SearchCost {
     exit_rounds: AtomicU64::new(0),
     exit_bytes_read: AtomicU64::new(0),
     exit_ns: AtomicU64::new(0),
+    last_round: AtomicU64::new(0),
 };
 
 impl SearchCost {
     fn counters(&self) -> [&AtomicU64; 7] {
         [&self.searches, &self.rounds, &self.bytes_read, &self.cpu_ns, &self.exit_rounds, &self.exit_bytes_read, &self.exit_ns]
+    }
+
+    fn forget(&self) {
+        for c in self.counters().into_iter().chain([&self.last_round]) {
+            c.store(0, Ordering::Relaxed);
+        }
     }
 
     /// For the report; `None` while no search ran.
@@ -837,9 +880,7 @@ impl SearchCost {
 
 /// In a forked child: the parent's searches are the parent's to count.
 pub(super) fn forget_search_cost_after_fork() {
-    for c in SEARCH_COST.counters() {
-        c.store(0, Ordering::Relaxed);
-    }
+    SEARCH_COST.forget();
 }
 
 /// `held_while_growing`'s search, for `lines`: all at once (`held::python_holders`),
@@ -1074,4 +1115,22 @@ pub(super) fn final_report() {
     });
     channel::close();
     LIFECYCLE.final_written();
+}
+
+#[cfg(test)]
+mod tests {
+    /// The searches while the program runs read 64 GiB at first, then 1 GiB more a
+    /// minute; none starts where less is left than its last round read.
+    #[test]
+    fn the_searches_while_running_read_a_first_amount_then_a_gib_a_minute() {
+        use super::allowance_left;
+        const GIB: u64 = 1 << 30;
+        assert_eq!(allowance_left(0, 0, 0), Some(64 * GIB));
+        assert_eq!(allowance_left(59_999, 10 * GIB, 300 << 20), Some(54 * GIB), "a minute not yet run earns nothing");
+        assert_eq!(allowance_left(60_000, 64 * GIB, 300 << 20), Some(GIB), "a minute earns a GiB");
+        assert_eq!(allowance_left(30 * 60_000, 94 * GIB, 0), None, "all of it read");
+        assert_eq!(allowance_left(60_000, 64 * GIB, 2 * GIB), None, "less left than a round of 2 GiB");
+        assert_eq!(allowance_left(2 * 60_000, 64 * GIB, 2 * GIB), Some(2 * GIB));
+        assert_eq!(allowance_left(u64::MAX, 0, 0), Some(u64::MAX), "no overflow");
+    }
 }

@@ -302,6 +302,8 @@ pub struct Budget<'a> {
     /// (`diagnostics.holder_searches`).
     pub rounds: u64,
     pub bytes_read: u64,
+    /// What the last round taken read (0: none yet): about what the next would.
+    pub last_round: u64,
 }
 
 impl Budget<'_> {
@@ -312,7 +314,7 @@ impl Budget<'_> {
 
     /// `bytes` to read in all; `stop`, where given, ends the search before its next round.
     pub fn new(bytes: u64, stop: Option<&std::sync::atomic::AtomicBool>) -> Budget<'_> {
-        Budget { bytes_left: bytes, stop, rounds: 0, bytes_read: 0 }
+        Budget { bytes_left: bytes, stop, rounds: 0, bytes_read: 0, last_round: 0 }
     }
 
     /// Takes a round of `bytes` from the budget; false (nothing taken) when it has not
@@ -324,6 +326,7 @@ impl Budget<'_> {
         self.bytes_left -= bytes;
         self.rounds += 1;
         self.bytes_read += bytes;
+        self.last_round = bytes;
         true
     }
 }
@@ -917,7 +920,7 @@ mod tests {
         assert_eq!(b.bytes_left, 2, "a round not made takes nothing");
         assert_eq!((b.rounds, b.bytes_read), (2, 8), "what the rounds made read, and no more");
         assert!(b.take_round(2) && !b.take_round(1));
-        assert_eq!((b.rounds, b.bytes_read), (3, 10));
+        assert_eq!((b.rounds, b.bytes_read, b.last_round), (3, 10, 2));
         let stop = std::sync::atomic::AtomicBool::new(false);
         let mut b = Budget::new(u64::MAX, Some(&stop));
         assert!(b.take_round(1 << 40));
