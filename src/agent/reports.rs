@@ -991,16 +991,29 @@ fn groups_by_line<'a>(
     if lines.is_empty() {
         return out;
     }
-    let mut groups: HashMap<(u32, crate::hotpath::event::Api), (u64, u64)> = HashMap::default();
+    // Only the blocks under `lines` are summed by group: a table of every live group (a
+    // DDP rank's 705k blocks in ~500k groups) had made a 35 MB peak of the tracer's in
+    // the middle of training, for each search. A stack's line is memoised by the
+    // timeline, and neighbouring blocks often share their stack.
+    let wanted: crate::util::FxSet<crate::report::python::UserLine> = lines.iter().copied().collect();
+    let mut groups: HashMap<(u32, crate::hotpath::event::Api), (u64, u64, crate::report::python::UserLine)> = HashMap::default();
+    let mut last: Option<(u32, Option<crate::report::python::UserLine>)> = None;
     for b in blocks {
-        let g = groups.entry((b.stack, b.api())).or_insert((0, b.addr));
+        let line = match last {
+            Some((stack, line)) if stack == b.stack => line,
+            _ => {
+                let line = timeline.line_of_stack(b.stack).filter(|l| wanted.contains(l));
+                last = Some((b.stack, line));
+                line
+            }
+        };
+        let Some(line) = line else { continue };
+        let g = groups.entry((b.stack, b.api())).or_insert((0, b.addr, line));
         g.0 += b.size();
         g.1 = g.1.max(b.addr);
     }
-    for (key, (bytes, addr)) in groups {
-        if let Some(line) = timeline.line_of_stack(key.0).filter(|l| lines.contains(l)) {
-            out.entry(line).or_default().push(LineGroup { key, bytes, addr });
-        }
+    for (key, (bytes, addr, line)) in groups {
+        out.entry(line).or_default().push(LineGroup { key, bytes, addr });
     }
     out
 }

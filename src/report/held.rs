@@ -438,7 +438,10 @@ fn extend_python_from<K: Clone + Eq + std::hash::Hash, S: std::hash::BuildHasher
     crate::scan::arenas::live_frame_chunks(&mut chunks);
     crate::scan::arenas::cut_frame_chunks_to_live(&mut chunks);
     chunks.retain(|c| c.1 > 0);
-    let heap: Vec<usize> = (0..live.len()).filter(|&i| live[i].api().kind() == crate::hotpath::event::Kind::Host).collect();
+    // Sized at once: a filter's collect grows by doublings (room for up to twice the
+    // blocks, and the old and new room both while the last doubling copies).
+    let mut heap: Vec<usize> = Vec::with_capacity(live.len());
+    heap.extend((0..live.len()).filter(|&i| live[i].api().kind() == crate::hotpath::event::Kind::Host));
     let blocks: Vec<(u64, u64)> = heap.iter().map(|&i| (live[i].addr, live[i].size())).collect();
     // The heap blocks a round found holding no address: skipped by the rounds after it.
     let mut pointer_free = vec![false; blocks.len()];
