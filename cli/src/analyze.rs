@@ -334,6 +334,22 @@ mod tests {
     /// A report whose exit scan could not read one of its threads says so beside its
     /// leaks (a thread that ran with the stop signal blocked: the block only it held was
     /// once reported definite); with every thread read, or no leak, nothing is added.
+    /// What the holder searches cost is read from the report's diagnostics and told in
+    /// text and in Markdown (a CI summary) once it is a second.
+    #[test]
+    fn the_holder_searches_cost_is_read_from_the_report_and_told_in_text_and_markdown() {
+        let text = r#"{"schema":"leaktrace-report/3","pid":7,"exe":"/bin/python3","reason":"exit",
+            "summary":{"host":{"live_bytes":64,"live_blocks":1}},
+            "diagnostics":{"holder_searches":{"searches":1,"rounds":12,"bytes_read":880000000,"cpu_ms":1264,"exit_rounds":4,"exit_bytes_read":3513055646,"exit_ms":6615}},
+            "leaks":[{"kind":"host","api":"malloc","bytes":64,"blocks":1,"stack":[]}]}"#;
+        let r = crate::model::parse(text, std::path::Path::new("r.json")).unwrap();
+        let a = analyze(std::slice::from_ref(&r), &Filters { include_reachable: true, ..Filters::default() });
+        assert_eq!(a.processes[0].holder_searches.map(|h| (h.rounds, h.exit_ms)), Some((12, 6615)));
+        for shown in [crate::render::text(&a, 10), crate::render::markdown(&a, 10)] {
+            assert!(shown.contains("1 search(es) while it ran, 12 round(s)") && shown.contains("which held the exit 6.6 s"), "{shown}");
+        }
+    }
+
     #[test]
     fn a_scan_that_left_a_thread_unread_is_told_beside_the_leaks() {
         let report = |threads: usize, stopped: usize, copied: usize, definite: u64| {

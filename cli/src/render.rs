@@ -413,6 +413,9 @@ pub fn markdown(a: &Analysis, top: usize) -> String {
             }
             out.push('\n');
         }
+        if let Some(note) = p.holder_searches.as_ref().and_then(search_cost_text) {
+            out.push_str(&format!("{}\n\n", md_escape(note.trim())));
+        }
         if !p.leaks.is_empty() {
             out.push_str("| bytes | blocks | api | allocated at |\n|---:|---:|---|---|\n");
             for g in p.leaks.iter().take(top) {
