@@ -484,6 +484,12 @@ pub struct Collector {
     /// one API on one device, so this answers most lookups without hashing. Or
     /// `RETIRED` and its retired group's token (`retire_if_idle`, `Groups::retire`).
     group_by_stack: Vec<u32>,
+    /// One past the highest place of `group_by_stack` ever written: the places past it
+    /// are 0, and not read. A place read before its page was written maps the zero page,
+    /// and the write that follows replaces it with a TLB flush on every CPU the process
+    /// runs on (2,105 of `import torch`'s 22,579; stack ids come in order, so nearly
+    /// every new page was first read).
+    by_stack_written: usize,
     /// Blocks between a release (realloc, or a CUDA free that may fail) and its
     /// outcome, by thread and key space.
     realloc_in_flight: FxMap<(u32, Space), (u64, LiveBlock)>,
@@ -575,7 +581,7 @@ impl Collector {
         if self.group_by_stack.len() <= stack {
             crate::util::grow_zeroed(&mut self.group_by_stack, (stack + 1).next_power_of_two());
         }
-        let mut slot = self.group_by_stack[stack];
+        let mut slot = if stack < self.by_stack_written { self.group_by_stack[stack] } else { 0 };
         if slot & RETIRED != 0 {
             // The stack's group was retired: back, with its totals, whichever key comes.
             let g = self.groups.revive(slot & !RETIRED, stack);
@@ -594,6 +600,7 @@ impl Collector {
             self.group_of_hashed(key)
         };
         self.group_by_stack[stack] = idx + 1;
+        self.by_stack_written = self.by_stack_written.max(stack + 1);
         idx
     }
 
