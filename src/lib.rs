@@ -27,6 +27,7 @@ pub mod lifecycle;
 pub mod os;
 pub mod report;
 pub mod scan;
+pub mod spans;
 #[cfg(test)]
 mod test_rng;
 #[cfg(test)]

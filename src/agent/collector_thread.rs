@@ -370,7 +370,7 @@ fn prepare_inherited() {
     let _clear = Preparing;
     let gathered = STATE.lock().as_mut().and_then(|c| c.model.gather_inherited());
     if let Some((mut list, generation)) = gathered {
-        list.sort_unstable_by_key(|b| b.0);
+        list.sort();
         if let Some(c) = STATE.lock().as_mut() {
             c.model.install_inherited(list, generation);
         }

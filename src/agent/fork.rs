@@ -62,6 +62,9 @@ pub fn fork_child() {
     // The parent's collector thread does not exist here; ours starts below.
     LIFECYCLE.fork_child(std::process::id());
     crate::os::image::mark_own_image();
+    // Before the reset clears it: a `fork` from a signal handler that interrupted one of
+    // this thread's hooks returns into that hook, which may be using the unwinder's tree.
+    let in_hook = thread::in_hook();
     // The forking thread keeps its stack (and the bounds it noted) in the child.
     thread::reset_after_fork();
     thread::untracked(|| {
@@ -75,6 +78,9 @@ pub fn fork_child() {
             // A parent that was preparing its own list forked: not this process's.
             PREPARING.store(false, Ordering::SeqCst);
             PREPARE_INHERITED.store(SCAN_AT_EXIT.load(Ordering::Relaxed), Ordering::Release);
+            if !in_hook {
+                thread::untracked(crate::hotpath::unwind::give_back_after_fork);
+            }
             // A child of a process whose collector still waits for a thread waits too;
             // one whose collector starts on demand starts its own wait (a child that
             // `exec`s soon, as a shell's or `make`'s do, never starts one).

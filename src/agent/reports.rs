@@ -453,7 +453,7 @@ const HELD_TOP: usize = 25;
 fn why_reachable_of(
     template: &str,
     live: &[crate::collector::state::LiveEntry],
-    inherited: &[(u64, u64)],
+    inherited: &crate::spans::Spans,
     kept: &super::verdicts::KeptScan,
     groups: &[build::Group],
     sym: &mut crate::report::symbolize::Symbolizer,

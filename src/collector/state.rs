@@ -6,6 +6,7 @@ use super::groups::Groups;
 use super::transients::{Pending, Transients};
 use crate::hotpath::channel::Sink;
 use crate::hotpath::event::{Api, Event, EventKind, Kind, Space, INTERNAL_FREE, LATE_FREE};
+use crate::spans::Spans;
 
 use crate::util::FxMap;
 
@@ -380,7 +381,7 @@ pub struct ScanInput {
     /// Sorted by address.
     pub blocks: Vec<LiveEntry>,
     /// `(start, size)`, sorted by start.
-    pub inherited: Vec<(u64, u64)>,
+    pub inherited: Spans,
 }
 
 /// For a sorted list of inherited blocks, in order: false for those whose address is in
@@ -532,7 +533,7 @@ const RETIRE_PASS_MIN: usize = if cfg!(test) { 8 } else { 1 << 16 };
 struct Prepared {
     /// The inherited blocks the scan reads (heap and page-locked memory), sorted by the
     /// collector thread outside the lock; `None` until then.
-    inherited: Option<Vec<(u64, u64)>>,
+    inherited: Option<Spans>,
     /// Addresses of those blocks freed since the gather.
     freed: Vec<u64>,
     /// The child's own live heap blocks.
@@ -859,22 +860,23 @@ impl Collector {
     /// `live_blocks` need not walk the whole table. The caller sorts the list without
     /// holding the collector and hands it back to `install_inherited` with the returned
     /// generation. `None` in the first process, or when already done.
-    pub fn gather_inherited(&mut self) -> Option<(Vec<(u64, u64)>, u16)> {
+    pub fn gather_inherited(&mut self) -> Option<(Spans, u16)> {
         if self.generation == 0 || self.prepared.is_some() {
             return None;
         }
-        let mut inherited = Vec::with_capacity(self.totals.inherited_live_blocks as usize);
+        let mut inherited = Spans::new();
+        inherited.reserve_exact(self.totals.inherited_live_blocks as usize);
         let mut own_heap = AddressTable::new();
         for (addr, b) in self.live.iter() {
             if self.inherited(&b) {
-                inherited.push((addr, b.size));
+                inherited.push(addr, b.size);
             } else {
                 own_heap.insert(addr, b);
             }
         }
         for (&(space, addr), b) in self.cuda_live.iter() {
             if self.inherited(b) && self.readable_when_inherited(space, b) {
-                inherited.push((addr, b.size));
+                inherited.push(addr, b.size);
             }
         }
         self.prepared = Some(Prepared { inherited: None, freed: Vec::new(), own_heap });
@@ -883,7 +885,7 @@ impl Collector {
 
     /// The list `gather_inherited` returned, sorted by address. Dropped if the process
     /// forked again (another generation) or the preparation was abandoned meanwhile.
-    pub fn install_inherited(&mut self, sorted: Vec<(u64, u64)>, generation: u16) {
+    pub fn install_inherited(&mut self, sorted: Spans, generation: u16) {
         if generation != self.generation {
             return;
         }
@@ -1125,7 +1127,7 @@ impl Collector {
         // a PyTorch DataLoader worker).
         for (addr, b) in self.live.iter() {
             if self.inherited(&b) {
-                input.inherited.push((addr, b.size));
+                input.inherited.push(addr, b.size);
             } else {
                 input.blocks.push(self.live_entry(addr, &b));
             }
@@ -1134,14 +1136,14 @@ impl Collector {
         for (&(space, addr), b) in self.cuda_live.iter() {
             if self.inherited(b) {
                 if self.readable_when_inherited(space, b) {
-                    input.inherited.push((addr, b.size));
+                    input.inherited.push(addr, b.size);
                 }
             } else if matches!(space, Space::Cuda | Space::Mmap) {
                 input.blocks.push(self.live_entry(addr, b));
             }
         }
         input.blocks.sort_unstable_by_key(|b| b.addr);
-        input.inherited.sort_unstable_by_key(|b| b.0);
+        input.inherited.sort();
         input
     }
 
@@ -1187,7 +1189,11 @@ impl Collector {
         freed.sort_unstable();
         input.inherited.reserve_exact(ready.len().saturating_sub(freed.len()));
         let mut keep = still_live(&freed);
-        input.inherited.extend(ready.iter().filter(|b| keep(b)));
+        for b in ready.iter().filter(|b| keep(b)) {
+            input.inherited.push(b.0, b.1);
+        }
+        // Each part was pushed in order: the sort only checks.
+        input.inherited.sort();
         Some(input)
     }
 
@@ -1642,7 +1648,7 @@ mod tests {
             for _ in 0..rng.below(100) {
                 step(&mut c, &mut rng);
             }
-            list.sort_unstable();
+            list.sort();
             c.install_inherited(list, generation);
             for _ in 0..rng.below(400) {
                 step(&mut c, &mut rng);
@@ -1901,7 +1907,7 @@ mod tests {
         // The tracked block at 0x20 became the older generation as well (recorded in the
         // moment before the walk): never a leak either.
         assert_eq!((s.totals.inherited_live_bytes, s.totals.inherited_live_blocks), (364, 3));
-        assert_eq!(c.live_blocks().inherited, vec![(0x10, 100), (0x20, 64), (0x30, 200)]);
+        assert_eq!(c.live_blocks().inherited.to_vec(), vec![(0x10, 100), (0x20, 64), (0x30, 200)]);
         c.apply(&free(0x10));
         c.apply(&free(0x999));
         c.apply(&alloc(0x40, 8, 5));
@@ -1909,7 +1915,7 @@ mod tests {
         assert_eq!((s.totals.inherited_live_bytes, s.totals.inherited_frees), (264, 1));
         assert_eq!((s.totals.host().live_bytes, s.groups.len()), (8, 1));
         let input = c.live_blocks();
-        assert_eq!(input.inherited, vec![(0x20, 64), (0x30, 200)]);
+        assert_eq!(input.inherited.to_vec(), vec![(0x20, 64), (0x30, 200)]);
         assert_eq!(input.blocks.iter().map(|b| b.addr).collect::<Vec<_>>(), vec![0x40]);
     }
 
@@ -1943,7 +1949,7 @@ mod tests {
         assert_eq!((s.totals.inherited_live_bytes, s.totals.inherited_live_blocks), (12, 2));
         let input = c.live_blocks();
         assert!(input.blocks.is_empty());
-        assert_eq!(input.inherited, vec![(0x30, 5), (0x40, 7)]);
+        assert_eq!(input.inherited.to_vec(), vec![(0x30, 5), (0x40, 7)]);
         c.apply(&free(0x40));
         c.apply(&alloc(0x50, 3, 1));
         let s = c.snapshot();

@@ -507,6 +507,11 @@ impl HitTree {
         }
     }
 
+    /// Whether the tree grew past its first limit (what `shrink` gives back).
+    pub fn grown(&self) -> bool {
+        self.limit as usize > FIRST_LIMIT
+    }
+
     /// Starts the tree empty again at its first limit and gives back its nodes past it:
     /// their share of the budget, and their pages (`import torch`'s main thread doubles
     /// its tree to 8 MiB filing paths that the teardown will not take again). Returns

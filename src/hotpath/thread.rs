@@ -284,6 +284,12 @@ pub fn untracked<R>(f: impl FnOnce() -> R) -> R {
     r
 }
 
+/// Whether the calling thread is inside one of its hooks now (a signal handler that
+/// interrupted one, say, and called `fork`).
+pub fn in_hook() -> bool {
+    with(|s| s.busy.get())
+}
+
 pub fn is_busy_or_internal() -> bool {
     with(|s| s.busy.get() || s.internal.get())
 }

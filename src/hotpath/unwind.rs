@@ -943,6 +943,40 @@ pub fn shrink_this_threads_tree() -> usize {
     })
 }
 
+/// Whether the calling thread's hit tree grew past its first limit.
+fn this_threads_tree_grown() -> bool {
+    thread::with(|s| {
+        let m = s.memo.get();
+        if m == 0 || m == usize::MAX || s.exiting.get() {
+            return false;
+        }
+        // SAFETY: the memo is owned by this thread alone, which is here, outside any
+        // hook (the callers' promise).
+        let tree = unsafe { (*(m as *const Memo)).tree };
+        // SAFETY: the tree is this thread's mapping (`tree_for`), not in use now.
+        tree != 0 && unsafe { (*(tree as *const HitTree)).grown() }
+    })
+}
+
+/// In a forked child, on the forking thread, outside any of its hooks: gives back the
+/// caches the parent's unwinds filled, which the child's would mostly not take again
+/// (a DataLoader worker collates batches; its parent imported torch): the thread's hit
+/// tree past its first limit and the large rule table, ~12.5 MB of a PyTorch worker's
+/// RSS from its first instant (the pages are the parent's, shared until written, but
+/// each process's RSS counts them). Both refill as the child unwinds. Nothing is asked
+/// of a child whose parent filled neither (a shell's, `make`'s): not even the seccomp
+/// check. Returns the bytes given back.
+pub fn give_back_after_fork() -> usize {
+    if !this_threads_tree_grown() && RULES_USED.load(Ordering::Relaxed) == 0 {
+        return 0;
+    }
+    // `madvise` may be answered with SIGSYS under a filter the parent entered.
+    if !crate::os::procfs::unfiltered_now() {
+        return 0;
+    }
+    shrink_this_threads_tree() + give_back_rules()
+}
+
 fn memo_for_thread(state: &ThreadState) -> Option<&'static mut Memo> {
     let existing = if state.exiting.get() { usize::MAX } else { state.memo.get() };
     if existing == usize::MAX {

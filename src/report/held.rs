@@ -663,7 +663,7 @@ pub fn python_holders(
         out.extend(paths.keys().filter(|k| !known.contains(k) && !blocks.iter().any(|b| b.0 == **k)).map(|&k| (k, None)));
         out
     };
-    extend_python_from(&mut paths, starts, live, &[], &[], Labels::new(&Default::default(), &[]), 0, Some(&mut later), budget);
+    extend_python_from(&mut paths, starts, live, &[], &[], Labels::new(&Default::default(), &crate::spans::EMPTY), 0, Some(&mut later), budget);
     // A heap block freed while it was searched from (its memory handed out again: a
     // list's old array, unmapped, and a Python arena mapped at its address) was found
     // held by whatever holds the new occupant ("list[2890641]" for the array of the
@@ -1060,7 +1060,7 @@ mod tests {
         let parent = [mark::FROM_ROOT, 0, 1];
         let via = [0x600010, 0x1010, 0x2008];
         let (steps, left_out) = mark::path(&parent, &via, 2, 12);
-        let p = RawPath::new(&live, 2, &steps, left_out, 6, Labels::new(&labels, &[]));
+        let p = RawPath::new(&live, 2, &steps, left_out, 6, Labels::new(&labels, &crate::spans::EMPTY));
         assert_eq!(p.block_size, 16);
         assert_eq!(
             p.links,
@@ -1092,7 +1092,7 @@ mod tests {
             parent[ti] = hi as u32;
             via[ti] = word;
             let (steps, left_out) = mark::path(&parent, &via, ti, 12);
-            RawPath::new(&live, ti, &steps, left_out, 6, Labels::new(&Default::default(), &[]))
+            RawPath::new(&live, ti, &steps, left_out, 6, Labels::new(&Default::default(), &crate::spans::EMPTY))
         };
         assert_eq!(path(h + 8).interior, vec![(0, 96)]);
         // Its start, or just past a header: a reference.
@@ -1110,13 +1110,13 @@ mod tests {
         let via: Vec<u64> = (0..n).map(|k| if k == 0 { 0x600000 } else { 0x10_0000 + 0x100 * (k as u64 - 1) + 8 }).collect();
         let (steps, left_out) = mark::path(&parent, &via, n - 1, 12);
         assert_eq!((steps.len(), left_out), (12, 100 - 12));
-        let p = RawPath::new(&live, n - 1, &steps, left_out, 6, Labels::new(&Default::default(), &[]));
+        let p = RawPath::new(&live, n - 1, &steps, left_out, 6, Labels::new(&Default::default(), &crate::spans::EMPTY));
         assert_eq!(p.links.len(), 13);
         assert_eq!(p.links[6], RawLink::Elided(88));
         assert_eq!(p.links[0], RawLink::Block { stack: 3, api: Api::Malloc, size: 48, offset: 8, key: None });
         assert_eq!(p.links[12], RawLink::Root { addr: 0x600000, label: None });
         // A block freed meanwhile, or one no reference found, ends the path unnamed.
         let (steps, left_out) = mark::path(&[mark::FROM_FREED], &[0], 0, 12);
-        assert_eq!(RawPath::new(&live, 0, &steps, left_out, 6, Labels::new(&Default::default(), &[])).links, vec![RawLink::Unscanned]);
+        assert_eq!(RawPath::new(&live, 0, &steps, left_out, 6, Labels::new(&Default::default(), &crate::spans::EMPTY)).links, vec![RawLink::Unscanned]);
     }
 }

@@ -346,7 +346,7 @@ pub struct Roots<'r> {
     /// parent's to account for, so not classified, and taken as reachable. Only their
     /// parts on `changed_since_fork` pages (sorted, disjoint) are read: the rest holds
     /// what the parent wrote before the fork, no address of a block the child made.
-    pub inherited: &'r [(u64, u64)],
+    pub inherited: &'r crate::spans::Spans,
     pub changed_since_fork: &'r [(u64, u64)],
     /// CPython's object arenas (start, size): their live objects are program roots
     /// (`scan::pymalloc`).
@@ -583,7 +583,7 @@ pub fn classify_into(blocks: &[Block], roots: &Roots, mem: &impl Memory, s: &mut
     // Both lists are sorted, so one pass.
     let changed = roots.changed_since_fork;
     let mut w = 0;
-    for &(start, size) in roots.inherited {
+    for (start, size) in roots.inherited.iter() {
         let end = start.saturating_add(size);
         while w < changed.len() && changed[w].0.saturating_add(changed[w].1) <= start {
             w += 1;
@@ -876,7 +876,7 @@ mod tests {
         // Inherited blocks at 0x1000 (on a changed page) and 0x2000 (on a page still
         // shared with the parent); blocks 0, 1 and 2 allocated by the child.
         let b: Vec<Block> = [0x5000, 0x5100, 0x5200].iter().map(|&start| Block::new(start, 0x40)).collect();
-        let inherited = [(0x1000, 0x100), (0x2000, 0x100)];
+        let inherited: crate::spans::Spans = [(0x1000, 0x100), (0x2000, 0x100)].into_iter().collect();
         let mut m = BTreeMap::new();
         // The inherited block on a changed page points to block 0: reachable through
         // it, though nothing reaches the inherited block (the parent's, assumed so).

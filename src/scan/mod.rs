@@ -13,14 +13,15 @@ pub mod roots;
 use std::time::{Duration, Instant};
 
 use crate::hotpath::mapping::ZeroedArray;
+use crate::spans::Spans;
 use mark::{Block, Scratch};
 
 /// The pages that blocks inherited from a parent process (sorted) lie on, as sorted,
 /// disjoint ranges.
-fn inherited_pages(inherited: &[(u64, u64)]) -> Vec<(u64, u64)> {
+fn inherited_pages(inherited: &Spans) -> Vec<(u64, u64)> {
     const PAGE: u64 = 4096;
     let mut out: Vec<(u64, u64)> = Vec::new();
-    for &(start, size) in inherited.iter().filter(|b| b.1 > 0) {
+    for (start, size) in inherited.iter().filter(|b| b.1 > 0) {
         let from = start & !(PAGE - 1);
         let to = start.saturating_add(size).saturating_add(PAGE - 1) & !(PAGE - 1);
         match out.last_mut() {
@@ -145,11 +146,11 @@ pub struct RootLabels {
 pub struct Labels<'a> {
     pub labels: &'a RootLabels,
     /// Sorted by address, disjoint (the scan's `inherited`).
-    pub inherited: &'a [(u64, u64)],
+    pub inherited: &'a Spans,
 }
 
 impl<'a> Labels<'a> {
-    pub fn new(labels: &'a RootLabels, inherited: &'a [(u64, u64)]) -> Labels<'a> {
+    pub fn new(labels: &'a RootLabels, inherited: &'a Spans) -> Labels<'a> {
         Labels { labels, inherited }
     }
 
@@ -165,9 +166,8 @@ impl<'a> Labels<'a> {
     /// The inherited block that holds `addr`, as a label: the last one starting at or
     /// below it (they are disjoint).
     fn inherited_of(&self, addr: u64) -> Option<RootLabel> {
-        let i = self.inherited.partition_point(|&(start, _)| start <= addr);
-        let &(start, len) = self.inherited.get(i.checked_sub(1)?)?;
-        (addr - start < len).then_some(RootLabel { start, len, kind: RootKind::Inherited })
+        let (start, len) = self.inherited.holder_of(addr)?;
+        Some(RootLabel { start, len, kind: RootKind::Inherited })
     }
 }
 
@@ -190,7 +190,7 @@ pub struct ScanOut {
 ///
 /// `extra_roots`: ranges the program declared roots (`__lsan_register_root_region`,
 /// ignored blocks): read like module data.
-pub fn scan(blocks: &[Block], inherited: &[(u64, u64)], extra_roots: &[(u64, u64)]) -> ScanOut {
+pub fn scan(blocks: &[Block], inherited: &Spans, extra_roots: &[(u64, u64)]) -> ScanOut {
     if blocks.is_empty() && inherited.is_empty() {
         // Nothing live to classify (a process that allocated nothing, or freed it all):
         // the verdict needs no roots, and no thread of the program is stopped.
@@ -371,7 +371,8 @@ mod tests {
         let labels = RootLabels { list: before.iter().chain(&after).copied().collect(), inherited_at: before.len() };
         let flat: Vec<RootLabel> = before.iter().copied().chain(label(&inherited, RootKind::Inherited)).chain(after.iter().copied()).collect();
         let old = |addr: u64| flat.iter().find(|l| addr >= l.start && addr - l.start < l.len).copied();
-        let new = Labels::new(&labels, &inherited);
+        let spans: Spans = inherited.iter().copied().collect();
+        let new = Labels::new(&labels, &spans);
         let mut rng = crate::test_rng::TestRng::new(55);
         let mut probes: Vec<u64> = vec![
             0,
@@ -406,8 +407,8 @@ mod tests {
         assert_eq!(new.of(0x1305).map(|l| l.kind), Some(RootKind::Module));
         assert_eq!(new.of(0x5810).map(|l| l.kind), Some(RootKind::Inherited));
         // No inherited blocks (every process that is not a forked child).
-        let none = Labels::new(&labels, &[]);
+        let none = Labels::new(&labels, &crate::spans::EMPTY);
         assert_eq!(none.of(0x5810).map(|l| l.kind), Some(RootKind::Stack { tid: 7, ip: 0, copied: false }));
-        assert_eq!(Labels::new(&RootLabels::default(), &[]).of(0x1000), None);
+        assert_eq!(Labels::new(&RootLabels::default(), &crate::spans::EMPTY).of(0x1000), None);
     }
 }
