@@ -248,7 +248,10 @@ impl<V: Packed> AddressTable<V> {
 
     #[cold]
     fn grow(&mut self) {
-        self.rebuild((self.slots.len() * 2).max(MIN_CAPACITY));
+        let capacity = (self.slots.len() * 2).max(MIN_CAPACITY);
+        // Producers whose rings fill meanwhile move to larger ones instead of waiting.
+        let _stall = (capacity >= STALLING_CAPACITY).then(crate::hotpath::channel::ConsumerStall::begin);
+        self.rebuild(capacity);
     }
 
     /// Gives back what a peak left: a table at most an eighth full moves to one a
@@ -280,10 +283,16 @@ impl<V: Packed> AddressTable<V> {
 
     /// Moves every slotted entry to a new array of `capacity` slots (a power of two, room
     /// for them within the load limit).
+    ///
+    /// Only a growth tells the producers that the consumer stalls (`grow`): a thread
+    /// whose large ring fills then moves to a huge one (8 MiB) instead of waiting. A
+    /// smaller table is made when the blocks are going, mostly in a program's teardown,
+    /// whose end is the process's peak: a DDP rank's main thread had moved to a huge ring
+    /// during the teardown's halvings and held 7.2 MB of it at its final report, more
+    /// than the halving it waited on gave back. A shrink makes a table half or a quarter
+    /// the size; its producers wait for it.
     fn rebuild(&mut self, capacity: usize) {
         debug_assert!(capacity.is_power_of_two() && capacity * MAX_EIGHTHS >= 8 * self.slotted);
-        // Producers whose rings fill meanwhile move to larger ones instead of waiting.
-        let _stall = (capacity >= STALLING_CAPACITY).then(crate::hotpath::channel::ConsumerStall::begin);
         let old = std::mem::replace(&mut self.slots, ZeroedArray::populated(capacity));
         self.mask = capacity - 1;
         // Each move is a miss in the new array: start loading the home slots of the keys
@@ -520,15 +529,22 @@ mod tests {
     }
 
     /// A table whose blocks go halves as they do, each time at most three quarters full
-    /// after, down to the size below which nothing shrinks; every entry kept.
+    /// after, down to the size below which nothing shrinks; every entry kept. Its growth
+    /// past `STALLING_CAPACITY` told the producers the consumer stalls; its halvings do
+    /// not (a producer would move to a huge ring in the program's teardown).
     #[test]
     fn a_table_whose_blocks_go_halves_as_they_do() {
+        use crate::hotpath::channel::stalls_begun_here;
         let mut t = AddressTable::new();
         let n = 200_000u64;
         let addr = |i: u64| 0x7f00_0000_0000 + i * 64;
+        let before = stalls_begun_here();
         for i in 0..n {
             t.insert(addr(i), i as u32);
         }
+        assert!(t.slots.len() > STALLING_CAPACITY, "{}", t.slots.len());
+        assert!(stalls_begun_here() > before, "growing past STALLING_CAPACITY stalls the consumer");
+        let grown = stalls_begun_here();
         let mut sizes = vec![t.slots.len()];
         for i in 0..n {
             assert_eq!(t.remove(addr(i)), Some(i as u32));
@@ -542,7 +558,9 @@ mod tests {
             }
         }
         assert!(sizes.windows(2).all(|w| w[1] == w[0] / 2), "{sizes:?}");
+        assert!(sizes[1] >= STALLING_CAPACITY, "a halving to a table that size would have stalled: {sizes:?}");
         assert_eq!(*sizes.last().unwrap(), SHRINK_FROM, "{sizes:?}");
+        assert_eq!(stalls_begun_here(), grown, "no halving stalls the consumer");
         assert!(t.is_empty());
     }
 }

@@ -437,8 +437,22 @@ pub struct ConsumerStall(());
 impl ConsumerStall {
     pub fn begin() -> ConsumerStall {
         CONSUMER_STALLS.fetch_add(1, Ordering::Relaxed);
+        #[cfg(test)]
+        STALLS_BEGUN_HERE.with(|c| c.set(c.get() + 1));
         ConsumerStall(())
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Stalls this thread began (for tests of who begins one).
+    static STALLS_BEGUN_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Stalls the calling thread began so far.
+#[cfg(test)]
+pub fn stalls_begun_here() -> u64 {
+    STALLS_BEGUN_HERE.with(|c| c.get())
 }
 
 impl Drop for ConsumerStall {
