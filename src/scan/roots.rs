@@ -260,21 +260,35 @@ fn blocks_signal(status: &str, sig: i32) -> bool {
     (1..=64).contains(&sig) && blocked & (1u64 << (sig - 1)) != 0
 }
 
-/// Whether thread `t` is asleep in a system call.
+/// Whether thread `t` is asleep in a system call that it stays in: not in the
+/// `rt_sigprocmask` that changes its mask, which a thread running with the signal
+/// blocked makes to let it through (taken for one asleep there, under load, it was
+/// copied where it was about to be held).
 fn in_system_call(t: u32) -> bool {
-    asleep_sp(t).is_some()
+    syscall_of(t).is_some_and(|(nr, _)| nr != libc::SYS_rt_sigprocmask as u64)
 }
 
-/// The stack pointer of thread `t` while it is asleep in a system call:
-/// `/proc/self/task/T/syscall` reads "NR arg1 .. arg6 sp pc" then, "running" otherwise,
-/// nothing once the thread is gone.
+/// The stack pointer of thread `t` while it is asleep in a system call.
 fn asleep_sp(t: u32) -> Option<u64> {
-    let text = crate::os::anchor::read_proc_string(&format!("self/task/{t}/syscall")).unwrap_or_default();
+    syscall_of(t).map(|(_, sp)| sp)
+}
+
+/// The system call thread `t` is in, and its stack pointer, from
+/// `/proc/self/task/T/syscall`.
+fn syscall_of(t: u32) -> Option<(u64, u64)> {
+    parse_syscall(&crate::os::anchor::read_proc_string(&format!("self/task/{t}/syscall")).unwrap_or_default())
+}
+
+/// `/proc/.../syscall` reads "NR arg1 .. arg6 sp pc" while the thread is in a system
+/// call, "-1 sp pc" or "running" otherwise, nothing once the thread is gone.
+fn parse_syscall(text: &str) -> Option<(u64, u64)> {
     let fields: Vec<&str> = text.split_whitespace().collect();
     if fields.len() != 9 {
         return None;
     }
-    u64::from_str_radix(fields[7].trim_start_matches("0x"), 16).ok()
+    let nr = fields[0].parse().ok()?;
+    let sp = u64::from_str_radix(fields[7].trim_start_matches("0x"), 16).ok()?;
+    Some((nr, sp))
 }
 
 /// The live stack of a thread that cannot be held, copied: its stack pointer comes from
@@ -1298,6 +1312,16 @@ mod tests {
         let mut open = None;
         let runs: Vec<_> = page_runs(&[W, X, F | PM_EXCLUSIVE, S, 0], 0x10000, P, &mut open, page_written_since_fork).collect();
         assert_eq!(runs, vec![(0x11000, 0x12000), (0x13000, 0x14000)]);
+    }
+
+    #[test]
+    fn a_system_call_and_its_stack_pointer_are_read_from_proc() {
+        let asleep = "7 0x7ffc0d5e1a40 0x1 0xffffffff 0x0 0x0 0x0 0x7ffc0d5e1a18 0x7f3a5b2e8d7f\n";
+        assert_eq!(parse_syscall(asleep), Some((7, 0x7ffc_0d5e_1a18)));
+        assert_eq!(parse_syscall("-1 0x7ffc0d5e1a18 0x7f3a5b2e8d7f\n"), None);
+        assert_eq!(parse_syscall("running\n"), None);
+        assert_eq!(parse_syscall(""), None);
+        assert_eq!(libc::SYS_rt_sigprocmask, 14, "x86-64's number, which `in_system_call` passes over");
     }
 
     #[test]
