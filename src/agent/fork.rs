@@ -79,7 +79,7 @@ pub fn fork_child() {
             PREPARING.store(false, Ordering::SeqCst);
             PREPARE_INHERITED.store(SCAN_AT_EXIT.load(Ordering::Relaxed), Ordering::Release);
             if !in_hook {
-                thread::untracked(crate::hotpath::unwind::give_back_after_fork);
+                thread::untracked(crate::hotpath::unwind::give_back_caches);
             }
             // A child of a process whose collector still waits for a thread waits too;
             // one whose collector starts on demand starts its own wait (a child that

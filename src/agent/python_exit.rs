@@ -217,12 +217,8 @@ unsafe extern "C" fn before_finalize(_: *mut PyObject, _: *mut PyObject) -> *mut
             super::reports::held_before_exit();
             // The teardown ahead frees more than it allocates: the main thread's hit
             // tree, grown to 8 MiB by the run's paths, and the large rule table (4 MiB)
-            // are only taking room at the process's peak, which is at its end. Not under
-            // a seccomp filter, which may answer `madvise` with SIGSYS.
-            if crate::os::procfs::unfiltered_now() {
-                crate::hotpath::unwind::shrink_this_threads_tree();
-                crate::hotpath::unwind::give_back_rules();
-            }
+            // are only taking room at the process's peak, which is at its end.
+            crate::hotpath::unwind::give_back_caches();
         })
     });
     match api() {

@@ -922,59 +922,45 @@ extern "C" fn memo_destructor(p: *mut c_void) {
     }
 }
 
-/// Gives back the pages of the calling thread's hit tree past its first limit
-/// (`HitTree::shrink`); the bytes given back. For the end of a program's run (the
-/// Python interpreter's atexit callback), never from a hook: the tree is the thread's
-/// own, and no hook of the thread runs meanwhile (the caller holds the guard).
-pub fn shrink_this_threads_tree() -> usize {
+/// `f` on the calling thread's hit tree, if it has one. Never from a hook: the tree is
+/// the thread's own, and no hook of the thread runs meanwhile (the caller holds the
+/// guard).
+fn with_this_threads_tree<R>(f: impl FnOnce(&mut HitTree) -> R) -> Option<R> {
     thread::with(|s| {
         let m = s.memo.get();
         if m == 0 || m == usize::MAX || s.exiting.get() {
-            return 0;
+            return None;
         }
         // SAFETY: the memo is owned by this thread alone, which is here, outside any
         // hook (see above).
         let tree = unsafe { (*(m as *const Memo)).tree };
         if tree == 0 {
-            return 0;
+            return None;
         }
         // SAFETY: the tree is this thread's mapping (`tree_for`), not in use now.
-        unsafe { (*(tree as *mut HitTree)).shrink() }
+        Some(f(unsafe { &mut *(tree as *mut HitTree) }))
     })
 }
 
-/// Whether the calling thread's hit tree grew past its first limit.
-fn this_threads_tree_grown() -> bool {
-    thread::with(|s| {
-        let m = s.memo.get();
-        if m == 0 || m == usize::MAX || s.exiting.get() {
-            return false;
-        }
-        // SAFETY: the memo is owned by this thread alone, which is here, outside any
-        // hook (the callers' promise).
-        let tree = unsafe { (*(m as *const Memo)).tree };
-        // SAFETY: the tree is this thread's mapping (`tree_for`), not in use now.
-        tree != 0 && unsafe { (*(tree as *const HitTree)).grown() }
-    })
-}
-
-/// In a forked child, on the forking thread, outside any of its hooks: gives back the
-/// caches the parent's unwinds filled, which the child's would mostly not take again
-/// (a DataLoader worker collates batches; its parent imported torch): the thread's hit
-/// tree past its first limit and the large rule table, ~12.5 MB of a PyTorch worker's
-/// RSS from its first instant (the pages are the parent's, shared until written, but
-/// each process's RSS counts them). Both refill as the child unwinds. Nothing is asked
-/// of a child whose parent filled neither (a shell's, `make`'s): not even the seccomp
-/// check. Returns the bytes given back.
-pub fn give_back_after_fork() -> usize {
-    if !this_threads_tree_grown() && RULES_USED.load(Ordering::Relaxed) == 0 {
+/// Gives back the caches a run's unwinds filled, where little of them will be taken
+/// again: the calling thread's hit tree past its first limit (`HitTree::shrink`) and
+/// the large rule table (`give_back_rules`); both refill as the thread unwinds. For
+/// Python's atexit callback (the teardown ahead frees more than it allocates, and the
+/// process's peak is at its end) and a forked child's forking thread (a DataLoader
+/// worker collates batches; its parent imported torch: ~12.5 MB of the worker's RSS
+/// from its first instant, its parent's pages shared until written but counted in
+/// each process's RSS). Never from a hook (`with_this_threads_tree`). Nothing is asked
+/// where neither was filled (a shell's child, `make`'s): not even the seccomp check,
+/// since `madvise` may be answered with SIGSYS under a filter. Returns the bytes given
+/// back.
+pub fn give_back_caches() -> usize {
+    if !with_this_threads_tree(|t| t.grown()).unwrap_or(false) && RULES_USED.load(Ordering::Relaxed) == 0 {
         return 0;
     }
-    // `madvise` may be answered with SIGSYS under a filter the parent entered.
     if !crate::os::procfs::unfiltered_now() {
         return 0;
     }
-    shrink_this_threads_tree() + give_back_rules()
+    with_this_threads_tree(HitTree::shrink).unwrap_or(0) + give_back_rules()
 }
 
 fn memo_for_thread(state: &ThreadState) -> Option<&'static mut Memo> {
