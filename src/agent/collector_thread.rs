@@ -16,6 +16,13 @@ use super::reports::{finish_as, record_point, write_report, REPORT};
 
 static SNAPSHOT_REQUESTED: AtomicBool = AtomicBool::new(false);
 
+/// The program is about to start a thread: a raw clone's child not yet taken over is
+/// now (`fork::adopt_if_cloned`), while it has one thread; its collector then waits for
+/// that thread (`program_started_thread`).
+pub fn program_starts_thread() {
+    super::fork::adopt_if_cloned();
+}
+
 /// The program started a thread: a deferred collector (`CollectorStart::Lazy`,
 /// `OnDemand`) starts now.
 pub fn program_started_thread() {
@@ -95,6 +102,12 @@ pub fn on_demand_alloc(stack: u32) {
     if stacks::innermost(stack).is_some_and(|ip| crate::os::loader::in_dynamic_loader(ip as usize)) {
         return;
     }
+    // A child of a raw clone that inherited the wait (its parent's collector had not
+    // started) is taken over first, and then waits for a thread of its own: it may end
+    // by returning from its clone function, which our collector thread would outlive,
+    // leaving a zombie its parent waits for forever (firejail's sandbox on a busy
+    // machine, whose first allocation came past the wait's 50 ms).
+    super::fork::adopt_if_cloned();
     if LIFECYCLE.take_on_demand_collector() {
         spawn_collector();
     }
@@ -109,7 +122,9 @@ pub fn on_demand_alloc(stack: u32) {
 /// (`interpose::real::with_calloc_from_arena`), not by malloc. Returns whether one
 /// started.
 pub fn start_on_demand_from_signal() -> bool {
-    LIFECYCLE.take_on_demand_collector() && spawn_collector_quietly().is_ok()
+    // Not in a raw clone's child not yet taken over (which a handler cannot do): see
+    // `on_demand_alloc`.
+    !crate::os::image::is_unadopted_child() && LIFECYCLE.take_on_demand_collector() && spawn_collector_quietly().is_ok()
 }
 
 pub(super) fn spawn_collector() {

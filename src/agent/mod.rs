@@ -37,7 +37,9 @@ pub mod standby;
 mod verdicts;
 
 pub use checkpoint::checkpoint;
-pub use collector_thread::{each_turn, no_turn, pause_collector, program_started_thread, request_snapshot, resume_collector, start_on_demand_from_signal};
+pub use collector_thread::{
+    each_turn, no_turn, pause_collector, program_started_thread, program_starts_thread, request_snapshot, resume_collector, start_on_demand_from_signal,
+};
 pub use fork::{fork_child, fork_parent, fork_prepare};
 pub use record::*;
 

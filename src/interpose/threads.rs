@@ -99,6 +99,7 @@ pub unsafe extern "C" fn pthread_create(
         return unsafe { create(thread, attr, routine, arg) };
     }
     let errno = super::ErrnoGuard::save();
+    let _ = std::panic::catch_unwind(crate::agent::program_starts_thread);
     let block = match (routine, real::malloc()) {
         // SAFETY: a plain allocation of the real allocator, untracked by construction.
         (Some(_), Some(malloc)) => unsafe { malloc(std::mem::size_of::<Start>()) as *mut Start },
