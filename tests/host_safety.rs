@@ -430,10 +430,13 @@ fn a_clone_settls_helper_with_a_zeroed_tls_can_exit_and_exec() {
 /// collector's wait, which the child inherited from a parent whose collector had not
 /// started: that allocation started a collector in the child, before it was taken over
 /// (firejail hung so in CI, beside busy loops: its first allocation came past 50 ms).
+/// "unshare": the parent's collector runs, and the child's first call is
+/// `unshare(CLONE_NEWUSER)`, for which the library pauses the collector: the child,
+/// not yet taken over, waited 2 s for the parent's to leave, then started one of its own.
 #[test]
 fn a_raw_clone_child_that_forks_and_returns_ends_and_its_parent_goes_on() {
     let bin = build_fixture("raw_clone_fork.c", &[]);
-    for arg in [None, Some("late")] {
+    for arg in [None, Some("late"), Some("unshare")] {
         let mut cmd = Command::new(&bin);
         cmd.args(arg).env("LEAKTRACE_TEST_ON_DEMAND_AFTER_MS", "20");
         let run = run_traced(cmd, "raw-clone-fork");

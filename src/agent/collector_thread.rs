@@ -396,6 +396,10 @@ fn prepare_inherited() {
 /// friends refuse multi-threaded callers): the collector thread leaves and is waited
 /// for. Returns whether it has to be started again with `resume_collector`.
 pub fn pause_collector() -> bool {
+    // A raw clone's child not yet taken over has no collector, though the parent's
+    // state says one lives: it would wait 2 s for none to leave, then start one that
+    // would outlive its clone function (see `on_demand_alloc`).
+    super::fork::adopt_if_cloned();
     if !LIFECYCLE.ask_collector_to_stop() {
         return false;
     }
