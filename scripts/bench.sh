@@ -20,7 +20,9 @@
 #   true-x200      /bin/true 200 times from sh, the whole loop under LD_PRELOAD (each
 #                  process starts the library and writes its exit report)
 #   import-torch   python, a script of one line: import torch
-#   pytorch        tests/fixtures/frameworks/torch_train.py train (2 forked DataLoader workers)
+#   pytorch        tests/fixtures/frameworks/torch_train.py train (forked DataLoader workers);
+#                  a second row gives the peak RSS of its largest worker (issue 55 bounds
+#                  each worker: scripts/peaks.py --watch, every 10 ms)
 #   ddp-rank       a 2-rank DDP job on CPU (torchrun, gloo: tests/fixtures/frameworks/ddp_keep.py,
 #                  40 steps): peak RSS of its largest process (a rank), files of the process
 #                  with the most (each rank's own: the issue counts them per rank)
@@ -68,6 +70,8 @@ PY=$(python3 -c 'import sys; print(sys.executable)')
 SKIP=" "
 # Workloads whose files are counted per process (the largest), not summed.
 PER_PROCESS=" "
+# Workloads whose forked workers' peak RSS is watched too: "WORKLOAD:PROCESS-NAME".
+WATCH=" "
 case $SET in
 cost)
     cc -O2 -fomit-frame-pointer -pthread -o "$WORK/malloc_bench" bench/malloc_bench.c
@@ -82,6 +86,7 @@ cost)
         CMDS+=("$PY $WORK/import_torch.py" "$PY tests/fixtures/frameworks/torch_train.py train")
         echo "import torch" >"$WORK/import_torch.py"
         ENVS+=("" "")
+        WATCH+=" pytorch:pt_data_worker "
         if [ -x "$(dirname "$PY")/torchrun" ]; then
             # In a directory of its own: each rank writes a file there.
             mkdir -p "$WORK/ddp"
@@ -156,12 +161,21 @@ else:
 PY
 }
 
-run_once() { # tool, VAR=value list, per-process files (1/0), command... -> "wall cpu rss_kib files_bytes", "fail" or "hung"
-    local tool=$1 vars=$2 per_process=$3; shift 3
+run_once() { # tool, VAR=value list, per-process files (1/0), watched process name or "", command...
+    # -> "wall cpu rss_kib files_bytes workers_peak_kib", "fail" or "hung"
+    local tool=$1 vars=$2 per_process=$3 watched=$4; shift 4
     # shellcheck disable=SC2086
     if [ -n "$vars" ]; then export $vars; fi
-    local out="$WORK/out" rc=0
+    local out="$WORK/out" rc=0 watcher=""
     rm -rf "$out" && mkdir -p "$out"
+    echo "0 0" >"$WORK/workers"
+    if [ -n "$watched" ]; then
+        # This subshell's tree: the tool, the program and its workers (and the watcher).
+        # Read here: in the command put in the background it would be that command's.
+        local me=$BASHPID
+        "$PY" scripts/peaks.py --watch "$me" "$watched" "$WORK/workers" &
+        watcher=$!
+    fi
     local -a pre=(/usr/bin/time -o "$WORK/time" -f "%e %U %S %M" timeout -k 10 "$LIMIT")
     set +e
     case $tool in
@@ -179,7 +193,10 @@ run_once() { # tool, VAR=value list, per-process files (1/0), command... -> "wal
         valgrind) "${pre[@]}" valgrind --leak-check=full --show-leak-kinds=all "$@" >/dev/null 2>&1 ;;
     esac
     rc=$?
+    if [ -n "$watcher" ]; then kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null; fi
     set -e
+    local workers
+    workers=$(cut -d' ' -f1 "$WORK/workers")
     # (heaptrack's wrapper script does not pass timeout's 124 on.)
     local t
     t=$(tail -n 1 "$WORK/time" 2>/dev/null || true)
@@ -199,10 +216,18 @@ run_once() { # tool, VAR=value list, per-process files (1/0), command... -> "wal
     esac
     # shellcheck disable=SC2086
     set -- $t
-    echo "$1 $(echo "$2 + $3" | bc) $4 $files"
+    echo "$1 $(echo "$2 + $3" | bc) $4 $files $workers"
 }
 
 median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+
+# The process name whose peak RSS is watched in WORKLOAD ("" for none).
+watched_name() {
+    local w
+    for w in $WATCH; do
+        if [ "${w%%:*}" = "$1" ]; then echo "${w#*:}"; return; fi
+    done
+}
 
 if [ "${BENCH_PEERS:-1}" = 0 ]; then
     keep=()
@@ -223,14 +248,16 @@ for ((r = 0; r < RUNS; r++)); do
             case $SKIP in *" ${NAMES[$i]}:$tool "*) continue ;; esac
             per=0
             case $PER_PROCESS in *" ${NAMES[$i]} "*) per=1 ;; esac
+            watched=$(watched_name "${NAMES[$i]}")
             # shellcheck disable=SC2086
-            t=$(run_once "$tool" "${ENVS[$i]}" "$per" ${CMDS[$i]})
+            t=$(run_once "$tool" "${ENVS[$i]}" "$per" "$watched" ${CMDS[$i]})
             SAMPLES["$i,$tool"]+="${t// /,};"
         done
     done
 done
 
-# The median of field F (1 wall, 2 CPU, 3 RSS KiB, 4 files) of a cell's good samples.
+# The median of field F (1 wall, 2 CPU, 3 RSS KiB, 4 files, 5 largest watched worker's
+# peak RSS KiB) of a cell's good samples.
 field() { echo "$1" | tr ';' '\n' | { grep -v -e '^$' -e fail -e hung || true; } | cut -d, -f"$2" | median; }
 mib() { echo "scale=1; $1 / 1048576" | bc | sed 's/^\./0./'; }
 
@@ -265,6 +292,20 @@ for i in "${!NAMES[@]}"; do
             echo "| ${NAMES[$i]} | $tool | ${cells[0]} | ${cells[1]} | ${cells[2]} | ${cells[3]} |"
         else
             printf '%-14s %-15s %-16s %-16s %-20s %s\n' "${NAMES[$i]}" "$tool" "${cells[@]}"
+        fi
+    done
+    # The same runs' largest worker, by its peak RSS alone.
+    [ -n "$(watched_name "${NAMES[$i]}")" ] || continue
+    bwk=$(field "$plain" 5)
+    for tool in "${TOOLS[@]}"; do
+        all="${SAMPLES["$i,$tool"]:-}"
+        wk=$(field "$all" 5)
+        if [ -z "$wk" ] || [ "$wk" = 0 ] || [ -z "$bwk" ] || [ "$bwk" = 0 ]; then continue; fi
+        if [ "$tool" = plain ]; then rss="$(mib $((wk * 1024))) MiB"; else rss="$(mib $((wk * 1024))) MiB (+$(mib $(((wk - bwk) * 1024))))"; fi
+        if [ "$FORMAT" = md ]; then
+            echo "| ${NAMES[$i]}, largest worker | $tool | – | – | $rss | – |"
+        else
+            printf '%-14s %-15s %-16s %-16s %-20s %s\n' "${NAMES[$i]}-worker" "$tool" "-" "-" "$rss" "-"
         fi
     done
 done

@@ -5,13 +5,19 @@ the library, interleaved run by run. `/usr/bin/time` gives one number for a tree
 55 sets a bound for each worker and each rank.
 
     scripts/peaks.py RUNS LIB [LIB...] -- COMMAND...
+    scripts/peaks.py --watch PID NAME OUT   (for scripts/bench.sh)
 
 Each process's `VmHWM` is read every 10 ms while it lives (the high-water mark only
 rises, so the last read is its peak up to 10 ms before it ended). Prints, for plain and
 each library, the medians over the runs of: the command's own peak, and the median and
 largest peak of the other processes, grouped by their name (`comm`), in KiB.
+
+`--watch PID NAME OUT` samples the tree of PID the same way, for the processes named
+NAME, until PID ends or the watcher gets SIGTERM, then writes to OUT "LARGEST COUNT":
+the largest of their peaks in KiB and how many there were (0 0 when none ran).
 """
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -69,8 +75,25 @@ def run_once(env_extra, command):
     return root, by_name
 
 
+def watch(root, name, out):
+    """`--watch`: see the module's text."""
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    seen = {}
+    while not stop and os.path.exists(f"/proc/{root}"):
+        for pid in tree(root):
+            got = hwm(pid)
+            if got and got[0] == name:
+                seen[pid] = got[1]
+        time.sleep(0.01)
+    with open(out, "w") as f:
+        f.write(f"{max(seen.values(), default=0)} {len(seen)}\n")
+
+
 def main():
     argv = sys.argv[1:]
+    if argv[:1] == ["--watch"] and len(argv) == 4:
+        return watch(int(argv[1]), argv[2], argv[3])
     if "--" not in argv or len(argv) < 3:
         sys.exit(__doc__)
     split = argv.index("--")
