@@ -216,7 +216,7 @@ run_once() { # tool, VAR=value list, per-process files (1/0), watched process na
     esac
     # shellcheck disable=SC2086
     set -- $t
-    echo "$1 $(echo "$2 + $3" | bc) $4 $files $workers"
+    echo "$1 $(echo "$2 + $3" | bc | sed 's/^\./0./') $4 $files $workers"
 }
 
 median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
