@@ -433,16 +433,32 @@ fn a_clone_settls_helper_with_a_zeroed_tls_can_exit_and_exec() {
 /// "unshare": the parent's collector runs, and the child's first call is
 /// `unshare(CLONE_NEWUSER)`, for which the library pauses the collector: the child,
 /// not yet taken over, waited 2 s for the parent's to leave, then started one of its own.
+/// "check": the parent leaks 64 blocks before the clone; the child's first call is a
+/// leak check, its last `exit`: the child had counted its parent's blocks as its own
+/// (the check found 61 leaks, its exit report 51); a raw clone's child now inherits them
+/// as a forked child does.
 #[test]
 fn a_raw_clone_child_that_forks_and_returns_ends_and_its_parent_goes_on() {
     let bin = build_fixture("raw_clone_fork.c", &[]);
-    for arg in [None, Some("late"), Some("unshare")] {
+    for arg in [None, Some("late"), Some("unshare"), Some("check")] {
         let mut cmd = Command::new(&bin);
         cmd.args(arg).env("LEAKTRACE_TEST_ON_DEMAND_AFTER_MS", "20");
         let run = run_traced(cmd, "raw-clone-fork");
         assert_eq!(run.code(), Some(0), "{arg:?}: {}", run.stderr());
-        assert_eq!(run.stdout(), "child exited 3\n", "{arg:?}");
         let reports = run.reports();
+        if arg == Some("check") {
+            assert_eq!(run.stdout(), "child check 0\nchild exited 3\n", "{}", run.stderr());
+            let parent = reports.iter().find(|r| r["fork"]["forked_from_pid"].is_null()).expect("the parent's report");
+            let child = reports.iter().find(|r| r["fork"]["forked_from_pid"] == parent["pid"]).expect("the child's report");
+            // Its own stdout buffer, reachable, is all it has.
+            let definite = &child["summary"]["host"]["reachability"]["definite"];
+            assert_eq!(definite["blocks"], 0, "{}", child["summary"]["host"]);
+            assert!(child["summary"]["host"]["live_blocks"].as_u64().unwrap_or(99) <= 2, "{}", child["summary"]["host"]);
+            assert!(child["fork"]["inherited_live_blocks"].as_u64().unwrap_or(0) >= 64, "{}", child["fork"]);
+            assert_eq!(reports.iter().filter(|r| r["reason"] == "exit").count(), 2, "{} reports", reports.len());
+            continue;
+        }
+        assert_eq!(run.stdout(), "child exited 3\n", "{arg:?}");
         // The parent's and the grandchild's final reports (the child ends where no exit
         // path runs: its clone function's return).
         assert_eq!(reports.iter().filter(|r| r["reason"] == "exit").count(), 2, "{arg:?}: {} reports", reports.len());

@@ -30,6 +30,9 @@ pub fn checkpoint(label: &str, scope: checks::Scope) -> Option<checks::Check> {
     if !LIFECYCLE.tracking() || !SCAN_AT_EXIT.load(Ordering::Relaxed) || LIFECYCLE.final_in_progress() {
         return None;
     }
+    // A raw clone's child is taken over first: its parent's blocks are then inherited,
+    // not its own leaks, and no lock of a thread it does not have is waited for.
+    super::fork::adopt_if_cloned();
     thread::untracked(|| catch_unwind(AssertUnwindSafe(|| checkpoint_inner(label, scope))).ok().flatten())
 }
 

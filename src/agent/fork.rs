@@ -101,7 +101,19 @@ pub fn fork_child() {
 fn fork_child_inner() {
     // A check in another thread of the parent is not running here.
     SCAN_PAUSE.store(false, Ordering::SeqCst);
-    if let Some(mut g) = STATE.parked_by_me() {
+    // Parked by this thread in `fork_prepare`; in a raw clone's child, which ran no fork
+    // handler, free or held by a thread of the parent that does not exist here (its
+    // collector): taken over. Either way the parent's blocks become the child's
+    // inherited ones: a raw clone's child had counted them as its own, and its exit
+    // report and its leak checks named its parent's leaks as its.
+    let state = match STATE.parked_by_me() {
+        Some(g) => Some((g, true)),
+        None => {
+            STATE.unlock_raw();
+            STATE.try_lock().map(|g| (g, false))
+        }
+    };
+    if let Some((mut g, parked)) = state {
         if let Some(c) = g.as_mut() {
             // The parent's events in causal order as far as they go, then the rest:
             // tickets taken by threads that do not exist here will never arrive.
@@ -110,7 +122,9 @@ fn fork_child_inner() {
             drain_into(c, usize::MAX, true);
             c.model.fork_boundary();
         }
-        g.keep_parked();
+        if parked {
+            g.keep_parked();
+        }
     }
     // If a thread that does not exist here held the report side, its contents may be
     // half-updated: take the lock over and start the symbolizer afresh, never running

@@ -313,6 +313,8 @@ pub fn record_cuda_release_outcome(space: Space, freed: bool) {
 /// the reset survives it in the books.
 pub fn record_device_reset(device: u8) {
     recording(|_| {
+        // Not with a raw clone's child's inherited state (see `checkpoint`).
+        adopt_if_cloned();
         // A check's scan holds the events back: the reset comes after all of them.
         wait_while(|| SCAN_PAUSE.load(Ordering::Acquire), Duration::from_secs(5), Duration::from_micros(200));
         let Some(mut g) = lock_bounded(&STATE, Duration::from_secs(5)) else { return };
