@@ -106,34 +106,25 @@ fn fork_child_inner() {
     // collector): taken over. Either way the parent's blocks become the child's
     // inherited ones: a raw clone's child had counted them as its own, and its exit
     // report and its leak checks named its parent's leaks as its.
-    let state = match STATE.parked_by_me() {
-        Some(g) => Some((g, true)),
-        None => {
-            STATE.unlock_raw();
-            STATE.try_lock().map(|g| (g, false))
-        }
+    let (mut g, parked) = match STATE.parked_by_me() {
+        Some(g) => (g, true),
+        None => (STATE.take_over().0, false),
     };
-    if let Some((mut g, parked)) = state {
-        if let Some(c) = g.as_mut() {
-            // The parent's events in causal order as far as they go, then the rest:
-            // tickets taken by threads that do not exist here will never arrive.
-            drain_into(c, usize::MAX, false);
-            c.order.after_fork_child();
-            drain_into(c, usize::MAX, true);
-            c.model.fork_boundary();
-        }
-        if parked {
-            g.keep_parked();
-        }
+    if let Some(c) = g.as_mut() {
+        // The parent's events in causal order as far as they go, then the rest:
+        // tickets taken by threads that do not exist here will never arrive.
+        drain_into(c, usize::MAX, false);
+        c.order.after_fork_child();
+        drain_into(c, usize::MAX, true);
+        c.model.fork_boundary();
+    }
+    if parked {
+        g.keep_parked();
     }
     // If a thread that does not exist here held the report side, its contents may be
     // half-updated: take the lock over and start the symbolizer afresh, never running
     // destructors on what it was mutating.
-    let was_free = REPORT.try_lock().map(drop).is_some();
-    if !was_free {
-        REPORT.unlock_raw();
-    }
-    let mut r = REPORT.lock();
+    let (mut r, was_free) = REPORT.take_over();
     if let Some(old) = r.take() {
         let process = if was_free { ProcessInfo::forked(&old.process) } else { ProcessInfo::current(Some(old.process.pid)) };
         let (symbolizer, config, output_dir, host_tracking, suppressions) = if was_free {

@@ -774,12 +774,10 @@ static JOINING: SpinLock<Vec<crate::report::python::UserLine>> = SpinLock::new(V
 /// In a forked child: the parent's search thread, which may have held `JOINING`, is not
 /// here, and its lines are the parent's to look for.
 pub(super) fn forget_joining_after_fork() {
-    JOINING.unlock_raw();
-    if let Some(mut waiting) = JOINING.try_lock() {
-        // Left as it is, not freed: a thread the child does not have may have been
-        // growing it.
-        std::mem::forget(std::mem::take(&mut *waiting));
-    }
+    let (mut waiting, _) = JOINING.take_over();
+    // Left as it is, not freed: a thread the child does not have may have been growing
+    // it.
+    std::mem::forget(std::mem::take(&mut *waiting));
 }
 
 /// Set while a holder search (`held_while_growing`) runs (a scan leaves its thread out,

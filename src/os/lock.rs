@@ -81,6 +81,15 @@ impl<T> SpinLock<T> {
         self.owner.0.store(0, Ordering::Release);
     }
 
+    /// In a child of fork or clone, where the calling thread is the only one: the lock,
+    /// taken whoever held it (a thread of the parent that is not here, which never lets
+    /// it go), and whether it was free (else what it guards may be half-updated).
+    pub fn take_over(&self) -> (Guard<'_, T>, bool) {
+        let was_free = self.owner.0.load(Ordering::Acquire) == 0;
+        self.owner.0.store(0, Ordering::Release);
+        (self.lock(), was_free)
+    }
+
     /// Whether this very thread holds the lock now.
     pub fn held_by_me(&self) -> bool {
         self.owner.0.load(Ordering::Acquire) == super::threads::identity()
@@ -157,5 +166,22 @@ mod tests {
         });
         L.unlock_raw();
         assert!(L.try_lock().is_some());
+    }
+
+    /// A lock held by a thread that will never let it go is taken over, and says it was
+    /// held; a free one says it was free.
+    #[test]
+    fn a_lock_is_taken_over_from_a_thread_that_holds_it() {
+        static L: SpinLock<u32> = SpinLock::new(7);
+        std::thread::scope(|s| {
+            s.spawn(|| L.lock_raw());
+        });
+        let (g, was_free) = L.take_over();
+        assert_eq!((*g, was_free), (7, false));
+        drop(g);
+        let (g, was_free) = L.take_over();
+        assert_eq!((*g, was_free), (7, true));
+        drop(g);
+        assert!(L.try_lock().is_some(), "released with its guard");
     }
 }
